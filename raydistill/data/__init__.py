@@ -1,0 +1,52 @@
+"""Validated readers for JSON Lines / text data and the registry of the project's bundled benchmark sets.
+
+    from raydistill.data import load_dataset, read_pairs, data_path
+    pairs = load_dataset("stsb_dev")                      # tuple[Pair], validated, cached in-process
+    pairs = read_pairs("my.jsonl.gz", score_range=(0, 5))  # a user's file; DataError names file, line, field
+
+Bad input raises `DataError` (a ValueError) whose message is ``"<file>:<line>: field '<field>': <problem>"``.
+"""
+
+from raydistill.data.readers import (
+    CaptionGroup,
+    DataError,
+    LabelledText,
+    Pair,
+    Records,
+    iter_jsonl,
+    iter_lines,
+    read_captions,
+    read_labelled_texts,
+    read_pairs,
+    read_sentences,
+)
+from raydistill.data.registry import (
+    BUNDLED_DIR,
+    DATA_ENV,
+    DATASETS,
+    DatasetSpec,
+    data_path,
+    dataset_path,
+    load_dataset,
+)
+
+__all__ = [
+    "BUNDLED_DIR",
+    "CaptionGroup",
+    "DATA_ENV",
+    "DATASETS",
+    "DataError",
+    "DatasetSpec",
+    "LabelledText",
+    "Pair",
+    "Records",
+    "data_path",
+    "dataset_path",
+    "iter_jsonl",
+    "iter_lines",
+    "load_dataset",
+    "read_captions",
+    "read_labelled_texts",
+    "read_pairs",
+    "read_sentences",
+]

@@ -1,0 +1,410 @@
+"""Validated readers for the project's JSON Lines files (plain or gzip'd) and one-sentence-per-line text files.
+
+Every benchmark number the project reports starts here, so a malformed row must never be read silently: a bad line
+raises `DataError` naming the file, the 1-based line and the field, e.g.
+
+    sts/sts12.jsonl:17: field 'score': 7.5 is outside the scale 0-5
+
+Readers stream the file (a generator parses one line at a time, so memory holds the records, not the text) and
+return a `Records` list. With ``on_error="skip"`` a bad line is dropped instead and counted by reason in
+``Records.skipped`` (e.g. ``{"empty_text": 2, "not_json": 1}``); problems with the file as a whole (missing,
+empty, corrupt gzip) always raise, since there is nothing to skip to.
+
+Formats (UTF-8, one JSON object per line; blank lines are ignored; gzip is detected from the file's magic bytes,
+not its name, so ``x.jsonl`` and ``x.jsonl.gz`` read the same way):
+
+    pairs             {"sentence1": str, "sentence2": str, "score"?: number, "label"?: str|int, ...}
+                      (NLI files name the texts "premise" / "hypothesis"; found automatically)
+    labelled texts    {"text": str, "label": str|int}
+    sentences         {"text": str, ...}  or a .txt file with one sentence per line (blank lines ignored)
+    captions          {"image": str, "captions": [str, ...]}
+
+Extra fields (``subset``, ``source``, ``pair_id``) are allowed and ignored. Texts are kept exactly as written
+(no stripping): the evaluation must see what the benchmark's authors published.
+"""
+
+from __future__ import annotations
+
+import difflib
+import gzip
+import json
+import math
+import zlib
+from collections import Counter
+from collections.abc import Callable, Collection, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+__all__ = [
+    "DataError",
+    "Pair",
+    "LabelledText",
+    "CaptionGroup",
+    "Records",
+    "read_pairs",
+    "read_labelled_texts",
+    "read_sentences",
+    "read_captions",
+    "iter_jsonl",
+    "iter_lines",
+]
+
+GZIP_MAGIC = b"\x1f\x8b"
+ON_ERROR_MODES = ("raise", "skip")
+PAIR_TEXT_FIELDS = (("sentence1", "sentence2"), ("premise", "hypothesis"))
+
+
+class DataError(ValueError):
+    """A bad data file or line. ``str()`` is ``"<file>:<line>: field '<field>': <problem>"``.
+
+    The line and field parts are left out when they do not apply (a missing file has neither, a line that is not
+    JSON has no field). ``reason`` is a short machine-readable key (``"not_json"``, ``"out_of_range"``, ...) used
+    to count skipped rows in ``on_error="skip"`` mode.
+    """
+
+    def __init__(self, path: str | Path, problem: str, *, line: int | None = None, field: str | None = None,
+                 reason: str = "invalid"):
+        self.path = str(path)
+        self.line = line
+        self.field = field
+        self.problem = problem
+        self.reason = reason
+        location = self.path if line is None else f"{self.path}:{line}"
+        where = f"{location}: field '{field}'" if field is not None else location
+        super().__init__(f"{where}: {problem}")
+
+
+@dataclass(frozen=True, slots=True)
+class Pair:
+    """Two texts with an optional gold similarity (STS, SICK-R) and/or class label (NLI, SICK-E, MRPC, QQP)."""
+
+    sentence1: str
+    sentence2: str
+    score: float | None = None
+    label: str | int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class LabelledText:
+    """One text with its class (SentEval transfer tasks)."""
+
+    text: str
+    label: str | int
+
+
+@dataclass(frozen=True, slots=True)
+class CaptionGroup:
+    """Independent captions of one image: human paraphrases of one scene (Flickr30k)."""
+
+    image: str
+    captions: tuple[str, ...]
+
+
+T = TypeVar("T")
+
+
+class Records(list):
+    """The records of one file, in file order, plus what ``on_error="skip"`` dropped.
+
+    A plain list in every other respect; ``skipped`` maps a reason (``DataError.reason``) to its count and is
+    empty when nothing was skipped.
+    """
+
+    def __init__(self, items=(), *, path: str | Path = "", skipped: Counter | None = None):
+        super().__init__(items)
+        self.path = str(path)
+        self.skipped: Counter = skipped if skipped is not None else Counter()
+
+    @property
+    def num_skipped(self) -> int:
+        return sum(self.skipped.values())
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Lines
+
+
+def _open_binary(path: Path):
+    """Open `path` for binary reading, through gzip when its first bytes say so."""
+    if not path.exists():
+        raise DataError(path, "file not found", reason="missing_file")
+    if not path.is_file():
+        raise DataError(path, "not a regular file", reason="missing_file")
+    with open(path, "rb") as probe:
+        magic = probe.read(2)
+    return gzip.open(path, "rb") if magic == GZIP_MAGIC else open(path, "rb")
+
+
+def iter_lines(path: str | Path) -> Iterator[tuple[int, str | DataError]]:
+    """Yield ``(line_number, text)`` for every non-blank line (line ending removed), 1-based.
+
+    Decoding line by line (rather than opening in text mode) is what lets a bad byte be reported with its line:
+    such a line is yielded as ``(line_number, DataError)`` so that the caller may raise or skip it and go on.
+    A UTF-8 byte-order mark on the first line is dropped. A missing, empty or corrupt file raises.
+    """
+    path = Path(path)
+    seen_any = False
+    try:
+        with _open_binary(path) as stream:
+            for line_number, raw in enumerate(stream, start=1):
+                try:
+                    text = raw.decode("utf-8")
+                except UnicodeDecodeError as err:
+                    seen_any = True
+                    yield line_number, DataError(
+                        path, f"not valid UTF-8 (byte 0x{raw[err.start]:02x} at column {err.start + 1})",
+                        line=line_number, reason="not_utf8")
+                    continue
+                if line_number == 1 and text.startswith("\ufeff"):
+                    text = text[1:]
+                text = text.rstrip("\r\n")
+                if not text.strip():
+                    continue
+                seen_any = True
+                yield line_number, text
+    except (gzip.BadGzipFile, EOFError, zlib.error) as err:
+        raise DataError(path, f"corrupt gzip stream ({err or type(err).__name__})", reason="corrupt_file") from None
+    if not seen_any:
+        raise DataError(path, "file is empty (no records)", reason="empty_file")
+
+
+def iter_jsonl(path: str | Path) -> Iterator[tuple[int, dict[str, Any] | DataError]]:
+    """Yield ``(line_number, object)`` per JSON Lines record, or ``(line_number, DataError)`` for a bad line.
+
+    Bad lines are yielded rather than raised so that the caller decides between raising and skipping, and the
+    stream goes on after a skipped line. File-level problems (missing, empty, corrupt) raise directly.
+    """
+    path = Path(path)
+    for line_number, text in iter_lines(path):
+        if isinstance(text, DataError):
+            yield line_number, text
+            continue
+        try:
+            obj = json.loads(text)
+        except json.JSONDecodeError as err:
+            yield line_number, DataError(path, f"not valid JSON ({err.msg} at column {err.colno})",
+                                         line=line_number, reason="not_json")
+            continue
+        if not isinstance(obj, dict):
+            yield line_number, DataError(path, f"expected a JSON object, got {_json_type(obj)}",
+                                         line=line_number, reason="not_object")
+            continue
+        yield line_number, obj
+
+
+def _json_type(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, (int, float)):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, list):
+        return "an array"
+    return type(value).__name__
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Fields
+
+
+@dataclass(frozen=True, slots=True)
+class _Line:
+    """Where a record came from, so every field check can say so."""
+
+    path: Path
+    lineno: int
+    obj: dict[str, Any]
+    expected: tuple[str, ...]
+
+    def error(self, field: str | None, problem: str, reason: str) -> DataError:
+        return DataError(self.path, problem, line=self.lineno, field=field, reason=reason)
+
+    def require(self, field: str) -> Any:
+        """The value of `field`; a missing field suggests the closest name the line does have."""
+        if field in self.obj:
+            return self.obj[field]
+        unexpected = [key for key in self.obj if key not in self.expected]
+        close = difflib.get_close_matches(field, unexpected, n=1, cutoff=0.6)
+        if close:
+            hint = f"; the line has '{close[0]}' instead (misspelled?)"
+        else:
+            present = ", ".join(f"'{key}'" for key in self.obj) or "none"
+            hint = f"; the line's fields are {present}"
+        raise self.error(field, f"missing{hint}", "missing_field")
+
+    def text(self, field: str, value: Any = None, *, lookup: bool = True) -> str:
+        value = self.require(field) if lookup else value
+        if value is None:
+            raise self.error(field, "is null, expected a string", "null_text")
+        if not isinstance(value, str):
+            raise self.error(field, f"expected a string, got {_json_type(value)} {json.dumps(value)[:40]}",
+                             "not_string")
+        if not value.strip():
+            raise self.error(field, "is empty" if not value else "is whitespace only", "empty_text")
+        return value
+
+    def numeric(self, field: str, scale: tuple[float, float] | None) -> float:
+        value = self.require(field)
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise self.error(field, f"expected a number, got {_json_type(value)} {json.dumps(value)[:40]}",
+                             "not_number")
+        if not math.isfinite(value):
+            raise self.error(field, f"expected a finite number, got {value}", "not_number")
+        if scale is not None and not scale[0] <= value <= scale[1]:
+            raise self.error(field, f"{value:g} is outside the scale {scale[0]:g}-{scale[1]:g}", "out_of_range")
+        return float(value)
+
+    def label(self, field: str, label_set: Collection | None) -> str | int:
+        value = self.require(field)
+        if isinstance(value, bool) or not isinstance(value, (str, int)):
+            raise self.error(field, f"expected a string or integer label, got {_json_type(value)}", "bad_label")
+        # Type-exact membership: 1 and "1" are different labels, and a file mixing them is a bug worth reporting.
+        if label_set is not None and not any(value == allowed and type(value) is type(allowed)
+                                             for allowed in label_set):
+            allowed_text = ", ".join(json.dumps(a) for a in sorted(label_set, key=str))
+            raise self.error(field, f"{json.dumps(value)} is not one of the labels {{{allowed_text}}}", "bad_label")
+        return value
+
+
+def _check_on_error(on_error: str) -> None:
+    if on_error not in ON_ERROR_MODES:
+        raise ValueError(f"on_error must be one of {ON_ERROR_MODES}, got {on_error!r}")
+
+
+def _read_records(path: str | Path, parse: Callable[[_Line], T], expected: tuple[str, ...] | Callable,
+                  on_error: str) -> Records:
+    """Drive `iter_jsonl`, build one record per line with `parse`, and raise or count bad lines."""
+    _check_on_error(on_error)
+    path = Path(path)
+    records: list[T] = []
+    skipped: Counter = Counter()
+    for line_number, obj in iter_jsonl(path):
+        try:
+            if isinstance(obj, DataError):
+                raise obj
+            fields = expected(obj) if callable(expected) else expected
+            records.append(parse(_Line(path, line_number, obj, fields)))
+        except DataError as err:
+            if on_error == "raise":
+                raise
+            skipped[err.reason] += 1
+    if not records:
+        detail = ", ".join(f"{reason}: {count}" for reason, count in sorted(skipped.items()))
+        raise DataError(path, f"no valid records (skipped {detail})", reason="empty_file")
+    return Records(records, path=path, skipped=skipped)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Readers
+
+
+def read_pairs(
+    path: str | Path,
+    *,
+    score_range: tuple[float, float] | None = None,
+    label_set: Collection | None = None,
+    text_fields: tuple[str, str] | None = None,
+    on_error: str = "raise",
+) -> Records:
+    """Sentence pairs from a JSON Lines file, validated line by line.
+
+    Args:
+        score_range: when given, every line must have a numeric ``score`` inside ``[low, high]`` (STS: 0-5,
+            SICK: 1-5). Without it a ``score`` is optional but must still be a finite number when present.
+        label_set: when given, every line must have a ``label`` from this set (type-exact: ``1`` is not ``"1"``).
+            Without it a ``label`` is optional (string or integer).
+        text_fields: the two text field names; default: ``("premise", "hypothesis")`` for lines that have a
+            ``premise`` field, else ``("sentence1", "sentence2")``.
+        on_error: ``"raise"`` (default) or ``"skip"`` (count bad lines by reason in ``Records.skipped``).
+    """
+    score_required = score_range is not None
+    label_required = label_set is not None
+
+    def fields_of(obj: dict) -> tuple[str, ...]:
+        first, second = text_fields or (PAIR_TEXT_FIELDS[1] if "premise" in obj else PAIR_TEXT_FIELDS[0])
+        return (first, second, "score", "label")
+
+    def parse(line: _Line) -> Pair:
+        first, second = line.expected[:2]
+        obj = line.obj
+        score = line.numeric("score", score_range) if score_required or "score" in obj else None
+        label = line.label("label", label_set) if label_required or "label" in obj else None
+        return Pair(line.text(first), line.text(second), score, label)
+
+    return _read_records(path, parse, fields_of, on_error)
+
+
+def read_labelled_texts(path: str | Path, *, label_set: Collection | None = None,
+                        on_error: str = "raise") -> Records:
+    """``{"text", "label"}`` lines (SentEval transfer tasks); `label_set` as in `read_pairs`."""
+
+    def parse(line: _Line) -> LabelledText:
+        return LabelledText(line.text("text"), line.label("label", label_set))
+
+    return _read_records(path, parse, ("text", "label"), on_error)
+
+
+def read_captions(path: str | Path, *, on_error: str = "raise") -> Records:
+    """``{"image": str, "captions": [str, ...]}`` lines; an error in a caption names it as ``captions[i]``."""
+
+    def parse(line: _Line) -> CaptionGroup:
+        image = line.require("image")
+        if isinstance(image, bool) or not isinstance(image, (str, int)):
+            raise line.error("image", f"expected a string id, got {_json_type(image)}", "not_string")
+        captions = line.require("captions")
+        if not isinstance(captions, list):
+            raise line.error("captions", f"expected an array of strings, got {_json_type(captions)}", "not_string")
+        if not captions:
+            raise line.error("captions", "is an empty array", "empty_text")
+        texts = tuple(line.text(f"captions[{i}]", caption, lookup=False) for i, caption in enumerate(captions))
+        return CaptionGroup(str(image), texts)
+
+    return _read_records(path, parse, ("image", "captions"), on_error)
+
+
+def read_sentences(path: str | Path, *, field: str = "text", on_error: str = "raise") -> Records:
+    """Sentences from a ``.txt`` file (one per line, blank lines ignored) or from JSON Lines with a `field`.
+
+    The format is chosen by the name (``.txt`` / ``.txt.gz`` is text, anything else is JSON Lines) and, for
+    other names, by whether the first non-blank line starts with ``{``. Text lines keep their inner and leading
+    whitespace; only the line ending is removed.
+    """
+    _check_on_error(on_error)
+    path = Path(path)
+    if not _looks_like_jsonl(path):
+        return _read_text_lines(path, on_error)
+
+    def parse(line: _Line) -> str:
+        return line.text(field)
+
+    return _read_records(path, parse, (field,), on_error)
+
+
+def _looks_like_jsonl(path: Path) -> bool:
+    suffixes = [s.lower() for s in path.suffixes if s.lower() != ".gz"]
+    if suffixes and suffixes[-1] == ".txt":
+        return False
+    if suffixes and suffixes[-1] in (".jsonl", ".json", ".ndjson"):
+        return True
+    for _, text in iter_lines(path):
+        return isinstance(text, str) and text.lstrip().startswith("{")
+    return False
+
+
+def _read_text_lines(path: Path, on_error: str) -> Records:
+    sentences: list[str] = []
+    skipped: Counter = Counter()
+    for _, text in iter_lines(path):
+        if isinstance(text, DataError):
+            if on_error == "raise":
+                raise text
+            skipped[text.reason] += 1
+            continue
+        sentences.append(text)
+    if not sentences:
+        raise DataError(path, f"no valid records (skipped not_utf8: {skipped['not_utf8']})", reason="empty_file")
+    return Records(sentences, path=path, skipped=skipped)

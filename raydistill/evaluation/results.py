@@ -1,0 +1,198 @@
+"""Result files: the committed JSON records behind every number in the README.
+
+`write_result` adds provenance (git commit, UTC date, the exact command), validates against
+``raydistill/schemas/result.schema.json`` (JSON Schema draft 2020-12) and writes atomically, so a results/ file is
+either complete and valid or absent, never half-written. `format_scores_table` renders rows of such records as a
+markdown table.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import math
+import os
+import shlex
+import subprocess
+import sys
+from collections.abc import Iterable
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+
+from raydistill.evaluation.sts import STS7
+
+__all__ = [
+    "SCHEMA_PATH",
+    "ResultError",
+    "load_schema",
+    "validate_result",
+    "validate_result_file",
+    "write_result",
+    "format_scores_table",
+    "git_sha",
+    "default_command",
+]
+
+PACKAGE_DIR = Path(__file__).resolve().parents[1]
+PROJECT_DIR = PACKAGE_DIR.parent
+SCHEMA_PATH = PACKAGE_DIR / "schemas" / "result.schema.json"
+
+
+class ResultError(ValueError):
+    """A result record that does not satisfy the schema; ``str()`` lists ``"<file>: field '<path>': <problem>"``."""
+
+    def __init__(self, source: str, problems: list[tuple[str, str]]):
+        self.source = source
+        self.problems = problems
+        lines = [f"{source}: field '{field}': {problem}" if field else f"{source}: {problem}"
+                 for field, problem in problems]
+        super().__init__("\n".join(lines))
+
+
+@lru_cache(maxsize=1)
+def load_schema() -> dict:
+    return json.loads(SCHEMA_PATH.read_text(encoding="utf-8"))
+
+
+@lru_cache(maxsize=1)
+def _validator() -> jsonschema.Draft202012Validator:
+    schema = load_schema()
+    jsonschema.Draft202012Validator.check_schema(schema)
+    return jsonschema.Draft202012Validator(schema)
+
+
+def _non_finite_numbers(value: Any, path: str = "") -> Iterable[tuple[str, str]]:
+    """NaN / inf anywhere in the record: the schema's "number" admits them, strict JSON cannot encode them."""
+    if isinstance(value, float) and not math.isfinite(value):
+        yield path, f"{value} is not a finite number (JSON cannot hold it; was a score undefined?)"
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            yield from _non_finite_numbers(item, f"{path}.{key}" if path else str(key))
+    elif isinstance(value, (list, tuple)):
+        for i, item in enumerate(value):
+            yield from _non_finite_numbers(item, f"{path}[{i}]")
+
+
+def validate_result(record: dict, source: str = "<result>") -> dict:
+    """Check `record` against the result schema; raise ResultError listing every problem, else return it."""
+    problems = []
+    for error in sorted(_validator().iter_errors(record), key=lambda e: list(map(str, e.absolute_path))):
+        field = ".".join(str(part) for part in error.absolute_path)
+        problems.append((field, error.message))
+    problems.extend(_non_finite_numbers(record))
+    if problems:
+        raise ResultError(source, problems)
+    return record
+
+
+def validate_result_file(path: str | os.PathLike) -> dict:
+    """Read and validate one result file; return the record. Bad JSON reports its line and column."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ResultError(str(path), [("", "file not found")]) from None
+    try:
+        record = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise ResultError(f"{path}:{err.lineno}", [("", f"not valid JSON ({err.msg} at column {err.colno})")]) from None
+    if not isinstance(record, dict):
+        raise ResultError(str(path), [("", "a result file must hold one JSON object")])
+    return validate_result(record, str(path))
+
+
+@lru_cache(maxsize=1)
+def git_sha(project_dir: str = str(PROJECT_DIR)) -> str:
+    """``git rev-parse HEAD`` of the project checkout, or ``"unknown"`` (no git, no commit yet, an installed wheel)."""
+    try:
+        completed = subprocess.run(["git", "rev-parse", "HEAD"], cwd=project_dir, capture_output=True, text=True,
+                                   timeout=10, check=False)
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    sha = completed.stdout.strip()
+    return sha if completed.returncode == 0 and sha else "unknown"
+
+
+def default_command(argv: list[str] | None = None) -> str:
+    """The running command as one shell-quoted line that reproduces it from the project directory.
+
+    A console script (``.venv/bin/raydistill``) is written by its name, ``raydistill eval ...``; a Python file
+    as ``python <path> ...`` (relative to the working directory when inside it). Other arguments are verbatim.
+    """
+    argv = list(sys.argv if argv is None else argv)
+    if not argv:
+        return ""
+    program = argv[0]
+    if program.endswith(".py"):
+        try:
+            program = os.path.relpath(program) if Path(program).resolve().is_relative_to(Path.cwd()) else program
+        except ValueError:  # another drive on Windows
+            pass
+        head = ["python", program]
+    elif program in ("-c", "-m", ""):
+        head = ["python", program] if program else ["python"]
+    else:
+        head = [Path(program).name]
+    return shlex.join(head + argv[1:])
+
+
+def write_result(path: str | os.PathLike, **fields: Any) -> dict:
+    """Validate and atomically write one result record; return it.
+
+    ``git_sha``, ``date`` (ISO 8601, UTC) and ``command`` (`default_command`) are filled in unless given.
+    The file has sorted keys and 2-space indentation (stable diffs) and appears whole or not at all: it is
+    written to a temporary name beside it, flushed to disk, then renamed over `path`.
+    """
+    record = dict(fields)
+    record.setdefault("git_sha", git_sha())
+    record.setdefault("date", dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"))
+    record.setdefault("command", default_command())
+    path = Path(path)
+    validate_result(record, str(path))
+    text = json.dumps(record, indent=2, sort_keys=True, allow_nan=False, ensure_ascii=False) + "\n"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        with open(tmp, "w", encoding="utf-8") as stream:
+            stream.write(text)
+            stream.flush()
+            os.fsync(stream.fileno())
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+    return record
+
+
+def format_scores_table(results: list[dict]) -> str:
+    """A markdown table of result records: model, encoder, params (M), the seven STS scores, avg.
+
+    An "STS-B dev" column is added when any record has that score. Missing values print as "–".
+    """
+    with_dev = any("stsb_dev" in record.get("scores", {}) for record in results)
+    columns = ["model", "encoder", "params (M)", *STS7, "avg"] + (["STS-B dev"] if with_dev else [])
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    for record in results:
+        scores = record.get("scores", {})
+        params = record.get("params_m")
+        cells = [
+            f"`{record.get('model', '?')}`",
+            record.get("encoder", "bi"),
+            f"{params:.1f}" if isinstance(params, (int, float)) else "–",
+            *(_cell(scores.get(name)) for name in STS7),
+            _cell(scores.get("avg"), bold=True),
+        ]
+        if with_dev:
+            cells.append(_cell(scores.get("stsb_dev")))
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def _cell(value: Any, bold: bool = False) -> str:
+    if not isinstance(value, (int, float)):
+        return "–"
+    text = f"{value:.2f}"
+    return f"**{text}**" if bold else text

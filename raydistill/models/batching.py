@@ -1,0 +1,239 @@
+"""Plumbing shared by `BiEncoder` and `CrossEncoder`: local checkpoints, length limits, batched inference.
+
+Inference follows sentence-transformers' recipe: sort inputs by length so each batch pads to a similar length
+(padding a 10-token sentence to 120 tokens costs 12x the compute for nothing), run every batch under
+`torch.inference_mode()` in eval mode, and write each batch's rows back at their input positions. The pieces
+live here so the two encoders cannot drift apart.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+METADATA_FILE = "raydistill_model.json"
+
+# Families whose position ids start at `pad_token_id + 1` (fairseq heritage): a checkpoint with 514 position
+# rows takes 512 tokens, and feeding 514 raises an index error deep inside the embedding layer.
+POSITIONS_AFTER_PADDING = {
+    "roberta", "xlm-roberta", "xlm-roberta-xl", "camembert", "mpnet", "longformer", "data2vec-text",
+}
+
+# `model_max_length` of a tokenizer saved without one (transformers' VERY_LARGE_INTEGER is ~1e30).
+UNSET_TOKENIZER_LENGTH = 1_000_000
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Checkpoints
+
+
+def resolve_checkpoint(name_or_path: str | Path) -> Path:
+    """A local checkpoint directory for a directory path or a registry name; never touches the network.
+
+    `raydistill.models.registry.resolve_model` does the work (validation of directories, presets, the local
+    Hugging Face cache). It is imported here rather than at module load so the encoders still load plain
+    directories where the registry module is absent.
+    """
+    try:
+        from raydistill.models.registry import resolve_model
+    except ModuleNotFoundError as error:
+        if error.name != "raydistill.models.registry":
+            raise
+        path = Path(name_or_path).expanduser()
+        if path.is_dir():
+            return path
+        raise FileNotFoundError(
+            f"model {str(name_or_path)!r}: no such directory, and raydistill.models.registry (which resolves "
+            "preset names) is not available; pass a local checkpoint directory"
+        ) from None
+    return Path(resolve_model(str(name_or_path)))
+
+
+def config_error(path: Path, field: str, message: str) -> ValueError:
+    """`ValueError("<file>:<line>: field '<field>': <message>")`, the project's format for bad input files.
+
+    The line is where the key first appears in the file (1 when it is absent), so an editor jumps to it.
+    """
+    line = 1
+    try:
+        for number, text in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+            if f'"{field}"' in text:
+                line = number
+                break
+    except OSError:
+        pass
+    return ValueError(f"{path}:{line}: field '{field}': {message}")
+
+
+def read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as error:
+        raise ValueError(f"{path}:{error.lineno}: invalid JSON: {error.msg}") from None
+
+
+def read_metadata(directory: Path) -> dict[str, Any]:
+    """The directory's `raydistill_model.json` (derivation info from the registry, earlier saves), or `{}`."""
+    path = directory / METADATA_FILE
+    if not path.is_file():
+        return {}
+    metadata = read_json(path)
+    if not isinstance(metadata, dict):
+        raise ValueError(f"{path}:1: expected a JSON object, got {type(metadata).__name__}")
+    return metadata
+
+
+def write_metadata(directory: Path, inherited: dict[str, Any], encoder: dict[str, Any]) -> None:
+    """Keep what the source checkpoint recorded (e.g. how it was derived) and describe this encoder under 'encoder'.
+
+    The registry's 'files' manifest (size and SHA-256 of each file of a cached build) is dropped: it describes the
+    source directory's files, and would make this directory look corrupt to anything that checks it.
+    """
+    from raydistill import __version__
+
+    kept = {key: value for key, value in inherited.items() if key != "files"}
+    metadata = {**kept, "encoder": encoder, "raydistill_version": __version__}
+    (directory / METADATA_FILE).write_text(json.dumps(metadata, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+
+
+def usable_max_length(config, tokenizer, requested: int | None, source: Path) -> int:
+    """Tokens per input: `requested`, else the tokenizer's limit, never more than the position table holds."""
+    position_limit = getattr(config, "max_position_embeddings", None)
+    if position_limit is not None and position_limit > 0:
+        if config.model_type in POSITIONS_AFTER_PADDING:
+            position_limit -= (config.pad_token_id or 0) + 1
+    else:
+        position_limit = None
+    if requested is not None:
+        if requested < 2:
+            raise ValueError(f"max_length must be >= 2 (room for the special tokens), got {requested}")
+        if position_limit is not None and requested > position_limit:
+            raise config_error(
+                source / "config.json",
+                "max_position_embeddings",
+                f"max_length={requested} exceeds the {position_limit} positions this {config.model_type} model has",
+            )
+        return requested
+    candidates = [position_limit] if position_limit is not None else []
+    if 0 < tokenizer.model_max_length < UNSET_TOKENIZER_LENGTH:
+        candidates.append(int(tokenizer.model_max_length))
+    if not candidates:
+        raise ValueError(f"{source}: neither the tokenizer nor config.json gives a maximum length; pass max_length")
+    return min(candidates)
+
+
+def forward_input_names(model: nn.Module) -> frozenset[str]:
+    """Tokenizer outputs the model's forward accepts (RoBERTa/MPNet tokenizers may emit token_type_ids they reject)."""
+    return frozenset(inspect.signature(model.forward).parameters) & {"input_ids", "attention_mask", "token_type_ids"}
+
+
+def check_texts(texts: Sequence[str], what: str = "texts") -> list[str]:
+    """A list of strings, or a TypeError naming the first bad item (a bare string would be split into characters)."""
+    if isinstance(texts, str):
+        raise TypeError(f"{what} must be a list of strings, got one string; wrap it as [text]")
+    texts = list(texts)
+    for index, text in enumerate(texts):
+        if not isinstance(text, str):
+            raise TypeError(f"{what}[{index}] must be a string, got {type(text).__name__}")
+    return texts
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Batched inference
+
+
+def length_sorted_batches(lengths: Sequence[int], batch_size: int) -> list[list[int]]:
+    """Input indices grouped into batches of similar length, longest first.
+
+    Longest first (as sentence-transformers does) makes the first batch the peak-memory one, so an
+    out-of-memory error happens at once rather than after minutes of work. The sort is stable, so equal
+    lengths keep input order and the batching is deterministic.
+    """
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    return [order[start : start + batch_size] for start in range(0, len(order), batch_size)]
+
+
+@contextmanager
+def torch_threads(num_threads: int | None) -> Iterator[None]:
+    """Use `num_threads` intra-op threads for the block, then restore the previous count.
+
+    Teacher and learner actors share a few cores; each caller says how many it may use for one call
+    without changing the process-wide setting that other code relies on.
+    """
+    if num_threads is None:
+        yield
+        return
+    if num_threads < 1:
+        raise ValueError(f"num_threads must be >= 1 or None, got {num_threads}")
+    previous = torch.get_num_threads()
+    torch.set_num_threads(num_threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(previous)
+
+
+@contextmanager
+def inference(module: nn.Module) -> Iterator[None]:
+    """Eval mode (no dropout) and no autograd for the block; the previous train/eval mode comes back after.
+
+    Restoring the mode matters because `encode` is called from inside training loops (dev evaluation,
+    SCT's reference pass helpers): leaving the student in eval mode would silently switch dropout off.
+    """
+    # Per submodule, not `module.train(was_training)`: that would also flip submodules that were deliberately
+    # in the other mode (a frozen, eval-mode transformer inside a training wrapper).
+    previous_modes = [(submodule, submodule.training) for submodule in module.modules()]
+    module.eval()
+    try:
+        with torch.inference_mode():
+            yield
+    finally:
+        for submodule, was_training in previous_modes:
+            submodule.training = was_training
+
+
+class Progress:
+    """A batch counter: tqdm when installed, else a single self-overwriting stderr line; silent when disabled."""
+
+    def __init__(self, total: int, description: str, enabled: bool):
+        self.total = total
+        self.description = description
+        self.enabled = enabled and total > 0
+        self.done = 0
+        self.started = time.perf_counter()
+        self.bar = None
+        if self.enabled:
+            try:
+                from tqdm.auto import tqdm
+            except ImportError:
+                tqdm = None
+            if tqdm is not None:
+                self.bar = tqdm(total=total, desc=description, unit="batch", leave=False)
+
+    def update(self) -> None:
+        self.done += 1
+        if not self.enabled:
+            return
+        if self.bar is not None:
+            self.bar.update(1)
+            return
+        elapsed = time.perf_counter() - self.started
+        sys.stderr.write(f"\r{self.description}: {self.done}/{self.total} batches, {elapsed:.1f}s")
+        if self.done == self.total:
+            sys.stderr.write("\n")
+        sys.stderr.flush()
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()

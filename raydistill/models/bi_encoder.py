@@ -1,0 +1,465 @@
+"""BiEncoder: a transformer + pooling (+ optional projection) that maps each sentence to one vector.
+
+This is the sentence-transformers / SBERT recipe (Reimers & Gurevych, 2019) as a plain `nn.Module`:
+
+    h = transformer(tokens)                              # [B, T, H] token states
+    mean pooling:  e = sum_t m_t h_t / max(sum_t m_t, 1e-9)   # m = attention mask, so padding never counts
+    CLS pooling:   e = h_first                           # first attended token ([CLS] / <s>)
+    projection:    e = act(W e + b)                      # Linear(H -> P), act = tanh by default
+
+The projection is the `Dense(d_s -> d_t, tanh)` that ConGen and SCT-distillation append when the student's
+width differs from the teacher's; it is saved with the model, so deployed embeddings are P-dimensional.
+
+Directories round-trip with sentence-transformers: `from_pretrained` honours an ST directory's `modules.json`
+(pooling mode, `max_seq_length`, Dense layer, Normalize), and `save` writes one that
+`sentence_transformers.SentenceTransformer(path)` loads and that gives the same embeddings.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from safetensors.torch import load_file as load_safetensors
+from safetensors.torch import save_file as save_safetensors
+from torch import Tensor, nn
+from transformers import AutoModel, AutoTokenizer
+
+from raydistill.models.batching import (
+    Progress,
+    check_texts,
+    config_error,
+    forward_input_names,
+    inference,
+    length_sorted_batches,
+    read_json,
+    read_metadata,
+    resolve_checkpoint,
+    torch_threads,
+    usable_max_length,
+    write_metadata,
+)
+
+POOLING_MODES = ("mean", "cls")
+
+# Activation names we accept -> torch class. sentence-transformers stores the class's import path
+# ("torch.nn.modules.activation.Tanh") in 2_Dense/config.json and imports it on load.
+PROJECTION_ACTIVATIONS: dict[str, type[nn.Module]] = {
+    "tanh": nn.Tanh,
+    "identity": nn.Identity,
+    "relu": nn.ReLU,
+    "gelu": nn.GELU,
+}
+
+# sentence-transformers' legacy pooling flags (every release up to 6.x reads them) -> our mode name.
+LEGACY_POOLING_FLAGS = {
+    "pooling_mode_cls_token": "cls",
+    "pooling_mode_mean_tokens": "mean",
+    "pooling_mode_max_tokens": "max",
+    "pooling_mode_mean_sqrt_len_tokens": "mean_sqrt_len_tokens",
+    "pooling_mode_weightedmean_tokens": "weightedmean",
+    "pooling_mode_lasttoken": "lasttoken",
+}
+
+
+def activation_module(name: str | None) -> nn.Module:
+    key = "identity" if name is None else name.lower()
+    if key not in PROJECTION_ACTIVATIONS:
+        raise ValueError(f"projection_activation {name!r} is not one of {sorted(PROJECTION_ACTIVATIONS)}")
+    return PROJECTION_ACTIVATIONS[key]()
+
+
+def activation_import_path(name: str) -> str:
+    """The `torch.nn....` path sentence-transformers writes for this activation (it refuses non-torch paths)."""
+    cls = PROJECTION_ACTIVATIONS[name]
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Reading a sentence-transformers directory
+
+
+@dataclass
+class DenseLayer:
+    in_features: int
+    out_features: int
+    bias: bool
+    activation: str
+    weights: dict[str, Tensor]
+
+
+@dataclass
+class SentenceTransformersLayout:
+    """What raydistill reads from an ST directory: modules Transformer -> Pooling [-> Dense] [-> Normalize]."""
+
+    transformer_dir: Path
+    pooling: str
+    max_seq_length: int | None
+    do_lower_case: bool
+    dense: DenseLayer | None
+    normalize: bool
+
+
+def read_pooling_mode(config_path: Path) -> str:
+    config = read_json(config_path)
+    if "pooling_mode" in config:  # sentence-transformers >= 5.x format
+        mode = config["pooling_mode"]
+        if isinstance(mode, list) and len(mode) == 1:
+            mode = mode[0]
+        field = "pooling_mode"
+    else:  # legacy boolean flags; none set means mean, as sentence-transformers decides
+        active = [LEGACY_POOLING_FLAGS[key] for key in LEGACY_POOLING_FLAGS if config.get(key)]
+        if len(active) > 1:
+            raise config_error(config_path, "pooling_mode_mean_tokens", f"several pooling modes at once ({active})")
+        mode = active[0] if active else "mean"
+        field = next((key for key in LEGACY_POOLING_FLAGS if config.get(key)), "pooling_mode_mean_tokens")
+    if mode not in POOLING_MODES:
+        raise config_error(
+            config_path, field, f"pooling mode {mode!r} is not supported; raydistill reads {POOLING_MODES}"
+        )
+    return mode
+
+
+def read_dense_layer(dense_dir: Path) -> DenseLayer:
+    config_path = dense_dir / "config.json"
+    config = read_json(config_path)
+    for field in ("in_features", "out_features"):
+        if not isinstance(config.get(field), int):
+            raise config_error(config_path, field, f"expected an integer, got {config.get(field)!r}")
+    # sentence-transformers' Dense defaults to tanh when the key is absent.
+    activation_path = config.get("activation_function", "torch.nn.modules.activation.Tanh")
+    activation = "identity" if activation_path is None else str(activation_path).rsplit(".", 1)[-1].lower()
+    if activation not in PROJECTION_ACTIVATIONS:
+        raise config_error(
+            config_path, "activation_function", f"{activation_path!r} is not one of {sorted(PROJECTION_ACTIVATIONS)}"
+        )
+    if (dense_dir / "model.safetensors").is_file():
+        weights = load_safetensors(str(dense_dir / "model.safetensors"))
+    elif (dense_dir / "pytorch_model.bin").is_file():
+        weights = torch.load(dense_dir / "pytorch_model.bin", map_location="cpu", weights_only=True)
+    else:
+        raise FileNotFoundError(f"{dense_dir}: Dense layer without model.safetensors or pytorch_model.bin")
+    return DenseLayer(
+        in_features=config["in_features"],
+        out_features=config["out_features"],
+        bias=bool(config.get("bias", True)),
+        activation=activation,
+        weights=weights,
+    )
+
+
+def read_sentence_transformers_layout(directory: Path) -> SentenceTransformersLayout | None:
+    """The directory's ST module chain, or None for a plain Hugging Face checkpoint (no modules.json)."""
+    modules_path = directory / "modules.json"
+    if not modules_path.is_file():
+        return None
+    modules = read_json(modules_path)
+    if not isinstance(modules, list):
+        raise ValueError(f"{modules_path}:1: expected a JSON list of modules, got {type(modules).__name__}")
+    kinds = [str(entry.get("type", "")).rsplit(".", 1)[-1] for entry in modules]
+    supported = (
+        len(kinds) >= 2
+        and kinds[:2] == ["Transformer", "Pooling"]
+        and kinds[2:] in ([], ["Dense"], ["Normalize"], ["Dense", "Normalize"])
+    )
+    if not supported:
+        raise config_error(
+            modules_path,
+            "type",
+            f"module chain {kinds} is not supported; raydistill reads Transformer, Pooling [, Dense] [, Normalize]",
+        )
+    paths = [directory / str(entry.get("path", "")) for entry in modules]
+    transformer_dir, pooling_dir = paths[0], paths[1]
+
+    max_seq_length, do_lower_case = None, False
+    st_config_path = transformer_dir / "sentence_bert_config.json"
+    if st_config_path.is_file():
+        st_config = read_json(st_config_path)
+        max_seq_length = st_config.get("max_seq_length")
+        if max_seq_length is not None and not (isinstance(max_seq_length, int) and max_seq_length > 1):
+            raise config_error(st_config_path, "max_seq_length", f"expected an integer > 1, got {max_seq_length!r}")
+        do_lower_case = bool(st_config.get("do_lower_case", False))
+
+    return SentenceTransformersLayout(
+        transformer_dir=transformer_dir,
+        pooling=read_pooling_mode(pooling_dir / "config.json"),
+        max_seq_length=max_seq_length,
+        do_lower_case=do_lower_case,
+        dense=read_dense_layer(paths[2]) if "Dense" in kinds else None,
+        normalize="Normalize" in kinds,
+    )
+
+
+def transformer_directory(directory: Path) -> Path:
+    """Where the Hugging Face weights of a checkpoint live (an ST directory may keep them in a subfolder)."""
+    layout = read_sentence_transformers_layout(directory)
+    return layout.transformer_dir if layout is not None else directory
+
+
+# ----------------------------------------------------------------------------------------------------------------
+
+
+class BiEncoder(nn.Module):
+    """Sentence encoder: transformer -> mean/CLS pooling -> optional Linear(H -> P) + activation.
+
+    `forward` returns raw (not L2-normalised) embeddings with gradients; `encode` is the batched inference path.
+    `normalize_in_sentence_transformers` only records whether the source ST directory ended in a Normalize
+    module, so `save` writes one back and sentence-transformers users get what they had before.
+    """
+
+    def __init__(
+        self,
+        transformer: nn.Module,
+        tokenizer,
+        pooling: str = "mean",
+        projection_dim: int | None = None,
+        projection_activation: str | None = "tanh",
+        projection_bias: bool = True,
+        max_length: int | None = None,
+        do_lower_case: bool = False,
+        normalize_in_sentence_transformers: bool = False,
+        metadata: dict[str, Any] | None = None,
+        source: str | None = None,
+    ):
+        super().__init__()
+        if pooling not in POOLING_MODES:
+            raise ValueError(f"pooling must be one of {POOLING_MODES}, got {pooling!r}")
+        self.transformer = transformer
+        self.tokenizer = tokenizer
+        self.pooling = pooling
+        self.source = source
+        self.do_lower_case = do_lower_case
+        self.normalize_in_sentence_transformers = normalize_in_sentence_transformers
+        self.metadata = dict(metadata or {})
+        self.max_length = usable_max_length(transformer.config, tokenizer, max_length, Path(source or "."))
+        # The tokenizer then truncates the same way when used on its own or after `save`.
+        self.tokenizer.model_max_length = self.max_length
+        self.input_names = forward_input_names(transformer)
+
+        hidden = transformer.config.hidden_size
+        self.projection_activation = "identity" if projection_activation is None else projection_activation.lower()
+        self.activation = activation_module(self.projection_activation)
+        self.projection = None
+        if projection_dim is not None:
+            self.projection = nn.Linear(hidden, projection_dim, bias=projection_bias)
+
+    # ------------------------------------------------------------------------------------------------------------
+    @classmethod
+    def from_pretrained(
+        cls,
+        name_or_path: str | Path,
+        pooling: str | None = None,
+        projection_dim: int | None = None,
+        max_length: int | None = None,
+        projection_activation: str | None = None,
+    ) -> BiEncoder:
+        """Load a local checkpoint (plain Hugging Face or sentence-transformers directory) or a registry name.
+
+        Arguments left as None come from the checkpoint: an ST directory's pooling mode, max_seq_length and
+        Dense layer; a plain HF checkpoint defaults to mean pooling and no projection. `projection_dim` on a
+        checkpoint without a Dense layer adds a freshly initialised projection (activation `projection_activation`,
+        default tanh).
+        """
+        directory = resolve_checkpoint(name_or_path)
+        layout = read_sentence_transformers_layout(directory)
+        transformer_dir = layout.transformer_dir if layout is not None else directory
+        transformer = AutoModel.from_pretrained(transformer_dir, local_files_only=True, dtype=torch.float32)
+        tokenizer = AutoTokenizer.from_pretrained(transformer_dir, local_files_only=True)
+
+        dense = layout.dense if layout is not None else None
+        if dense is not None:
+            if projection_dim is not None and projection_dim != dense.out_features:
+                raise ValueError(
+                    f"{directory}: the checkpoint's Dense layer outputs {dense.out_features} dimensions but "
+                    f"projection_dim={projection_dim} was requested; "
+                    "load without projection_dim, or from the bare transformer"
+                )
+            if projection_activation is not None and projection_activation.lower() != dense.activation:
+                raise ValueError(
+                    f"{directory}: the checkpoint's Dense layer uses {dense.activation!r}, "
+                    f"not {projection_activation!r}"
+                )
+            if dense.in_features != transformer.config.hidden_size:
+                raise config_error(
+                    layout.transformer_dir / "config.json",
+                    "hidden_size",
+                    f"{transformer.config.hidden_size}, but the Dense layer expects {dense.in_features} inputs",
+                )
+
+        model = cls(
+            transformer,
+            tokenizer,
+            pooling=pooling or (layout.pooling if layout is not None else "mean"),
+            projection_dim=dense.out_features if dense is not None else projection_dim,
+            projection_activation=dense.activation if dense is not None else (projection_activation or "tanh"),
+            projection_bias=dense.bias if dense is not None else True,
+            max_length=max_length if max_length is not None else (layout.max_seq_length if layout else None),
+            do_lower_case=layout.do_lower_case if layout is not None else False,
+            normalize_in_sentence_transformers=layout.normalize if layout is not None else False,
+            metadata=read_metadata(directory),
+            source=str(directory),
+        )
+        if dense is not None:
+            weights = {key.removeprefix("linear."): value for key, value in dense.weights.items()}
+            model.projection.load_state_dict(weights)
+        return model.eval()  # as Hugging Face's from_pretrained: inference-ready; training code calls .train()
+
+    # ------------------------------------------------------------------------------------------------------------
+    @property
+    def dim(self) -> int:
+        return self.projection.out_features if self.projection is not None else self.transformer.config.hidden_size
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.parameters()).device
+
+    def tokenize(self, texts: list[str]) -> dict[str, Tensor]:
+        """Token ids padded to the longest text in `texts`, truncated to `max_length`."""
+        texts = check_texts(texts)
+        if self.do_lower_case:
+            texts = [text.lower() for text in texts]
+        return dict(
+            self.tokenizer(texts, padding=True, truncation=True, max_length=self.max_length, return_tensors="pt")
+        )
+
+    def forward(self, features: dict[str, Tensor]) -> Tensor:
+        """Sentence embeddings [B, D] with gradients; keys other than the model's inputs are ignored."""
+        inputs = {name: value for name, value in features.items() if name in self.input_names}
+        token_states = self.transformer(**inputs).last_hidden_state  # [B, T, H]
+        attention_mask = features["attention_mask"]  # [B, T], 1 = real token
+        if self.pooling == "mean":
+            mask = attention_mask.unsqueeze(-1).to(token_states.dtype)  # [B, T, 1]
+            summed = (token_states * mask).sum(dim=1)  # [B, H]
+            counts = mask.sum(dim=1).clamp(min=1e-9)  # [B, 1]
+            sentence_embeddings = summed / counts  # [B, H]
+        else:
+            # First attended token, not index 0: the same answer with right padding, the right one with left padding.
+            first = attention_mask.to(torch.int64).argmax(dim=1)  # [B]
+            sentence_embeddings = token_states[torch.arange(token_states.size(0), device=first.device), first]
+        if self.projection is not None:
+            sentence_embeddings = self.activation(self.projection(sentence_embeddings))  # [B, P]
+        return sentence_embeddings
+
+    def encode(
+        self,
+        texts: list[str],
+        batch_size: int = 128,
+        normalize: bool = False,
+        num_threads: int | None = None,
+        progress: bool = False,
+    ) -> np.ndarray:
+        """Embeddings [N, D] float32 in input order; `normalize` L2-normalises each row (cosine = dot product)."""
+        texts = check_texts(texts)
+        embeddings = np.zeros((len(texts), self.dim), dtype=np.float32)
+        batches = length_sorted_batches([len(text) for text in texts], batch_size)
+        bar = Progress(len(batches), "encode", progress)
+        device = self.device
+        try:
+            with torch_threads(num_threads), inference(self):
+                for batch in batches:
+                    features = self.tokenize([texts[i] for i in batch])
+                    features = {name: value.to(device) for name, value in features.items()}
+                    batch_embeddings = self.forward(features)  # [b, D]
+                    if normalize:
+                        batch_embeddings = F.normalize(batch_embeddings, p=2, dim=-1)
+                    embeddings[batch] = batch_embeddings.float().cpu().numpy()
+                    bar.update()
+        finally:
+            bar.close()
+        return embeddings
+
+    # ------------------------------------------------------------------------------------------------------------
+    def save(self, path: str | Path) -> None:
+        """Write a sentence-transformers directory (+ raydistill_model.json) that reproduces `encode`'s vectors.
+
+        The pooling config uses the legacy boolean flags and modules.json the `sentence_transformers.models.*`
+        names because every sentence-transformers release (2.x to 6.x) reads those.
+        """
+        directory = Path(path)
+        directory.mkdir(parents=True, exist_ok=True)
+        self.transformer.save_pretrained(directory)
+        self.tokenizer.save_pretrained(directory)
+        write_json(
+            directory / "sentence_bert_config.json",
+            {"max_seq_length": self.max_length, "do_lower_case": self.do_lower_case},
+        )
+
+        hidden = self.transformer.config.hidden_size
+        pooling_config = {
+            "word_embedding_dimension": hidden,
+            "pooling_mode_cls_token": self.pooling == "cls",
+            "pooling_mode_mean_tokens": self.pooling == "mean",
+            "pooling_mode_max_tokens": False,
+            "pooling_mode_mean_sqrt_len_tokens": False,
+        }
+        (directory / "1_Pooling").mkdir(exist_ok=True)
+        write_json(directory / "1_Pooling" / "config.json", pooling_config)
+
+        modules = [("", "Transformer"), ("1_Pooling", "Pooling")]
+        if self.projection is not None:
+            dense_dir = directory / f"{len(modules)}_Dense"
+            dense_dir.mkdir(exist_ok=True)
+            write_json(
+                dense_dir / "config.json",
+                {
+                    "in_features": self.projection.in_features,
+                    "out_features": self.projection.out_features,
+                    "bias": self.projection.bias is not None,
+                    "activation_function": activation_import_path(self.projection_activation),
+                },
+            )
+            tensors = {
+                f"linear.{key}": value.detach().cpu().contiguous()
+                for key, value in self.projection.state_dict().items()
+            }
+            save_safetensors(tensors, str(dense_dir / "model.safetensors"))
+            modules.append((dense_dir.name, "Dense"))
+        if self.normalize_in_sentence_transformers:
+            normalize_dir = directory / f"{len(modules)}_Normalize"
+            normalize_dir.mkdir(exist_ok=True)
+            modules.append((normalize_dir.name, "Normalize"))
+        write_json(
+            directory / "modules.json",
+            [
+                {"idx": index, "name": str(index), "path": subdir, "type": f"sentence_transformers.models.{kind}"}
+                for index, (subdir, kind) in enumerate(modules)
+            ],
+        )
+        write_json(directory / "config_sentence_transformers.json", sentence_transformers_config())
+        write_metadata(
+            directory,
+            self.metadata,
+            {
+                "kind": "bi_encoder",
+                "pooling": self.pooling,
+                "dim": self.dim,
+                "projection_dim": self.projection.out_features if self.projection is not None else None,
+                "projection_activation": self.projection_activation if self.projection is not None else None,
+                "max_length": self.max_length,
+                "model_type": self.transformer.config.model_type,
+                "parameters": sum(p.numel() for p in self.parameters()),
+                "source": self.source,
+            },
+        )
+
+
+def write_json(path: Path, content: Any) -> None:
+    path.write_text(json.dumps(content, indent=2) + "\n", encoding="utf-8")
+
+
+def sentence_transformers_config() -> dict[str, Any]:
+    """config_sentence_transformers.json: cosine similarity, no prompts, and the versions that wrote the files."""
+    import transformers
+
+    versions = {"pytorch": torch.__version__, "transformers": transformers.__version__}
+    try:
+        versions["sentence_transformers"] = importlib.metadata.version("sentence-transformers")
+    except importlib.metadata.PackageNotFoundError:  # the field is informational; the directory loads regardless
+        versions["sentence_transformers"] = "not installed"
+    return {"__version__": versions, "prompts": {}, "default_prompt_name": None, "similarity_fn_name": "cosine"}

@@ -1,0 +1,58 @@
+"""Distillation objectives, the instance queue and their shared math: pure torch, no Ray.
+
+Every loss is an ``nn.Module``: ``loss_module(features: dict[str, Tensor], labels=None) -> LossOutput``.
+Inputs are embeddings or logits under the keys each loss documents; teacher and reference inputs are detached
+inside the loss. Queue-based losses update their queue inside ``forward``, after the logits, before backward.
+
+| module | losses | paper |
+|---|---|---|
+| congen.py | ConGenLoss | Limkonchotiwat et al., Findings of EMNLP 2022 |
+| sct.py | SCTLoss, SCTDistillLoss | Limkonchotiwat et al., TACL 2023, arXiv:2311.03228 |
+| ckd.py | CKDLoss | DistilCSE stage 1, arXiv:2112.05638 |
+| distilcse_nli.py | SupervisedSimCSELoss, build_nli_triplets | DistilCSE stage 2 / SimCSE, arXiv:2104.08821 |
+| dvbert.py | DvBERTLoss, SoftmaxClassifierLoss, TeacherAnnealing | Cheng, SIGIR 2021, arXiv:2104.08675 |
+| trans_encoder.py | SoftBCELoss, CosineMSELoss, cosine_to_target | Liu et al., ICLR 2022, arXiv:2109.13059 |
+| l2.py, simcse.py | L2DistillLoss, SimCSELoss | baselines |
+"""
+
+from raydistill.objectives.base import LossOutput
+from raydistill.objectives.ckd import CKDLoss, LearnableScale
+from raydistill.objectives.congen import ConGenLoss
+from raydistill.objectives.distilcse_nli import SupervisedSimCSELoss, build_nli_triplets, load_nli_triplets
+from raydistill.objectives.dvbert import DvBERTLoss, SoftmaxClassifierLoss, TeacherAnnealing, annealed_target
+from raydistill.objectives.l2 import L2DistillLoss
+from raydistill.objectives.pairs import CosineMSELoss
+from raydistill.objectives.queue import InstanceQueue
+from raydistill.objectives.sct import SCTDistillLoss, SCTLoss, SCTProjector
+from raydistill.objectives.simcse import SimCSELoss
+from raydistill.objectives.trans_encoder import (
+    LABEL_SCALINGS,
+    SoftBCELoss,
+    average_pseudo_labels,
+    cosine_to_target,
+)
+
+__all__ = [
+    "LABEL_SCALINGS",
+    "CKDLoss",
+    "ConGenLoss",
+    "CosineMSELoss",
+    "DvBERTLoss",
+    "InstanceQueue",
+    "L2DistillLoss",
+    "LearnableScale",
+    "LossOutput",
+    "SCTDistillLoss",
+    "SCTLoss",
+    "SCTProjector",
+    "SimCSELoss",
+    "SoftBCELoss",
+    "SoftmaxClassifierLoss",
+    "SupervisedSimCSELoss",
+    "TeacherAnnealing",
+    "annealed_target",
+    "average_pseudo_labels",
+    "build_nli_triplets",
+    "cosine_to_target",
+    "load_nli_triplets",
+]

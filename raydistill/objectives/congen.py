@@ -1,0 +1,108 @@
+"""ConGen: control + generalisation distillation over an instance queue of teacher embeddings.
+
+Paper: Peerat Limkonchotiwat, Wuttikorn Ponwitayarat, Lalita Lowphansirikul, Can Udomcharoenchaikit, Ekapol
+Chuangsuwanich, Sarana Nutanong. "ConGen: Unsupervised Control and Generalization Distillation For Sentence
+Representation". Findings of EMNLP 2022 (ACL Anthology 2022.findings-emnlp.483; no arXiv version was found).
+Code: github.com/KornWtp/ConGen.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from raydistill.objectives.base import LossOutput, check_dim, check_same_rows, frozen, take, validate_temperature
+from raydistill.objectives.functional import query_soft_cross_entropy, softmax_blocks_
+from raydistill.objectives.queue import InstanceQueue
+
+__all__ = ["ConGenLoss"]
+
+
+class ConGenLoss(nn.Module):
+    r"""ConGen (Limkonchotiwat et al., Findings of EMNLP 2022, ACL Anthology 2022.findings-emnlp.483).
+
+    The teacher embeds the control view x₁ of each sentence; the student embeds both views x₁ (control) and x₂
+    (generalisation, another augmentation of the same sentence). Over the candidates Q = queue ++ current
+    teacher batch (the batch appended LAST), the student's similarity distributions must match the teacher's:
+
+        t   = norm(teacher(x₁))                      [B, D]   constant
+        c   = norm(student(x₁)),  g = norm(student(x₂))       [B, D]   with grad
+        P_T = softmax(t·Qᵀ / τ_T)                    [B, K+B]
+        L   = α · CE(P_T, softmax(c·Qᵀ / τ_S)) + (1 − α) · CE(P_T, softmax(g·Qᵀ / τ_S))
+
+    CE is summed over the K+B candidates and averaged over the batch. After the logits, the teacher batch is
+    enqueued (FIFO, the oldest B rows drop out), before ``backward``.
+
+    features:
+        ``"student_control"``    [B, D]  student(x₁), with grad (not necessarily normalised)
+        ``"student_generalize"`` [B, D]  student(x₂), with grad
+        ``"teacher"``            [B, D]  teacher(x₁); detached here whatever the caller passed
+    labels: unused.
+    parts: ``con``, ``gen`` (the two CE terms), ``queue_fill`` (rows in the queue, as a fraction of K).
+
+    Dimensions: the student must output the teacher's dim D. When its encoder is narrower, the projection
+    ``Linear(d_s → D) + tanh`` belongs to the student model (``BiEncoder.from_pretrained(path,
+    projection_dim=D)``, saved with it, as the authors' ``Dense`` module), not to this loss; the runtime builds
+    the student that way (``MethodSpec.build_student``). A mismatch raises an error that says so.
+
+    Deliberate deviations from the authors' code (../shared/notes/methods.md §4):
+    - α is a parameter (default 0.5 = the paper's best and the code's hard-coded value).
+    - The queue is a ring buffer written in place, scored as [queue | batch] column blocks; no (K+B)×d concat
+      per step. Identical values (candidate order does not change a softmax). The teacher's and both student
+      views' logits come from one stacked GEMM, and the student gradient from ``query_soft_cross_entropy``
+      (bench/objectives.py: the loss is GEMM-bound, three B×K×D products per step).
+    - Queue init: ``queue_init="random"`` unit vectors unless the caller calls ``queue.init_from(vectors)``
+      with teacher vectors of sampled sentences (the authors' init; they also drop those sentences from the
+      training set, which is the data pipeline's business).
+    - The queue is a registered buffer: checkpointed and resumable (the authors' is a plain attribute).
+
+    Args:
+        queue_size: K (paper Table 7: 1024–65536; authors' default 16534 is a typo for 16384).
+        tau_teacher, tau_student: τ_T, τ_S (paper: 0.05/0.07 for most students, 0.05/0.05 for the tiniest).
+        dim: D, the teacher dim (= queue dim).
+        alpha: weight of the control term.
+        queue: an existing InstanceQueue (e.g. a shared-queue client); else one is created.
+        queue_init, queue_seed: init of the queue created here (see InstanceQueue).
+    """
+
+    def __init__(self, queue_size: int = 16384, tau_teacher: float = 0.05, tau_student: float = 0.07,
+                 dim: int = 768, alpha: float = 0.5, queue: InstanceQueue | None = None,
+                 queue_init: str = "random", queue_seed: int = 0):
+        super().__init__()
+        self.tau_teacher = validate_temperature("ConGenLoss", "tau_teacher", tau_teacher)
+        self.tau_student = validate_temperature("ConGenLoss", "tau_student", tau_student)
+        if not 0.0 <= float(alpha) <= 1.0:
+            raise ValueError(f"ConGenLoss: alpha must be in [0, 1], got {alpha}")
+        self.alpha = float(alpha)
+        self.queue = queue if queue is not None else InstanceQueue(queue_size, dim, init=queue_init, seed=queue_seed)
+        self.dim = self.queue.dim
+
+    def forward(self, features: dict[str, Tensor], labels: Tensor | None = None) -> LossOutput:
+        control = take(features, "student_control", "ConGenLoss")
+        generalize = take(features, "student_generalize", "ConGenLoss")
+        teacher = frozen(take(features, "teacher", "ConGenLoss", aliases=("teacher_control",)))
+        batch = check_same_rows("ConGenLoss", student_control=control, student_generalize=generalize, teacher=teacher)
+        check_dim("ConGenLoss", self.dim, " (the teacher dim; give the student projection_dim=teacher dim)",
+                  student_control=control, student_generalize=generalize, teacher=teacher)
+
+        teacher = F.normalize(teacher.float(), dim=1)  # [B, D]
+        # Both student views share the candidates and P_T: rows [0, B) control, [B, 2B) generalisation.
+        student_queries = torch.cat([F.normalize(control.float(), dim=1),
+                                     F.normalize(generalize.float(), dim=1)]) / self.tau_student  # [2B, D]
+        with torch.no_grad():
+            # Teacher and student logits in ONE GEMM per block (the GEMMs are ~90 % of the loss on CPU); no graph:
+            # query_soft_cross_entropy computes the student's gradient itself.
+            queries = torch.cat([teacher / self.tau_teacher, student_queries])  # [3B, D]
+            queue_logits = self.queue.scores(queries)  # [3B, K]
+            batch_logits = queries @ teacher.T  # [3B, B]
+            # P_T over [queue | current teacher batch], in place over the teacher rows.
+            teacher_probs, _ = softmax_blocks_([queue_logits[:batch], batch_logits[:batch]])
+        per_row = query_soft_cross_entropy(student_queries, [self.queue.rows(), teacher],
+                                           [queue_logits[batch:], batch_logits[batch:]], teacher_probs)  # [2B]
+        con, gen = per_row[:batch].mean(), per_row[batch:].mean()
+        loss = self.alpha * con + (1.0 - self.alpha) * gen
+
+        fill = min(self.queue.size, len(self.queue) + batch) / self.queue.size
+        self.queue.enqueue(teacher)  # after the logits, before backward (authors' order); no queue read after this
+        return LossOutput(loss, {"con": float(con.detach()), "gen": float(gen.detach()), "queue_fill": fill})

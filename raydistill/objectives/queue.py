@@ -1,0 +1,202 @@
+"""InstanceQueue: a FIFO of the K most recent L2-normalised vectors, kept in place as a ring buffer.
+
+Queue-based distillation compares each batch with many more candidates than one batch holds (He et al., MoCo,
+CVPR 2020; used by CKD, ConGen and SCT with K up to 131072). The authors' code rebuilds the queue every step
+(``queue = concat(queue, batch)[B:]``, or a CPU → GPU copy of the whole queue in DistilCSE); at K = 131072,
+d = 1024 that is a 512 MiB copy per step. Here the rows live in one registered buffer that is written in place:
+
+    embeddings  [K, d]   buffer, checkpointed by state_dict; never reallocated (its data_ptr stays fixed)
+    pointer     []       next row to overwrite = the oldest row once the queue is full
+    filled      []       rows written so far (≤ K); before the queue is full they are rows [0, filled)
+
+``scores(x)`` is ONE matmul of ``x`` against the filled rows, in buffer (ring) order. That order is not the FIFO
+order, and it does not need to be: a softmax, a cross-entropy or a KL over the candidates is invariant to a
+permutation of the candidates, as long as teacher and student logits use the same one (they do: both come from
+``scores`` of the same buffer). ``ordered()`` gives the FIFO view (oldest → newest) for tests and inspection.
+
+Where the current batch sits among the candidates — appended last (ConGen, SCT: ``concat(queue, batch)``) or
+first (CKD: ``concat(batch, queue)``) — likewise changes nothing but the index of the positive. The losses
+therefore score the queue and the current batch as two column blocks (``functional.soft_cross_entropy``) and
+never build the concatenation. What the order DOES fix is which rows survive the update, and both of the
+authors' rules keep the newest K rows: ``concat(queue, batch)[B:]`` (append last, drop the oldest B) and
+``concat(batch, queue)[:K]`` (newest first, truncate) hold the same set. ``enqueue`` is that update.
+
+The losses call ``enqueue`` after their logits are computed and before ``backward`` (as the authors do), so the
+current batch is never a candidate twice. The write itself is deferred to the next read of the queue (the next
+step's ``scores``, ``len``, ``state_dict``, ...): the step's graph still holds the buffer for its backward (the
+gradient of ``x·rowsᵀ`` with respect to ``x`` is ``G·rows``), and writing it in place before ``backward`` would make
+autograd refuse ("modified by an inplace operation") or, worse, use the new rows. Nothing reads the queue
+between the enqueue and the backward, so every observer sees exactly the authors' FIFO content. One batch at
+most is pending: a second ``enqueue`` first writes the previous one. Consequence: with a queue loss, call
+``backward`` before the next forward (no gradient accumulation over several forwards; autograd raises if one
+tries).
+
+State is read through the buffers (``self.embeddings``, ``self.pointer``, ``self.filled``) in every method; a
+subclass can therefore apply pending remote updates on attribute access (``runtime.queue_actor.QueueClient``),
+which arrive through ``enqueue`` and are written by the same deferred path.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+__all__ = ["QUEUE_INITS", "InstanceQueue"]
+
+QUEUE_INITS = ("empty", "random")
+
+
+class InstanceQueue(nn.Module):
+    """FIFO ring buffer of K L2-normalised d-dim vectors.
+
+    Args:
+        size: K, the number of rows kept.
+        dim: d.
+        init: ``"empty"`` (no rows; CKD's queue starts empty and grows) or ``"random"`` (K random unit vectors,
+            as SCT's ``randn(K, d)`` normalised; full from the first step). ``init_from`` replaces either with
+            real embeddings (ConGen's queue starts from teacher vectors of sampled training sentences).
+        seed: seed of the ``"random"`` init, so that every copy of a queue (e.g. each learner's mirror of a
+            shared queue) starts identical.
+        dtype: storage dtype. Under CUDA autocast use torch.float16/bfloat16: ``scores`` runs outside autocast
+            in the storage dtype, so the K×d buffer is never cast (= copied) per step.
+    """
+
+    def __init__(self, size: int, dim: int, init: str = "empty", seed: int = 0, dtype: torch.dtype = torch.float32):
+        super().__init__()
+        if int(size) <= 0 or int(dim) <= 0:
+            raise ValueError(f"InstanceQueue: size and dim must be positive, got size={size}, dim={dim}")
+        if init not in QUEUE_INITS:
+            raise ValueError(f"InstanceQueue: init must be one of {QUEUE_INITS}, got {init!r}")
+        self.size, self.dim = int(size), int(dim)
+        self.register_buffer("embeddings", torch.zeros(self.size, self.dim, dtype=dtype))
+        self.register_buffer("pointer", torch.zeros((), dtype=torch.long))
+        self.register_buffer("filled", torch.zeros((), dtype=torch.long))
+        self._pending_rows: Tensor | None = None  # normalised rows of the last enqueue, written at the next read
+        if init == "random":
+            self.init_random(torch.Generator().manual_seed(int(seed)))
+
+    def extra_repr(self) -> str:
+        return f"size={self.size}, dim={self.dim}, dtype={self.embeddings.dtype}"
+
+    # ------------------------------------------------------------------------------------------------ state
+
+    def __len__(self) -> int:
+        """Rows filled so far (K once full)."""
+        self.flush()
+        return int(self.filled)
+
+    @property
+    def is_full(self) -> bool:
+        return len(self) == self.size
+
+    def rows(self) -> Tensor:
+        """The filled rows in buffer order, a view (no copy): [filled, d]."""
+        buffer = self.flush()
+        filled = int(self.filled)
+        return buffer if filled == self.size else buffer[:filled]
+
+    def ordered(self) -> Tensor:
+        """The filled rows oldest → newest, [filled, d] (a copy once the ring has wrapped; for tests)."""
+        buffer = self.flush()
+        filled, pointer = int(self.filled), int(self.pointer)
+        if filled < self.size:
+            return buffer[:filled]
+        return torch.cat([buffer[pointer:], buffer[:pointer]])
+
+    # ------------------------------------------------------------------------------------------------ writes
+
+    @torch.no_grad()
+    def init_random(self, generator: torch.Generator | None = None) -> InstanceQueue:
+        """Fill all K rows with random unit vectors (normal, then L2-normalised), in place."""
+        buffer = self.flush()
+        noise = torch.randn(self.size, self.dim, generator=generator, dtype=torch.float32)
+        buffer.copy_(F.normalize(noise, dim=1))
+        self.pointer.zero_()
+        self.filled.fill_(self.size)
+        return self
+
+    @torch.no_grad()
+    def init_from(self, embeddings: Tensor) -> InstanceQueue:
+        """Start from real vectors (e.g. teacher embeddings of K sampled training sentences), oldest first.
+
+        Fewer than K rows leave the queue partly filled (it grows from there); more keep the last K.
+        """
+        self.reset()
+        self.enqueue(embeddings)
+        return self
+
+    @torch.no_grad()
+    def reset(self) -> InstanceQueue:
+        """Empty the queue (the buffer keeps its storage)."""
+        self.flush()
+        self._pending_rows = None
+        self.embeddings.zero_()
+        self.pointer.zero_()
+        self.filled.zero_()
+        return self
+
+    @torch.no_grad()
+    def enqueue(self, batch: Tensor) -> None:
+        """Append ``batch`` [B, d] (L2-normalised here) as the newest rows, overwriting the oldest.
+
+        Takes effect at the next read (module docstring); the write is in place, at most two slice writes (when
+        the batch wraps past the end of the buffer); a batch larger than K keeps its last K rows. Never builds
+        a graph: the queue holds constants.
+        """
+        if batch.dim() != 2 or batch.shape[1] != self.dim:
+            raise ValueError(f"InstanceQueue.enqueue: expected [B, {self.dim}], got {tuple(batch.shape)}")
+        self.flush()
+        buffer = self.embeddings
+        rows = F.normalize(batch.detach().to(device=buffer.device, dtype=torch.float32), dim=1).to(buffer.dtype)
+        self._pending_rows = rows if rows.shape[0] > 0 else None
+
+    @torch.no_grad()
+    def flush(self) -> Tensor:
+        """Write the pending batch, if any; returns the buffer. Every read calls it first."""
+        buffer = self.embeddings  # first: a subclass may turn remote updates into a pending batch here
+        rows, self._pending_rows = self._pending_rows, None
+        if rows is None:
+            return buffer
+        n = rows.shape[0]
+        if n >= self.size:
+            buffer.copy_(rows[n - self.size:])
+            self.pointer.zero_()
+            self.filled.fill_(self.size)
+            return buffer
+        start = int(self.pointer)
+        end = start + n
+        if end <= self.size:
+            buffer[start:end].copy_(rows)
+        else:
+            head = self.size - start
+            buffer[start:].copy_(rows[:head])
+            buffer[: n - head].copy_(rows[head:])
+        self.pointer.fill_(end % self.size)
+        self.filled.fill_(min(self.size, int(self.filled) + n))
+        return buffer
+
+    def _save_to_state_dict(self, destination, prefix, keep_vars):
+        self.flush()
+        super()._save_to_state_dict(destination, prefix, keep_vars)
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+        self._pending_rows = None  # the loaded state replaces whatever was about to be written
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+
+    # ------------------------------------------------------------------------------------------------ reads
+
+    def scores(self, x: Tensor) -> Tensor:
+        """``x · rowsᵀ`` in ONE matmul against the buffer: [B, d] → [B, filled] (buffer order).
+
+        ``x`` should be L2-normalised (then the scores are cosines) and may carry a temperature already
+        (``x / τ``): scaling the [B, d] query is cheaper than scaling the [B, K] result. Gradients flow to
+        ``x`` only. Runs outside autocast in the storage dtype so the buffer is never cast.
+        """
+        rows = self.rows()
+        if x.shape[-1] != self.dim:
+            raise ValueError(f"InstanceQueue.scores: expected [B, {self.dim}], got {tuple(x.shape)}")
+        if x.is_cuda or rows.is_cuda:
+            with torch.autocast(device_type=rows.device.type, enabled=False):
+                return x.to(rows.dtype) @ rows.T
+        return x.to(rows.dtype) @ rows.T

@@ -1,0 +1,140 @@
+"""Starting or joining Ray, and checking that the configured roles fit the cluster before any actor starts.
+
+The same job script runs standalone (``python jobs/congen.py``: a private local Ray with the config's CPU count) and
+under ``ray job submit`` (the job supervisor sets ``RAY_ADDRESS``: connect, and take the cluster's resources as they
+are). Roles take resources from the config only, so moving to a GPU cluster changes the ``resources`` block and
+nothing else.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+from raydistill.runtime.config import ConfigError, JobConfig
+
+__all__ = ["init_ray", "check_resources", "configure_data_context", "prepare_worker_environment", "ResourceError",
+           "WORKER_ENV"]
+
+log = logging.getLogger(__name__)
+
+# Environment every Ray worker of a local cluster inherits (the raylet is started from this process): the model hub
+# is never reachable at run time, and Ray should neither phone home nor collapse repeated log lines that explain a
+# failure.
+WORKER_ENV = {
+    "HF_HUB_OFFLINE": "1",
+    "TRANSFORMERS_OFFLINE": "1",
+    "TOKENIZERS_PARALLELISM": "false",
+    "RAY_USAGE_STATS_ENABLED": "0",
+    "RAY_DEDUP_LOGS": "0",
+}
+
+
+class ResourceError(ConfigError):
+    """The configured roles cannot all be scheduled on the Ray cluster."""
+
+
+def init_ray(cfg: JobConfig | None = None, **init_kwargs: Any) -> None:
+    """Connect to the cluster in ``RAY_ADDRESS`` (or the one already initialised), else start a local Ray.
+
+    A local Ray gets ``num_cpus`` from ``cfg.resources.num_cpus``; extra ``init_kwargs`` go to ``ray.init`` for it
+    (tests pass ``object_store_memory`` and a short ``_temp_dir``). When connecting, no resources are passed: the
+    cluster has its own.
+    """
+    import ray
+
+    prepare_worker_environment()
+    if ray.is_initialized():
+        log.debug("Ray already initialised; using it")
+    elif os.environ.get("RAY_ADDRESS"):
+        log.info("connecting to the Ray cluster at %s", os.environ["RAY_ADDRESS"])
+        ray.init(**init_kwargs)
+    else:
+        num_cpus = cfg.resources.num_cpus if cfg is not None else None
+        kwargs = {"address": "local", "include_dashboard": False, "num_cpus": num_cpus} | init_kwargs
+        log.info("starting a local Ray (%s CPUs)", kwargs["num_cpus"])
+        ray.init(**kwargs)
+    configure_data_context(cfg)
+
+
+def prepare_worker_environment() -> None:
+    """Environment that the workers of a local Ray inherit from this process (set before ``ray.init``).
+
+    Besides ``WORKER_ENV``, the directory holding the ``raydistill`` package goes on ``PYTHONPATH``: a source
+    checkout that is not pip-installed would otherwise import in the driver but not in the workers.
+    """
+    import raydistill
+
+    for key, value in WORKER_ENV.items():
+        os.environ.setdefault(key, value)
+    package_root = str(Path(raydistill.__file__).resolve().parents[1])
+    paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    if package_root not in paths:
+        os.environ["PYTHONPATH"] = os.pathsep.join([package_root, *paths])
+
+
+def configure_data_context(cfg: JobConfig | None = None) -> None:
+    """Ray Data defaults: no progress bars in CI; never schedule Data work on the CPUs the learner/queue actors hold.
+
+    ``exclude_resources`` makes Ray Data plan with what the long-lived actors leave over, so its tasks and the
+    teacher pool neither wait for those CPUs nor take them (../shared/notes/ray.md §2: actors on every CPU hang Data).
+    """
+    from ray.data import DataContext, ExecutionResources
+
+    ctx = DataContext.get_current()
+    # An actor pool that cannot get its resources fails after this long instead of waiting forever (Ray's
+    # default); -1 restores waiting forever, e.g. for an autoscaler that needs long to add GPU nodes.
+    ctx.wait_for_min_actors_s = int(os.environ.get("RAYDISTILL_ACTOR_WAIT_S", "600"))
+    if os.environ.get("CI") or os.environ.get("RAYDISTILL_NO_PROGRESS"):
+        ctx.enable_progress_bars = False
+        ctx.print_on_execution_start = False
+    if cfg is not None:
+        held_cpus, held_gpus = _actor_reservation(cfg)
+        ctx.execution_options.exclude_resources = ExecutionResources(cpu=held_cpus, gpu=held_gpus)
+
+
+def _actor_reservation(cfg: JobConfig) -> tuple[float, float]:
+    r = cfg.resources
+    learner_cpus = r.learner.num_learners * r.learner.num_cpus
+    learner_gpus = r.learner.num_learners * r.learner.num_gpus
+    return learner_cpus + r.queue.num_cpus, learner_gpus + r.queue.num_gpus
+
+
+def check_resources(cfg: JobConfig, available: dict[str, float] | None = None) -> None:
+    """Raise ResourceError if the roles cannot be scheduled together, naming the fields to change.
+
+    ``available``: cluster resources (``{"CPU": 2, "GPU": 0}``); by default the running cluster's, or the
+    config's ``num_cpus`` when Ray is not started yet.
+    """
+    if available is None:
+        import ray
+
+        available = ray.cluster_resources() if ray.is_initialized() else {"CPU": cfg.resources.num_cpus}
+    cpus, gpus = float(available.get("CPU", 0)), float(available.get("GPU", 0))
+    r = cfg.resources
+    held_cpus, held_gpus = _actor_reservation(cfg)
+    where = f"the Ray cluster has {cpus:g} CPU and {gpus:g} GPU"
+    problems = []
+    if held_cpus + r.data_max_cpus > cpus + 1e-9:
+        problems.append(
+            f"learners {r.learner.num_learners} x {r.learner.num_cpus:g} CPU + queue {r.queue.num_cpus:g} CPU + "
+            f"Ray Data headroom {r.data_max_cpus:g} CPU = {held_cpus + r.data_max_cpus:g} CPU > {cpus:g}: lower "
+            "resources.learner.num_cpus / num_learners (fractions like 0.5 are fine)")
+    if held_gpus > gpus + 1e-9:
+        problems.append(f"learners and queue ask for {held_gpus:g} GPU; set resources.learner.num_gpus: 0")
+    if cfg.teacher is not None and cfg.data.teacher_views:
+        teacher_cpus = r.teacher.num_actors * r.teacher.num_cpus
+        teacher_gpus = r.teacher.num_actors * r.teacher.num_gpus
+        if teacher_cpus > cpus - held_cpus + 1e-9:
+            problems.append(
+                f"teacher pool {r.teacher.num_actors} x {r.teacher.num_cpus:g} CPU = {teacher_cpus:g} CPU, but only "
+                f"{cpus - held_cpus:g} CPU are left beside the learners/queue: lower resources.teacher.num_cpus "
+                "or num_actors")
+        if teacher_gpus > gpus - held_gpus + 1e-9:
+            problems.append(f"teacher pool asks for {teacher_gpus:g} GPU, {gpus - held_gpus:g} left: set "
+                            "resources.teacher.num_gpus: 0 or use a GPU cluster")
+    if problems:
+        source = f"{cfg._source}: " if cfg._source else ""
+        raise ResourceError(f"{source}resources do not fit ({where}):\n  - " + "\n  - ".join(problems))

@@ -1,0 +1,285 @@
+"""``run_distillation(cfg)``: one distillation job from config to committed result file.
+
+    validate the config (before Ray or any model starts; a typo costs a second, not a teacher pass)
+    → init Ray (join RAY_ADDRESS / the running session, else a local Ray with resources.num_cpus)
+    → per stage: training data (stage 1 of teacher methods: the teacher pass through the embedding cache, hits and
+      misses logged) → LearnerGroup.fit (dev every train.eval_every steps, checkpoints, resume, restarts)
+    → 7-STS (+ STS-B dev) of the best checkpoint → results/<method>-<student>-<teacher>.json + MLflow run
+
+MLflow (``Tracker``; a tracking failure never stops training): params = the effective config (flattened) plus
+method/teacher/student/taus/K/lr/batch/seed/git SHA/config hash/corpus size and teacher-cache counts; metrics =
+every step's loss parts, lr, sentences/s, STS-B dev at each evaluation, the final 7-STS; artifacts = the final model
+directory, the result JSON, the learning curve and the STS-B dev scatter plot. Multi-stage methods log their stages
+on one step axis (stage 2 continues where stage 1 ended) with ``stage`` as a metric.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import resource
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+from raydistill.runtime.config import JobConfig
+
+__all__ = ["run_distillation", "result_path_for"]
+
+log = logging.getLogger(__name__)
+
+
+def _cpu_seconds() -> float:
+    self_usage = resource.getrusage(resource.RUSAGE_SELF)
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return self_usage.ru_utime + self_usage.ru_stime + children.ru_utime + children.ru_stime
+
+
+def _short(name: str | None) -> str:
+    return Path(str(name).rstrip("/")).name if name else "none"
+
+
+def teacher_label(cfg: JobConfig) -> str | None:
+    """The teacher's short name; DvBERT's cross-encoder teachers joined by '+'; None for teacherless methods."""
+    if cfg.teacher:
+        return _short(cfg.teacher)
+    if cfg.method == "dvbert":
+        from raydistill.runtime.methods import DVBERT_TEACHERS
+
+        return "+".join(_short(t) for t in (cfg.extra.get("teachers") or DVBERT_TEACHERS))
+    return None
+
+
+def result_path_for(cfg: JobConfig, results_dir: str | os.PathLike = "results") -> Path:
+    """``<results_dir>/<method>-<student>-<teacher>.json`` (no teacher part for teacherless methods)."""
+    parts = [cfg.method, _short(cfg.student)] + ([teacher_label(cfg)] if teacher_label(cfg) else [])
+    return Path(results_dir) / ("-".join(parts) + ".json")
+
+
+def _summary_params(cfg: JobConfig) -> dict[str, Any]:
+    loss = cfg.loss
+    return {
+        "method": cfg.method, "student": cfg.student, "teacher": teacher_label(cfg) or "none", "seed": cfg.seed,
+        "lr": cfg.train.lr, "batch_size": cfg.train.batch_size, "epochs": cfg.train.epochs,
+        "tau_teacher": loss.get("tau_teacher", loss.get("tau", loss.get("temperature"))),
+        "tau_student": loss.get("tau_student"), "K": loss.get("queue_size"),
+        "config_hash": cfg.config_hash(),
+    }
+
+
+def run_distillation(cfg: JobConfig, *, results_dir: str | os.PathLike | None = None,
+                     result_path: str | os.PathLike | None = None, command: str | None = None,
+                     evaluate: bool = True) -> dict[str, Any]:
+    """Train ``cfg``'s method end to end and return the result record (also written as JSON).
+
+    ``results_dir`` (default ``results``, relative to the working directory) / ``result_path``: where the record
+    goes.
+    ``command``: the exact command line to record (default: this process's argv).
+    """
+    from raydistill.runtime.checkpoint import current_git_sha
+    from raydistill.runtime.cluster import check_resources, init_ray
+    from raydistill.runtime.methods import stage_plan, with_method_defaults
+    from raydistill.runtime.tracking import Tracker
+
+    started, cpu_started = time.time(), _cpu_seconds()
+    cfg = with_method_defaults(cfg).validate()
+    stages = stage_plan(cfg)  # validates every stage's config too, before Ray starts
+    run_dir = cfg.resolved_run_dir()
+    run_dir.mkdir(parents=True, exist_ok=True)
+    cfg.to_yaml(run_dir / "config.yaml")
+    results_dir = results_dir or "results"
+    result_path = Path(result_path) if result_path else result_path_for(cfg, results_dir)
+    if command is None:
+        from raydistill.evaluation import default_command
+
+        command = default_command()
+
+    init_ray(cfg)
+    check_resources(cfg)
+    git_sha = current_git_sha()
+    run_name = cfg.tracking.run_name or run_dir.name
+    tracker = Tracker(cfg.tracking, run_name=run_name, tags={"method": cfg.method, "student": cfg.student,
+                                                             "teacher": teacher_label(cfg) or "none"})
+    tracking = f"; MLflow {tracker.tracking_uri} run {tracker.run_id}" if tracker.run_id else ""
+    print(f"[{cfg.method}] run dir {run_dir}{tracking}", flush=True)
+    with tracker:
+        tracker.log_params({**_summary_params(cfg), "git_sha": git_sha or "unknown",
+                            "config": cfg.to_dict(), "stages": ",".join(s.name for s in stages)})
+        history: list[dict[str, Any]] = []
+        stage_summaries: list[dict[str, Any]] = []
+        cache_info: dict[str, Any] = {}
+        init_model: str | None = None
+        step_offset = 0
+        for stage in stages:
+            summary, data_info = _run_stage(stage, tracker, init_model, step_offset, history)
+            if stage.index == 1:
+                cache_info = data_info
+            stage_summaries.append({k: v for k, v in summary.items() if k != "history"} | {"data": data_info})
+            init_model = summary["best_dir"]
+            step_offset += summary["total_steps"]
+
+        final_best = Path(init_model)
+        model_dir = run_dir / "best"
+        if final_best.resolve() != model_dir.resolve():  # multi-stage: run_dir/best is the final model
+            tmp = run_dir / f".best.tmp-{os.getpid()}"
+            shutil.rmtree(tmp, ignore_errors=True)
+            shutil.copytree(final_best, tmp)
+            shutil.rmtree(model_dir, ignore_errors=True)
+            os.replace(tmp, model_dir)
+
+        record = _evaluate_and_record(cfg, stages, stage_summaries, cache_info, history, model_dir, run_dir,
+                                      tracker, result_path, command, started, cpu_started, evaluate)
+    return record
+
+
+def _run_stage(stage, tracker, init_model: str | None, step_offset: int, history: list[dict[str, Any]],
+               ) -> tuple[dict[str, Any], dict[str, Any]]:
+    from raydistill.runtime.learner_group import LearnerGroup
+    from raydistill.runtime.pipeline import build_training_data
+
+    cfg, spec = stage.cfg, stage.spec
+    stage.run_dir.mkdir(parents=True, exist_ok=True)
+    data_started = time.perf_counter()
+    if spec.data_builder is not None:
+        data = spec.data_builder(cfg, stage.run_dir)
+    else:
+        data = build_training_data(cfg)
+    data_seconds = time.perf_counter() - data_started
+    stats = dict(getattr(data, "cache_stats", {}) or {})
+    data_info = {"rows": data.num_rows, "seconds": round(data_seconds, 2), **_jsonable(stats)}
+    prefix = f"stage{stage.index}." if step_offset or stage.index > 1 or stage.spec.stages else ""
+    if "hits" in stats:
+        print(f"[{stage.name}] teacher cache: {stats['hits']} hits, {stats['misses']} misses, "
+              f"{stats['teacher_forward_sentences']} sentences through the teacher ({data_seconds:.1f}s)", flush=True)
+        tracker.log_metrics({"teacher_cache_hits": stats["hits"], "teacher_cache_misses": stats["misses"],
+                             "teacher_forward_sentences": stats["teacher_forward_sentences"],
+                             "teacher_pass_s": data_seconds}, step=step_offset)
+        tracker.log_params({f"{prefix}cache.hits": stats["hits"], f"{prefix}cache.misses": stats["misses"],
+                            f"{prefix}cache.teacher_forward_sentences": stats["teacher_forward_sentences"]})
+    for key, value in stats.items():
+        if key.startswith("dvbert_teachers"):
+            for i, info in enumerate(value):
+                tracker.log_params({f"dvbert.teacher{i}.model": info.get("model"),
+                                    f"dvbert.teacher{i}.heldout_accuracy": info.get("heldout_accuracy"),
+                                    f"dvbert.teacher{i}.cached": info.get("cached")})
+    tracker.log_params({f"{prefix}corpus_size": data.num_rows, f"{prefix}views": ",".join(cfg.data.views)})
+
+    def on_metrics(metrics: dict[str, float], step: int) -> None:
+        row = {"step": step_offset + step, "stage": stage.index, **metrics}
+        history.append(row)
+        tracker.log_metrics({**metrics, "stage": stage.index}, step=step_offset + step)
+
+    def on_eval(metrics: dict[str, float], step: int) -> None:
+        history.append({"step": step_offset + step, "stage": stage.index, **metrics})
+        tracker.log_metrics(metrics, step=step_offset + step)
+
+    group = LearnerGroup(cfg, spec, run_dir=stage.run_dir, init_model=init_model,
+                         teacher_dim=getattr(data, "teacher_dim", None), name=stage.name)
+    print(f"[{stage.name}] stage {stage.index}: {data.num_rows} rows, {group.total_steps(data)} steps of "
+          f"{cfg.train.batch_size} x {group.world_size} learner(s)", flush=True)
+    summary = group.fit(data, on_metrics=on_metrics, on_eval=on_eval)
+    if summary.get("resumed_from") is not None:
+        # Steps before the checkpoint were logged by the earlier process; rebuild the curve from the learner.
+        known = {(r["step"], "loss" in r) for r in history}
+        for row in summary["history"]:
+            key = (step_offset + row["step"], "loss" in row)
+            if key not in known:
+                history.append({**row, "step": step_offset + row["step"], "stage": stage.index})
+        history.sort(key=lambda r: r["step"])
+    return summary, data_info
+
+
+def _evaluate_and_record(cfg, stages, stage_summaries, cache_info, history, model_dir: Path, run_dir: Path,
+                         tracker, result_path: Path, command: str, started: float, cpu_started: float,
+                         evaluate: bool) -> dict[str, Any]:
+    from raydistill.evaluation import STS7, evaluate_sts, write_result
+    from raydistill.evaluation.sts import sts_predictions
+    from raydistill.models import BiEncoder
+    from raydistill.runtime.plots import plot_dev_scatter, plot_learning_curve
+
+    model = BiEncoder.from_pretrained(str(model_dir))
+    params_m = sum(p.numel() for p in model.parameters()) / 1e6
+    scores: dict[str, float] = {}
+    if evaluate:
+        print(f"[{cfg.method}] evaluating {model_dir} on 7 STS sets + STS-B dev", flush=True)
+        scores = evaluate_sts(model, sets=STS7 + ("stsb_dev",), progress=False)
+        tracker.log_metrics({f"test_{k}": v for k, v in scores.items()}, step=sum(s["total_steps"]
+                                                                                  for s in stage_summaries))
+
+    # A restarted learner replays the steps after its checkpoint: keep the last row per (step, kind).
+    rows_by_key = {(row["step"], "loss" in row): row for row in history}
+    history = [rows_by_key[key] for key in sorted(rows_by_key)]
+    plots_dir = run_dir / "plots"
+    curve = dev_plot = None
+    if history:
+        curve = plot_learning_curve(history, plots_dir / "learning_curve.png",
+                                    title=f"{cfg.method}: {_short(cfg.student)} ← {teacher_label(cfg) or 'itself'}")
+    if evaluate:
+        predicted, gold = sts_predictions(model, "stsb_dev")
+        dev_plot = plot_dev_scatter(gold, predicted, plots_dir / "stsb_dev_scatter.png",
+                                    title=f"STS-B dev, {cfg.method} {_short(cfg.student)}")
+
+    last = stage_summaries[-1]
+    first_data = stage_summaries[0]["data"]
+    training = {
+        "corpus": cfg.data.corpus,
+        "sentences": first_data["rows"],
+        "views": dict(cfg.data.views),
+        "teacher_views": list(cfg.data.teacher_views),
+        "steps": sum(s["steps"] for s in stage_summaries),
+        "epochs": cfg.train.epochs,
+        "batch_size": cfg.train.batch_size,
+        "best_step": last["best_step"],
+        "best_stsb_dev": round(last["best_stsb_dev"], 2) if last["best_stsb_dev"] is not None else None,
+        "restarts": sum(s["restarts"] for s in stage_summaries),
+        "resumed_from": stage_summaries[0].get("resumed_from"),
+        "teacher_cache": {k: cache_info.get(k) for k in ("hits", "misses", "teacher_forward_sentences")
+                          if k in cache_info},
+        "loss": dict(cfg.loss),
+        "lr": cfg.train.lr,
+        "max_length": cfg.data.max_length,
+        "config_hash": cfg.config_hash(),
+        "run_dir": str(run_dir),
+        "transductive": False,
+        "stages": [{k: s.get(k) for k in ("steps", "total_steps", "best_step", "best_stsb_dev", "restarts",
+                                             "resumed_from", "seconds", "rows", "world_size")}
+                   | {"method": stage.name, "lr": stage.cfg.train.lr, "epochs": stage.cfg.train.epochs,
+                      "batch_size": stage.cfg.train.batch_size}
+                   for s, stage in zip(stage_summaries, stages)],
+        "cpu_s_note": "driver process, its children and the learner actors; the teacher pool's Ray Data actors "
+                      "are not counted (their wall time is training.teacher_pass_s)",
+        "teacher_pass_s": first_data.get("seconds"),
+    }
+    record_fields = dict(
+        kind="distill", method=cfg.method, model=cfg.student, encoder="bi", teacher=teacher_label(cfg),
+        params_m=round(params_m, 3), scores={k: round(v, 2) for k, v in scores.items()},
+        training=_jsonable(training), wall_s=round(time.time() - started, 1),
+        cpu_s=round(_cpu_seconds() - cpu_started + sum(s.get("actor_cpu_s", 0.0) for s in stage_summaries), 1),
+        model_dir=str(model_dir), command=command,
+    )
+    if tracker.run_id:
+        record_fields["mlflow_run_id"] = tracker.run_id
+    if evaluate:
+        result_path.parent.mkdir(parents=True, exist_ok=True)
+        record = write_result(str(result_path), **record_fields)
+        if not isinstance(record, dict):
+            record = json.loads(result_path.read_text())
+        print(f"[{cfg.method}] 7-STS avg {scores.get('avg', float('nan')):.2f}, STS-B dev "
+              f"{scores.get('stsb_dev', float('nan')):.2f}; wrote {result_path}", flush=True)
+        tracker.log_artifact(result_path)
+    else:
+        record = record_fields
+    for plot in (curve, dev_plot):
+        if plot is not None:
+            tracker.log_artifact(plot, "plots")
+    tracker.log_artifacts(model_dir, "model")
+    record = dict(record)
+    record["result_path"] = str(result_path) if evaluate else None
+    return record
+
+
+def _jsonable(value: Any) -> Any:
+    """Plain JSON types (numpy scalars and paths become numbers and strings)."""
+    return json.loads(json.dumps(value, default=lambda o: o.item() if hasattr(o, "item") else str(o)))

@@ -1,0 +1,424 @@
+"""The learner: one student, its loss module, AdamW, the LR schedule, dev evaluation, best model and checkpoints.
+
+``DistillLearner`` is a plain class (no Ray import at module level) so that tests and laptops run it in the driver
+process; ``LearnerActor`` is the same class behind ``ray.remote`` with resources from ``cfg.resources.learner``.
+``LearnerGroup`` (learner_group.py) drives one in-process learner or N actors with the same calls, like RLlib's
+``LearnerGroup``.
+
+What one optimiser step does (the fork of sentence-transformers' ``fit`` that SCT and ConGen share,
+../shared/notes/methods.md §1.5, §4.5):
+
+    features, labels = method.batch_to_features(ctx, batch)     # student forward passes (+ teacher vectors)
+    loss = loss_module(features, labels).loss                   # queue updates happen inside, before backward
+    loss.backward(); [all-reduce grads over learners]; clip_grad_norm_(1.0); AdamW.step(); scheduler.step()
+
+Optimiser: ``torch.optim.AdamW`` with weight decay 0.01 on every weight matrix and none on biases, LayerNorm weights
+and scalars (the learnable temperature), eps 1e-6. The authors use ``transformers.AdamW(correct_bias=False)``, which
+recent transformers removed and ``torch.optim.AdamW`` cannot reproduce: torch always bias-corrects the moment
+estimates, so the first few hundred updates are somewhat larger than the authors' (their un-corrected second
+moment starts near 0 and is divided out un-rescaled). This is a known, documented deviation (methods.md §1.7).
+
+Schedule: linear warm-up over ``warmup_ratio`` of the *total* steps, then linear decay to 0 at the nominal end;
+early stopping does not shorten the schedule (as in the authors' fit loop).
+
+Model selection: STS-B dev Spearman (cosine) every ``eval_every`` steps and at each epoch end; whenever it improves,
+the student is written to ``<run_dir>/best/`` as a sentence-transformers directory (with its projection layer).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import random
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from raydistill.runtime import checkpoint as ckpt
+from raydistill.runtime.config import JobConfig
+
+__all__ = ["DistillLearner", "LearnerActor", "build_optimizer", "linear_schedule", "BEST_INFO"]
+
+log = logging.getLogger(__name__)
+
+BEST_INFO = "raydistill_best.json"
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Optimiser and schedule
+
+
+def _no_decay(name: str, param: nn.Parameter) -> bool:
+    # Biases, LayerNorm gains and scalars (e.g. a learnable temperature) are not weights to shrink.
+    lowered = name.lower()
+    return param.ndim < 2 or lowered.endswith("bias") or "layernorm" in lowered or "layer_norm" in lowered
+
+
+def build_optimizer(modules: list[nn.Module], lr: float, weight_decay: float, eps: float = 1e-6,
+                    betas: tuple[float, float] = (0.9, 0.999)) -> torch.optim.AdamW:
+    """AdamW over the trainable parameters of ``modules``; no decay on biases, LayerNorm and scalars."""
+    decay, no_decay, seen = [], [], set()
+    for module in modules:
+        for name, param in module.named_parameters():
+            if not param.requires_grad or id(param) in seen:
+                continue
+            seen.add(id(param))
+            (no_decay if _no_decay(name, param) else decay).append(param)
+    groups = [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    return torch.optim.AdamW([g for g in groups if g["params"]], lr=lr, eps=eps, betas=tuple(betas))
+
+
+def linear_schedule(optimizer: torch.optim.Optimizer, warmup_steps: int, total_steps: int,
+                    ) -> torch.optim.lr_scheduler.LambdaLR:
+    """lr · step/warmup during warm-up, then lr · (total − step)/(total − warmup), reaching 0 at ``total_steps``."""
+    warmup_steps, total_steps = int(warmup_steps), max(1, int(total_steps))
+
+    def factor(step: int) -> float:
+        if step < warmup_steps:
+            return float(step) / float(max(1, warmup_steps))
+        return max(0.0, float(total_steps - step) / float(max(1, total_steps - warmup_steps)))
+
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class _Best:
+    score: float = -math.inf
+    step: int = -1
+    evals_without_improvement: int = 0
+
+
+class DistillLearner:
+    """Student + loss module + optimiser of one method; trains on numpy batches from ``TrainingData.iter_batches``.
+
+    Args:
+        cfg: the job config (``train``, ``loss``, ``data.max_length``, ``student``, ``seed``).
+        spec: the method (``raydistill.runtime.methods.MethodSpec``); default ``METHODS[cfg.method]``.
+        total_steps: optimiser steps of the whole run (for the LR schedule).
+        teacher_dim: width of the teacher vectors in the batches; with a method that projects, a student of
+            another width gets ``projection_dim = teacher_dim`` (tanh), saved with the model.
+        run_dir: where ``best/`` and ``checkpoints/`` go (default ``cfg.resolved_run_dir()``).
+        init_model: start the student from this directory instead of ``cfg.student`` (later stages of a pipeline).
+        rank, world_size: position among data-parallel learners; gradients are averaged over a gloo/NCCL group
+            set up by ``init_process_group``. Only rank 0 evaluates and writes files.
+        queue_actors: SharedQueueActors (one per teacher queue of the loss) when several learners must see one
+            teacher queue; the loss then reads and writes them through ``QueueClient`` mirrors. None: the loss
+            module's own queues.
+        threads: torch intra-op threads of this process (set in actors; Ray gives fractional-CPU actors 1).
+        device: "cpu", "cuda", ...; default cuda when ``cfg.resources.learner.num_gpus > 0`` and available.
+    """
+
+    def __init__(self, cfg: JobConfig, spec=None, *, total_steps: int, teacher_dim: int | None = None,
+                 run_dir: str | os.PathLike | None = None, init_model: str | None = None, rank: int = 0,
+                 world_size: int = 1, queue_actors: list | None = None, threads: int | None = None,
+                 device: str | None = None):
+        from raydistill.runtime.methods import get_method
+
+        if threads:
+            torch.set_num_threads(int(threads))
+        _quiet_transformers()
+        self.cfg = cfg
+        self.spec = spec if spec is not None else get_method(cfg.method)
+        self.total_steps = int(total_steps)
+        self.teacher_dim = teacher_dim
+        self.run_dir = Path(run_dir) if run_dir is not None else cfg.resolved_run_dir()
+        self.rank, self.world_size = int(rank), int(world_size)
+        if device is None:
+            device = "cuda" if cfg.resources.learner.num_gpus > 0 and torch.cuda.is_available() else "cpu"
+        self.device = torch.device(device)
+        self._process_group = False
+
+        # Same seed on every rank: identical initial projection / head weights everywhere.
+        _seed_everything(cfg.seed)
+        self.student = self.spec.build_student(cfg, teacher_dim=teacher_dim, init_model=init_model).to(self.device)
+        self.loss_module = self.spec.build_loss(cfg, student_dim=self.student.dim, teacher_dim=teacher_dim,
+                                                total_steps=self.total_steps, queue_actors=queue_actors)
+        if self.device.type != "cpu":  # modules are built on the CPU; moving a no-op there is skipped
+            self.loss_module.to(self.device)
+        # Different dropout masks per rank, reproducible per (seed, rank).
+        _seed_everything(cfg.seed + 7919 * self.rank)
+
+        train = cfg.train
+        optim = self.spec.optimizer_kwargs(cfg)
+        self.optimizer = build_optimizer([self.student, self.loss_module], lr=train.lr,
+                                         weight_decay=train.weight_decay, **optim)
+        self.warmup_steps = int(train.warmup_ratio * self.total_steps)
+        self.scheduler = linear_schedule(self.optimizer, self.warmup_steps, self.total_steps)
+        self.step = 0
+        self.best = _Best()
+        self.history: list[dict[str, Any]] = []
+
+    # ------------------------------------------------------------------------------------------------------------
+    # Data-parallel set-up (N learner actors)
+
+    def address(self) -> tuple[str, int]:
+        """(ip, free port) of this process, for rank 0 to host the process group's rendezvous."""
+        import socket
+
+        try:
+            import ray
+
+            ip = ray.util.get_node_ip_address()
+        except Exception:  # noqa: BLE001 - outside Ray: loopback
+            ip = "127.0.0.1"
+        with socket.socket() as sock:
+            sock.bind(("", 0))
+            port = sock.getsockname()[1]
+        return ip, port
+
+    def init_process_group(self, master_addr: str, master_port: int, timeout_s: float = 120.0) -> bool:
+        """Join the gradient all-reduce group (gloo on CPU, NCCL on GPU); weights are then synced from rank 0."""
+        import datetime
+
+        import torch.distributed as dist
+
+        if self.world_size <= 1:
+            return False
+        backend = "nccl" if self.device.type == "cuda" else "gloo"
+        dist.init_process_group(backend, init_method=f"tcp://{master_addr}:{master_port}", rank=self.rank,
+                                world_size=self.world_size, timeout=datetime.timedelta(seconds=timeout_s))
+        self._process_group = True
+        with torch.no_grad():
+            for tensor in self._synced_tensors():
+                dist.broadcast(tensor, src=0)
+        return True
+
+    def _synced_tensors(self) -> list[torch.Tensor]:
+        return [p.data for p in self._trainable()] + \
+            [b for b in self.student.buffers() if b.dtype.is_floating_point]
+
+    def _trainable(self) -> list[nn.Parameter]:
+        params, seen = [], set()
+        for module in (self.student, self.loss_module):
+            for param in module.parameters():
+                if param.requires_grad and id(param) not in seen:
+                    seen.add(id(param))
+                    params.append(param)
+        return params
+
+    def _allreduce_gradients(self) -> None:
+        """Average gradients over learners in one flat all-reduce (parameters without a gradient count as 0)."""
+        import torch.distributed as dist
+
+        params = self._trainable()
+        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
+        flat = torch.cat([g.reshape(-1) for g in grads])  # [sum of numel]
+        dist.all_reduce(flat)
+        flat /= self.world_size
+        offset = 0
+        for param in params:
+            n = param.numel()
+            param.grad = flat[offset:offset + n].view_as(param).clone()
+            offset += n
+
+    def close(self) -> None:
+        if self._process_group:
+            import torch.distributed as dist
+
+            dist.destroy_process_group()
+            self._process_group = False
+
+    # ------------------------------------------------------------------------------------------------------------
+    # Training
+
+    def train_step(self, batch: dict[str, np.ndarray]) -> dict[str, float]:
+        """One optimiser step on ``batch``; returns loss, its parts, lr, grad norm and sentences/s."""
+        from raydistill.runtime.methods import StepContext
+
+        started = time.perf_counter()
+        self.student.train()
+        self.loss_module.train()
+        ctx = StepContext(student=self.student, loss=self.loss_module, device=self.device, step=self.step,
+                          total_steps=self.total_steps, cfg=self.cfg)
+        features, labels = self.spec.batch_to_features(ctx, batch)
+        output = self.loss_module(features, labels)
+        loss = output.loss
+        if not torch.isfinite(loss):
+            raise FloatingPointError(f"{self.spec.name}: loss is {loss.item()} at step {self.step + 1} "
+                                     f"(parts {output.parts}); lower train.lr or check the temperatures in loss.*")
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        if self._process_group:
+            self._allreduce_gradients()
+        params = self._trainable()
+        if self.cfg.train.grad_clip > 0:
+            grad_norm = torch.nn.utils.clip_grad_norm_(params, self.cfg.train.grad_clip)
+        else:
+            grad_norm = torch.norm(torch.stack([p.grad.norm() for p in params if p.grad is not None]))
+        lr = self.optimizer.param_groups[0]["lr"]
+        self.optimizer.step()
+        self.scheduler.step()
+        self.step += 1
+
+        seconds = time.perf_counter() - started
+        rows = len(next(iter(batch.values())))
+        sentences = rows * self.spec.student_sentences_per_row
+        metrics = {"loss": float(loss.detach()), "lr": float(lr), "grad_norm": float(grad_norm),
+                   "sentences_per_s": sentences / max(seconds, 1e-9), "step_s": seconds}
+        metrics.update({f"loss_{k}": float(v) for k, v in (output.parts or {}).items()})
+        self.history.append({"step": self.step, **metrics})
+        return metrics
+
+    # ------------------------------------------------------------------------------------------------------------
+    # Evaluation and best model
+
+    def evaluate_dev(self, save_best: bool = True) -> float:
+        """STS-B dev Spearman x 100 (cosine); on rank 0 a new best is saved to ``<run_dir>/best``."""
+        from raydistill.evaluation import evaluate_sts
+
+        if self.rank != 0:
+            return float("nan")
+        score = float(evaluate_sts(self.student, sets=("stsb_dev",), progress=False)["stsb_dev"])
+        improved = score > self.best.score
+        if improved:
+            self.best = _Best(score=score, step=self.step, evals_without_improvement=0)
+            if save_best:
+                self.save_best()
+        else:
+            self.best.evals_without_improvement += 1
+        self.history.append({"step": self.step, "stsb_dev": score, "best_stsb_dev": self.best.score})
+        return score
+
+    def should_stop_now(self) -> bool:
+        """Early stopping: ``train.patience`` dev evaluations in a row without a new best."""
+        patience = self.cfg.train.patience
+        return bool(patience) and self.best.evals_without_improvement >= patience
+
+    def save_best(self) -> Path:
+        """Write the student to ``<run_dir>/best`` atomically (tmp dir + rename), with its step and dev score."""
+        best = self.run_dir / "best"
+        tmp = self.run_dir / f".best.tmp-{os.getpid()}"
+        if tmp.exists():
+            shutil.rmtree(tmp)
+        self.student.save(tmp)
+        (tmp / BEST_INFO).write_text(json.dumps({
+            "step": self.best.step, "stsb_dev": self.best.score, "method": self.spec.name,
+            "config_hash": self.cfg.config_hash()}, indent=2))
+        if best.exists():
+            old = self.run_dir / f".best.old-{os.getpid()}"
+            os.replace(best, old)
+            os.replace(tmp, best)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(tmp, best)
+        return best
+
+    def best_info(self) -> dict[str, Any]:
+        return {"best_step": self.best.step, "best_stsb_dev": self.best.score}
+
+    # ------------------------------------------------------------------------------------------------------------
+    # Checkpoints
+
+    def state_dict(self) -> dict[str, Any]:
+        rng = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+        if torch.cuda.is_available() and self.device.type == "cuda":
+            rng["cuda"] = torch.cuda.get_rng_state(self.device)
+        return {
+            "student": self.student.state_dict(),
+            "loss": self.loss_module.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "rng": rng,
+            "learner": {"step": self.step, "best": vars(self.best).copy(), "history": self.history,
+                        "total_steps": self.total_steps},
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.student.load_state_dict(state["student"])
+        self.loss_module.load_state_dict(state["loss"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        learner = state["learner"]
+        self.step = int(learner["step"])
+        self.best = _Best(**learner["best"])
+        self.history = list(learner.get("history", []))
+        rng = state.get("rng")
+        if rng is not None:
+            random.setstate(rng["python"])
+            np.random.set_state(rng["numpy"])
+            torch.set_rng_state(rng["torch"])
+            if "cuda" in rng and self.device.type == "cuda":
+                torch.cuda.set_rng_state(rng["cuda"], self.device)
+            if self.rank:
+                # The saved RNG belongs to rank 0; other ranks keep distinct dropout masks.
+                _seed_everything(self.cfg.seed + 7919 * self.rank + self.step)
+
+    def save_checkpoint(self, epoch: int, batch_in_epoch: int, extra: dict[str, Any] | None = None,
+                        run_dir: str | os.PathLike | None = None) -> str | None:
+        """Atomic checkpoint of everything the next step depends on (rank 0 writes; others return None)."""
+        if self.rank != 0:
+            return None
+        path = ckpt.save_checkpoint(run_dir or self.run_dir, step=self.step, epoch=epoch,
+                                    batch_in_epoch=batch_in_epoch, config=self.cfg, state=self.state_dict(),
+                                    keep_last=self.cfg.train.keep_last, extra=extra)
+        return str(path)
+
+    def load_checkpoint(self, path: str | os.PathLike) -> dict[str, Any]:
+        """Restore from ``path``; refuses a checkpoint written by a different config. Returns its manifest."""
+        manifest, state = ckpt.load_checkpoint(path, config=self.cfg, map_location=self.device)
+        self.load_state_dict(state)
+        # best/ may be newer than the checkpoint (a new best after the last checkpoint, then a crash): keep its score,
+        # or a replayed evaluation that is better than the checkpoint's best but worse than best/ would overwrite it.
+        info_path = self.run_dir / "best" / BEST_INFO
+        if info_path.is_file():
+            info = json.loads(info_path.read_text())
+            if info.get("config_hash") == self.cfg.config_hash() and info.get("stsb_dev", -math.inf) > self.best.score:
+                self.best = _Best(score=float(info["stsb_dev"]), step=int(info["step"]),
+                                  evals_without_improvement=self.best.evals_without_improvement)
+        return manifest
+
+    def get_history(self) -> list[dict[str, Any]]:
+        return list(self.history)
+
+    def ping(self) -> int:
+        return self.step
+
+    def cpu_seconds(self) -> float:
+        """CPU time of this process (user + system); the group adds the learner actors' to the job's cpu_s."""
+        import resource
+
+        usage = resource.getrusage(resource.RUSAGE_SELF)
+        return usage.ru_utime + usage.ru_stime
+
+
+def _quiet_transformers() -> None:
+    # "Writing model shards" bars at every best-model save would bury the progress lines.
+    try:
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
+    except Exception:  # noqa: BLE001 - cosmetic only
+        pass
+
+
+def _seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % (2**32))
+    torch.manual_seed(seed)
+
+
+def LearnerActor(cfg: JobConfig, *, name: str | None = None, **learner_kwargs):
+    """A ``DistillLearner`` in its own Ray actor with ``cfg.resources.learner``'s CPUs/GPUs and torch threads.
+
+    Thin on purpose: every method of the returned handle is the plain class's (``.train_step.remote(batch)``, ...).
+    Ray's own actor restarts stay off: the LearnerGroup restarts a dead learner from the last checkpoint itself.
+    """
+    import ray
+
+    resources = cfg.resources.learner
+    options: dict[str, Any] = {"num_cpus": resources.num_cpus, "num_gpus": resources.num_gpus, "max_restarts": 0}
+    if name:
+        options["name"] = name
+    learner_kwargs.setdefault("threads", resources.threads)
+    return ray.remote(DistillLearner).options(**options).remote(cfg, **learner_kwargs)

@@ -1,0 +1,438 @@
+"""LearnerGroup: one in-process learner or N learner actors behind the same ``fit`` (RLlib's LearnerGroup pattern).
+
+``num_learners: 0`` builds one ``DistillLearner`` in the driver (tests, laptops, no actor round trips).
+``num_learners: N > 0`` starts N ``LearnerActor``s with ``cfg.resources.learner`` resources. They train one model
+data-parallel: the driver hands each a disjoint shard of the batch stream (batch ``i`` goes to learner ``i mod N``),
+each computes its gradients, and a gloo (CPU) / NCCL (GPU) all-reduce averages them before every optimiser step,
+so one step consumes N batches and the weights stay identical on every learner. When the method keeps a queue of
+teacher vectors and N > 1, the learners share one ``SharedQueueActor`` (raydistill.runtime.queue_actor) so each
+sees the teacher vectors of every learner's batches, as a single learner with an N-times larger batch would.
+
+Fault tolerance: the group checkpoints every ``train.checkpoint_every`` steps (atomic, see checkpoint.py). If a
+learner actor dies (node lost, OOM, ``ray.kill``), the group starts new actors, loads the latest checkpoint and
+continues from its data position; after ``extra.max_restarts`` (default 3) failures it gives up. A job that is
+simply started again with the same ``run_dir`` resumes the same way.
+
+Progress goes to stdout, one line per ``extra.log_every`` steps (default: about 50 lines per run) or 30 s:
+
+    [congen] step 120/400 (30%) ep 1/2 loss 3.1234 dev 71.23 (best 72.10@100) 850 sent/s ETA 4m12s
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import numpy as np
+
+from raydistill.runtime import checkpoint as ckpt
+from raydistill.runtime.config import JobConfig
+
+__all__ = ["LearnerGroup", "ArrayData", "FitSummary"]
+
+log = logging.getLogger(__name__)
+
+MetricsCallback = Callable[[dict[str, float], int], None]
+
+
+class ArrayData:
+    """In-memory stand-in for ``pipeline.TrainingData`` (same ``iter_batches`` contract) over numpy columns.
+
+    Used for the supervised stages of multi-stage methods (DistilCSE stage 2 NLI triplets, DvBERT pairs with soft
+    labels, STS-B train), whose data is a few thousand labelled rows that need no Ray Data pipeline.
+    Order is a permutation drawn from ``(seed, epoch)``, so a resumed run sees exactly the batches it would have.
+    """
+
+    def __init__(self, columns: dict[str, np.ndarray], seed: int = 0, shuffle: bool = True,
+                 cache_stats: dict[str, Any] | None = None):
+        lengths = {name: len(col) for name, col in columns.items()}
+        if len(set(lengths.values())) != 1:
+            raise ValueError(f"ArrayData: columns differ in length: {lengths}")
+        self.columns = columns
+        self.num_rows = next(iter(lengths.values()))
+        self.seed, self.shuffle = int(seed), shuffle
+        self.cache_stats = cache_stats or {}
+
+    def num_batches(self, batch_size: int, drop_last: bool = True) -> int:
+        return self.num_rows // batch_size if drop_last else math.ceil(self.num_rows / batch_size)
+
+    def iter_batches(self, epoch: int, batch_size: int, skip_batches: int = 0, drop_last: bool = True,
+                     ) -> Iterator[dict[str, np.ndarray]]:
+        order = np.arange(self.num_rows)
+        if self.shuffle:
+            order = np.random.default_rng([self.seed, int(epoch)]).permutation(self.num_rows)
+        for b in range(skip_batches, self.num_batches(batch_size, drop_last)):
+            rows = order[b * batch_size:(b + 1) * batch_size]
+            yield {name: col[rows] for name, col in self.columns.items()}
+
+
+class FitSummary(dict):
+    """What ``LearnerGroup.fit`` returns: steps, epochs, best step/score, restarts, wall time, history."""
+
+
+class _LocalLearners:
+    """The in-process learner behind the same calls as the actor set."""
+
+    def __init__(self, learner):
+        self.learners = [learner]
+        self.world_size = 1
+
+    def call_all(self, method: str, *args, **kwargs) -> list[Any]:
+        return [getattr(self.learners[0], method)(*args, **kwargs)]
+
+    def call_rank0(self, method: str, *args, **kwargs) -> Any:
+        return getattr(self.learners[0], method)(*args, **kwargs)
+
+    def train_step(self, batches: list[dict[str, np.ndarray]]) -> list[dict[str, float]]:
+        return [self.learners[0].train_step(batches[0])]
+
+    def shutdown(self) -> None:
+        self.learners[0].close()
+
+
+class _RemoteLearners:
+    def __init__(self, actors: list, timeout_s: float | None):
+        self.learners = actors
+        self.world_size = len(actors)
+        self.timeout_s = timeout_s
+
+    def call_all(self, method: str, *args, **kwargs) -> list[Any]:
+        import ray
+
+        return ray.get([getattr(a, method).remote(*args, **kwargs) for a in self.learners], timeout=self.timeout_s)
+
+    def call_rank0(self, method: str, *args, **kwargs) -> Any:
+        import ray
+
+        return ray.get(getattr(self.learners[0], method).remote(*args, **kwargs), timeout=self.timeout_s)
+
+    def train_step(self, batches: list[dict[str, np.ndarray]]) -> list[dict[str, float]]:
+        import ray
+
+        # ray.put once per shard: each actor receives only its own batch (OpenRLHF's pre-sliced dispatch).
+        refs = [a.train_step.remote(ray.put(batch)) for a, batch in zip(self.learners, batches)]
+        return ray.get(refs, timeout=self.timeout_s)
+
+    def shutdown(self) -> None:
+        import ray
+
+        for actor in self.learners:
+            try:
+                ray.kill(actor)
+            except Exception:  # noqa: BLE001 - already dead
+                pass
+
+
+class LearnerGroup:
+    """Train ``cfg``'s method with 0 (in-process) or N learner actors; same API either way.
+
+    Args:
+        cfg: the job (or stage) config.
+        spec: the method; default ``METHODS[cfg.method]``.
+        run_dir: where this (stage of the) run keeps ``checkpoints/`` and ``best/``.
+        init_model: start the student from this directory (a previous stage's ``best/``).
+        teacher_dim: width of the teacher vectors in the batches (None: read from the data).
+        name: label of the progress lines and of the actors (``raydistill-learner-<name>-<rank>``).
+    """
+
+    def __init__(self, cfg: JobConfig, spec=None, *, run_dir: str | os.PathLike | None = None,
+                 init_model: str | None = None, teacher_dim: int | None = None, name: str | None = None):
+        from raydistill.runtime.methods import get_method
+
+        self.cfg = cfg
+        self.spec = spec if spec is not None else get_method(cfg.method)
+        self.run_dir = Path(run_dir) if run_dir is not None else cfg.resolved_run_dir()
+        self.init_model = init_model
+        self.teacher_dim = teacher_dim
+        self.name = name or self.spec.name
+        self.num_learners = int(cfg.resources.learner.num_learners)
+        self.max_restarts = int(cfg.extra.get("max_restarts", 3))
+        self.call_timeout_s = cfg.extra.get("learner_timeout_s", 3600)
+        self._learners: _LocalLearners | _RemoteLearners | None = None
+        self._queue_actors: list = []
+        self._best_cache: dict[str, float] = {}
+        self.restarts = 0
+        self.actor_cpu_s = 0.0
+        self._evaluated_at = -1
+
+    # ------------------------------------------------------------------------------------------------------------
+
+    @property
+    def world_size(self) -> int:
+        return max(1, self.num_learners)
+
+    def actor_name(self, rank: int) -> str:
+        """Ray name of learner ``rank`` (unique per run dir, so two jobs on one cluster never collide)."""
+        import hashlib
+
+        tag = hashlib.sha1(str(self.run_dir.resolve()).encode()).hexdigest()[:8]
+        return f"raydistill-learner-{self.name}-{tag}-{rank}"
+
+    def _start(self, total_steps: int) -> None:
+        from raydistill.runtime.learner import DistillLearner, LearnerActor
+
+        kwargs = dict(total_steps=total_steps, teacher_dim=self.teacher_dim, run_dir=str(self.run_dir),
+                      init_model=self.init_model)
+        if self.num_learners == 0:
+            self._learners = _LocalLearners(DistillLearner(self.cfg, self.spec, **kwargs))
+            return
+        queues = self._shared_queues()
+        actors = [LearnerActor(self.cfg, name=self.actor_name(rank), rank=rank, world_size=self.num_learners,
+                               queue_actors=queues, **kwargs) for rank in range(self.num_learners)]
+        self._learners = _RemoteLearners(actors, self.call_timeout_s)
+        if self.num_learners > 1:
+            import ray
+
+            addr, port = ray.get(actors[0].address.remote(), timeout=self.call_timeout_s)
+            self._learners.call_all("init_process_group", addr, port)
+        else:
+            self._learners.call_all("ping")  # surface construction errors here, not at the first step
+
+    def _shared_queues(self) -> list | None:
+        """SharedQueueActors for all learners when the method's queues hold teacher vectors and N > 1."""
+        if self.num_learners <= 1 or not self.spec.shares_queue(self.cfg):
+            return None
+        if not self._queue_actors:
+            self._queue_actors = self.spec.make_shared_queues(self.cfg, teacher_dim=self.teacher_dim)
+        return self._queue_actors
+
+    def shutdown(self) -> None:
+        if self._learners is not None:
+            self._learners.shutdown()
+            self._learners = None
+        if self._queue_actors:
+            import ray
+
+            for actor in self._queue_actors:
+                try:
+                    ray.kill(actor)
+                except Exception:  # noqa: BLE001 - already gone
+                    pass
+            self._queue_actors = []
+
+    # ------------------------------------------------------------------------------------------------------------
+
+    def total_steps(self, data) -> int:
+        train = self.cfg.train
+        per_epoch = data.num_batches(train.batch_size, drop_last=True) // self.world_size
+        if per_epoch == 0:
+            raise ValueError(
+                f"{self.name}: {data.num_rows} training rows give no full step of {self.world_size} x "
+                f"{train.batch_size} rows; lower train.batch_size or raise data.max_sentences")
+        total = per_epoch * train.epochs
+        return min(total, train.max_steps) if train.max_steps else total
+
+    def fit(self, data, on_metrics: MetricsCallback | None = None, on_eval: MetricsCallback | None = None,
+            ) -> FitSummary:
+        """Train to the end (resuming from ``run_dir``'s latest checkpoint) and return a summary.
+
+        ``on_metrics(metrics, step)`` gets every step's metrics (for MLflow); ``on_eval({"stsb_dev": ...}, step)``
+        every dev evaluation.
+        """
+        started = time.perf_counter()
+        total = self.total_steps(data)
+        if self.teacher_dim is None:
+            self.teacher_dim = _teacher_dim_of(data, self.spec, self.cfg)
+        latest = ckpt.latest_checkpoint(self.run_dir)
+        if latest is not None:  # refuse another config's checkpoint here, before any actor starts
+            ckpt.check_compatible(ckpt.read_manifest(latest), self.cfg, latest)
+        self._start(total)
+        position, resumed_from = self._resume()
+        while True:
+            try:
+                self._train_from(data, position, total, on_metrics, on_eval, started)
+                break
+            except Exception as exc:  # noqa: BLE001 - only actor deaths are retried; see _is_actor_death
+                if not _is_actor_death(exc) or self.restarts >= self.max_restarts:
+                    self.shutdown()
+                    raise
+                self.restarts += 1
+                print(f"[{self.name}] learner actor died ({type(exc).__name__}); restart {self.restarts}/"
+                      f"{self.max_restarts} from the latest checkpoint", flush=True)
+                self.shutdown()  # the dead actor's CPU time is lost; actor_cpu_s counts the survivors
+                self._start(total)
+                position, resumed_from = self._resume()
+        history = self._learners.call_rank0("get_history")
+        best = self._learners.call_rank0("best_info")
+        final_step = self._learners.call_rank0("ping")
+        if isinstance(self._learners, _RemoteLearners):
+            self.actor_cpu_s += sum(self._learners.call_all("cpu_seconds"))
+        self.shutdown()
+        return FitSummary(steps=final_step, total_steps=total, world_size=self.world_size,
+                          best_step=best["best_step"], best_stsb_dev=best["best_stsb_dev"],
+                          best_dir=str(self.run_dir / "best"), restarts=self.restarts, resumed_from=resumed_from,
+                          seconds=round(time.perf_counter() - started, 2), history=history,
+                          rows=data.num_rows, actor_cpu_s=round(self.actor_cpu_s, 1))
+
+    def _resume(self) -> tuple[tuple[int, int, int], int | None]:
+        """(step, epoch, batch_in_epoch) to continue from, and the checkpoint step resumed (None: fresh start)."""
+        latest = ckpt.latest_checkpoint(self.run_dir)
+        self._evaluated_at = -1
+        if latest is None:
+            return (0, 0, 0), None
+        manifests = self._learners.call_all("load_checkpoint", str(latest))
+        manifest = manifests[0]
+        self._evaluated_at = int(manifest.get("extra", {}).get("evaluated_at", -1))
+        print(f"[{self.name}] resuming from {latest} (step {manifest['step']}, epoch {manifest['epoch']}, "
+              f"batch {manifest['batch_in_epoch']})", flush=True)
+        return (manifest["step"], manifest["epoch"], manifest["batch_in_epoch"]), manifest["step"]
+
+    def _train_from(self, data, position: tuple[int, int, int], total: int, on_metrics, on_eval,
+                    started: float) -> None:
+        train = self.cfg.train
+        step, epoch, batch_in_epoch = position
+        world = self.world_size
+        progress = _Progress(self.name, total, train.epochs, self.cfg.extra.get("log_every"), first_step=step)
+        trained = False
+        stop = False
+        while step < total and epoch < train.epochs and not stop:
+            shard: list[dict[str, np.ndarray]] = []
+            epoch_finished = True
+            for batch in data.iter_batches(epoch, train.batch_size, skip_batches=batch_in_epoch, drop_last=True):
+                shard.append(batch)
+                if len(shard) < world:
+                    continue
+                step_started = time.perf_counter()
+                per_learner = self._learners.train_step(shard)
+                step += 1
+                trained = True
+                batch_in_epoch += world
+                metrics = _merge_metrics(per_learner)
+                rows = sum(len(next(iter(b.values()))) for b in shard)
+                metrics["sentences_per_s"] = rows * self.spec.student_sentences_per_row / max(
+                    time.perf_counter() - step_started, 1e-9)
+                metrics["epoch"] = epoch + batch_in_epoch / max(1, data.num_batches(train.batch_size))
+                shard = []
+                if on_metrics:
+                    on_metrics(metrics, step)
+                dev = None
+                if step % train.eval_every == 0:
+                    dev = self._evaluate(step, on_eval)
+                    stop = self._early_stop()
+                if step % train.checkpoint_every == 0:
+                    self._checkpoint(epoch, batch_in_epoch)
+                progress.update(step, epoch, metrics, dev, self._best_cache, force=dev is not None)
+                if step >= total or stop:
+                    epoch_finished = False
+                    break
+            if epoch_finished:
+                epoch, batch_in_epoch = epoch + 1, 0
+                if self._evaluated_at != step:  # the authors also evaluate at every epoch end
+                    dev = self._evaluate(step, on_eval)
+                    progress.update(step, epoch - 1, None, dev, self._best_cache, force=True)
+                    stop = stop or self._early_stop()
+        if self._evaluated_at != step:
+            dev = self._evaluate(step, on_eval)
+            progress.update(step, epoch, None, dev, self._best_cache, force=True)
+        if trained:
+            # The final checkpoint lets a re-run of the finished job skip training (it resumes at the end).
+            self._checkpoint(epoch, batch_in_epoch, extra={"finished": True, "early_stopped": stop})
+        if stop:
+            print(f"[{self.name}] early stop at step {step}: {train.patience} evaluations without a new best",
+                  flush=True)
+
+    def _early_stop(self) -> bool:
+        return bool(self.cfg.train.patience) and bool(self._learners.call_rank0("should_stop_now"))
+
+    def _evaluate(self, step: int, on_eval) -> float:
+        score = self._learners.call_rank0("evaluate_dev")
+        self._evaluated_at = step
+        best = self._learners.call_rank0("best_info")
+        self._best_cache = best
+        if on_eval:
+            on_eval({"stsb_dev": score, "best_stsb_dev": best["best_stsb_dev"]}, step)
+        return score
+
+    def _checkpoint(self, epoch: int, batch_in_epoch: int, extra: dict[str, Any] | None = None) -> None:
+        extra = {"world_size": self.world_size, "restarts": self.restarts, "evaluated_at": self._evaluated_at,
+                 **(extra or {})}
+        self._learners.call_rank0("save_checkpoint", epoch, batch_in_epoch, extra)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def _merge_metrics(per_learner: list[dict[str, float]]) -> dict[str, float]:
+    keys = per_learner[0].keys()
+    merged = {k: float(np.mean([m[k] for m in per_learner if k in m])) for k in keys}
+    merged["learner_sentences_per_s"] = float(sum(m.get("sentences_per_s", 0.0) for m in per_learner))
+    return merged
+
+
+def _is_actor_death(exc: BaseException) -> bool:
+    try:
+        from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError
+    except ImportError:
+        return False
+    return isinstance(exc, (RayActorError, ActorDiedError, ActorUnavailableError))
+
+
+def _teacher_dim_of(data, spec, cfg) -> int | None:
+    """Width of the teacher vectors the method reads, from the data object (None when it reads none)."""
+    views = spec.teacher_views_of(cfg)
+    if not views:
+        return None
+    dim = getattr(data, "teacher_dim", None)
+    if isinstance(dim, dict):
+        dim = dim.get(views[0])
+    if dim:
+        return int(dim)
+    columns = getattr(data, "columns", None)
+    if isinstance(columns, dict) and f"teacher_{views[0]}" in columns:
+        return int(columns[f"teacher_{views[0]}"].shape[1])
+    first = next(data.iter_batches(0, 1, drop_last=False))
+    return int(np.asarray(first[f"teacher_{views[0]}"]).reshape(1, -1).shape[1])
+
+
+class _Progress:
+    """Step/total, loss, dev, sentences/s and ETA to stdout; quiet between lines."""
+
+    def __init__(self, name: str, total: int, epochs: int, every: int | None, first_step: int):
+        self.name, self.total, self.epochs = name, total, epochs
+        self.every = int(every) if every else max(1, total // 50)
+        self.started, self.first_step = time.perf_counter(), first_step
+        self.last_print = 0.0
+        self.loss_window: list[float] = []
+
+    def update(self, step: int, epoch: int, metrics: dict[str, float] | None, dev: float | None,
+               best: dict[str, float], force: bool = False) -> None:
+        if metrics is not None:
+            self.loss_window.append(metrics["loss"])
+            self.sentences_per_s = metrics.get("sentences_per_s", 0.0)
+        now = time.perf_counter()
+        if not (force or step % self.every == 0 or step == self.total or now - self.last_print > 30):
+            return
+        self.last_print = now
+        done = step - self.first_step
+        rate = done / max(now - self.started, 1e-9)
+        eta = (self.total - step) / rate if rate > 0 else float("nan")
+        parts = [f"[{self.name}] step {step}/{self.total} ({100 * step / max(1, self.total):.0f}%)",
+                 f"ep {min(epoch + 1, self.epochs)}/{self.epochs}"]
+        if self.loss_window:
+            parts.append(f"loss {np.mean(self.loss_window):.4f}")
+            self.loss_window = []
+        if dev is not None:
+            best_text = ""
+            if best and best.get("best_step", -1) >= 0:
+                best_text = f" (best {best['best_stsb_dev']:.2f}@{best['best_step']})"
+            parts.append(f"dev {dev:.2f}{best_text}")
+        if getattr(self, "sentences_per_s", None):
+            parts.append(f"{self.sentences_per_s:.0f} sent/s")
+        parts.append(f"ETA {_duration(eta)}")
+        print(" ".join(parts), file=sys.stdout, flush=True)
+
+
+def _duration(seconds: float) -> str:
+    if not math.isfinite(seconds):
+        return "?"
+    seconds = int(seconds)
+    if seconds >= 3600:
+        return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
+    if seconds >= 60:
+        return f"{seconds // 60}m{seconds % 60:02d}s"
+    return f"{seconds}s"

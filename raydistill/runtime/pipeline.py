@@ -1,0 +1,271 @@
+"""Training data: sentences -> views -> cached teacher embeddings -> a Ray Dataset streamed as numpy batches.
+
+    rows = load_training_texts(cfg.data, seed)      # [{"idx": 0, "text_con": ..., "text_gen": ...}, ...]
+    data = build_training_data(cfg)                 # + teacher_<view> float32[D] for each teacher view
+    for batch in data.iter_batches(epoch, batch_size, skip_batches=k):   # resume lands on batch k exactly
+        batch["text_con"], batch["teacher_con"]     # object array [B], float32 [B, D]
+
+Sources (``cfg.data.corpus``): ``flickr`` (Flickr30k captions, 5 per image: the unlabeled text of the same kind as
+SNLI premises), ``nli`` (premises and hypotheses of the SNLI and MultiNLI dev sets), ``flickr+nli``, or
+``file:<path>``: one sentence per line (.txt), ``{"text": ...}`` lines, or pairs (``sentence1``/``sentence2`` or
+``premise``/``hypothesis``), e.g. the two back-translations SCT and ConGen train on. Sentence corpora are
+de-duplicated; ``max_sentences`` keeps a seeded random subset.
+
+Views (``cfg.data.views``: view name -> spec). Specs handled here, because they need the corpus structure:
+``none`` (the sentence itself), ``caption`` (another caption of the same image, a human paraphrase), ``pair``
+(the second text of a pairs file). Every other spec (``delete:0.1``, ...) is a text augmentation of
+``raydistill.augment.make_views``, seeded per (job seed, view name), so views are identical run after run.
+
+Order: each epoch is a permutation drawn from ``(seed, epoch)``, independent of how Ray schedules blocks, so
+``skip_batches`` resumes a run at exactly the batch it would have seen next (ArrayData in learner_group.py uses the
+same rule).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import zlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterator
+
+import numpy as np
+
+from raydistill.runtime.config import DataConfig, JobConfig
+
+__all__ = ["TrainingData", "load_training_texts", "build_training_data", "view_seed"]
+
+log = logging.getLogger(__name__)
+
+# Specs resolved from the corpus itself rather than by rewriting the text.
+_IDENTITY_SPECS = ("none",)
+_GROUP_SPECS = ("caption", "pair")
+
+
+@dataclass
+class _Corpus:
+    texts: list[str]  # the base sentence of each row
+    groups: list[tuple[str, ...]]  # texts that describe the same thing as texts[i] (captions of one image, a pair)
+    is_pairs: bool = False
+
+
+def view_seed(seed: int, view: str) -> int:
+    """Seed of one view's augmentation: two views with the same spec still get different random edits."""
+    return int(np.random.SeedSequence([int(seed), zlib.crc32(view.encode())]).generate_state(1)[0])
+
+
+def _read_corpus(corpus: str) -> _Corpus:
+    from raydistill.data import load_dataset, read_pairs, read_sentences
+
+    if corpus.startswith("file:"):
+        path = Path(corpus[len("file:"):]).expanduser()
+        if _is_pairs_file(path):
+            pairs = read_pairs(path)
+            return _Corpus([p.sentence1 for p in pairs], [(p.sentence1, p.sentence2) for p in pairs], is_pairs=True)
+        sentences = list(read_sentences(path))
+        return _Corpus(sentences, [(s,) for s in sentences])
+    texts: list[str] = []
+    groups: list[tuple[str, ...]] = []
+    for name in corpus.split("+"):
+        if name == "flickr":
+            for group in load_dataset("flickr_captions"):
+                for caption in group.captions:
+                    texts.append(caption)
+                    groups.append(group.captions)
+        elif name == "nli":
+            for dataset in ("snli_dev", "mnli_dev"):
+                for pair in load_dataset(dataset):
+                    texts.extend([pair.sentence1, pair.sentence2])
+                    groups.extend([(pair.sentence1,), (pair.sentence2,)])
+        else:
+            raise ValueError(f"data.corpus: unknown source {name!r}; use flickr, nli, flickr+nli or file:<path>")
+    return _Corpus(texts, groups)
+
+
+def _is_pairs_file(path: Path) -> bool:
+    from raydistill.data import iter_jsonl
+
+    if path.suffix.lower() == ".txt" or path.name.lower().endswith(".txt.gz"):
+        return False
+    for _, obj in iter_jsonl(path):
+        if isinstance(obj, dict):
+            return ("sentence1" in obj and "sentence2" in obj) or ("premise" in obj and "hypothesis" in obj)
+        return False
+    return False
+
+
+def load_training_texts(data_cfg: DataConfig, seed: int) -> list[dict[str, Any]]:
+    """Rows ``{"idx": i, "text_<view>": str, ...}`` for every view of ``data_cfg.views``; deterministic in ``seed``."""
+    corpus = _read_corpus(data_cfg.corpus)
+    keep = range(len(corpus.texts))
+    if not corpus.is_pairs:  # the same sentence twice is one training example (and one teacher pass)
+        first_seen: dict[str, int] = {}
+        for i, text in enumerate(corpus.texts):
+            first_seen.setdefault(text, i)
+        keep = sorted(first_seen.values())
+    keep = np.asarray(list(keep), dtype=np.int64)
+    if data_cfg.max_sentences is not None and len(keep) > data_cfg.max_sentences:
+        chosen = np.random.default_rng(seed).choice(len(keep), size=data_cfg.max_sentences, replace=False)
+        keep = keep[np.sort(chosen)]
+    texts = [corpus.texts[i] for i in keep]
+    groups = [corpus.groups[i] for i in keep]
+
+    columns: dict[str, list[str]] = {}
+    for view, spec in data_cfg.views.items():
+        columns[view] = _make_view(view, spec, texts, groups, corpus, seed)
+    return [{"idx": i, **{f"text_{view}": columns[view][i] for view in columns}} for i in range(len(texts))]
+
+
+def _make_view(view: str, spec: str, texts: list[str], groups: list[tuple[str, ...]], corpus: _Corpus,
+               seed: int) -> list[str]:
+    if spec in _IDENTITY_SPECS:
+        return list(texts)
+    if spec in _GROUP_SPECS:
+        if spec == "pair" and not corpus.is_pairs:
+            raise ValueError(f"data.views.{view}: 'pair' needs a pairs file (data.corpus: file:<pairs.jsonl>)")
+        rng = np.random.default_rng(view_seed(seed, view))
+        out, alone = [], 0
+        for text, group in zip(texts, groups):
+            others = [g for g in group if g != text]
+            if not others:
+                alone += 1
+                out.append(text)
+            else:
+                out.append(others[int(rng.integers(len(others)))])
+        if alone:
+            log.warning("view %s (%s): %d of %d sentences have no other caption/pair text; they are their own view",
+                        view, spec, alone, len(texts))
+        return out
+    from raydistill.augment import make_views
+
+    augmented = list(make_views(texts, spec, view_seed(seed, view)))
+    if len(augmented) != len(texts):
+        raise ValueError(f"data.views.{view}: augmentation {spec!r} returned {len(augmented)} texts for {len(texts)}")
+    return [str(t) for t in augmented]
+
+
+@dataclass
+class TrainingData:
+    """Training rows as a Ray Dataset plus a deterministic, resumable batch iterator.
+
+    ``dataset`` columns: ``idx`` int64, ``text_<view>`` string per view, ``teacher_<view>`` float32[D] per teacher
+    view. ``iter_batches`` reads a local columnar copy (fetched from the dataset once per process), so batch order
+    depends only on ``(seed, epoch)``.
+    """
+
+    dataset: Any  # ray.data.Dataset
+    num_rows: int
+    cache_stats: dict[str, Any]
+    seed: int = 0
+    shuffle: bool = True
+    _columns: dict[str, np.ndarray] | None = field(default=None, repr=False)
+
+    # Sent to a learner actor without the local copy; it is read back from the dataset there.
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state["_columns"] = None
+        return state
+
+    @property
+    def views(self) -> list[str]:
+        return [name[len("text_"):] for name in self.columns() if name.startswith("text_")]
+
+    @property
+    def teacher_dim(self) -> int | None:
+        dims = [col.shape[1] for name, col in self.columns().items() if name.startswith("teacher_")]
+        return dims[0] if dims else None
+
+    def columns(self) -> dict[str, np.ndarray]:
+        if self._columns is None:
+            self._columns = _dataset_columns(self.dataset)
+        return self._columns
+
+    def num_batches(self, batch_size: int, drop_last: bool = True) -> int:
+        return self.num_rows // batch_size if drop_last else math.ceil(self.num_rows / batch_size)
+
+    def epoch_order(self, epoch: int) -> np.ndarray:
+        if not self.shuffle:
+            return np.arange(self.num_rows)
+        return np.random.default_rng([int(self.seed), int(epoch)]).permutation(self.num_rows)
+
+    def iter_batches(self, epoch: int, batch_size: int, skip_batches: int = 0, drop_last: bool = True, *,
+                     shard: int = 0, num_shards: int = 1) -> Iterator[dict[str, np.ndarray]]:
+        """Numpy batches of one epoch, from batch ``skip_batches`` on; texts are object arrays.
+
+        ``shard``/``num_shards``: yield only batches ``b`` with ``b % num_shards == shard`` (data-parallel
+        learners reading the same stream); ``skip_batches`` counts batches of the whole stream.
+        """
+        if batch_size <= 0:
+            raise ValueError(f"batch_size must be > 0, got {batch_size}")
+        if not 0 <= shard < num_shards:
+            raise ValueError(f"shard {shard} is not in [0, {num_shards})")
+        columns = self.columns()
+        order = self.epoch_order(epoch)
+        for b in range(skip_batches, self.num_batches(batch_size, drop_last)):
+            if b % num_shards != shard:
+                continue
+            rows = order[b * batch_size:(b + 1) * batch_size]
+            yield {name: column[rows] for name, column in columns.items()}
+
+
+def _dataset_columns(dataset) -> dict[str, np.ndarray]:
+    parts: dict[str, list[np.ndarray]] = {}
+    for block in dataset.iter_batches(batch_size=None, batch_format="numpy"):
+        for name, values in block.items():
+            parts.setdefault(name, []).append(np.asarray(values))
+    columns = {name: np.concatenate(chunks) for name, chunks in parts.items()}
+    order = np.argsort(columns["idx"], kind="stable")  # blocks may arrive in any order
+    out = {}
+    for name, column in columns.items():
+        column = column[order]
+        if name.startswith("text_"):
+            column = column.astype(object)
+        elif name.startswith("teacher_"):
+            column = np.ascontiguousarray(column, dtype=np.float32)
+        out[name] = column
+    return out
+
+
+def build_training_data(cfg: JobConfig) -> TrainingData:
+    """Texts and views of ``cfg.data`` joined with cached teacher embeddings of ``cfg.data.teacher_views``.
+
+    Needs Ray (``cluster.init_ray``): teacher embeddings that are not cached yet are computed by a Ray Data
+    actor pool, and the rows become a Ray Dataset.
+    """
+    import pyarrow as pa
+    import ray
+    import ray.data
+    from ray.data.extensions import ArrowTensorArray
+
+    from raydistill.runtime.embedding_cache import ensure_teacher_embeddings
+    from raydistill.runtime.teacher import TeacherSpec
+
+    if not ray.is_initialized():
+        raise RuntimeError("build_training_data needs Ray: call raydistill.runtime.cluster.init_ray(cfg) first")
+    rows = load_training_texts(cfg.data, cfg.seed)
+    if not rows:
+        raise ValueError(f"data.corpus {cfg.data.corpus!r} gave no training sentences")
+    columns: dict[str, np.ndarray] = {"idx": np.arange(len(rows), dtype=np.int64)}
+    for view in cfg.data.views:
+        columns[f"text_{view}"] = np.array([row[f"text_{view}"] for row in rows], dtype=object)
+
+    per_view: dict[str, dict[str, Any]] = {}
+    if cfg.data.teacher_views:
+        spec = TeacherSpec.from_config(cfg)
+        for view in cfg.data.teacher_views:
+            embeddings, stats = ensure_teacher_embeddings(list(columns[f"text_{view}"]), view, spec,
+                                                          cfg.resolved_cache_dir())
+            columns[f"teacher_{view}"] = embeddings
+            per_view[view] = stats
+    cache_stats = {key: sum(s[key] for s in per_view.values())
+                   for key in ("hits", "misses", "teacher_forward_sentences")}
+    cache_stats["views"] = per_view
+
+    table = pa.table({name: (ArrowTensorArray.from_numpy(column) if name.startswith("teacher_")
+                             else pa.array(list(column), type=pa.string()) if name.startswith("text_")
+                             else pa.array(column)) for name, column in columns.items()})
+    num_blocks = max(1, min(64, math.ceil(len(rows) / 8192)))
+    dataset = ray.data.from_arrow(table, override_num_blocks=num_blocks)
+    return TrainingData(dataset=dataset, num_rows=len(rows), cache_stats=cache_stats, seed=cfg.seed,
+                        shuffle=cfg.data.shuffle, _columns=columns)

@@ -1,0 +1,417 @@
+"""Plain learners of Trans-Encoder's two stages: a bi-encoder and a cross-encoder that label pairs and learn labels.
+
+Trans-Encoder (Liu, Jiao, Massiah, Yilmaz & Havrylov, ICLR 2022, arXiv:2109.13059) alternates two formulations
+of one pretrained encoder:
+
+    bi -> cross:  y_i = cos(bi(s1_i), bi(s2_i))                           (in [-1, 1])
+                  cross learns  BCEWithLogits(cross(s1, s2), t(y)) and BCEWithLogits(cross(s2, s1), t(y))
+    cross -> bi:  y_i = (sigmoid(cross(s1_i, s2_i)) + sigmoid(cross(s2_i, s1_i))) / 2      (in (0, 1))
+                  bi learns     MSE(cos(bi(s1), bi(s2)), y)
+
+``t`` is the label scaling between cosine and probability (``objectives.trans_encoder.cosine_to_target``; the
+authors use the raw cosine). The cross-encoder's labels are the mean of both pair orders: the authors score one
+order only, but a cross-encoder is order-sensitive and the bi-encoder's cosine is not, so one order would hand the
+bi-encoder a label that depends on which sentence happened to come first (methods.md §2.5).
+
+Each learner is a plain class (no Ray): it holds one model, labels the job's unlabeled ``PairSet`` with it, trains
+on a label vector aligned with that set, selects the best STS-B dev checkpoint inside the stage (dev every
+``eval_every`` steps and at each epoch end, as the authors' ``fit`` does), and saves it. The Ray actors of
+``tenc.py`` are these classes behind ``ray.remote`` with resources from the config.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import os
+import shutil
+import sys
+import time
+import zlib
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+from raydistill.runtime.pairs import PairSet
+
+__all__ = [
+    "BiEncoderLearner",
+    "CrossEncoderLearner",
+    "SymmetricCrossScorer",
+    "StageLearner",
+    "encoder_fingerprint",
+    "encoder_state",
+    "labels_digest",
+    "save_model_atomically",
+    "stage_seed",
+]
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Helpers shared with the orchestration and the tests
+
+
+def encoder_state(model: nn.Module) -> dict[str, Tensor]:
+    """The weights a bi- and a cross-encoder of one family have in common: embeddings and transformer layers.
+
+    Heads differ by design (pooling vs. a classification head; BERT's pooler belongs to the cross-encoder's head),
+    so only ``embeddings.*`` and ``encoder.*`` of the base model count. Used to check which weights a stage
+    started from.
+    """
+    from raydistill.models import BiEncoder, CrossEncoder
+
+    if isinstance(model, BiEncoder):
+        base = model.transformer
+    elif isinstance(model, CrossEncoder):
+        base = model.model.base_model
+    else:
+        raise TypeError(f"expected a BiEncoder or CrossEncoder, got {type(model).__name__}")
+    return {name: param for name, param in base.state_dict().items()
+            if name.startswith(("embeddings.", "encoder.")) and not name.endswith("position_ids")}
+
+
+def encoder_fingerprint(model: nn.Module) -> str:
+    """sha256 (16 hex chars) of `encoder_state`: equal iff the two models' shared weights are bit-identical."""
+    digest = hashlib.sha256()
+    for name, tensor in sorted(encoder_state(model).items()):
+        digest.update(name.encode())
+        digest.update(tensor.detach().to("cpu", torch.float32).contiguous().numpy().tobytes())
+    return digest.hexdigest()[:16]
+
+
+def labels_digest(labels: np.ndarray) -> str:
+    """sha256 (16 hex chars) of a label vector as float32: which labels a learner actually trained on."""
+    return hashlib.sha256(np.ascontiguousarray(labels, dtype=np.float32).tobytes()).hexdigest()[:16]
+
+
+def stage_seed(seed: int, cycle: int, kind: str, family: str) -> int:
+    """A distinct, reproducible seed per (cycle, encoder kind, family): the new head, dropout and shuffling."""
+    return (int(seed) * 1_000_003 + cycle * 7919 + (0 if kind == "bi" else 104_729)
+            + zlib.crc32(family.encode())) % (2**31 - 1)
+
+
+def save_model_atomically(model: nn.Module, directory: str | os.PathLike) -> Path:
+    """``model.save`` into ``<dir>.tmp-<pid>`` then rename: a stage's model directory is complete or absent."""
+    final = Path(directory)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = final.with_name(f"{final.name}.tmp-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save(tmp)
+    if final.exists():  # a stage re-run after a crash between saving and recording it
+        shutil.rmtree(final)
+    os.replace(tmp, final)
+    return final
+
+
+class SymmetricCrossScorer:
+    """A cross-encoder seen as an order-free pair scorer: the mean of sigmoid(cross(a, b)) and sigmoid(cross(b, a)).
+
+    It has a ``score(pairs, batch_size)`` method, so ``raydistill.evaluation`` treats it as a cross-encoder; the
+    evaluation numbers are then of the same symmetrised score the cross-encoder hands the bi-encoders as labels.
+    """
+
+    def __init__(self, cross_encoder):
+        self.cross_encoder = cross_encoder
+
+    def score(self, pairs: list[tuple[str, str]], batch_size: int = 64) -> np.ndarray:
+        pairs = [(a, b) for a, b in pairs]
+        forward = self.cross_encoder.score(pairs, batch_size=batch_size, activation="sigmoid")  # [N]
+        backward = self.cross_encoder.score([(b, a) for a, b in pairs], batch_size=batch_size,
+                                            activation="sigmoid")  # [N]
+        return ((forward.astype(np.float64) + backward.astype(np.float64)) / 2.0).astype(np.float32)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+
+
+class StageLearner:
+    """One encoder of one family across the cycles: ``load`` -> ``fit`` -> ``predict_pairs`` / ``test_predictions``.
+
+    Args:
+        family: the family's name (columns ``score_<family>``, paths, progress lines).
+        pair_set: the job's unlabeled pairs; every label vector is aligned with it.
+        train: the stage's settings (``StageConfig`` of tenc.py as a dict): batch_size, lr, epochs, max_steps,
+            max_length, warmup_ratio, weight_decay, grad_clip, eval_every, amp.
+        pooling: bi-encoder pooling (None = the start checkpoint's).
+        label_scaling: the ``cosine_to_target`` mode that maps bi-encoder cosines to cross-encoder targets.
+        seed: job seed; each stage derives its own (`stage_seed`).
+        threads: torch intra-op threads in this process (Ray gives fractional-CPU actors 1 thread otherwise).
+        device: "cpu", "cuda" or None (cuda when available).
+        inference_batch_size: batch size of labelling and evaluation passes.
+        dev_set: the model-selection set (STS-B dev).
+        log_every: steps between progress lines.
+    """
+
+    kind = "?"
+
+    def __init__(self, family: str, pair_set: PairSet, train: dict[str, Any], *, pooling: str | None = None,
+                 label_scaling: str = "clip", seed: int = 1000, threads: int | None = 1, device: str | None = None,
+                 inference_batch_size: int = 128, dev_set: str = "stsb_dev", log_every: int = 25):
+        if threads:
+            torch.set_num_threads(int(threads))
+            try:
+                torch.set_num_interop_threads(1)
+            except RuntimeError:  # only legal before the first inter-op work; harmless afterwards
+                pass
+        self.family = family
+        self.pair_set = pair_set
+        self.train_cfg = dict(train)
+        self.pooling = pooling
+        self.label_scaling = label_scaling
+        self.seed = int(seed)
+        self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        self.inference_batch_size = int(inference_batch_size)
+        self.dev_set = dev_set
+        self.log_every = max(1, int(log_every))
+        self.model: nn.Module | None = None
+        self.loss = self._new_loss()
+        self.loaded_from: str | None = None
+        self.cycle = 0
+
+    # ------------------------------------------------------------------------------------------------------------
+    # Model
+
+    def load(self, checkpoint: str, *, cycle: int) -> dict[str, Any]:
+        """Build this stage's starting model from ``checkpoint`` (seeded: a cross-encoder's new head is drawn here).
+
+        Returns where it came from and the fingerprint of its shared encoder weights.
+        """
+        torch.manual_seed(stage_seed(self.seed, cycle, self.kind, self.family))
+        self.model = self._new_model(str(checkpoint)).to(self.device)
+        self.loaded_from, self.cycle = str(checkpoint), int(cycle)
+        return {"init_from": self.loaded_from, "init_fingerprint": encoder_fingerprint(self.model),
+                "pooling": getattr(self.model, "pooling", None), "params_m": self.params_m()}
+
+    def params_m(self) -> float:
+        return sum(p.numel() for p in self._require_model().parameters()) / 1e6
+
+    def fingerprint(self) -> str:
+        return encoder_fingerprint(self._require_model())
+
+    def _require_model(self) -> nn.Module:
+        if self.model is None:
+            raise RuntimeError(f"{self.family}/{self.kind}: no model loaded; call load() first")
+        return self.model
+
+    def _new_model(self, checkpoint: str) -> nn.Module:
+        raise NotImplementedError
+
+    # ------------------------------------------------------------------------------------------------------------
+    # Labelling and evaluation
+
+    def predict_pairs(self) -> np.ndarray:
+        """This model's label for every pair of the pair set, [N] float32 in pair-set order."""
+        raise NotImplementedError
+
+    def scorer(self):
+        """What ``raydistill.evaluation`` evaluates: the bi-encoder itself, or the symmetrised cross-encoder."""
+        raise NotImplementedError
+
+    def dev_score(self) -> float:
+        from raydistill.evaluation import evaluate_sts
+
+        return float(evaluate_sts(self.scorer(), sets=(self.dev_set,), encoder=self.kind,
+                                  batch_size=self.inference_batch_size, progress=False)[self.dev_set])
+
+    def test_predictions(self, sets: list[str] | tuple[str, ...]) -> dict[str, np.ndarray]:
+        """The model's similarity for every pair of each evaluation set (cosine, or symmetrised cross score)."""
+        from raydistill.data import load_dataset
+        from raydistill.evaluation import STS_SETS, pair_similarities
+
+        started = time.perf_counter()
+        pairs_by_set = {name: load_dataset(STS_SETS.get(name, name)) for name in sets}
+        predictions = pair_similarities(self.scorer(), pairs_by_set, encoder=self.kind,
+                                        batch_size=self.inference_batch_size, progress=False)
+        self._say(f"test predictions on {', '.join(sets)} in {time.perf_counter() - started:.0f} s")
+        return {name: np.asarray(values, dtype=np.float32) for name, values in predictions.items()}
+
+    # ------------------------------------------------------------------------------------------------------------
+    # Training
+
+    def _examples(self, labels: np.ndarray) -> tuple[list[str], list[str], np.ndarray]:
+        """(first sentences, second sentences, targets) of the stage's training examples."""
+        raise NotImplementedError
+
+    def _batch_loss(self, first: list[str], second: list[str], targets: Tensor) -> Tensor:
+        raise NotImplementedError
+
+    def _new_loss(self) -> nn.Module:
+        raise NotImplementedError
+
+    def fit(self, labels: np.ndarray, *, cycle: int, stage: str, out_dir: str) -> dict[str, Any]:
+        """Train on ``labels`` (aligned with the pair set), keep the best dev model, save it to ``out_dir``.
+
+        Returns a summary: best dev score and step, steps, wall time, the learning history (rows with ``step`` and
+        ``loss`` or ``stsb_dev``) and where the model went. The model in memory afterwards is the best one.
+        """
+        from raydistill.runtime.learner import build_optimizer, linear_schedule
+
+        model = self._require_model()
+        labels = np.asarray(labels, dtype=np.float32)
+        if labels.shape != (len(self.pair_set),):
+            raise ValueError(f"{self.family}/{self.kind}: got {labels.shape[0] if labels.ndim else 0} labels for "
+                             f"{len(self.pair_set)} pairs")
+        if not np.isfinite(labels).all():
+            raise ValueError(f"{self.family}/{self.kind}: labels contain NaN or inf")
+        cfg = self.train_cfg
+        first, second, targets = self._examples(labels)
+        batch_size = int(cfg["batch_size"])
+        steps_per_epoch = math.ceil(len(targets) / batch_size)
+        total_steps = steps_per_epoch * int(cfg["epochs"])
+        if cfg.get("max_steps"):
+            total_steps = min(total_steps, int(cfg["max_steps"]))
+        optimizer = build_optimizer([model], lr=float(cfg["lr"]), weight_decay=float(cfg["weight_decay"]))
+        scheduler = linear_schedule(optimizer, math.ceil(float(cfg["warmup_ratio"]) * total_steps), total_steps)
+        eval_every = int(cfg["eval_every"])
+        use_amp = bool(cfg.get("amp", True)) and self.device.type == "cuda"
+        rng = np.random.default_rng(stage_seed(self.seed, cycle, self.kind, self.family))
+        torch.manual_seed(stage_seed(self.seed, cycle, self.kind, self.family) + 1)
+
+        tag = f"cycle {cycle} {stage} {self.family}/{self.kind}"
+        history: list[dict[str, float]] = []
+        best_score, best_step, best_state = -math.inf, -1, None
+        step, started, loss_sum, loss_count = 0, time.perf_counter(), 0.0, 0
+        self._say(f"[{tag}] training on {len(targets):,} examples, {total_steps} steps "
+                  f"(batch {batch_size}, lr {cfg['lr']}, {cfg['epochs']} epoch(s))")
+
+        def evaluate_now() -> None:
+            nonlocal best_score, best_step, best_state
+            if history and history[-1].get("step") == step and "stsb_dev" in history[-1]:
+                return  # already evaluated at this step (eval_every landed on an epoch end)
+            score = self.dev_score()
+            history.append({"step": step, "stsb_dev": score})
+            improved = score > best_score
+            if improved:
+                best_score, best_step = score, step
+                best_state = {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}
+            self._say(f"[{tag}] step {step}/{total_steps} dev {score:.2f}"
+                      f"{' (best)' if improved else f' (best {best_score:.2f} @ {best_step})'}")
+
+        model.train()
+        for epoch in range(int(cfg["epochs"])):
+            if step >= total_steps:
+                break
+            order = rng.permutation(len(targets))
+            for start in range(0, len(order), batch_size):
+                if step >= total_steps:
+                    break
+                index = order[start:start + batch_size]
+                batch_targets = torch.as_tensor(targets[index], dtype=torch.float32, device=self.device)
+                with torch.autocast(device_type=self.device.type, dtype=torch.bfloat16, enabled=use_amp):
+                    loss = self._batch_loss([first[i] for i in index], [second[i] for i in index], batch_targets)
+                loss.backward()
+                if float(cfg["grad_clip"]) > 0:
+                    torch.nn.utils.clip_grad_norm_(model.parameters(), float(cfg["grad_clip"]))
+                optimizer.step()
+                scheduler.step()
+                optimizer.zero_grad(set_to_none=True)
+                step += 1
+                loss_value = float(loss.detach())
+                if not math.isfinite(loss_value):
+                    raise FloatingPointError(f"[{tag}] loss became {loss_value} at step {step}")
+                loss_sum, loss_count = loss_sum + loss_value, loss_count + 1
+                history.append({"step": step, "loss": loss_value})
+                if step % self.log_every == 0:
+                    rate = step / max(time.perf_counter() - started, 1e-9)
+                    self._say(f"[{tag}] step {step}/{total_steps} loss {loss_sum / loss_count:.4f} "
+                              f"lr {scheduler.get_last_lr()[0]:.2e} ({rate:.2f} steps/s)")
+                    loss_sum, loss_count = 0.0, 0
+                if step % eval_every == 0 and step < total_steps:
+                    evaluate_now()
+            evaluate_now()  # end of each epoch (and of the stage, or where max_steps cut it)
+        model.eval()
+        if best_state is None:
+            raise RuntimeError(f"[{tag}] no training step was run ({len(targets)} examples, {total_steps} steps)")
+        model.load_state_dict(best_state)
+        model_dir = save_model_atomically(model, out_dir)
+        wall_s = time.perf_counter() - started
+        self._say(f"[{tag}] done: {step} steps in {wall_s:.0f} s, best dev {best_score:.2f} at step {best_step}")
+        return {
+            "family": self.family, "kind": self.kind, "cycle": cycle, "stage": stage,
+            "best_dev": best_score, "best_step": best_step, "steps": step, "examples": len(targets),
+            "wall_s": wall_s, "history": history, "model_dir": str(model_dir), "init_from": self.loaded_from,
+            "fingerprint": encoder_fingerprint(model), "labels_sha": labels_digest(labels),
+        }
+
+    def _say(self, message: str) -> None:
+        print(message, file=sys.stdout, flush=True)
+
+
+class BiEncoderLearner(StageLearner):
+    """The bi-encoder of a family: labels pairs with the cosine; learns cross-encoder labels with cosine MSE."""
+
+    kind = "bi"
+
+    def _new_model(self, checkpoint: str) -> nn.Module:
+        from raydistill.models import BiEncoder
+
+        return BiEncoder.from_pretrained(checkpoint, pooling=self.pooling, max_length=int(self.train_cfg["max_length"]))
+
+    def scorer(self):
+        return self._require_model()
+
+    def predict_pairs(self) -> np.ndarray:
+        model = self._require_model()
+        texts = list(dict.fromkeys(self.pair_set.sentence1 + self.pair_set.sentence2))
+        row = {text: i for i, text in enumerate(texts)}
+        embeddings = model.encode(texts, batch_size=self.inference_batch_size, normalize=True)  # [U, D], unit rows
+        first = embeddings[[row[t] for t in self.pair_set.sentence1]]  # [N, D]
+        second = embeddings[[row[t] for t in self.pair_set.sentence2]]  # [N, D]
+        cosines = np.einsum("nd,nd->n", first.astype(np.float64), second.astype(np.float64))  # [N]
+        return np.clip(cosines, -1.0, 1.0).astype(np.float32)
+
+    def _examples(self, labels: np.ndarray) -> tuple[list[str], list[str], np.ndarray]:
+        # The cosine is symmetric, so one order per pair is all there is to learn.
+        return list(self.pair_set.sentence1), list(self.pair_set.sentence2), labels.astype(np.float32)
+
+    def _batch_loss(self, first: list[str], second: list[str], targets: Tensor) -> Tensor:
+        model = self._require_model()
+        first_embeddings = model({k: v.to(self.device) for k, v in model.tokenize(first).items()})  # [B, D]
+        second_embeddings = model({k: v.to(self.device) for k, v in model.tokenize(second).items()})  # [B, D]
+        return self.loss({"u": first_embeddings, "v": second_embeddings}, targets).loss
+
+    def _new_loss(self) -> nn.Module:
+        from raydistill.objectives.trans_encoder import CosineMSELoss
+
+        return CosineMSELoss()
+
+
+class CrossEncoderLearner(StageLearner):
+    """The cross-encoder of a family: learns scaled bi-encoder cosines with soft BCE on both orders; labels pairs
+    with the symmetrised sigmoid score."""
+
+    kind = "cross"
+
+    def _new_model(self, checkpoint: str) -> nn.Module:
+        from raydistill.models import CrossEncoder
+
+        return CrossEncoder.from_pretrained(checkpoint, num_labels=1, max_length=int(self.train_cfg["max_length"]))
+
+    def scorer(self):
+        return SymmetricCrossScorer(self._require_model())
+
+    def predict_pairs(self) -> np.ndarray:
+        return self.scorer().score(self.pair_set.pairs(), batch_size=self.inference_batch_size)
+
+    def _examples(self, labels: np.ndarray) -> tuple[list[str], list[str], np.ndarray]:
+        from raydistill.objectives.trans_encoder import cosine_to_target
+
+        targets = np.asarray(cosine_to_target(labels, self.label_scaling), dtype=np.float32)  # [N]
+        # Both orders with the same target (the authors' bi -> cross stage does this too).
+        first = list(self.pair_set.sentence1) + list(self.pair_set.sentence2)
+        second = list(self.pair_set.sentence2) + list(self.pair_set.sentence1)
+        return first, second, np.concatenate([targets, targets])
+
+    def _batch_loss(self, first: list[str], second: list[str], targets: Tensor) -> Tensor:
+        model = self._require_model()
+        features = {k: v.to(self.device) for k, v in model.tokenize(list(zip(first, second))).items()}
+        logits = model(features)  # [B]
+        return self.loss({"logits": logits}, targets).loss
+
+    def _new_loss(self) -> nn.Module:
+        from raydistill.objectives.trans_encoder import SoftBCELoss
+
+        return SoftBCELoss()

@@ -1,0 +1,242 @@
+"""MLflow tracking that can never stop a training run.
+
+A distillation run is hours of CPU; its tracking is a convenience. So every MLflow call goes through one guard: the
+first failure (server down, unwritable sqlite file, bad URI, rejected value) logs **one** warning naming the URI and
+the error, and the Tracker turns into a no-op for the rest of the run. The result JSON and checkpoints, written by
+the runtime itself, remain the record of truth.
+
+URIs: ``cfg.tracking_uri`` if set, else ``$MLFLOW_TRACKING_URI``, else ``sqlite:///<cwd>/mlflow.db`` as an absolute
+path (MLflow >= 3.14 puts the file store in maintenance mode, and Ray Tune trials chdir into their own directory, so
+a relative default would scatter databases; ../shared/notes/ray.md §4). A relative sqlite path is made absolute the
+same way. For a sqlite store the artifacts go next to the database (``<db dir>/mlartifacts``), never into the
+current directory. An ``http(s)://`` server is probed once with a short timeout first, so a dead server costs
+seconds instead of MLflow's default retries (7 with back-off) at every call.
+
+We use ``MlflowClient`` rather than the fluent ``mlflow.start_run`` API: no process-global active run, so parent and
+child runs (e.g. the two stages of DistilCSE, or Trans-Encoder cycles) can be open at once without interfering.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import time
+from pathlib import Path
+from typing import Any, Mapping
+
+from raydistill.runtime.config import TrackingConfig
+
+__all__ = ["Tracker", "resolve_tracking_uri", "flatten_params"]
+
+log = logging.getLogger(__name__)
+
+_MAX_PARAM_VALUE = 6000  # MLflow 3 limit
+_PARAMS_PER_BATCH = 100
+_METRICS_PER_BATCH = 1000
+_PROBE_TIMEOUT_S = 5.0
+
+
+def resolve_tracking_uri(configured: str | None = None) -> str:
+    uri = configured or os.environ.get("MLFLOW_TRACKING_URI") or "sqlite:///mlflow.db"
+    if uri.startswith("sqlite:///"):
+        path = uri[len("sqlite:///"):]
+        if path and path != ":memory:" and not os.path.isabs(path):
+            uri = "sqlite:///" + str(Path(path).expanduser().resolve())
+    elif "://" not in uri:  # a bare path: MLflow's file store, resolved like sqlite
+        uri = str(Path(uri).expanduser().resolve())
+    return uri
+
+
+def flatten_params(params: Mapping[str, Any], prefix: str = "") -> dict[str, str]:
+    """Nested dicts -> dotted keys with string values (MLflow params are flat strings)."""
+    flat: dict[str, str] = {}
+    for key, value in params.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, Mapping) and value:
+            flat.update(flatten_params(value, name + "."))
+        else:
+            text = "" if value is None else str(value)
+            flat[name] = text if len(text) <= _MAX_PARAM_VALUE else text[: _MAX_PARAM_VALUE - 3] + "..."
+    return flat
+
+
+class Tracker:
+    """One MLflow run. Safe to use when tracking is disabled or broken: every method is then a no-op.
+
+        with Tracker(cfg.tracking, run_name="congen-bert-tiny") as tracker:
+            tracker.log_params(cfg.to_dict())
+            tracker.log_metrics({"loss": 0.7}, step=10)
+            child = tracker.child("stage-2")          # nested run (mlflow.parentRunId tag)
+    """
+
+    def __init__(self, cfg: TrackingConfig | None = None, run_name: str | None = None,
+                 parent_run_id: str | None = None, nested: bool = False, tags: Mapping[str, Any] | None = None):
+        self.cfg = cfg or TrackingConfig()
+        self.run_name = run_name or self.cfg.run_name
+        self.parent_run_id = parent_run_id
+        self.nested = nested or parent_run_id is not None
+        self.tracking_uri = resolve_tracking_uri(self.cfg.tracking_uri)
+        self.run_id: str | None = None
+        self.experiment_id: str | None = None
+        self.failed_reason: str | None = None
+        self._client = None
+        self._ended = False
+        if not self.cfg.enabled:
+            return
+        self._guard("start run", self._start, tags or {})
+
+    # ------------------------------------------------------------------------------------------------------------
+
+    @property
+    def active(self) -> bool:
+        return self.run_id is not None and self.failed_reason is None and not self._ended
+
+    def _start(self, tags: Mapping[str, Any]) -> None:
+        self._probe_server()
+        self._probe_sqlite()
+        from mlflow import MlflowClient
+
+        import raydistill
+
+        client = MlflowClient(tracking_uri=self.tracking_uri)
+        experiment = client.get_experiment_by_name(self.cfg.experiment)
+        if experiment is None:
+            self.experiment_id = client.create_experiment(self.cfg.experiment,
+                                                          artifact_location=self._artifact_location())
+        else:
+            self.experiment_id = experiment.experiment_id
+        run_tags = {"raydistill.version": raydistill.__version__} | {k: str(v) for k, v in tags.items()}
+        if self.parent_run_id:
+            run_tags["mlflow.parentRunId"] = self.parent_run_id
+        run = client.create_run(self.experiment_id, run_name=self.run_name, tags=run_tags)
+        self._client, self.run_id = client, run.info.run_id
+
+    def _artifact_location(self) -> str | None:
+        if self.tracking_uri.startswith("sqlite:///"):
+            db = Path(self.tracking_uri[len("sqlite:///"):])
+            return (db.parent / "mlartifacts").as_uri()
+        if "://" not in self.tracking_uri:
+            return None
+        return None  # a server decides where its artifacts go
+
+    def _probe_sqlite(self) -> None:
+        # MLflow retries an unopenable sqlite file with back-off for ~100 s (measured); sqlite3 itself says at once.
+        if not self.tracking_uri.startswith("sqlite:///"):
+            return
+        import sqlite3
+
+        db = Path(self.tracking_uri[len("sqlite:///"):])
+        db.parent.mkdir(parents=True, exist_ok=True)
+        connection = sqlite3.connect(db, timeout=_PROBE_TIMEOUT_S)
+        try:
+            connection.execute("PRAGMA schema_version").fetchone()
+        finally:
+            connection.close()
+
+    def _probe_server(self) -> None:
+        if not self.tracking_uri.startswith(("http://", "https://")):
+            return
+        import urllib.error
+        import urllib.request
+
+        url = self.tracking_uri.rstrip("/") + "/health"
+        try:
+            urllib.request.urlopen(url, timeout=_PROBE_TIMEOUT_S).close()
+        except urllib.error.HTTPError:
+            pass  # the server answered (some deployments have no /health); it is reachable
+        except (urllib.error.URLError, OSError) as exc:
+            raise ConnectionError(f"MLflow server not reachable at {url}: {exc}") from exc
+
+    def _guard(self, what: str, fn, *args, **kwargs) -> Any:
+        if self.failed_reason is not None:
+            return None
+        try:
+            return fn(*args, **kwargs)
+        except Exception as exc:  # noqa: BLE001 - tracking must never stop training
+            self.failed_reason = f"{type(exc).__name__}: {exc}"
+            log.warning("MLflow tracking disabled for this run (%s failed at %s): %s; training continues",
+                        what, self.tracking_uri, self.failed_reason.splitlines()[0][:500])
+            return None
+
+    # ------------------------------------------------------------------------------------------------------------
+    # Logging
+
+    def log_params(self, params: Mapping[str, Any]) -> None:
+        if not self.active:
+            return
+        from mlflow.entities import Param
+
+        flat = flatten_params(params)
+        items = [Param(k, v) for k, v in flat.items()]
+
+        def send():
+            for i in range(0, len(items), _PARAMS_PER_BATCH):
+                self._client.log_batch(self.run_id, params=items[i:i + _PARAMS_PER_BATCH], synchronous=True)
+
+        self._guard("log_params", send)
+
+    def log_metrics(self, metrics: Mapping[str, Any], step: int | None = None) -> None:
+        if not self.active:
+            return
+        from mlflow.entities import Metric
+
+        now = int(time.time() * 1000)
+        items = []
+        for key, value in metrics.items():
+            if isinstance(value, bool) or not isinstance(value, (int, float)) and not hasattr(value, "__float__"):
+                continue  # strings and containers are not metrics
+            number = float(value)
+            if math.isfinite(number) or math.isnan(number):
+                items.append(Metric(key, number, now, int(step or 0)))
+
+        def send():
+            for i in range(0, len(items), _METRICS_PER_BATCH):
+                self._client.log_batch(self.run_id, metrics=items[i:i + _METRICS_PER_BATCH], synchronous=True)
+
+        if items:
+            self._guard("log_metrics", send)
+
+    def set_tags(self, tags: Mapping[str, Any]) -> None:
+        if not self.active:
+            return
+        from mlflow.entities import RunTag
+
+        self._guard("set_tags", self._client.log_batch, self.run_id,
+                    tags=[RunTag(k, str(v)) for k, v in tags.items()], synchronous=True)
+
+    def log_artifact(self, path: str | os.PathLike, artifact_path: str | None = None) -> None:
+        if not self.active:
+            return
+        self._guard("log_artifact", self._client.log_artifact, self.run_id, str(path), artifact_path)
+
+    def log_artifacts(self, directory: str | os.PathLike, artifact_path: str | None = None) -> None:
+        if not self.active:
+            return
+        self._guard("log_artifacts", self._client.log_artifacts, self.run_id, str(directory), artifact_path)
+
+    # ------------------------------------------------------------------------------------------------------------
+    # Runs
+
+    def child(self, run_name: str, tags: Mapping[str, Any] | None = None) -> "Tracker":
+        """A nested run under this one (a disabled Tracker if this one is not active)."""
+        if not self.active:
+            return Tracker(TrackingConfig(enabled=False), run_name=run_name)
+        return Tracker(self.cfg, run_name=run_name, parent_run_id=self.run_id, nested=True, tags=tags)
+
+    def end(self, status: str = "FINISHED") -> None:
+        if self._ended:
+            return
+        if self.active:
+            self._guard("end run", self._client.set_terminated, self.run_id, status)
+        self._ended = True
+
+    def __enter__(self) -> "Tracker":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        self.end("FAILED" if exc_type is not None else "FINISHED")
+
+    def __repr__(self) -> str:
+        state = "active" if self.active else ("failed: " + self.failed_reason if self.failed_reason else "inactive")
+        return f"Tracker(uri={self.tracking_uri!r}, run_id={self.run_id!r}, {state})"

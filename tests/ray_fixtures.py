@@ -1,0 +1,41 @@
+"""One local Ray per pytest session (a Ray start costs ~9 s here; ../shared/notes/ray.md §6).
+
+Use it with ``from tests.ray_fixtures import ray_session`` (or ``pytest_plugins = ["tests.ray_fixtures"]``) and mark
+the tests ``@pytest.mark.ray``. Importing the fixture into several modules gives pytest several fixture definitions;
+the fixture is idempotent, so there is still one Ray per session, shut down once at the end.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+
+import pytest
+
+from raydistill.runtime.cluster import prepare_worker_environment
+
+_STATE: dict[str, str] = {}
+
+
+@pytest.fixture(scope="session")
+def ray_session():
+    import ray
+
+    from raydistill.runtime.cluster import configure_data_context
+
+    os.environ.setdefault("RAYDISTILL_ACTOR_WAIT_S", "120")  # a starved actor pool fails the test, not hangs it
+
+    if not ray.is_initialized():
+        prepare_worker_environment()  # offline HF, no usage stats, raydistill importable in workers
+        # A short private temp dir: AF_UNIX socket paths must stay under ~107 bytes, and parallel pytest sessions of
+        # different engineers must not share session_latest.
+        temp_dir = tempfile.mkdtemp(prefix="rd-ray-", dir="/tmp")
+        ray.init(address="local", num_cpus=2, include_dashboard=False, object_store_memory=256 * 2**20,
+                 _temp_dir=temp_dir, log_to_driver=True)
+        _STATE["temp_dir"] = temp_dir
+    configure_data_context()
+    yield ray
+    if ray.is_initialized() and _STATE.get("temp_dir"):
+        ray.shutdown()
+        shutil.rmtree(_STATE.pop("temp_dir"), ignore_errors=True)

@@ -1,0 +1,235 @@
+"""JobConfig: YAML round trip, --set overrides, strict keys, semantic validation, config_hash."""
+
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+
+from raydistill.runtime.cluster import ResourceError, check_resources
+from raydistill.runtime.config import ConfigError, JobConfig, register_validator
+
+CONGEN_YAML = """\
+method: congen
+student: bert-tiny
+teacher: minilm-l6
+data:
+  corpus: flickr
+  max_sentences: 2000
+  views: {control: none, generalize: "delete:0.1"}
+  teacher_views: [control]
+train:
+  batch_size: 64
+  lr: 3e-4
+loss:
+  queue_size: 1024
+  tau_teacher: 0.05
+  tau_student: 0.07
+resources:
+  teacher: {num_actors: 1, num_cpus: 1, threads: 1}
+  data: {max_cpus: 0.5}
+"""
+
+
+@pytest.fixture
+def congen_file(tmp_path):
+    path = tmp_path / "congen.yaml"
+    path.write_text(CONGEN_YAML)
+    return path
+
+
+def _line_of(text: str, needle: str) -> int:
+    return next(i for i, line in enumerate(text.splitlines(), 1) if needle in line)
+
+
+def test_yaml_round_trip(congen_file, tmp_path):
+    cfg = JobConfig.from_yaml(congen_file)
+    assert cfg.train.lr == pytest.approx(3e-4)  # "3e-4" is a string to PyYAML; read as a number anyway
+    assert cfg.resources.data_max_cpus == 0.5 and cfg.resources.teacher.num_cpus == 1.0
+    assert cfg.data.views == {"control": "none", "generalize": "delete:0.1"}
+    assert cfg.train.epochs == 1 and cfg.resources.learner.num_learners == 0  # defaults filled in
+    again = JobConfig.from_yaml(_write(tmp_path / "again.yaml", cfg.to_yaml()))
+    assert again == cfg and again.to_dict() == cfg.to_dict()
+    assert again.config_hash() == cfg.config_hash()
+
+
+def _write(path, text):
+    path.write_text(text)
+    return path
+
+
+def test_set_overrides_parse_values_as_yaml(congen_file):
+    cfg = JobConfig.from_yaml(congen_file, overrides=["train.lr=1e-4", "loss.queue_size=4096", "train.max_steps=50",
+                                                      "data.views.generalize=caption", "extra.stage2={epochs: 2}",
+                                                      "teacher=null"])
+    assert cfg.train.lr == pytest.approx(1e-4)
+    assert cfg.loss["queue_size"] == 4096 and cfg.train.max_steps == 50
+    assert cfg.data.views == {"control": "none", "generalize": "caption"}
+    assert cfg.extra == {"stage2": {"epochs": 2}} and cfg.teacher is None
+    later = cfg.with_overrides(["train.batch_size=32"])
+    assert later.train.batch_size == 32 and cfg.train.batch_size == 64
+
+
+def test_unknown_key_names_file_line_and_closest_field(tmp_path):
+    text = CONGEN_YAML.replace("  lr: 3e-4", "  learning_rat: 3e-4")
+    path = _write(tmp_path / "typo.yaml", text)
+    with pytest.raises(ConfigError) as err:
+        JobConfig.from_yaml(path)
+    message = str(err.value)
+    assert f"{path}:{_line_of(text, 'learning_rat')}:" in message
+    assert "field 'train.learning_rat': unknown field" in message
+    assert "allowed in train:" in message and "lr" in message
+
+    with pytest.raises(ConfigError, match=r"--set field 'train\.bach_size': unknown field \(did you mean 'batch_size'"):
+        JobConfig.from_yaml(_write(tmp_path / "ok.yaml", CONGEN_YAML), overrides=["train.bach_size=3"])
+    with pytest.raises(ConfigError, match=r"field 'resources\.teacher\.num_gpu': unknown field \(did you mean 'num_gpus'"):
+        JobConfig.from_dict({"method": "congen", "student": "bert-tiny", "resources": {"teacher": {"num_gpu": 1}}})
+    with pytest.raises(ConfigError, match=r"field 'techer': unknown field \(did you mean 'teacher'"):
+        JobConfig.from_dict({"method": "congen", "student": "bert-tiny", "techer": "minilm-l6"})
+
+
+def test_wrong_types_and_bad_overrides_are_errors(tmp_path):
+    with pytest.raises(ConfigError, match=r"field 'train\.batch_size': expected an integer, got 'many'"):
+        JobConfig.from_dict({"method": "congen", "student": "bert-tiny", "train": {"batch_size": "many"}})
+    with pytest.raises(ConfigError, match=r"field 'tracking\.enabled': expected true or false"):
+        JobConfig.from_dict({"method": "congen", "student": "bert-tiny", "tracking": {"enabled": "yes please"}})
+    with pytest.raises(ConfigError, match="missing required field.*student"):
+        JobConfig.from_dict({"method": "congen"})
+    with pytest.raises(ConfigError, match="expected key.path=value"):
+        JobConfig.from_yaml(_write(tmp_path / "c.yaml", CONGEN_YAML), overrides=["train.lr"])
+    bad_yaml = _write(tmp_path / "bad.yaml", "method: congen\nstudent: [unclosed\n")
+    with pytest.raises(ConfigError, match=rf"{bad_yaml}:\d+: not valid YAML"):
+        JobConfig.from_yaml(bad_yaml)
+
+
+def test_validate_accepts_a_good_config(congen_file):
+    assert JobConfig.from_yaml(congen_file).validate().method == "congen"
+
+
+@pytest.mark.parametrize(
+    ("override", "pattern"),
+    [
+        ("loss.queue_size=32", r"field 'loss\.queue_size': K=32 is smaller than train\.batch_size=64"),
+        ("loss.tau_teacher=0", r"field 'loss\.tau_teacher': temperature must be a number > 0, got 0"),
+        ("loss.tau_student=-0.05", r"field 'loss\.tau_student': temperature must be a number > 0, got -0\.05"),
+        ("loss.temperature=.nan", r"field 'loss\.temperature': temperature must be a number > 0"),
+        ("loss.queue_size=-1", r"field 'loss\.queue_size': -1 must be >= 0"),
+        ("train.batch_size=0", r"field 'train\.batch_size': must be > 0, got 0"),
+        ("train.warmup_ratio=1.5", r"field 'train\.warmup_ratio': 1\.5 must be in \[0, 1\)"),
+        ("data.max_sentences=-5", r"field 'data\.max_sentences': must be > 0"),
+        ("data.teacher_views=[contrl]", r"field 'data\.teacher_views': 'contrl' is not a view \(did you mean 'control'"),
+        ("data.corpus=flikr", r"field 'data\.corpus': 'flikr' \(did you mean 'flickr'\?\); allowed: flickr, nli"),
+        ("data.corpus=file:/no/such/file.txt", r"training file not found: /no/such/file\.txt"),
+        ("student_pooling=max", r"field 'student_pooling': 'max' is not one of mean, cls"),
+        ("data.views.generalize=delet:0.1", r"field 'data\.views\.generalize': unknown augmentation 'delet'"),
+        ("data.views.generalize=delete:1.5", r"field 'data\.views\.generalize': spec 'delete:1\.5': ratio must be"),
+        ("data.views.generalize=paired:/no/such.jsonl", r"paraphrase file not found: /no/such\.jsonl"),
+        ("resources.data_max_cpus=0.1", r"field 'resources\.data_max_cpus': 0\.1 is below 0\.5"),
+        ("resources.teacher.num_actors=0", r"field 'resources\.teacher\.num_actors': must be > 0"),
+    ],
+)
+def test_validate_rejects(congen_file, override, pattern):
+    cfg = JobConfig.from_yaml(congen_file, overrides=[override])
+    with pytest.raises(ConfigError, match=pattern):
+        cfg.validate()
+
+
+def test_validate_error_points_at_the_line_of_the_file(tmp_path):
+    text = CONGEN_YAML.replace("tau_teacher: 0.05", "tau_teacher: 0")
+    path = _write(tmp_path / "tau.yaml", text)
+    with pytest.raises(ConfigError) as err:
+        JobConfig.from_yaml(path).validate()
+    assert str(err.value).startswith(f"{path}:{_line_of(text, 'tau_teacher')}: field 'loss.tau_teacher'")
+
+
+def test_unknown_preset_lists_the_presets(congen_file):
+    from raydistill.models.registry import PRESETS
+
+    cfg = JobConfig.from_yaml(congen_file, overrides=["student=bert-tiyn"])
+    with pytest.raises(ConfigError) as err:
+        cfg.validate()
+    message = str(err.value)
+    assert "field 'student'" in message and "did you mean 'bert-tiny'" in message
+    assert all(name in message for name in PRESETS)
+    with pytest.raises(ConfigError, match="field 'teacher': model directory not found: ./no/such/model"):
+        JobConfig.from_yaml(congen_file, overrides=["teacher=./no/such/model"]).validate()
+
+
+def test_model_directory_is_accepted(congen_file, tmp_path):
+    (tmp_path / "my-model").mkdir()
+    cfg = JobConfig.from_yaml(congen_file, overrides=[f"student={tmp_path / 'my-model'}"])
+    assert cfg.validate().student == str(tmp_path / "my-model")
+
+
+def test_missing_config_file_is_a_clear_error(congen_file):
+    with pytest.raises(ConfigError, match=r"config file not found: .*congen\.yml; did you mean .*congen\.yaml"):
+        JobConfig.from_yaml(congen_file.with_suffix(".yml"))
+    with pytest.raises(ConfigError, match="config file not found: /no/such/dir/x.yaml"):
+        JobConfig.from_yaml("/no/such/dir/x.yaml")
+
+
+def test_method_validator_hook(congen_file, monkeypatch):
+    from raydistill.runtime import config
+
+    config._load_method_validators()
+    monkeypatch.setattr(config, "_VALIDATORS", {k: list(v) for k, v in config._VALIDATORS.items()})  # undone after
+    def needs_two_views(cfg):
+        if len(cfg.data.views) < 2:
+            return ("data.views", "unit-test-method needs two views")
+        return None
+
+    register_validator("unit-test-method", needs_two_views)
+    cfg = JobConfig.from_yaml(congen_file, overrides=["method=unit-test-method"])
+    cfg.validate()
+    with pytest.raises(ConfigError, match=r"field 'data\.views': unit-test-method needs two views"):
+        cfg.with_overrides(["data.views={control: none}", "data.teacher_views=[control]"]).validate()
+    with pytest.raises(ConfigError, match=r"field 'method': unknown method 'unit-test-methd' \(did you mean"):
+        cfg.with_overrides(["method=unit-test-methd"]).validate()
+
+
+def test_config_hash_is_stable_and_ignores_resources_and_tracking(congen_file):
+    cfg = JobConfig.from_yaml(congen_file)
+    same = JobConfig.from_yaml(congen_file)
+    assert cfg.config_hash() == same.config_hash()
+    assert len(cfg.config_hash()) == 16
+    ignored = cfg.with_overrides(["resources.teacher.num_actors=4", "resources.learner.num_gpus=1",
+                                  "resources.num_cpus=64", "tracking.experiment=other", "tracking.enabled=false",
+                                  "train.eval_every=7", "run_dir=/somewhere/else"])
+    assert ignored.config_hash() == cfg.config_hash()
+    assert ignored.diff_keys(cfg) == []
+    changed = cfg.with_overrides(["train.lr=1e-3", "loss.tau_student=0.05"])
+    assert changed.config_hash() != cfg.config_hash()
+    assert changed.diff_keys(cfg) == ["loss.tau_student", "train.lr"]
+    assert cfg.config_hash(exclude=()) != ignored.config_hash(exclude=())
+
+
+def test_config_hash_is_the_same_in_another_process(congen_file):
+    import subprocess
+    import sys
+
+    code = f"from raydistill.runtime.config import JobConfig; print(JobConfig.from_yaml({str(congen_file)!r}).config_hash())"
+    other = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60)
+    assert other.stdout.strip() == JobConfig.from_yaml(congen_file).config_hash()
+
+
+def test_check_resources_names_what_does_not_fit(congen_file):
+    cfg = JobConfig.from_yaml(congen_file)
+    check_resources(cfg, {"CPU": 2})
+    two_full_learners = cfg.with_overrides(["resources.learner.num_learners=2", "resources.learner.num_cpus=1"])
+    with pytest.raises(ResourceError, match=r"learners 2 x 1 CPU .* Ray Data headroom 0\.5 CPU = 2\.5 CPU > 2"):
+        check_resources(two_full_learners, {"CPU": 2})
+    check_resources(cfg.with_overrides(["resources.learner.num_learners=2", "resources.learner.num_cpus=0.5"]),
+                    {"CPU": 2})
+    with pytest.raises(ResourceError, match="teacher pool asks for 1 GPU"):
+        check_resources(cfg.with_overrides(["resources.teacher.num_gpus=1"]), {"CPU": 2})
+    check_resources(cfg.with_overrides(["resources.teacher.num_gpus=1", "resources.teacher.num_actors=4"]),
+                    {"CPU": 16, "GPU": 4})
+
+
+def test_default_run_and_cache_dirs(congen_file, monkeypatch, tmp_path):
+    monkeypatch.setenv("RAYDISTILL_HOME", str(tmp_path / "home"))
+    monkeypatch.chdir(tmp_path)
+    cfg = JobConfig.from_yaml(congen_file)
+    assert cfg.resolved_run_dir() == tmp_path / "runs" / "congen-bert-tiny-minilm-l6"
+    assert cfg.resolved_cache_dir() == tmp_path / "home" / "embeddings"
+    assert textwrap.dedent(cfg.to_yaml()).startswith("method: congen\n")

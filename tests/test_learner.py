@@ -1,0 +1,218 @@
+"""DistillLearner in-process: real forward/backward on real sentences with tiny models; checkpoints; LearnerGroup.
+
+Views come from real paraphrase pairs (STS-B train pairs scored >= 4: two human-written sentences that mean the
+same), teacher vectors from a second tiny model of another family and width, so the student gets the projection
+layer that ConGen adds when widths differ.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from raydistill.runtime import checkpoint as ckpt
+from raydistill.runtime.config import JobConfig
+from raydistill.runtime.learner import DistillLearner, build_optimizer, linear_schedule
+from raydistill.runtime.learner_group import ArrayData, LearnerGroup
+from raydistill.runtime.methods import get_method, with_method_defaults
+
+BATCH = 16
+TEACHER_DIM = 48
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    # Tiny models gain nothing from a second thread, and on a busy 2-core box it makes them ~10x slower.
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)
+
+
+@pytest.fixture(scope="module")
+def paraphrases() -> tuple[np.ndarray, np.ndarray]:
+    from raydistill.data import load_dataset
+
+    pairs = [p for p in load_dataset("stsb_train") if p.score >= 4.0][: 4 * BATCH]
+    return (np.array([p.sentence1 for p in pairs], dtype=object), np.array([p.sentence2 for p in pairs], dtype=object))
+
+
+@pytest.fixture(scope="module")
+def tiny_teacher(tmp_path_factory, real_sentences):
+    from tiny_models import make_tiny_model
+
+    return make_tiny_model("mpnet", tmp_path_factory.mktemp("teacher48"), real_sentences, hidden=TEACHER_DIM,
+                           heads=4, intermediate=96, seed=3)
+
+
+@pytest.fixture(scope="module")
+def teacher_vectors(tiny_teacher, paraphrases) -> np.ndarray:
+    from raydistill.models import BiEncoder
+
+    teacher = BiEncoder.from_pretrained(str(tiny_teacher))
+    return teacher.encode(list(paraphrases[0]), normalize=True)  # [N, 48]
+
+
+def congen_config(student, teacher, run_dir, **train) -> JobConfig:
+    cfg = JobConfig.from_dict({
+        "method": "congen", "student": str(student), "teacher": str(teacher), "run_dir": str(run_dir),
+        "data": {"max_length": 32},
+        "train": {"batch_size": BATCH, "lr": 2e-3, "warmup_ratio": 0.0, "epochs": 1, **train},
+        "loss": {"queue_size": 64, "tau_teacher": 0.05, "tau_student": 0.07},
+        "tracking": {"enabled": False},
+    })
+    return with_method_defaults(cfg).validate()
+
+
+def congen_batches(paraphrases, teacher_vectors) -> list[dict[str, np.ndarray]]:
+    control, generalize = paraphrases
+    return [{"idx": np.arange(i, i + BATCH), "text_control": control[i:i + BATCH],
+             "text_generalize": generalize[i:i + BATCH], "teacher_control": teacher_vectors[i:i + BATCH]}
+            for i in range(0, len(control), BATCH)]
+
+
+def mean_loss(learner, batches, rounds) -> float:
+    return float(np.mean([learner.train_step(b)["loss"] for _ in range(rounds) for b in batches]))
+
+
+def test_congen_train_step_reduces_loss_and_projects_to_teacher_width(tiny_bert, tiny_teacher, teacher_vectors,
+                                                                       paraphrases, tmp_path):
+    cfg = congen_config(tiny_bert, tiny_teacher, tmp_path)
+    batches = congen_batches(paraphrases, teacher_vectors)
+    learner = DistillLearner(cfg, total_steps=10 * len(batches), teacher_dim=TEACHER_DIM, run_dir=tmp_path)
+    assert learner.student.dim == TEACHER_DIM and learner.student.projection is not None
+
+    first = mean_loss(learner, batches, rounds=1)  # the queue (K=64 = 4 batches) is full after this round
+    early = mean_loss(learner, batches, rounds=1)
+    mean_loss(learner, batches, rounds=6)
+    late = mean_loss(learner, batches, rounds=1)
+    assert math.isfinite(first)
+    # CE(P_T, q) >= H(P_T), the teacher distribution's entropy (constant once the queue holds all 64 vectors), so
+    # the loss cannot fall by much more than the student's share; 8 % of it in 8 rounds is real learning.
+    assert late < 0.92 * early, (early, late)
+    metrics = learner.train_step(batches[0])
+    assert {"loss", "lr", "grad_norm", "sentences_per_s"} <= metrics.keys()
+    assert metrics["sentences_per_s"] > 0 and metrics["lr"] > 0
+
+
+def test_sct_self_supervised_reduces_loss(tiny_bert, paraphrases, tmp_path):
+    """SCT's target moves with the model (the reference is the student itself, dropout on), so its loss is noisy
+    step to step. With the paper's temperatures it still falls steadily; the first step is left out because its
+    queue holds the random init vectors (K = one batch: real reference vectors from step 2 on). The projector (a
+    part of the loss module, not of the saved model) must be trained too."""
+    cfg = with_method_defaults(JobConfig.from_dict({
+        "method": "sct", "student": str(tiny_bert), "run_dir": str(tmp_path),
+        "data": {"views": {"a": "none", "b": "caption"}, "max_length": 32},
+        "train": {"batch_size": BATCH, "lr": 1e-4, "warmup_ratio": 0.0},
+        "loss": {"queue_size": BATCH, "tau_teacher": 0.02, "tau_student": 0.03},
+        "tracking": {"enabled": False},
+    })).validate()
+    a, b = paraphrases
+    batches = [{"idx": np.arange(i, i + BATCH), "text_a": a[i:i + BATCH], "text_b": b[i:i + BATCH]}
+               for i in range(0, len(a), BATCH)]
+    learner = DistillLearner(cfg, total_steps=100, run_dir=tmp_path)
+    projector_before = [p.detach().clone() for p in learner.loss_module.projector.parameters()]
+    losses = [learner.train_step(batch)["loss"] for _ in range(5) for batch in batches]  # 20 steps
+    early, late = np.mean(losses[1:5]), np.mean(losses[-4:])
+    assert late < 0.85 * early, losses
+    assert any(not torch.equal(before, after.detach())
+               for before, after in zip(projector_before, learner.loss_module.projector.parameters()))
+    assert not any(name.startswith("projector") for name in learner.student.state_dict())
+
+
+def test_checkpoint_round_trip_gives_the_identical_next_step(tiny_bert, tiny_teacher, teacher_vectors, paraphrases,
+                                                             tmp_path):
+    cfg = congen_config(tiny_bert, tiny_teacher, tmp_path)
+    batches = congen_batches(paraphrases, teacher_vectors)
+    original = DistillLearner(cfg, total_steps=20, teacher_dim=TEACHER_DIM, run_dir=tmp_path)
+    for batch in batches[:3]:
+        original.train_step(batch)
+    path = original.save_checkpoint(epoch=0, batch_in_epoch=3)
+    expected = original.train_step(batches[3])
+
+    restored = DistillLearner(cfg, total_steps=20, teacher_dim=TEACHER_DIM, run_dir=tmp_path)
+    fresh = restored.train_step(batches[3])  # a learner that did not resume computes something else
+    restored = DistillLearner(cfg, total_steps=20, teacher_dim=TEACHER_DIM, run_dir=tmp_path)
+    manifest = restored.load_checkpoint(path)
+    assert (manifest["step"], manifest["batch_in_epoch"]) == (3, 3)
+    got = restored.train_step(batches[3])
+    assert got["loss"] == expected["loss"], (got["loss"], expected["loss"])
+    assert got["lr"] == expected["lr"]
+    assert fresh["loss"] != expected["loss"]
+    for name, tensor in original.student.state_dict().items():
+        assert torch.equal(tensor, restored.student.state_dict()[name]), name
+    for name, tensor in original.loss_module.state_dict().items():  # queue contents included
+        assert torch.equal(tensor, restored.loss_module.state_dict()[name]), name
+
+
+def test_checkpoint_of_a_different_config_is_refused(tiny_bert, tiny_teacher, teacher_vectors, paraphrases, tmp_path):
+    cfg = congen_config(tiny_bert, tiny_teacher, tmp_path)
+    learner = DistillLearner(cfg, total_steps=20, teacher_dim=TEACHER_DIM, run_dir=tmp_path)
+    learner.train_step(congen_batches(paraphrases, teacher_vectors)[0])
+    path = learner.save_checkpoint(epoch=0, batch_in_epoch=1)
+
+    other = congen_config(tiny_bert, tiny_teacher, tmp_path).with_overrides(["loss.tau_student=0.05"])
+    other_learner = DistillLearner(other, total_steps=20, teacher_dim=TEACHER_DIM, run_dir=tmp_path)
+    with pytest.raises(ckpt.CheckpointMismatchError, match=r"loss\.tau_student.*0\.07.*0\.05"):
+        other_learner.load_checkpoint(path)
+
+
+def test_dev_evaluation_saves_a_sentence_transformers_best_model(tiny_bert, tiny_teacher, tmp_path):
+    from sentence_transformers import SentenceTransformer
+
+    cfg = congen_config(tiny_bert, tiny_teacher, tmp_path)
+    learner = DistillLearner(cfg, total_steps=20, teacher_dim=TEACHER_DIM, run_dir=tmp_path)
+    score = learner.evaluate_dev()
+    assert -100 <= score <= 100
+    assert learner.best_info() == {"best_step": 0, "best_stsb_dev": score}
+    st_model = SentenceTransformer(str(tmp_path / "best"), device="cpu")
+    texts = ["A man is playing a guitar.", "Two dogs run on the beach."]
+    ours = learner.student.encode(texts)
+    theirs = st_model.encode(texts, convert_to_numpy=True)
+    assert theirs.shape == (2, TEACHER_DIM)
+    np.testing.assert_allclose(theirs, ours, atol=1e-5)
+
+
+def test_optimizer_groups_and_schedule():
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.LayerNorm(4))
+    temperature = torch.nn.Module()
+    temperature.register_parameter("logit_scale", torch.nn.Parameter(torch.tensor(1.0)))
+    optimizer = build_optimizer([model, temperature], lr=1.0, weight_decay=0.01)
+    decayed = [p for g in optimizer.param_groups if g["weight_decay"] > 0 for p in g["params"]]
+    assert len(decayed) == 1 and decayed[0] is model[0].weight  # not biases, LayerNorm, or the temperature
+    schedule = linear_schedule(optimizer, warmup_steps=2, total_steps=6)
+    lrs = []
+    for _ in range(6):
+        lrs.append(optimizer.param_groups[0]["lr"])
+        optimizer.step()
+        schedule.step()
+    assert lrs == pytest.approx([0.0, 0.5, 1.0, 0.75, 0.5, 0.25])
+
+
+def test_group_in_process_fits_resumes_at_the_end_and_keeps_the_best(tiny_bert, tiny_teacher, teacher_vectors,
+                                                                     paraphrases, tmp_path, capsys):
+    cfg = congen_config(tiny_bert, tiny_teacher, tmp_path, epochs=2, eval_every=3, checkpoint_every=2, keep_last=2)
+    control, generalize = paraphrases
+    data = ArrayData({"idx": np.arange(len(control)), "text_control": control, "text_generalize": generalize,
+                      "teacher_control": teacher_vectors}, seed=cfg.seed)
+    group = LearnerGroup(cfg, get_method("congen"), run_dir=tmp_path, teacher_dim=TEACHER_DIM)
+    assert group.total_steps(data) == 8
+    seen_steps: list[int] = []
+    summary = group.fit(data, on_metrics=lambda m, step: seen_steps.append(step))
+    assert seen_steps == list(range(1, 9))
+    assert summary["steps"] == 8 and summary["restarts"] == 0 and summary["resumed_from"] is None
+    assert 0 <= summary["best_step"] <= 8 and (tmp_path / "best" / "modules.json").is_file()
+    evaluated = [row["step"] for row in summary["history"] if "stsb_dev" in row]
+    assert evaluated == [3, 4, 6, 8]  # every 3 steps and at each epoch end (4, 8)
+    assert [p.name for p in ckpt.list_checkpoints(tmp_path)] == ["step-0000006", "step-0000008"]
+    out = capsys.readouterr().out
+    assert "[congen] step 8/8 (100%)" in out and "dev " in out
+
+    again = LearnerGroup(cfg, get_method("congen"), run_dir=tmp_path, teacher_dim=TEACHER_DIM)
+    more_steps: list[int] = []
+    summary2 = again.fit(data, on_metrics=lambda m, step: more_steps.append(step))
+    assert summary2["resumed_from"] == 8 and more_steps == []  # a finished run is not trained again
+    assert summary2["best_stsb_dev"] == summary["best_stsb_dev"]

@@ -1,0 +1,291 @@
+"""Trans-Encoder self-/mutual distillation job: config, pair sets, and real two-family runs under Ray.
+
+The runs use the tiny random BERT and MPNet checkpoints of conftest (two families of different architectures),
+a few dozen real STS-B/SICK training pairs and a few optimiser steps per stage, so a whole cycle takes seconds.
+Every check recomputes what the job claims from the saved models and the Parquet it wrote.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+
+from raydistill.runtime.config import ConfigError
+from raydistill.runtime.pairs import build_pair_set
+from raydistill.runtime.tenc import TencConfig, read_label_set, run_trans_encoder, stage_key
+from raydistill.runtime.tenc_learners import SymmetricCrossScorer, encoder_fingerprint, labels_digest
+from tests.ray_fixtures import ray_session  # noqa: F401  (session-scoped Ray fixture)
+
+NUM_PAIRS = 36
+
+
+def tiny_config(tiny_models: dict[str, Path], tmp_path: Path, **changes) -> TencConfig:
+    """Two families (tiny BERT, tiny MPNet), one cycle, 3 steps per stage, no 7-STS pass, tracking off."""
+    config = {
+        "mode": "mutual",
+        "families": [{"name": "bert", "bi": str(tiny_models["bert"])},
+                     {"name": "mpnet", "bi": str(tiny_models["mpnet"])}],
+        "cycles": 1,
+        "init": "refresh",
+        "pairs": {"source": "inductive", "max_pairs": NUM_PAIRS, "seed": 7},
+        # eval_every 2 of 3 steps: the best-dev selection runs twice per stage
+        "bi": {"batch_size": 8, "lr": 1e-3, "epochs": 1, "max_steps": 3, "max_length": 32, "eval_every": 2,
+               "warmup_ratio": 0.0},
+        "cross": {"batch_size": 8, "lr": 1e-3, "epochs": 1, "max_steps": 3, "max_length": 32, "eval_every": 2},
+        "eval": {"test_cycles": "none"},
+        "run_dir": str(tmp_path / "run"),
+        "results_dir": str(tmp_path / "results"),
+        "resources": {"num_cpus": 2, "bi": {"num_cpus": 0.25, "threads": 1, "batch_size": 512},
+                      "cross": {"num_cpus": 0.25, "threads": 1, "batch_size": 512}, "data_max_cpus": 1.0},
+        "tracking": {"enabled": False},
+    }
+    config.update(changes)  # top-level fields; a section given here replaces the whole section
+    return TencConfig.from_dict(config)
+
+
+def bi_cosines(model_dir, pairs) -> np.ndarray:
+    from raydistill.models import BiEncoder
+
+    model = BiEncoder.from_pretrained(str(model_dir), max_length=32)
+    first = model.encode([a for a, _ in pairs], normalize=True)
+    second = model.encode([b for _, b in pairs], normalize=True)
+    return np.einsum("nd,nd->n", first, second)
+
+
+def cross_scores(model_dir, pairs) -> np.ndarray:
+    from raydistill.models import CrossEncoder
+
+    return SymmetricCrossScorer(CrossEncoder.from_pretrained(str(model_dir), max_length=32)).score(pairs)
+
+
+def fingerprint_of(model_dir, kind: str) -> str:
+    from raydistill.models import BiEncoder, CrossEncoder
+
+    model = BiEncoder.from_pretrained(str(model_dir)) if kind == "bi" else CrossEncoder.from_pretrained(str(model_dir))
+    return encoder_fingerprint(model)
+
+
+def read_state(run_dir: Path) -> dict:
+    return json.loads((run_dir / "state.json").read_text())
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# No Ray
+
+
+def test_config_defaults_are_the_paper_and_errors_name_the_field(tiny_models, tmp_path):
+    paper = TencConfig()
+    assert (paper.bi.batch_size, paper.bi.lr, paper.bi.epochs, paper.bi.max_length) == (128, 5e-5, 10, 32)
+    assert (paper.cross.batch_size, paper.cross.lr, paper.cross.epochs, paper.cross.max_length) == (32, 2e-5, 1, 64)
+    assert paper.cycles == 3 and paper.init == "refresh"
+
+    shorthand = TencConfig.from_dict({"families": ["minilm-l3", "bert-small"]})
+    assert [(f.name, f.bi, f.cross_start) for f in shorthand.families] == [
+        ("minilm-l3", "minilm-l3", "minilm-l3"), ("bert-small", "bert-small", "bert-small")]
+
+    with pytest.raises(ConfigError, match=r"cross\.epoch.*did you mean 'epochs'"):
+        TencConfig.from_dict({"cross": {"epoch": 2}})
+    with pytest.raises(ConfigError, match="families.*two or more"):
+        tiny_config(tiny_models, tmp_path, families=[{"name": "bert", "bi": str(tiny_models["bert"])}]).validate()
+    with pytest.raises(ConfigError, match=r"families\[1\]\.cross.*sequential"):
+        tiny_config(tiny_models, tmp_path, init="sequential",
+                    families=[{"name": "bert", "bi": str(tiny_models["bert"])},
+                              {"name": "mpnet", "bi": str(tiny_models["mpnet"]),
+                               "cross": str(tiny_models["bert"])}]).validate()
+    with pytest.raises(ConfigError, match="pairs.source.*inductive"):
+        tiny_config(tiny_models, tmp_path, pairs={"source": "inductiv"}).validate()
+    with pytest.raises(ConfigError, match="stop_after_stage"):
+        tiny_config(tiny_models, tmp_path, stop_after_stage="after the first").validate()
+    # One config hash across fields that cannot change a completed stage (cycles may grow on resume).
+    base = tiny_config(tiny_models, tmp_path)
+    assert base.config_hash() == tiny_config(tiny_models, tmp_path, cycles=5, resources={"num_cpus": 8}).config_hash()
+    assert base.config_hash() != tiny_config(tiny_models, tmp_path, cross={"lr": 5e-4}).config_hash()
+
+
+def test_pair_sets_are_deduplicated_unordered_subsampled_by_stable_id():
+    inductive = build_pair_set("inductive")
+    keys = {tuple(sorted(p)) for p in inductive.pairs()}
+    assert len(keys) == len(inductive)  # no pair twice, in either order
+    assert not inductive.transductive and build_pair_set("transductive", 10).transductive
+
+    transductive = build_pair_set("transductive")
+    from raydistill.data import load_dataset
+
+    stsb_test_pair = load_dataset("stsb_test")[0]
+    assert {stsb_test_pair.sentence1, stsb_test_pair.sentence2} in [set(p) for p in transductive.pairs()]
+    assert transductive.pool_size > len(inductive)
+
+    small = build_pair_set("inductive", max_pairs=50, seed=3)
+    again = build_pair_set("inductive", max_pairs=50, seed=3)
+    other = build_pair_set("inductive", max_pairs=50, seed=4)
+    assert small.fingerprint == again.fingerprint != other.fingerprint
+    assert len(small) == 50 and np.all(np.diff(small.pair_id) > 0)
+    for i, pair_id in enumerate(small.pair_id):  # the id is the row of the full pool, whatever the subsample
+        assert (small.sentence1[i], small.sentence2[i]) == (inductive.sentence1[pair_id], inductive.sentence2[pair_id])
+
+
+def test_cross_learner_trains_both_orders_on_scaled_bi_labels(tiny_bert):
+    from raydistill.objectives.trans_encoder import cosine_to_target
+    from raydistill.runtime.tenc_learners import CrossEncoderLearner
+
+    pair_set = build_pair_set("inductive", max_pairs=6, seed=1)
+    cosines = np.array([-0.4, 0.0, 0.3, 0.7, 0.95, 1.0], dtype=np.float32)
+    train = {"batch_size": 4, "max_length": 32}
+    for scaling in ("clip", "affine", "raw"):
+        learner = CrossEncoderLearner("bert", pair_set, train, label_scaling=scaling, threads=1)
+        first, second, targets = learner._examples(cosines)
+        assert list(zip(first, second)) == pair_set.pairs() + pair_set.swapped_pairs()
+        np.testing.assert_allclose(targets, np.tile(cosine_to_target(cosines, scaling), 2))
+    assert targets[0] == pytest.approx(-0.4)  # raw keeps the authors' negative BCE target
+
+    # the label a cross-encoder hands on does not depend on which sentence comes first
+    learner.load(str(tiny_bert), cycle=1)
+    scorer = learner.scorer()
+    np.testing.assert_allclose(scorer.score(pair_set.pairs()), scorer.score(pair_set.swapped_pairs()), atol=1e-6)
+    direct = learner.model.score(pair_set.pairs(), activation="sigmoid")
+    assert not np.allclose(direct, learner.model.score(pair_set.swapped_pairs(), activation="sigmoid"), atol=1e-4)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Ray runs
+
+
+@pytest.mark.ray
+def test_mutual_cycle_writes_averaged_parquet_labels_and_refreshes_models(ray_session, tiny_models, tmp_path):
+    cfg = tiny_config(tiny_models, tmp_path, tracking={"enabled": True,
+                                                       "tracking_uri": f"sqlite:///{tmp_path}/mlflow.db",
+                                                       "experiment": "tenc-test"})
+    summary = run_trans_encoder(cfg)
+    run_dir = Path(cfg.run_dir)
+    pair_set = build_pair_set("inductive", NUM_PAIRS, 7)
+    pairs = pair_set.pairs()
+    state = read_state(run_dir)
+    assert set(state["stages"]) == {stage_key(1, "bi2cross"), stage_key(1, "cross2bi")}
+
+    for stage in ("bi2cross", "cross2bi"):
+        directory = run_dir / "labels" / "cycle=1" / f"stage={stage}"
+        schema_names = set(pq.read_schema(next(directory.glob("*.parquet"))).names)
+        assert schema_names == {"pair_id", "sentence1", "sentence2", "score_bert", "score_mpnet", "score"}
+        frame = read_label_set(directory)
+        assert len(frame) == NUM_PAIRS
+        assert frame["pair_id"].tolist() == pair_set.pair_id.tolist()
+        assert list(zip(frame["sentence1"], frame["sentence2"])) == pairs
+        # mutual: the training target is the mean of the two families' labels
+        np.testing.assert_allclose(frame["score"], (frame["score_bert"] + frame["score_mpnet"]) / 2, atol=1e-6)
+        assert not np.allclose(frame["score_bert"], frame["score_mpnet"], atol=1e-3)
+
+    bi_labels = read_label_set(run_dir / "labels" / "cycle=1" / "stage=bi2cross")
+    cross_labels = read_label_set(run_dir / "labels" / "cycle=1" / "stage=cross2bi")
+    for family in ("bert", "mpnet"):
+        # bi2cross labels = the starting bi-encoder's cosines, recomputed here
+        np.testing.assert_allclose(bi_labels[f"score_{family}"], bi_cosines(tiny_models[family], pairs), atol=2e-4)
+        # cross2bi labels = the trained cross-encoder's symmetrised sigmoid, recomputed from its saved directory
+        cross_dir = run_dir / "models" / "cycle=1" / "cross" / family
+        expected = cross_scores(cross_dir, pairs)
+        np.testing.assert_allclose(cross_labels[f"score_{family}"], expected, atol=2e-4)
+        assert np.all((expected > 0) & (expected < 1))
+
+        # refresh: both stages start from the family's original weights
+        stages = state["stages"]
+        original = fingerprint_of(tiny_models[family], "bi")
+        assert stages[stage_key(1, "bi2cross")]["families"][family]["init"]["init_fingerprint"] == original
+        assert stages[stage_key(1, "cross2bi")]["families"][family]["init"]["init_fingerprint"] == original
+        trained_bi = run_dir / "models" / "cycle=1" / "bi" / family
+        assert fingerprint_of(trained_bi, "bi") != original  # and it did train
+        assert summary["best"][family]["bi"]["cycle"] == 1
+        assert (run_dir / "best" / family / "cross" / "config.json").is_file()
+
+    # MLflow: one parent, a child per family and encoder with the cycle as the step of per-cycle metrics
+    from mlflow import MlflowClient
+
+    client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path}/mlflow.db")
+    experiment = client.get_experiment_by_name("tenc-test")
+    runs = client.search_runs([experiment.experiment_id])
+    parent = [r for r in runs if "mlflow.parentRunId" not in r.data.tags]
+    children = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == summary["mlflow_run_id"]]
+    assert len(parent) == 1 and parent[0].info.run_id == summary["mlflow_run_id"]
+    assert {(r.data.tags["family"], r.data.tags["encoder"]) for r in children} == {
+        ("bert", "bi"), ("bert", "cross"), ("mpnet", "bi"), ("mpnet", "cross")}
+    for child in children:
+        history = client.get_metric_history(child.info.run_id, "stsb_dev_best")
+        assert [m.step for m in history] == [1]
+    assert parent[0].data.params["transductive"] == "False"
+    assert parent[0].data.params["label_scaling"] == cfg.label_scaling
+
+
+@pytest.mark.ray
+def test_self_sequential_run_stopped_between_stages_resumes_the_weight_chain(ray_session, tiny_models, tmp_path):
+    """Self-distillation with sequential init, stopped after the first stage (as a crash there would) and rerun:
+    completed work is reused, not redone, and every stage starts from the weights of the stage before it, also
+    across the restart. Then the result files: 7-STS of cycle 0 and of the best models, and their ensembles."""
+    settings = dict(mode="self", init="sequential", cycles=2, eval={"test_cycles": "best"})
+    stopped = run_trans_encoder(tiny_config(tiny_models, tmp_path, stop_after_stage=stage_key(1, "bi2cross"),
+                                            **settings))
+    run_dir = tmp_path / "run"
+    assert stopped["stopped_after"] == stage_key(1, "bi2cross")
+    state = read_state(run_dir)
+    assert set(state["stages"]) == {stage_key(1, "bi2cross")}
+    assert set(state["labels"]) == {stage_key(1, "bi2cross"), stage_key(1, "cross2bi")}
+    cross_dir = run_dir / "models" / "cycle=1" / "cross" / "bert"
+    cross_files = {p.name: p.stat().st_mtime_ns for p in cross_dir.iterdir()}
+    label_files = {p: p.stat().st_mtime_ns for p in (run_dir / "labels" / "cycle=1").rglob("*.parquet")}
+    completed = state["stages"][stage_key(1, "bi2cross")]["completed"]
+
+    resumed = run_trans_encoder(tiny_config(tiny_models, tmp_path, **settings))
+    state = read_state(run_dir)
+    stages = state["stages"]
+    assert set(stages) == {stage_key(c, s) for c in (1, 2) for s in ("bi2cross", "cross2bi")}
+    assert stages[stage_key(1, "bi2cross")]["completed"] == completed
+    assert {p.name: p.stat().st_mtime_ns for p in cross_dir.iterdir()} == cross_files  # not retrained
+    assert {p: p.stat().st_mtime_ns for p in (run_dir / "labels" / "cycle=1").rglob("*.parquet")} == label_files
+
+    for family in ("bert", "mpnet"):
+        def init_of(cycle, stage):
+            return stages[stage_key(cycle, stage)]["families"][family]["init"]["init_fingerprint"]
+
+        def saved(cycle, kind):
+            return fingerprint_of(run_dir / "models" / f"cycle={cycle}" / kind / family, kind)
+
+        original = fingerprint_of(tiny_models[family], "bi")
+        assert init_of(1, "bi2cross") == original  # cross_1 from the starting bi-encoder
+        assert init_of(1, "cross2bi") == saved(1, "cross") != original  # bi_1 from cross_1 (saved before the stop)
+        assert init_of(2, "bi2cross") == saved(1, "bi")  # cross_2 from bi_1
+        assert init_of(2, "cross2bi") == saved(2, "cross")  # bi_2 from cross_2
+
+        # self: each family learned its own labels, not the average
+        for cycle, stage in ((1, "bi2cross"), (1, "cross2bi"), (2, "bi2cross"), (2, "cross2bi")):
+            info = stages[stage_key(cycle, stage)]["families"][family]
+            labels = read_label_set(run_dir / "labels" / f"cycle={cycle}" / f"stage={stage}")
+            assert info["target_column"] == f"score_{family}"
+            assert info["labels_sha"] == labels_digest(labels[f"score_{family}"].to_numpy())
+            assert info["labels_sha"] != labels_digest(labels["score"].to_numpy())
+        assert resumed["best"][family]["bi"]["cycle"] in (1, 2)
+
+    # results: schema files for the starting bi-encoders (cycle 0) and the best models, plus the ensembles
+    from raydistill.evaluation import validate_result_file
+    from raydistill.runtime.tenc import scores_from_predictions
+
+    results = tmp_path / "results"
+    best = resumed["best"]
+    expected = {"bert-bi-cycle0.json", "mpnet-bi-cycle0.json", "ensemble-bi-cycle0.json",
+                "ensemble-bi-best.json", "ensemble-cross-best.json"}
+    expected |= {f"{f}-{kind}-cycle{best[f][kind]['cycle']}.json"
+                 for f in ("bert", "mpnet") for kind in ("bi", "cross")}
+    assert {p.name for p in results.glob("*.json")} == expected
+    records = {p.name: validate_result_file(p) for p in results.glob("*.json")}
+    record = records[f"bert-cross-cycle{best['bert']['cross']['cycle']}.json"]
+    assert (record["kind"], record["method"], record["encoder"]) == ("mutual_tenc", "tenc-self", "cross")
+    assert record["training"]["transductive"] is False
+    assert record["training"]["init"] == "sequential" and os.path.isdir(record["model_dir"])
+    # an ensemble's scores are the Spearman of the mean of its members' saved predictions
+    members = [np.load(run_dir / "eval" / "cycle=0" / "bi" / f"{f}.npz") for f in ("bert", "mpnet")]
+    mean = {name: (members[0][name] + members[1][name]) / 2 for name in members[0].files}
+    assert records["ensemble-bi-cycle0.json"]["scores"]["avg"] == pytest.approx(
+        scores_from_predictions(mean)["avg"], abs=0.006)
+    single = scores_from_predictions({name: members[0][name] for name in members[0].files})
+    assert records["bert-bi-cycle0.json"]["scores"]["sts12"] == pytest.approx(single["sts12"], abs=0.006)

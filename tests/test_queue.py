@@ -1,0 +1,170 @@
+"""InstanceQueue: FIFO order with wrap-around, in-place writes, scoring only filled rows, state_dict round trip."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from raydistill.objectives.queue import InstanceQueue
+
+
+def _rows(n: int, dim: int, seed: int) -> torch.Tensor:
+    return torch.randn(n, dim, generator=torch.Generator().manual_seed(seed))
+
+
+def _unit(x: torch.Tensor) -> np.ndarray:
+    x = x.double().numpy()
+    return x / np.linalg.norm(x, axis=1, keepdims=True)
+
+
+def test_fifo_order_and_wrap_around_against_a_python_list():
+    queue = InstanceQueue(size=5, dim=3)
+    pointer_before = queue.embeddings.data_ptr()
+    reference: list[np.ndarray] = []  # what a FIFO holds: append newest, drop oldest beyond K
+    for step, batch_size in enumerate([2, 2, 2, 3, 1, 4, 5, 2]):  # 3rd batch straddles the end: two slice writes
+        batch = _rows(batch_size, 3, seed=step)
+        queue.enqueue(batch)
+        reference.extend(_unit(batch))
+        reference = reference[-5:]
+        np.testing.assert_allclose(queue.ordered().double().numpy(), np.stack(reference), atol=1e-6)
+        assert len(queue) == len(reference)
+    assert queue.is_full and queue.embeddings.data_ptr() == pointer_before
+
+
+def test_oldest_rows_are_overwritten_first():
+    queue = InstanceQueue(size=4, dim=2)
+    queue.enqueue(torch.tensor([[1.0, 0.0], [0.0, 1.0], [1.0, 1.0], [-1.0, 0.0]]))
+    queue.enqueue(torch.tensor([[0.0, -1.0]]))
+    # The first row written was the oldest: it is the one replaced, in place.
+    np.testing.assert_allclose(queue.flush()[0].numpy(), [0.0, -1.0])
+    np.testing.assert_allclose(queue.ordered()[-1].numpy(), [0.0, -1.0])
+    np.testing.assert_allclose(queue.ordered()[0].numpy(), [0.0, 1.0])
+    assert int(queue.pointer) == 1
+
+
+def test_batch_larger_than_queue_keeps_the_newest_rows():
+    queue = InstanceQueue(size=3, dim=2)
+    queue.enqueue(_rows(2, 2, seed=1))
+    big = _rows(7, 2, seed=2)
+    queue.enqueue(big)
+    np.testing.assert_allclose(queue.ordered().double().numpy(), _unit(big)[-3:], atol=1e-6)
+    assert len(queue) == 3
+
+
+def test_enqueue_normalises_and_never_keeps_a_graph():
+    queue = InstanceQueue(size=4, dim=3)
+    batch = (_rows(2, 3, seed=3) * 7).requires_grad_()
+    queue.enqueue(batch)
+    np.testing.assert_allclose(queue.rows().norm(dim=1).numpy(), [1.0, 1.0], rtol=1e-6)
+    assert not queue.embeddings.requires_grad and queue.embeddings.grad_fn is None
+
+
+def test_scores_use_only_filled_rows_and_match_a_direct_product():
+    queue = InstanceQueue(size=6, dim=4)
+    assert queue.scores(torch.randn(2, 4)).shape == (2, 0)
+    queue.enqueue(_rows(4, 4, seed=5))
+    x = F.normalize(_rows(3, 4, seed=6), dim=1)
+    scores = queue.scores(x)
+    assert scores.shape == (3, 4)
+    expected = x.double().numpy() @ queue.ordered().double().numpy().T
+    np.testing.assert_allclose(scores.double().numpy(), expected, atol=1e-6)
+    # Once wrapped, the columns are in ring order: the same multiset of values as FIFO order, row by row.
+    queue.enqueue(_rows(5, 4, seed=7))
+    scores = queue.scores(x).double().numpy()
+    fifo = x.double().numpy() @ queue.ordered().double().numpy().T
+    np.testing.assert_allclose(np.sort(scores, axis=1), np.sort(fifo, axis=1), atol=1e-6)
+
+
+def test_scores_pass_gradients_to_the_query_only():
+    queue = InstanceQueue(size=5, dim=3, init="random")
+    x = torch.randn(2, 3, requires_grad=True)
+    queue.scores(x).sum().backward()
+    np.testing.assert_allclose(x.grad.numpy(), queue.embeddings.sum(0).expand(2, 3).numpy(), rtol=1e-5)
+
+
+def test_random_init_is_seeded_unit_and_full():
+    first, second = InstanceQueue(8, 5, init="random", seed=3), InstanceQueue(8, 5, init="random", seed=3)
+    other = InstanceQueue(8, 5, init="random", seed=4)
+    assert first.is_full
+    torch.testing.assert_close(first.embeddings, second.embeddings)
+    assert not torch.allclose(first.embeddings, other.embeddings)
+    np.testing.assert_allclose(first.embeddings.norm(dim=1).numpy(), np.ones(8), rtol=1e-6)
+    queue = InstanceQueue(8, 5)
+    queue.init_random(torch.Generator().manual_seed(3))
+    torch.testing.assert_close(queue.embeddings, first.embeddings)
+
+
+def test_init_from_real_embeddings():
+    queue = InstanceQueue(6, 3, init="random")
+    vectors = _rows(4, 3, seed=9)
+    queue.init_from(vectors)
+    assert len(queue) == 4 and not queue.is_full
+    np.testing.assert_allclose(queue.ordered().double().numpy(), _unit(vectors), atol=1e-6)
+    queue.init_from(_rows(9, 3, seed=10))
+    assert queue.is_full
+
+
+def test_state_dict_round_trip_restores_content_and_position():
+    queue = InstanceQueue(5, 3)
+    for step in range(4):
+        queue.enqueue(_rows(2, 3, seed=20 + step))
+    state = queue.state_dict()
+    assert set(state) == {"embeddings", "pointer", "filled"}
+    restored = InstanceQueue(5, 3, init="random")
+    ptr = restored.embeddings.data_ptr()
+    restored.load_state_dict(state)
+    assert restored.embeddings.data_ptr() == ptr  # loaded in place
+    torch.testing.assert_close(restored.ordered(), queue.ordered())
+    # Both continue identically.
+    nxt = _rows(3, 3, seed=99)
+    queue.enqueue(nxt)
+    restored.enqueue(nxt)
+    torch.testing.assert_close(restored.ordered(), queue.ordered())
+    torch.testing.assert_close(restored.state_dict()["pointer"], queue.state_dict()["pointer"])
+
+
+def test_bad_shapes_raise_clear_errors():
+    queue = InstanceQueue(4, 3)
+    with pytest.raises(ValueError, match=r"expected \[B, 3\]"):
+        queue.enqueue(torch.randn(2, 5))
+    with pytest.raises(ValueError, match=r"expected \[B, 3\]"):
+        queue.scores(torch.randn(2, 5))
+    with pytest.raises(ValueError, match="init must be one of"):
+        InstanceQueue(4, 3, init="zeros")
+
+
+def test_full_size_queue_scores_and_enqueues_in_place():
+    """K = 131072 × d = 1024 fp32 (512 MiB): one enqueue/score cycle moves no buffer and scores every row."""
+    size, dim, batch = 131072, 1024, 128
+    queue = InstanceQueue(size, dim, init="random", seed=0)
+    buffer_ptr = queue.embeddings.data_ptr()
+    queries = F.normalize(torch.randn(batch, dim, generator=torch.Generator().manual_seed(1)), dim=1)
+    for step in range(2):
+        scores = queue.scores(queries)  # [B, K] in one matmul
+        assert scores.shape == (batch, size)
+        columns = torch.tensor([0, 4097, size - 1])
+        torch.testing.assert_close(scores[:, columns], queries @ queue.embeddings[columns].T, rtol=1e-4, atol=1e-5)
+        queue.enqueue(queries)
+        assert queue.embeddings.data_ptr() == buffer_ptr
+    # Two batches written at rows [0, 2B): the oldest random rows went first.
+    torch.testing.assert_close(queue.flush()[batch:2 * batch], queries, rtol=1e-6, atol=1e-6)
+    assert queue.embeddings.data_ptr() == buffer_ptr
+    assert int(queue.pointer) == 2 * batch and queue.is_full
+
+
+def test_enqueue_is_written_at_the_next_read_so_the_step_graph_stays_valid():
+    """Loss order: logits from the queue, enqueue, then backward. The write waits for the next read, so the
+    gradient uses the rows the logits were computed with."""
+    queue = InstanceQueue(4, 3, init="random", seed=1)
+    rows_before = queue.rows().clone()
+    x = torch.randn(2, 3, requires_grad=True)
+    logits = queue.scores(x)
+    queue.enqueue(torch.randn(2, 3))
+    logits.sum().backward()  # would raise "modified by an inplace operation" with an immediate write
+    torch.testing.assert_close(x.grad, rows_before.sum(0).expand(2, 3))
+    assert not torch.allclose(queue.rows(), rows_before)  # the read wrote it
+    queue.enqueue(torch.ones(1, 3))
+    assert torch.allclose(queue.state_dict()["embeddings"].norm(dim=1), torch.ones(4))
+    np.testing.assert_allclose(queue.ordered()[-1].numpy(), np.full(3, 3 ** -0.5), rtol=1e-6)  # state_dict flushed

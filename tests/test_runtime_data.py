@@ -1,0 +1,263 @@
+"""Teacher embeddings through Ray Data with a real (tiny) teacher, the embedding cache, and the training-data stream.
+
+Ray tests share one local Ray (tests/ray_fixtures.py). The teacher-pass counts below are rows counted by a forward hook
+inside the teacher's transformer, in the Ray Data actor that ran it; they are not derived from the cache's bookkeeping.
+"""
+
+from __future__ import annotations
+
+import shutil
+
+import numpy as np
+import pytest
+
+from raydistill.runtime.config import RoleResources
+from raydistill.runtime.embedding_cache import EmbeddingCache, ensure_teacher_embeddings
+from raydistill.runtime.teacher import TeacherEncoder, TeacherSpec, teacher_identity
+from tests.ray_fixtures import ray_session  # noqa: F401  (session-scoped fixture)
+
+
+@pytest.fixture(scope="module")
+def cache_root(tmp_path_factory):
+    return tmp_path_factory.mktemp("embeddings")
+
+
+@pytest.fixture(scope="module")
+def teacher_spec(tiny_models):
+    return TeacherSpec(model=str(tiny_models["bert"]), max_length=32,
+                       resources=RoleResources(num_actors=1, num_cpus=1, threads=1, batch_size=64))
+
+
+@pytest.fixture(scope="module")
+def in_process_teacher(teacher_spec):
+    return TeacherEncoder(**teacher_spec.encoder_kwargs())
+
+
+@pytest.mark.ray
+def test_teacher_pass_runs_once_then_only_on_misses(ray_session, teacher_spec, in_process_teacher, real_sentences,
+                                                    cache_root, monkeypatch):
+    from raydistill.runtime import embedding_cache
+
+    monkeypatch.setattr(embedding_cache, "_APPEND_EVERY_ROWS", 64)  # save as blocks stream in, not only at the end
+    texts = real_sentences[:240]
+    # Duplicates and a shuffled order: rows must come back in input order, each unique sentence encoded once.
+    order = np.random.default_rng(0).permutation(len(texts))
+    requested = [texts[i] for i in order] + texts[:16]
+    first, stats = ensure_teacher_embeddings(requested, "a", teacher_spec, cache_root)
+    assert (stats["hits"], stats["misses"], stats["teacher_forward_sentences"]) == (0, 240, 240)
+    assert first.shape == (256, in_process_teacher.dim) and first.dtype == np.float32
+    assert len(list((cache_root / teacher_spec.identity()).glob("part-*.parquet"))) >= 2
+    expected = in_process_teacher.encode(requested)
+    np.testing.assert_allclose(first, expected, atol=1e-5)
+    np.testing.assert_allclose(np.linalg.norm(first, axis=1), 1.0, atol=1e-5)  # the cache stores normalised rows
+
+    # Second epoch / second run: every sentence is cached, the teacher does no forward pass at all.
+    again, stats = ensure_teacher_embeddings(texts, "a", teacher_spec, cache_root)
+    assert (stats["hits"], stats["misses"], stats["teacher_forward_sentences"]) == (240, 0, 0)
+    np.testing.assert_array_equal(again, first[np.argsort(order)])
+
+    # Partly cached: only the 40 new sentences go through the teacher.
+    new = real_sentences[240:280]
+    mixed = new[:20] + texts[100:150] + new[20:]
+    partial, stats = ensure_teacher_embeddings(mixed, "b", teacher_spec, cache_root)
+    assert (stats["hits"], stats["misses"], stats["teacher_forward_sentences"]) == (50, 40, 40)
+    np.testing.assert_allclose(partial, in_process_teacher.encode(mixed), atol=1e-5)
+
+    # A fresh cache object (another process) reads the same rows back from the Parquet parts.
+    reopened = EmbeddingCache(cache_root, teacher_spec.identity())
+    hit, rows = reopened.lookup(mixed)
+    assert hit.all() and len(reopened) == 280
+    np.testing.assert_array_equal(rows, partial)
+
+
+@pytest.mark.ray
+def test_teacher_actor_encodes_like_the_in_process_teacher(ray_session, teacher_spec, in_process_teacher,
+                                                           real_sentences):
+    from raydistill.runtime.teacher import TeacherActor
+
+    actor = TeacherActor(teacher_spec)
+    try:
+        texts = real_sentences[300:340]
+        remote = actor.encode(texts, timeout=60)
+        np.testing.assert_allclose(remote, in_process_teacher.encode(texts), atol=1e-5)
+        assert actor.forward_rows(timeout=60) == 40
+    finally:
+        actor.kill()
+
+
+def test_cache_is_keyed_by_teacher_identity(tiny_models, tmp_path, real_sentences, in_process_teacher):
+    bert = str(tiny_models["bert"])
+    base = teacher_identity(bert, max_length=32)
+    assert base == in_process_teacher.identity() == teacher_identity(bert, max_length=32)  # stable
+    assert teacher_identity(str(tiny_models["roberta"]), max_length=32) != base
+    assert teacher_identity(bert, max_length=64) != base
+    assert teacher_identity(bert, pooling="cls", max_length=32) != base
+    assert teacher_identity(bert, encoder="cross", max_length=32) != base
+    # The same files elsewhere are the same teacher; one changed weight byte is another teacher.
+    copy = shutil.copytree(tiny_models["bert"], tmp_path / "copy")
+    assert teacher_identity(str(copy), max_length=32) == base
+    weights = next(p for p in copy.iterdir() if p.suffix in (".safetensors", ".bin"))
+    data = bytearray(weights.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    weights.write_bytes(bytes(data))
+    assert teacher_identity(str(copy), max_length=32) != base
+
+    texts = real_sentences[:5]
+    bert_cache = EmbeddingCache(tmp_path / "emb", base)
+    bert_cache.append(texts, in_process_teacher.encode(texts), view="a")
+    assert bert_cache.lookup(texts)[0].all()
+    other = EmbeddingCache(tmp_path / "emb", teacher_identity(str(tiny_models["roberta"]), max_length=32))
+    hit, rows = other.lookup(texts)
+    assert not hit.any() and other.stats["misses"] == 5
+
+
+def test_cache_rejects_mismatched_rows(tmp_path):
+    cache = EmbeddingCache(tmp_path, "bi-test")
+    cache.append(["a", "b"], np.ones((2, 4), dtype=np.float32))
+    with pytest.raises(ValueError, match="embedding dim 3 != cached dim 4"):
+        cache.append(["c"], np.ones((1, 3), dtype=np.float32))
+    with pytest.raises(ValueError, match="2 texts but embeddings of shape"):
+        cache.append(["c", "d"], np.ones((3, 4), dtype=np.float32))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Training texts, views and the batch stream
+
+from raydistill.runtime.config import DataConfig, JobConfig  # noqa: E402
+from raydistill.runtime.pipeline import TrainingData, build_training_data, load_training_texts  # noqa: E402
+
+
+def test_training_texts_and_views_are_deterministic():
+    data_cfg = DataConfig(corpus="flickr", max_sentences=300, views={"control": "none", "generalize": "caption"})
+    rows = load_training_texts(data_cfg, seed=7)
+    assert rows == load_training_texts(data_cfg, seed=7)
+    other_seed = load_training_texts(data_cfg, seed=8)
+    assert [r["text_control"] for r in rows] != [r["text_control"] for r in other_seed]  # another sample
+    assert len(rows) == 300 and [r["idx"] for r in rows] == list(range(300))
+    assert len({r["text_control"] for r in rows}) == 300  # de-duplicated
+
+    from raydistill.data import load_dataset
+
+    image_of = {}
+    for group in load_dataset("flickr_captions"):
+        for caption in group.captions:
+            image_of.setdefault(caption, set()).add(group.image)
+    for row in rows:  # "caption": another caption of the same image, never the sentence itself
+        assert row["text_generalize"] != row["text_control"]
+        assert image_of[row["text_generalize"]] & image_of[row["text_control"]]
+
+
+def test_augmented_views_are_deterministic_per_view():
+    data_cfg = DataConfig(corpus="nli", max_sentences=200, views={"a": "none", "b": "delete:0.3", "c": "delete:0.3"})
+    rows = load_training_texts(data_cfg, seed=11)
+    assert rows == load_training_texts(data_cfg, seed=11)
+    changed_b = sum(r["text_b"] != r["text_a"] for r in rows)
+    assert changed_b > 100  # a deletion rate of 0.3 edits almost every sentence
+    assert sum(r["text_b"] != r["text_c"] for r in rows) > 100  # same spec, another view: other deletions
+    import re
+
+    for row in rows:  # a deletion view keeps a subsequence of the sentence's words
+        remaining = iter(re.findall(r"\w+", row["text_a"]))
+        assert all(word in remaining for word in re.findall(r"\w+", row["text_b"]))
+
+
+def test_pairs_file_corpus_keeps_pairs(tmp_path):
+    import json
+
+    path = tmp_path / "pairs.jsonl"
+    pairs = [("a man rides a horse", "a person is on a horse"), ("two dogs play", "dogs are playing"),
+             ("a man rides a horse", "someone rides an animal")]
+    path.write_text("".join(json.dumps({"sentence1": a, "sentence2": b}) + "\n" for a, b in pairs))
+    rows = load_training_texts(DataConfig(corpus=f"file:{path}", max_sentences=None,
+                                          views={"a": "none", "b": "pair"}), seed=0)
+    assert [(r["text_a"], r["text_b"]) for r in rows] == pairs
+
+
+def _iterate_epoch(data: TrainingData, epoch: int, batch_size: int, skip: int = 0, drop_last: bool = True):
+    return [batch for batch in data.iter_batches(epoch, batch_size, skip_batches=skip, drop_last=drop_last)]
+
+
+@pytest.mark.ray
+def test_training_data_stream_is_deterministic_and_resumable(ray_session, tmp_path, tiny_models, real_sentences,
+                                                            cache_root):
+    # Building the data is a "second run": the teacher vectors of these sentences are cached already (by the first
+    # test of this module, or here when this test runs alone).
+    sentences = real_sentences[:240]
+    corpus = tmp_path / "sentences.txt"
+    corpus.write_text("\n".join(sentences) + "\n")
+    teacher = TeacherEncoder(model=str(tiny_models["bert"]), max_length=32)
+    cache = EmbeddingCache(cache_root, teacher.identity())
+    missing = [t for t, hit in zip(sentences, cache.lookup(sentences)[0]) if not hit]
+    cache.append(missing, teacher.encode(missing), view="control")
+    cfg = JobConfig.from_dict({
+        "method": "congen", "student": str(tiny_models["bert"]), "teacher": str(tiny_models["bert"]),
+        "cache_dir": str(cache_root), "seed": 3,
+        "data": {"corpus": f"file:{corpus}", "max_sentences": 200, "views": {"control": "none", "generalize": "none"},
+                 "teacher_views": ["control"], "teacher_max_length": 32},
+        "resources": {"teacher": {"batch_size": 64}},
+    })
+    data = build_training_data(cfg)
+    assert data.num_rows == 200 and data.teacher_dim == 32
+    assert (data.cache_stats["hits"], data.cache_stats["misses"], data.cache_stats["teacher_forward_sentences"]) \
+        == (200, 0, 0)
+    assert set(data.dataset.columns()) == {"idx", "text_control", "text_generalize", "teacher_control"}
+
+    epoch0 = _iterate_epoch(data, 0, 32)
+    assert len(epoch0) == data.num_batches(32) == 6  # 200 // 32, last partial batch dropped
+    assert [b["idx"].tolist() for b in epoch0] == [b["idx"].tolist() for b in _iterate_epoch(data, 0, 32)]
+    assert [b["idx"].tolist() for b in epoch0] != [b["idx"].tolist() for b in _iterate_epoch(data, 1, 32)]
+    # Resume: skipping k batches yields exactly the batches k, k+1, ... of the same epoch.
+    resumed = _iterate_epoch(data, 0, 32, skip=4)
+    assert [b["idx"].tolist() for b in resumed] == [b["idx"].tolist() for b in epoch0[4:]]
+    everything = np.concatenate([b["idx"] for b in _iterate_epoch(data, 2, 32, drop_last=False)])
+    assert sorted(everything.tolist()) == list(range(200))  # each row once per epoch
+
+    batch = epoch0[0]
+    assert batch["text_control"].dtype == object and batch["teacher_control"].shape == (32, 32)
+    texts = list(batch["text_control"])
+    expected = teacher.encode(texts)
+    np.testing.assert_allclose(batch["teacher_control"], expected, atol=1e-5)  # rows joined to the right text
+
+    # Shards of data-parallel learners partition the stream.
+    shards = [[b["idx"].tolist() for b in data.iter_batches(0, 32, num_shards=2, shard=s)] for s in (0, 1)]
+    assert shards[0] == [b["idx"].tolist() for b in epoch0[0::2]] and shards[1] == [b["idx"].tolist() for b in epoch0[1::2]]
+
+    # A copy sent to another process (pickled without its local columns) reads the same batches from the dataset.
+    import pickle
+
+    clone = pickle.loads(pickle.dumps(data))
+    assert clone._columns is None
+    assert [b["idx"].tolist() for b in _iterate_epoch(clone, 0, 32)] == [b["idx"].tolist() for b in epoch0]
+    np.testing.assert_array_equal(_iterate_epoch(clone, 0, 32)[0]["teacher_control"], batch["teacher_control"])
+    assert list(_iterate_epoch(clone, 0, 32)[0]["text_control"]) == texts
+
+
+@pytest.mark.ray
+def test_init_ray_joins_the_running_ray_and_keeps_data_off_actor_cpus(ray_session):
+    import ray
+    from ray.data import DataContext
+
+    from raydistill.runtime.cluster import check_resources, init_ray
+
+    cfg = JobConfig.from_dict({"method": "congen", "student": "bert-tiny",
+                               "resources": {"num_cpus": 64, "learner": {"num_learners": 2, "num_cpus": 0.5}}})
+    options = DataContext.get_current().execution_options
+    before = options.exclude_resources
+    try:
+        init_ray(cfg)  # already initialised: joins it, does not start a 64-CPU Ray
+        assert ray.cluster_resources()["CPU"] == 2
+        assert DataContext.get_current().execution_options.exclude_resources.cpu == 1.0
+        check_resources(cfg)  # 2 x 0.5 learner CPUs + 0.5 for Ray Data fit in 2
+
+        # The teacher pass runs before the learners exist: its dataset may plan the pool on the reserved CPUs.
+        from ray.data import ExecutionResources
+
+        from raydistill.runtime.embedding_cache import _leave_room_for_the_pool
+
+        options.exclude_resources = ExecutionResources(cpu=2.0)
+        teacher_pass = ray.data.from_items([{"idx": 0, "text": "a"}])
+        _leave_room_for_the_pool(teacher_pass, pool_cpus=1.0, pool_gpus=0.0)
+        assert teacher_pass.context.execution_options.exclude_resources.cpu == 1.0
+        assert options.exclude_resources.cpu == 2.0  # the global setting is untouched
+    finally:
+        options.exclude_resources = before

@@ -1,0 +1,141 @@
+"""Tracker against a real sqlite MLflow store, read back with MlflowClient; broken stores never raise."""
+
+from __future__ import annotations
+
+import logging
+import socket
+import time
+
+import numpy as np
+import pytest
+
+from raydistill.runtime.config import TrackingConfig
+from raydistill.runtime.plots import plot_dev_scatter, plot_learning_curve
+from raydistill.runtime.tracking import Tracker, flatten_params, resolve_tracking_uri
+
+
+def _fake_training_step(step: int) -> float:
+    # Stands in for "the training code that must keep going": a real computation whose result we check.
+    return float(np.exp(-step / 10))
+
+
+@pytest.fixture(scope="module")
+def mlflow_dir(tmp_path_factory):
+    # One store for the module: creating an MLflow sqlite database (schema migrations) takes ~4 s.
+    return tmp_path_factory.mktemp("mlflow")
+
+
+def test_tracker_writes_params_metrics_artifacts_and_children(tmp_path, mlflow_dir):
+    from mlflow import MlflowClient
+
+    uri = f"sqlite:///{mlflow_dir}/mlflow.db"
+    cfg = TrackingConfig(tracking_uri=uri, experiment="raydistill-test")
+    history = []
+    with Tracker(cfg, run_name="parent", tags={"method": "congen"}) as tracker:
+        assert tracker.active, tracker.failed_reason
+        tracker.log_params({"train": {"lr": 1e-4, "batch_size": 64}, "student": "bert-tiny", "teacher": None})
+        for step in range(1, 4):
+            loss = _fake_training_step(step)
+            history.append({"step": step, "loss": loss})
+            tracker.log_metrics({"loss": loss, "lr": 1e-4 * step, "note": "ignored"}, step=step)
+        history.append({"step": 3, "stsb_dev": 71.5})
+        curve = plot_learning_curve(history, tmp_path / "plots" / "learning_curve.png")
+        scatter = plot_dev_scatter([0.0, 1.0, 2.5, 4.0, 5.0], [0.1, 0.3, 0.5, 0.7, 0.9], tmp_path / "plots" / "dev.png")
+        tracker.log_artifact(curve)
+        tracker.log_artifacts(tmp_path / "plots", artifact_path="plots")
+        with tracker.child("stage-2") as child:
+            child.log_metrics({"stsb_dev": 70.25}, step=5)
+        parent_id, child_id = tracker.run_id, child.run_id
+
+    client = MlflowClient(tracking_uri=uri)
+    parent = client.get_run(parent_id)
+    assert parent.info.status == "FINISHED"
+    assert parent.data.params == {"train.lr": "0.0001", "train.batch_size": "64", "student": "bert-tiny",
+                                  "teacher": ""}
+    assert parent.data.tags["method"] == "congen"
+    losses = client.get_metric_history(parent_id, "loss")
+    assert [(m.step, m.value) for m in losses] == [(s, pytest.approx(_fake_training_step(s))) for s in (1, 2, 3)]
+    assert "note" not in parent.data.metrics
+    artifacts = {a.path for a in client.list_artifacts(parent_id)}
+    assert {"learning_curve.png", "plots"} <= artifacts
+    assert {a.path for a in client.list_artifacts(parent_id, "plots")} == {"plots/learning_curve.png", "plots/dev.png"}
+    # artifacts sit beside the database, not in the current directory
+    assert (mlflow_dir / "mlartifacts").is_dir()
+    assert scatter.stat().st_size > 1000
+
+    child_run = client.get_run(child_id)
+    assert child_run.data.tags["mlflow.parentRunId"] == parent_id
+    assert child_run.data.metrics == {"stsb_dev": 70.25}
+    assert child_run.info.experiment_id == parent.info.experiment_id
+
+
+def test_failed_run_is_marked_failed(mlflow_dir):
+    from mlflow import MlflowClient
+
+    uri = f"sqlite:///{mlflow_dir}/mlflow.db"
+    with pytest.raises(RuntimeError, match="boom"):
+        with Tracker(TrackingConfig(tracking_uri=uri), run_name="crash") as tracker:
+            raise RuntimeError("boom")
+    assert MlflowClient(tracking_uri=uri).get_run(tracker.run_id).info.status == "FAILED"
+
+
+def _closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]  # closed again when the socket is: nothing listens there
+
+
+@pytest.mark.parametrize("kind", ["sqlite-under-a-file", "sqlite-db-is-a-directory", "http-closed-port"])
+def test_unusable_tracking_uri_warns_once_and_training_continues(kind, tmp_path, monkeypatch, caplog):
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "2")
+    if kind == "sqlite-under-a-file":
+        blocker = tmp_path / "not-a-directory"
+        blocker.write_text("x")
+        uri = f"sqlite:///{blocker}/mlflow.db"
+    elif kind == "sqlite-db-is-a-directory":
+        (tmp_path / "mlflow.db").mkdir()
+        uri = f"sqlite:///{tmp_path}/mlflow.db"
+    else:
+        uri = f"http://127.0.0.1:{_closed_port()}"
+    started = time.perf_counter()
+    with caplog.at_level(logging.WARNING, logger="raydistill.runtime.tracking"):
+        tracker = Tracker(TrackingConfig(tracking_uri=uri), run_name="broken")
+        losses = []
+        for step in range(5):
+            losses.append(_fake_training_step(step))
+            tracker.log_metrics({"loss": losses[-1]}, step=step)
+        tracker.log_params({"lr": 1e-4})
+        tracker.log_artifact(tmp_path)
+        child = tracker.child("stage-2")
+        child.log_metrics({"x": 1.0})
+        tracker.end()
+    assert losses == [_fake_training_step(s) for s in range(5)]  # the "training" ran to the end
+    assert not tracker.active and tracker.run_id is None and tracker.failed_reason
+    warnings = [r for r in caplog.records if "tracking disabled" in r.getMessage()]
+    assert len(warnings) == 1 and uri in warnings[0].getMessage()
+    assert time.perf_counter() - started < 10  # MLflow's own retries would take ~100 s
+
+
+def test_disabled_tracker_is_a_noop(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    tracker = Tracker(TrackingConfig(enabled=False), run_name="off")
+    tracker.log_metrics({"loss": 1.0}, step=1)
+    tracker.end()
+    assert not tracker.active and not (tmp_path / "mlflow.db").exists()
+
+
+def test_uri_resolution(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    assert resolve_tracking_uri(None) == f"sqlite:///{tmp_path.resolve()}/mlflow.db"
+    assert resolve_tracking_uri("sqlite:///sub/x.db") == f"sqlite:///{tmp_path.resolve()}/sub/x.db"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://mlflow.internal:5000")
+    assert resolve_tracking_uri(None) == "http://mlflow.internal:5000"
+    assert resolve_tracking_uri("sqlite:////abs/m.db") == "sqlite:////abs/m.db"  # the config wins over the env
+
+
+def test_flatten_params_truncates_long_values():
+    flat = flatten_params({"a": {"b": 1, "c": {"d": [1, 2]}}, "long": "x" * 7000, "empty": {}})
+    assert flat["a.b"] == "1" and flat["a.c.d"] == "[1, 2]" and flat["empty"] == "{}"
+    assert len(flat["long"]) == 6000 and flat["long"].endswith("...")
