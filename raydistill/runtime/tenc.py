@@ -1150,13 +1150,16 @@ def start_ray(cfg: TencConfig):
         raise ResourceError(f"{source}resources do not fit the Ray cluster:\n  - " + "\n  - ".join(problems))
     # Ray Data plans with what the actors leave (not with the whole cluster), capped by data_max_cpus.
     ctx = DataContext.get_current()
-    previous = (ctx.execution_options.resource_limits, ctx.enable_progress_bars)
-    ctx.execution_options.resource_limits = ExecutionResources(
-        cpu=min(cfg.resources.data_max_cpus, cpus - held_cpus), gpu=0)
+    options = ctx.execution_options
+    previous = (options.resource_limits, options.exclude_resources, ctx.enable_progress_bars)
+    # Ray Data refuses a limit and an exclusion on the same resource; a distillation job earlier in this process
+    # may have left an exclusion (cluster.configure_data_context), so the limit replaces it for this job.
+    options.exclude_resources = ExecutionResources.zero()
+    options.resource_limits = ExecutionResources(cpu=min(cfg.resources.data_max_cpus, cpus - held_cpus), gpu=0)
     ctx.enable_progress_bars = False
 
     def restore() -> None:  # the DataContext is process-wide: leave it as found (tests, notebooks)
-        ctx.execution_options.resource_limits, ctx.enable_progress_bars = previous
+        options.resource_limits, options.exclude_resources, ctx.enable_progress_bars = previous
 
     return restore
 
