@@ -21,11 +21,13 @@ STS7 = ("sts12", "sts13", "sts14", "sts15", "sts16", "stsb", "sickr")
 
 def load_results(results_dir: Path = ROOT / "results") -> list[dict]:
     records = []
-    for path in sorted(results_dir.glob("*.json")):
-        if path.name.startswith("bench-"):
+    for path in sorted(results_dir.rglob("*.json")):
+        if path.name.startswith("bench-") or path.name.startswith("reliability"):
             continue
         record = json.loads(path.read_text())
-        record["_file"] = path.name
+        if "kind" not in record or "scores" not in record:
+            continue  # summaries and other non-result JSON beside the result files
+        record["_file"] = str(path.relative_to(results_dir))
         records.append(record)
     return records
 
@@ -54,7 +56,112 @@ def baselines_table(records: list[dict]) -> str:
     return "\n".join([header, rule] + [f"| {_score_row(r)} |" for r in rows])
 
 
-TABLES = {"baselines": baselines_table}
+# The seed papers' 7-STS averages for the nearest model size (their setups: real pretrained small BERTs, ~1M NLI
+# sentences, back-translated views); shown beside ours, never mixed into our numbers.
+PAPER_REFERENCE = {
+    ("congen", "bert-mini"): "ConGen BERT-Mini 78.09",
+    ("congen", "minilm-l3"): "ConGen MiniLM-L3 78.22",
+    ("sct-distill", "bert-mini"): "SCT-distill BERT-Mini 77.58",
+    ("sct-distill", "minilm-l3"): "SCT-distill BERT-Mini 77.58",
+    ("distilcse", "minilm-l3"): "DistilCSE 14M 82.84",
+    ("distilcse", "bert-mini"): "DistilCSE 14M 82.84",
+    ("dvbert", "minilm-l3"): "DvBERT base 74.63 (six sets)",
+}
+
+
+def _minutes(seconds) -> str:
+    return f"{seconds / 60:.0f}" if isinstance(seconds, (int, float)) else "–"
+
+
+def distill_table(records: list[dict]) -> str:
+    teachers = {r["model"]: r for r in records if r["kind"] == "baseline"}
+    rows = [r for r in records if r["kind"] == "distill"]
+    rows.sort(key=lambda r: (r.get("teacher") or "", r["model"], -r["scores"]["avg"]))
+    header = ("| method | student | teacher | lr | params (M) | " + " | ".join(STS7)
+              + " | avg | before | % of teacher | minutes | seed paper | result file |")
+    rule = "|" + "---|" * (len(STS7) + 11)
+    lines = [header, rule]
+    for r in rows:
+        scores = r["scores"]
+        teacher = teachers.get(r.get("teacher") or "")
+        retention = f"{100 * scores['avg'] / teacher['scores']['avg']:.1f}" if teacher else "–"
+        start = teachers.get(r["model"])  # the student's own baseline: the derived checkpoint before training
+        before = f"{start['scores']['avg']:.2f}" if start else "–"
+        cells = [f"{scores[name]:.2f}" for name in STS7] + [f"**{scores['avg']:.2f}**"]
+        lines.append("| " + " | ".join([
+            r.get("method", "?"), f"`{r['model']}`", f"`{r.get('teacher') or '–'}`",
+            f"{r.get('training', {}).get('lr', '–'):g}" if "lr" in r.get("training", {}) else "–",
+            f"{r['params_m']:.1f}", *cells, before,
+            retention, _minutes(r.get("wall_s")), PAPER_REFERENCE.get((r.get("method"), r["model"]), "–"),
+            f"[{r['_file']}](results/{r['_file']})"]) + " |")
+    return "\n".join(lines)
+
+
+def tenc_table(records: list[dict]) -> str:
+    """One block per Trans-Encoder run: each family's bi/cross encoder at start (cycle 0) and at its best-dev cycle,
+    and the ensembles of the families."""
+    rows = [r for r in records if r["kind"] == "mutual_tenc"]
+    rows.sort(key=lambda r: (r.get("extra", {}).get("run_name", ""), r.get("extra", {}).get("family") == "ensemble",
+                             r.get("extra", {}).get("family", ""), r.get("encoder", "bi"),
+                             r.get("training", {}).get("cycle") or 0))
+    header = ("| run | mode | pairs | family | enc | cycle | " + " | ".join(STS7)
+              + " | avg | STS-B dev | result file |")
+    rule = "|" + "---|" * (len(STS7) + 9)
+    lines = [header, rule]
+    for r in rows:
+        extra, training, scores = r.get("extra", {}), r.get("training", {}), r["scores"]
+        cycle = training.get("cycle")
+        dev = scores.get("stsb_dev")
+        lines.append("| " + " | ".join([
+            extra.get("run_name", "–"), training.get("mode", "–"),
+            f"{training.get('pairs', '–')} {'transd.' if training.get('transductive') else 'induct.'}",
+            extra.get("family", "–"), r.get("encoder", "bi"), "best" if cycle is None else str(cycle),
+            *[f"{scores[name]:.2f}" for name in STS7], f"**{scores['avg']:.2f}**",
+            f"{dev:.2f}" if dev is not None else "–", f"[{r['_file']}](results/{r['_file']})"]) + " |")
+    return "\n".join(lines)
+
+
+# The benchmark figures (bench/*.py, docs/benchmarks.md): key, the file that measures it, what it is, the target.
+BENCH_FIGURES = (
+    ("limit_gflops", "bench-limit.json", "fp32 matmul rate torch reaches here (GFLOP/s, jobs' thread count)", "–"),
+    ("train_step_vs_st", "bench-train_step.json",
+     "ConGen training step, student sentences/s ÷ sentence-transformers' MSE distillation", "≥ 1.3"),
+    ("train_step_limit_fraction", "bench-train_step.json",
+     "the same step's sentences/s ÷ the machine limit (encoder fwd + bwd FLOPs at the real token count)", "≥ 0.5"),
+    ("inference_vs_minilm_l6", "bench-train_step.json",
+     "encode sentences/s, minilm-l3 (raydistill) ÷ minilm-l6 (sentence-transformers encode)", "≥ 2.5"),
+    ("inference_vs_mpnet", "bench-train_step.json",
+     "encode sentences/s, minilm-l3 (raydistill) ÷ mpnet-base (sentence-transformers encode)", "≥ 12"),
+    ("sweep_teacher_passes_per_view", "bench-sweep.json",
+     "teacher forward sentences of an 8-trial Tune sweep ÷ (corpus × teacher views)", "= 1"),
+    ("sweep_vs_cache_bound", "bench-sweep.json",
+     "sweep wall time ÷ (teacher pass once + 8 × student-only run)", "≤ 1"),
+    ("mutual_parallel_efficiency", "bench-mutual.json",
+     "Trans-Encoder cycle, one family's wall time ÷ two families' (one core each)", "–"),
+    ("exchange_share", "bench-mutual.json", "label exchange share of a two-family Trans-Encoder cycle", "–"),
+    ("loss_queue_share", "bench-objectives.json", "ConGen loss + queue share of a step (K = 65536)", "≤ 0.10"),
+)
+
+
+def load_bench(results_dir: Path = ROOT / "results") -> dict[str, dict]:
+    return {path.name: json.loads(path.read_text()) for path in sorted(results_dir.glob("bench-*.json"))}
+
+
+def bench_table(records: list[dict], bench: dict[str, dict] | None = None) -> str:
+    """One row per benchmark figure whose file exists: value, target, the load it was measured under, command."""
+    bench = load_bench() if bench is None else bench
+    lines = ["| figure | value | target | what | load (1 min) | command |", "|---|---|---|---|---|---|"]
+    for key, name, what, target in BENCH_FIGURES:
+        record = bench.get(name)
+        if not record or not isinstance(record.get(key), (int, float)):
+            continue
+        load = record.get("load_before")
+        lines.append(f"| `{key}` | **{record[key]:g}** | {target} | {what} | "
+                     f"{load if load is not None else '–'} | [`{record.get('command', '?')}`](results/{name}) |")
+    return "\n".join(lines)
+
+
+TABLES = {"baselines": baselines_table, "distill": distill_table, "tenc": tenc_table, "bench": bench_table}
 
 
 def render(readme: str, records: list[dict]) -> str:
