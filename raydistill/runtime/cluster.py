@@ -29,6 +29,11 @@ WORKER_ENV = {
     "TOKENIZERS_PARALLELISM": "false",
     "RAY_USAGE_STATS_ENABLED": "0",
     "RAY_DEDUP_LOGS": "0",
+    "OMP_WAIT_POLICY": "PASSIVE",  # see raydistill/__init__.py
+    # Ray starts workers at nice 15 so the driver stays responsive; here the actors do all the work, and at nice 15
+    # any other process on the machine (an evaluation, a second job) starves them (measured: a Trans-Encoder
+    # learner got 5% of a core beside one nice-0 process). Read by the raylet of a local cluster only.
+    "RAY_worker_niceness": "0",
 }
 
 
