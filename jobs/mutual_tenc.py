@@ -18,7 +18,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # a checkout, or the working dir `ray job submit` uploaded
 
-from raydistill.runtime.config import ConfigError  # noqa: E402
+from raydistill.runtime.entry import USER_ERRORS, exit_with_user_error  # noqa: E402
 from raydistill.runtime.tenc import TencConfig, run_trans_encoder  # noqa: E402
 
 
@@ -57,6 +57,6 @@ for key, value in (("mode", args.mode), ("pairs.max_pairs", args.pairs), ("cycle
 overrides += args.max_length or []
 try:
     summary = run_trans_encoder(TencConfig.from_yaml(args.config, overrides))
-except ConfigError as exc:
-    sys.exit(f"config error: {exc}")
+except USER_ERRORS as exc:
+    exit_with_user_error(exc)
 print(summary.get("results_dir") or summary["run_dir"])
