@@ -2,6 +2,7 @@
 
     raydistill models                      presets and where each resolves on this machine
     raydistill eval --model minilm-l6      7-STS (+ STS-B dev, MRPC AUC) of a bi- or cross-encoder
+    raydistill tune --student bert-mini    Ray Tune search of lr, temperatures and queue size (docs/tune.md)
 """
 
 from __future__ import annotations
@@ -81,6 +82,108 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_tune(args: argparse.Namespace) -> int:
+    from raydistill.runtime.config import ConfigError
+
+    try:
+        return _run_tune(args)
+    except ConfigError as err:  # space-file, config and resource errors name their file, line and field
+        print(f"raydistill tune: {err}", file=sys.stderr)
+        return 2
+
+
+def _run_tune(args: argparse.Namespace) -> int:
+    from raydistill.runtime import tune
+
+    if args.list:
+        spaces = tune.list_spaces()
+        print(f"search spaces in {tune.spaces_dir()} (a student without its own file uses default.yaml):")
+        for space in spaces:
+            methods = ", ".join(f"{name} ({len(section.params)} keys)" for name, section in space.methods.items())
+            print(f"  {space.name:<12} {methods}")
+            if space.description:
+                print(f"  {'':<12} {space.description.splitlines()[0]}")
+        return 0
+    if args.resume and (args.sweep_dir or args.student):
+        sweep_dir = args.sweep_dir or tune.default_sweep_dir(
+            args.method, args.student, args.teacher or ("mpnet-base" if tune.uses_teacher(args.method) else None))
+        summary = tune.resume_sweep(sweep_dir)
+    elif args.resume or not args.student:
+        args.parser.error("--student is required (or --list, or --resume with --student / --sweep-dir)")
+    else:
+        settings = {"num_samples": args.num_samples, "time_budget_s": args.time_budget, "algorithm": args.search,
+                    "seed": args.seed, "max_concurrent_trials": args.max_concurrent,
+                    "grace_evals": args.grace_evals, "reduction_factor": args.reduction_factor,
+                    "num_cpus": args.cpus_per_trial, "num_gpus": args.gpus_per_trial,
+                    "threads": args.threads_per_trial}
+        values = {"train.lr": args.lr, "loss.queue_size": args.queue_size, "loss.tau_teacher": args.tau_teacher,
+                  "loss.tau_student": args.tau_student}
+        plan = tune.plan_sweep(args.student, args.method, args.teacher, space_file=args.space,
+                               config_path=args.config, overrides=args.overrides, settings=settings,
+                               param_values={k: v for k, v in values.items() if v}, sweep_dir=args.sweep_dir,
+                               tracking_uri=args.mlflow_uri, experiment=args.experiment,
+                               evaluate_sets=() if args.no_evaluate else _sts_sets(),
+                               results_dir=args.results_dir)
+        if args.dry_run:
+            print(json.dumps(plan.to_dict(), indent=2))
+            return 0
+        summary = tune.run_sweep(plan)
+    print(tune.format_trials_table(summary))
+    best = summary.get("best")
+    if best:
+        print(f"best: trial {best['trial_id']} STS-B dev {best['best_stsb_dev']}; model {best.get('model_dir')}; "
+              f"config {best.get('config_path')}")
+    print(f"summary: {summary['sweep_dir']}/summary.json; teacher forward sentences: "
+          f"{summary['teacher_forward_sentences']}")
+    if summary["ended_by"] == "interrupted":
+        print(f"interrupted; continue with: {summary['resume_command']}")
+        return 130
+    return 0
+
+
+def _sts_sets() -> tuple[str, ...]:
+    from raydistill.evaluation import STS7
+
+    return STS7 + ("stsb_dev",)
+
+
+def _add_tune_parser(sub) -> None:
+    tu = sub.add_parser("tune", help="Ray Tune search of a method's lr, temperatures and queue size for a student",
+                        description="Ray Tune sweep (ASHA on STS-B dev) for one student; see docs/tune.md.")
+    tu.add_argument("--student", type=_student, help="preset (raydistill models) or a local model directory")
+    tu.add_argument("--method", type=_method, default="congen", help="distillation method (default congen)")
+    tu.add_argument("--teacher", default=None, help="default mpnet-base for methods with a teacher")
+    tu.add_argument("--list", action="store_true", help="list the search spaces in tune_spaces/ and exit")
+    tu.add_argument("--space", help="search-space file (default tune_spaces/<student>.yaml, else default.yaml)")
+    tu.add_argument("--config", help="base job config (default configs/<method>.yaml when it exists)")
+    tu.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                    help="override a base-config field, e.g. train.epochs=1 (repeatable)")
+    tu.add_argument("--num-samples", type=_positive_int, help="trials to run (default: the space file's)")
+    tu.add_argument("--time-budget", type=_duration, help="stop the sweep after this long: 3600, 90m, 3h")
+    tu.add_argument("--search", choices=("auto", "random", "optuna"),
+                    help="auto (default): optuna TPE when installed, else random")
+    tu.add_argument("--seed", type=int, help="search seed")
+    tu.add_argument("--cpus-per-trial", type=_positive_float)
+    tu.add_argument("--gpus-per-trial", type=_non_negative_float)
+    tu.add_argument("--threads-per-trial", type=_positive_int, help="torch threads (default: the trial's CPUs)")
+    tu.add_argument("--max-concurrent", type=_positive_int, help="trials at once (default: as resources allow)")
+    tu.add_argument("--grace-evals", type=_positive_int, help="ASHA: dev evaluations before a trial can stop")
+    tu.add_argument("--reduction-factor", type=_reduction_factor, help="ASHA reduction factor (> 1)")
+    tu.add_argument("--lr", type=_positive_floats, metavar="A,B,..", help="learning rates to choose from")
+    tu.add_argument("--queue-size", "-K", type=_queue_sizes, metavar="K1,K2,..", help="queue sizes to choose from")
+    tu.add_argument("--tau-teacher", type=_positive_floats, metavar="T1,T2,..", help="teacher temperatures")
+    tu.add_argument("--tau-student", type=_positive_floats, metavar="T1,T2,..", help="student temperatures")
+    tu.add_argument("--sweep-dir", help="default runs/tune/<method>-<student>-<teacher>")
+    tu.add_argument("--resume", action="store_true", help="continue an interrupted sweep (finished trials kept)")
+    tu.add_argument("--mlflow-uri", help="default: the config's, $MLFLOW_TRACKING_URI, sqlite:///$PWD/mlflow.db")
+    tu.add_argument("--experiment", help="MLflow experiment (default raydistill-tune)")
+    tu.add_argument("--results-dir", default="results", help="where results/tune/<sweep>-{tuned,default}.json go")
+    tu.add_argument("--no-evaluate", action="store_true",
+                    help="skip the 7-STS evaluation of the best and the default (start_from) trial")
+    tu.add_argument("--dry-run", action="store_true", help="check everything, print the plan, start nothing")
+    tu.set_defaults(func=_cmd_tune, parser=tu)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="raydistill", description=__doc__.split("\n\n")[0])
     parser.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
@@ -101,6 +204,8 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--no-extra", action="store_true", help="skip MRPC AUC")
     ev.add_argument("--quiet", action="store_true", help="no progress lines")
     ev.set_defaults(func=_cmd_eval)
+
+    _add_tune_parser(sub)
     return parser
 
 
@@ -112,6 +217,77 @@ def _positive_int(text: str) -> int:
     if value <= 0:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
     return value
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number > 0, got {text!r}") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"expected a number > 0, got {text}")
+    return value
+
+
+def _non_negative_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text!r}") from None
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text}")
+    return value
+
+
+def _reduction_factor(text: str) -> float:
+    value = _positive_float(text)
+    if value <= 1:
+        raise argparse.ArgumentTypeError(f"expected a number > 1, got {text}")
+    return value
+
+
+def _positive_floats(text: str) -> list[float]:
+    return [_positive_float(part.strip()) for part in text.split(",") if part.strip()] or [_positive_float(text)]
+
+
+def _queue_sizes(text: str) -> list[int]:
+    sizes = []
+    for part in (p.strip() for p in text.split(",")):
+        try:
+            sizes.append(_positive_int(part))
+        except argparse.ArgumentTypeError:
+            raise argparse.ArgumentTypeError(f"queue size K must be a positive integer, got {part!r}") from None
+    return sizes
+
+
+def _duration(text: str) -> float:
+    from raydistill.runtime.tune import parse_duration
+
+    try:
+        return parse_duration(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _student(text: str) -> str:
+    from raydistill.models.registry import PRESETS
+
+    if text in PRESETS or os.path.isdir(os.path.expanduser(text)):
+        return text
+    import difflib
+
+    close = difflib.get_close_matches(text, list(PRESETS), n=1)
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    raise argparse.ArgumentTypeError(f"unknown student {text!r}{hint}: not a preset ({', '.join(PRESETS)}) "
+                                     "nor a model directory")
+
+
+def _method(text: str) -> str:
+    from raydistill.runtime.methods import job_methods
+
+    if text not in job_methods():
+        raise argparse.ArgumentTypeError(f"unknown method {text!r}; choose from {', '.join(job_methods())}")
+    return text
 
 
 def main(argv: list[str] | None = None) -> int:

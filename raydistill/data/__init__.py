@@ -5,6 +5,7 @@
     pairs = read_pairs("my.jsonl.gz", score_range=(0, 5))  # a user's file; DataError names file, line, field
 
 Bad input raises `DataError` (a ValueError) whose message is ``"<file>:<line>: field '<field>': <problem>"``.
+JSON Lines (plain or gzip'd), Parquet files and directories of Parquet parts are read and validated alike.
 """
 
 from raydistill.data.readers import (
@@ -13,8 +14,11 @@ from raydistill.data.readers import (
     LabelledText,
     Pair,
     Records,
+    is_parquet,
     iter_jsonl,
     iter_lines,
+    iter_parquet,
+    iter_records,
     read_captions,
     read_labelled_texts,
     read_pairs,
@@ -42,8 +46,11 @@ __all__ = [
     "Records",
     "data_path",
     "dataset_path",
+    "is_parquet",
     "iter_jsonl",
     "iter_lines",
+    "iter_parquet",
+    "iter_records",
     "load_dataset",
     "read_captions",
     "read_labelled_texts",

@@ -164,6 +164,74 @@ def length_sorted_batches(lengths: Sequence[int], batch_size: int) -> list[list[
     return [order[start : start + batch_size] for start in range(0, len(order), batch_size)]
 
 
+def token_budget_batches(lengths: Sequence[int], max_tokens: int) -> list[list[int]]:
+    """Input indices in length-sorted groups (longest first) of at most ``max_tokens`` padded tokens each.
+
+    A group holds as many inputs as fit when each is padded to the group's longest: 32 inputs of 32 tokens or
+    100 of 10 for ``max_tokens=1024``. Every group gets at least one input, however long. Stable sort, so the
+    grouping is deterministic.
+    """
+    if max_tokens < 1:
+        raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
+    groups: list[list[int]] = []
+    current: list[int] = []
+    for index in sorted(range(len(lengths)), key=lambda i: -lengths[i]):
+        if current and (len(current) + 1) * max(1, lengths[current[0]]) > max_tokens:
+            groups.append(current)
+            current = []
+        current.append(index)
+    if current:
+        groups.append(current)
+    return groups
+
+
+# Padded tokens per sub-batch of a CPU training forward (``bucketed_forward``). Measured on 2 cores, minilm-l3 and
+# bert-mini forward + backward on batches of 128 Flickr captions (mean 16 tokens, padded to ~32 as one batch):
+# one padded batch 1.0x, 2048 tokens 1.5x, 1024 tokens 1.8x, 512 tokens 1.8x faster; smaller groups lose to the
+# overhead of small matrix products. GPUs are not short of parallel work: they take the batch whole.
+CPU_TRAIN_BUCKET_TOKENS = 1024
+
+
+def bucketed_forward(model: nn.Module, features: dict[str, torch.Tensor], max_tokens: int | None) -> torch.Tensor:
+    """``model(features)`` for one right-padded batch, run as length-sorted sub-batches without most of the padding.
+
+    A batch padded to its longest input spends most of its matrix products on padding when lengths vary (Flickr
+    captions: half the tokens of a batch of 128). Here the rows are grouped by real length
+    (``token_budget_batches``), each group is cut to its own longest input and run through ``model``, and the
+    outputs are put back in input order (gradients flow to every group). Rows do not interact in a transformer
+    encoder with pooling, so the result is the batch's own (up to float rounding; with dropout on, other random
+    masks). ``max_tokens`` None, a batch that fits, or left padding run as one call.
+
+    When ``model`` has a Hugging Face ``transformer`` (``BiEncoder``), the word embeddings are looked up ONCE for the
+    whole batch and the groups get ``inputs_embeds``: one lookup per group would give the vocabulary-sized
+    embedding matrix one dense gradient per group (30k x 384 floats zeroed and summed each time, measured 6 % of a
+    minilm-l3 step with 9 groups).
+    """
+    mask = features["attention_mask"]
+    rows, width = mask.shape
+    left_padded = getattr(getattr(model, "tokenizer", None), "padding_side", "right") == "left"
+    if not max_tokens or left_padded or rows <= 1 or rows * width <= max_tokens:
+        return model(features)
+    lengths = mask.sum(dim=1).tolist()
+    groups = token_budget_batches(lengths, max_tokens)
+    if len(groups) == 1:
+        return model(features)
+    order = torch.as_tensor([i for group in groups for i in group], device=mask.device)
+    sizes = [len(group) for group in groups]
+    tokens = {name: value.index_select(0, order).split(sizes) for name, value in features.items() if value.dim() == 2}
+    transformer = getattr(model, "transformer", None)
+    if transformer is not None and "input_ids" in tokens and hasattr(transformer, "get_input_embeddings"):
+        # split (not indexing) so the backward concatenates the groups' gradients instead of zero-filling per group
+        tokens["inputs_embeds"] = transformer.get_input_embeddings()(features["input_ids"].index_select(0, order)
+                                                                    ).split(sizes)
+        del tokens["input_ids"]
+    outputs = []
+    for position, group in enumerate(groups):
+        longest = max(1, int(lengths[group[0]]))
+        outputs.append(model({name: chunks[position][:, :longest] for name, chunks in tokens.items()}))
+    return torch.cat(outputs).index_select(0, torch.argsort(order))
+
+
 @contextmanager
 def torch_threads(num_threads: int | None) -> Iterator[None]:
     """Use `num_threads` intra-op threads for the block, then restore the previous count.

@@ -331,6 +331,9 @@ class BiEncoder(nn.Module):
     def forward(self, features: dict[str, Tensor]) -> Tensor:
         """Sentence embeddings [B, D] with gradients; keys other than the model's inputs are ignored."""
         inputs = {name: value for name, value in features.items() if name in self.input_names}
+        if "inputs_embeds" in features:  # word embeddings looked up by the caller (batching.bucketed_forward)
+            inputs.pop("input_ids", None)
+            inputs["inputs_embeds"] = features["inputs_embeds"]
         token_states = self.transformer(**inputs).last_hidden_state  # [B, T, H]
         attention_mask = features["attention_mask"]  # [B, T], 1 = real token
         if self.pooling == "mean":

@@ -436,8 +436,12 @@ def _unknown(name: str, why: str) -> ModelNotAvailableError:
         + (f"  (derived from {p.source.split(':', 1)[1]})" if p.source.startswith("derive:") else "")
         for p in PRESETS.values()
     )
+    import difflib
+
+    close = difflib.get_close_matches(name, list(PRESETS), n=1)
+    hint = f" Did you mean {close[0]!r}?" if close else ""
     return ModelNotAvailableError(
-        f"Model {name!r} is not available offline: {why}.\n"
+        f"Model {name!r} is not available offline: {why}.{hint}\n"
         f"Pass a preset name, a local directory with config.json, weights and a tokenizer, or a Hugging Face id that "
         f"the local cache ({hf_hub_cache()}) already holds (nothing is downloaded). Presets and what they need:\n"
         f"{preset_lines}\n"

@@ -30,7 +30,8 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-__all__ = ["block_logsumexp", "query_soft_cross_entropy", "rowwise_dot", "soft_cross_entropy", "softmax_blocks_"]
+__all__ = ["block_logsumexp", "query_soft_cross_entropy", "row_chunks", "rowwise_dot", "soft_cross_entropy",
+           "softmax_blocks_"]
 
 
 def rowwise_dot(a: Tensor, b: Tensor) -> Tensor:
@@ -39,16 +40,42 @@ def rowwise_dot(a: Tensor, b: Tensor) -> Tensor:
     return torch.bmm(a.unsqueeze(1), b.unsqueeze(2)).view(-1)
 
 
-def block_logsumexp(blocks: Sequence[Tensor]) -> Tensor:
-    """logsumexp over the concatenation of ``blocks`` along dim 1, [N, C_b] each → [N]. Empty blocks are skipped."""
+# On CPU the passes over the N×C logits (max, subtract, exp, sum) run over row chunks of about this many elements:
+# a chunk stays in cache between the passes, and no N×C temporary is allocated (a fresh 64 MiB buffer costs its page
+# faults every step; torch.logsumexp allocates two). GPUs take the whole matrix in one kernel per op.
+CHUNK_ELEMENTS = 1 << 18
+
+
+def row_chunks(rows: int, cols: int, device: torch.device, period: int | None = None) -> list[tuple[int, int]]:
+    """(start, stop) row ranges of about ``CHUNK_ELEMENTS`` elements (the whole matrix off the CPU). With
+    ``period`` P, no range crosses a multiple of P, so rows ``[start, stop)`` of a stack of views use target rows
+    ``[start % P, start % P + stop - start)``."""
+    period = period or rows
+    step = max(1, CHUNK_ELEMENTS // max(1, cols)) if device.type == "cpu" else max(1, rows)
+    return [(start, min(start + step, base + period, rows))
+            for base in range(0, rows, period) for start in range(base, min(rows, base + period), step)]
+
+
+def _chunk_logsumexp(blocks: Sequence[Tensor], start: int, stop: int) -> Tensor:
     result = None
     for block in blocks:
-        if block.shape[1] == 0:
-            continue
-        lse = torch.logsumexp(block, dim=1)
+        lse = torch.logsumexp(block[start:stop], dim=1)
         result = lse if result is None else torch.logaddexp(result, lse)
-    if result is None:
+    return result
+
+
+def block_logsumexp(blocks: Sequence[Tensor]) -> Tensor:
+    """logsumexp over the concatenation of ``blocks`` along dim 1, [N, C_b] each → [N]. Empty blocks are skipped."""
+    blocks = [block for block in blocks if block.shape[1] > 0]
+    if not blocks:
         raise ValueError("block_logsumexp: every block is empty (no candidates)")
+    rows = blocks[0].shape[0]
+    chunks = row_chunks(rows, max(block.shape[1] for block in blocks), blocks[0].device)
+    if len(chunks) == 1 or (torch.is_grad_enabled() and any(block.requires_grad for block in blocks)):
+        return _chunk_logsumexp(blocks, 0, rows)
+    result = torch.empty(rows, dtype=blocks[0].dtype, device=blocks[0].device)
+    for start, stop in chunks:
+        result[start:stop] = _chunk_logsumexp(blocks, start, stop)
     return result
 
 
@@ -56,23 +83,28 @@ def softmax_blocks_(blocks: list[Tensor], *, with_neg_entropy: bool = False) -> 
     """Softmax over the concatenated ``blocks`` (target / teacher side, no gradient), computed IN PLACE.
 
     Returns (probability blocks, Σ_j p_j log p_j per row or None). The blocks must be fresh tensors the caller
-    owns (the outputs of a matmul under ``no_grad``); they are overwritten. With ``with_neg_entropy`` one extra
-    buffer per block holds log p while Σ p log p is accumulated (needed to report a KL rather than a CE).
+    owns (the outputs of a matmul under ``no_grad``); they are overwritten and returned as the probabilities. With
+    ``with_neg_entropy`` Σ p log p is accumulated on the way (needed to report a KL rather than a CE).
     """
     if any(block.requires_grad for block in blocks):
         raise ValueError("softmax_blocks_ is for the target side: compute its logits under torch.no_grad()")
-    lse = block_logsumexp(blocks)[:, None]  # [N, 1]
-    neg_entropy = torch.zeros(lse.shape[0], dtype=lse.dtype, device=lse.device) if with_neg_entropy else None
-    probs = []
-    for block in blocks:
-        block.sub_(lse)  # log p
-        if with_neg_entropy:
-            p = torch.exp(block)
-            neg_entropy += rowwise_dot(p, block)
-            probs.append(p)
-        else:
-            probs.append(block.exp_())
-    return probs, neg_entropy
+    nonempty = [block for block in blocks if block.shape[1] > 0]
+    if not nonempty:
+        raise ValueError("softmax_blocks_: every block is empty (no candidates)")
+    rows = nonempty[0].shape[0]
+    neg_entropy = torch.zeros(rows, dtype=nonempty[0].dtype, device=nonempty[0].device) if with_neg_entropy else None
+    # Chunk by chunk, so the logsumexp and the in-place softmax of a chunk run while it is in cache.
+    for start, stop in row_chunks(rows, max(block.shape[1] for block in nonempty), nonempty[0].device):
+        lse = _chunk_logsumexp(nonempty, start, stop)[:, None]
+        for block in nonempty:
+            log_p = block[start:stop].sub_(lse)
+            if with_neg_entropy:
+                p = torch.exp(log_p)
+                neg_entropy[start:stop] += rowwise_dot(p, log_p)
+                log_p.copy_(p)
+            else:
+                log_p.exp_()
+    return list(blocks), neg_entropy
 
 
 class _BlockSoftCrossEntropy(torch.autograd.Function):
@@ -108,10 +140,13 @@ class _BlockSoftCrossEntropy(torch.autograd.Function):
             if not ctx.needs_input_grad[1 + i]:
                 grads.append(None)
                 continue
-            grad = torch.sub(z, lse[:, None]).exp_()  # softmax(z) restricted to this block  [N, C_b]
-            if p is not None:
-                grad.view(-1, *p.shape).sub_(p)  # − p, broadcast over stacked views
-            grads.append(grad.mul_(grad_rows[:, None]))
+            grad = torch.empty_like(z)  # softmax(z) − p restricted to this block, times the row weights  [N, C_b]
+            for start, stop in row_chunks(z.shape[0], z.shape[1], z.device, p.shape[0] if p is not None else None):
+                chunk = torch.sub(z[start:stop], lse[start:stop, None], out=grad[start:stop]).exp_()
+                if p is not None:  # − p; stacked views share the target rows
+                    chunk.sub_(p[start % p.shape[0]:start % p.shape[0] + stop - start])
+                chunk.mul_(grad_rows[start:stop, None])
+            grads.append(grad)
         return (None, *grads, *([None] * ctx.num_blocks))
 
 
@@ -166,12 +201,16 @@ class _QuerySoftCrossEntropy(torch.autograd.Function):
             p = next(targets) if has_target else None
             if z.shape[1] == 0:
                 continue
-            grad = z.sub_(lse[:, None]).exp_()  # softmax over this block, over the logits (used once)
-            if p is not None:
-                grad.view(-1, *p.shape).sub_(p)
-            grad.mul_(grad_rows[:, None])
-            contribution = grad @ keys.to(grad.dtype)  # [N, d]
+            # softmax over this block − p, written over the logits (used once)
+            for start, stop in row_chunks(z.shape[0], z.shape[1], z.device, p.shape[0] if p is not None else None):
+                chunk = z[start:stop].sub_(lse[start:stop, None]).exp_()
+                if p is not None:
+                    chunk.sub_(p[start % p.shape[0]:start % p.shape[0] + stop - start])
+            contribution = z @ keys.to(z.dtype)  # [N, d]
             grad_queries = contribution if grad_queries is None else grad_queries.add_(contribution)
+        if grad_queries is not None:
+            # diag(g)·(G·K) = (diag(g)·G)·K: the row weights scale the [N, d] result, not the [N, C] matrix.
+            grad_queries.mul_(grad_rows[:, None])
         return (grad_queries, None, *([None] * (3 * ctx.num_blocks)))
 
 

@@ -22,17 +22,24 @@ save. Only the newest ``keep_last`` step checkpoints are kept.
 A checkpoint is refused when the config that wrote it hashes differently (``JobConfig.config_hash``, which ignores
 fields that do not change training: resources, tracking, eval cadence, run/cache dirs). The message names both
 hashes and the differing keys, because silently resuming a run with another learning rate or teacher corrupts it.
+
+Output directories fail early: ``check_output_dir`` (run by ``JobConfig.validate`` for run_dir and the embedding
+cache, before Ray or any model starts) refuses a directory that cannot be created or written, or whose filesystem
+has less than ``MIN_FREE_BYTES`` free. A disk that fills up later makes ``save_checkpoint`` raise
+``CheckpointError`` saying so; the half-written directory is removed and the previous checkpoints stay loadable.
 """
 
 from __future__ import annotations
 
 import datetime as _dt
+import errno
 import json
 import logging
 import os
 import re
 import shutil
 import subprocess
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +56,9 @@ __all__ = [
     "check_compatible",
     "checkpoint_root",
     "current_git_sha",
+    "OutputDirError",
+    "check_output_dir",
+    "MIN_FREE_BYTES",
 ]
 
 log = logging.getLogger(__name__)
@@ -56,6 +66,10 @@ log = logging.getLogger(__name__)
 MANIFEST = "manifest.json"
 _STEP_DIR = re.compile(r"^step-(\d{7,})$")
 _TMP_DIR = re.compile(r"^step-\d{7,}\.tmp-(\d+)$")
+# Below this a run cannot keep even one checkpoint of a small student (weights + AdamW moments + queue: tens to
+# hundreds of MB), so it is refused up front rather than after the first checkpoint interval.
+MIN_FREE_BYTES = 256 * 2**20
+_NO_SPACE = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
 
 
 class CheckpointError(RuntimeError):
@@ -64,6 +78,43 @@ class CheckpointError(RuntimeError):
 
 class CheckpointMismatchError(CheckpointError):
     """The checkpoint was written by a config that trains something else."""
+
+
+class OutputDirError(CheckpointError):
+    """An output directory that cannot be created or written, or sits on a (nearly) full filesystem."""
+
+
+def check_output_dir(path: str | os.PathLike, *, min_free_bytes: int = MIN_FREE_BYTES) -> Path:
+    """Raise OutputDirError unless ``path`` can be created and written and has ``min_free_bytes`` free.
+
+    Creates nothing: a missing directory is judged by its nearest existing ancestor, where a temporary file is
+    written and removed (a real write, because ``os.access`` says yes to root on a read-only directory and
+    knows nothing of quotas or full disks). Returns the absolute path.
+    """
+    path = Path(path).expanduser().absolute()
+    existing = path
+    while not existing.exists():
+        existing = existing.parent
+    if not existing.is_dir():
+        below = "" if existing == path else f": {existing} is a file"
+        raise OutputDirError(f"{path}: cannot create this directory{below}")
+    try:
+        fd, probe = tempfile.mkstemp(prefix=".raydistill-write-probe-", dir=existing)
+    except OSError as exc:
+        raise OutputDirError(f"{path}: cannot write in {existing} ({exc.strerror or exc})") from None
+    try:
+        os.write(fd, b"probe")
+        os.fsync(fd)
+    except OSError as exc:
+        raise OutputDirError(f"{path}: cannot write in {existing} ({exc.strerror or exc})") from None
+    finally:
+        os.close(fd)
+        os.unlink(probe)
+    free = shutil.disk_usage(existing).free
+    if free < min_free_bytes:
+        raise OutputDirError(f"{path}: only {free / 2**20:.0f} MiB free on its filesystem; a run needs at least "
+                             f"{min_free_bytes / 2**20:.0f} MiB for its checkpoints")
+    return path
 
 
 def checkpoint_root(run_dir: str | os.PathLike) -> Path:
@@ -102,40 +153,46 @@ def save_checkpoint(run_dir: str | os.PathLike, *, step: int, epoch: int, batch_
         if not re.fullmatch(r"[A-Za-z0-9_\-]+", name):
             raise ValueError(f"checkpoint entry names become file names; {name!r} is not a plain identifier")
     root = checkpoint_root(run_dir)
-    root.mkdir(parents=True, exist_ok=True)
-    _sweep_stale_tmp(root)
     final = root / f"step-{int(step):07d}"
     tmp = root / f"{final.name}.tmp-{os.getpid()}"
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    tmp.mkdir()
-
-    files = []
-    for name, obj in state.items():
-        path = tmp / f"{name}.pt"
-        with open(path, "wb") as fh:
-            torch.save(obj, fh)
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        _sweep_stale_tmp(root)
+        if tmp.exists():
+            shutil.rmtree(tmp)
+        tmp.mkdir()
+        files = []
+        for name, obj in state.items():
+            path = tmp / f"{name}.pt"
+            with open(path, "wb") as fh:
+                torch.save(obj, fh)
+                fh.flush()
+                os.fsync(fh.fileno())
+            files.append(path.name)
+        manifest = {
+            "step": int(step),
+            "epoch": int(epoch),
+            "batch_in_epoch": int(batch_in_epoch),
+            "config_hash": config.config_hash(),
+            "config": config.to_dict(),
+            "git_sha": current_git_sha(),
+            "raydistill_version": raydistill.__version__,
+            "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+            "files": files,
+            "extra": extra or {},
+        }
+        # The manifest goes last: a directory with a manifest is complete by construction.
+        with open(tmp / MANIFEST, "w", encoding="utf-8") as fh:
+            json.dump(manifest, fh, indent=2, default=str)
             fh.flush()
             os.fsync(fh.fileno())
-        files.append(path.name)
-    manifest = {
-        "step": int(step),
-        "epoch": int(epoch),
-        "batch_in_epoch": int(batch_in_epoch),
-        "config_hash": config.config_hash(),
-        "config": config.to_dict(),
-        "git_sha": current_git_sha(),
-        "raydistill_version": raydistill.__version__,
-        "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-        "files": files,
-        "extra": extra or {},
-    }
-    # The manifest goes last: a directory with a manifest is complete by construction.
-    with open(tmp / MANIFEST, "w", encoding="utf-8") as fh:
-        json.dump(manifest, fh, indent=2, default=str)
-        fh.flush()
-        os.fsync(fh.fileno())
-    _fsync_dir(tmp)
+        _fsync_dir(tmp)
+    except (OSError, RuntimeError) as exc:
+        # torch.save reports a failed write as RuntimeError ("... file write failed"), with the OSError as cause.
+        cause = exc if isinstance(exc, OSError) else exc.__cause__ or exc.__context__
+        if not isinstance(cause, OSError) and "write failed" not in str(exc):
+            raise
+        raise _write_failure(run_dir, root, tmp, final, cause if isinstance(cause, OSError) else exc) from exc
 
     if final.exists():
         # Same step written again (a resumed run re-reaching a step): move the old one aside first, because
@@ -149,6 +206,22 @@ def save_checkpoint(run_dir: str | os.PathLike, *, step: int, epoch: int, batch_
     _fsync_dir(root)
     _prune(root, keep_last)
     return final
+
+
+def _write_failure(run_dir, root: Path, tmp: Path, final: Path, exc: BaseException) -> CheckpointError:
+    """Remove the half-written directory and say what happened, what is left, and how to go on."""
+    shutil.rmtree(tmp, ignore_errors=True)
+    previous = latest_checkpoint(run_dir)
+    kept = f"; the previous checkpoint {previous.name} is intact" if previous is not None else ""
+    no_space = isinstance(exc, OSError) and exc.errno in _NO_SPACE or "file write failed" in str(exc)
+    if no_space:
+        where = root if root.exists() else Path(run_dir)
+        free = shutil.disk_usage(where).free if where.exists() else 0
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else "file write failed"
+        return CheckpointError(f"{root}: out of space writing {final.name} ({reason}; {free / 2**20:.0f} MiB free "
+                               f"on the filesystem){kept}. Free space and re-run with the same run_dir to resume.")
+    reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+    return CheckpointError(f"{root}: cannot write {final.name} ({reason}){kept}")
 
 
 def _fsync_dir(path: Path) -> None:

@@ -9,6 +9,9 @@ Parsing is strict. A typo such as ``train.learning_rate`` is an error that names
 the closest valid name, because a silently ignored key would train with the default and waste a run.
 ``validate()`` adds the semantic checks (queue size against batch size, temperatures, model names, data files)
 and runs them before any Ray actor exists, so a bad config fails in a second instead of after the teacher pass.
+Last, it reads every data file the job will read (the corpus, the evaluation sets; a bad line is named with its
+file, line and field) and checks that run_dir and the embedding cache can be written: a typo in a data file or an
+unwritable output directory must not cost the hour of training before the first checkpoint or the final eval.
 
     cfg = JobConfig.from_yaml("configs/congen.yaml", overrides=["train.lr=1e-4", "loss.queue_size=16384"])
     cfg.validate()
@@ -326,7 +329,37 @@ class JobConfig:
             if problem:  # validators may raise ConfigError themselves or return a message / (path, message)
                 path, message = problem if isinstance(problem, tuple) else ("loss", problem)
                 raise err(path, message)
+        self._check_output_dirs()
+        self._check_inputs()
         return self
+
+    def _check_output_dirs(self) -> None:
+        from raydistill.runtime.checkpoint import OutputDirError, check_output_dir
+
+        checks = [("run_dir", self.resolved_run_dir())]
+        if self.data.teacher_views:
+            checks.append(("cache_dir", self.resolved_cache_dir()))
+        for path, directory in checks:
+            try:
+                check_output_dir(directory)
+            except OutputDirError as exc:
+                raise self._error(path, str(exc)) from exc
+
+    def _check_inputs(self) -> None:
+        from raydistill.data import DATA_ENV, DataError
+        from raydistill.runtime.pipeline import check_job_inputs
+
+        try:
+            check_job_inputs(self)
+        except DataError as exc:
+            corpus = self.data.corpus
+            if corpus.startswith("file:"):
+                corpus_path = Path(corpus[len("file:"):]).expanduser().resolve()
+                if Path(exc.path).resolve().is_relative_to(corpus_path):
+                    raise self._error("data.corpus", f"bad training data: {exc}") from exc
+            override = os.environ.get(DATA_ENV)
+            where = f" (${DATA_ENV}={override})" if override else ""
+            raise ConfigError(f"a data set this job reads is bad{where}: {exc}") from exc
 
     def _check_loss(self) -> None:
         err = self._error

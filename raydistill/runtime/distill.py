@@ -15,6 +15,7 @@ on one step axis (stage 2 continues where stage 1 ended) with ``stage`` as a met
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -22,13 +23,16 @@ import resource
 import shutil
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
-from raydistill.runtime.config import JobConfig
+from raydistill.runtime.config import ConfigError, JobConfig
 
 __all__ = ["run_distillation", "result_path_for"]
 
 log = logging.getLogger(__name__)
+
+# progress(event, info, step): see run_distillation.
+ProgressHook = Callable[[str, dict[str, Any], int], None]
 
 
 def _cpu_seconds() -> float:
@@ -71,14 +75,20 @@ def _summary_params(cfg: JobConfig) -> dict[str, Any]:
 
 def run_distillation(cfg: JobConfig, *, results_dir: str | os.PathLike | None = None,
                      result_path: str | os.PathLike | None = None, command: str | None = None,
-                     evaluate: bool = True) -> dict[str, Any]:
+                     evaluate: bool = True, tracker=None, progress: ProgressHook | None = None) -> dict[str, Any]:
     """Train ``cfg``'s method end to end and return the result record (also written as JSON).
 
     ``results_dir`` (default ``results``, relative to the working directory) / ``result_path``: where the record
     goes.
     ``command``: the exact command line to record (default: this process's argv).
+    ``tracker``: an open ``Tracker`` to log into instead of a new MLflow run (a Ray Tune trial's child run); the
+    caller ends it.
+    ``progress(event, info, step)``: called with ``("stage", {stage, method, rows, total_steps, step_offset, and the
+    teacher-cache counts when there was a teacher pass}, step_offset)`` once a stage's data is built, ``("step",
+    metrics, step)`` after every optimiser step and ``("eval", {"stsb_dev", "best_stsb_dev"}, step)`` after every
+    dev evaluation; steps count over all stages. ``raydistill.runtime.tune`` reports to Ray Tune from it.
     """
-    from raydistill.runtime.checkpoint import current_git_sha
+    from raydistill.runtime.checkpoint import OutputDirError, check_output_dir, current_git_sha
     from raydistill.runtime.cluster import check_resources, init_ray
     from raydistill.runtime.methods import stage_plan, with_method_defaults
     from raydistill.runtime.tracking import Tracker
@@ -91,6 +101,11 @@ def run_distillation(cfg: JobConfig, *, results_dir: str | os.PathLike | None = 
     cfg.to_yaml(run_dir / "config.yaml")
     results_dir = results_dir or "results"
     result_path = Path(result_path) if result_path else result_path_for(cfg, results_dir)
+    if evaluate:  # written after training: an unwritable results dir must fail now, not in an hour
+        try:
+            check_output_dir(result_path.parent, min_free_bytes=0)
+        except OutputDirError as exc:
+            raise ConfigError(f"results dir: {exc}") from exc
     if command is None:
         from raydistill.evaluation import default_command
 
@@ -100,11 +115,13 @@ def run_distillation(cfg: JobConfig, *, results_dir: str | os.PathLike | None = 
     check_resources(cfg)
     git_sha = current_git_sha()
     run_name = cfg.tracking.run_name or run_dir.name
-    tracker = Tracker(cfg.tracking, run_name=run_name, tags={"method": cfg.method, "student": cfg.student,
-                                                             "teacher": teacher_label(cfg) or "none"})
+    own_tracker = tracker is None
+    if own_tracker:
+        tracker = Tracker(cfg.tracking, run_name=run_name, tags={"method": cfg.method, "student": cfg.student,
+                                                                 "teacher": teacher_label(cfg) or "none"})
     tracking = f"; MLflow {tracker.tracking_uri} run {tracker.run_id}" if tracker.run_id else ""
     print(f"[{cfg.method}] run dir {run_dir}{tracking}", flush=True)
-    with tracker:
+    with tracker if own_tracker else contextlib.nullcontext(tracker):
         tracker.log_params({**_summary_params(cfg), "git_sha": git_sha or "unknown",
                             "config": cfg.to_dict(), "stages": ",".join(s.name for s in stages)})
         history: list[dict[str, Any]] = []
@@ -113,7 +130,7 @@ def run_distillation(cfg: JobConfig, *, results_dir: str | os.PathLike | None = 
         init_model: str | None = None
         step_offset = 0
         for stage in stages:
-            summary, data_info = _run_stage(stage, tracker, init_model, step_offset, history)
+            summary, data_info = _run_stage(stage, tracker, init_model, step_offset, history, progress)
             if stage.index == 1:
                 cache_info = data_info
             stage_summaries.append({k: v for k, v in summary.items() if k != "history"} | {"data": data_info})
@@ -135,7 +152,7 @@ def run_distillation(cfg: JobConfig, *, results_dir: str | os.PathLike | None = 
 
 
 def _run_stage(stage, tracker, init_model: str | None, step_offset: int, history: list[dict[str, Any]],
-               ) -> tuple[dict[str, Any], dict[str, Any]]:
+               progress: ProgressHook | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
     from raydistill.runtime.learner_group import LearnerGroup
     from raydistill.runtime.pipeline import build_training_data
 
@@ -165,20 +182,31 @@ def _run_stage(stage, tracker, init_model: str | None, step_offset: int, history
                                     f"dvbert.teacher{i}.heldout_accuracy": info.get("heldout_accuracy"),
                                     f"dvbert.teacher{i}.cached": info.get("cached")})
     tracker.log_params({f"{prefix}corpus_size": data.num_rows, f"{prefix}views": ",".join(cfg.data.views)})
+    if stats.get("input"):  # what reading the corpus dropped or kept as is (pipeline docstring)
+        tracker.log_params({f"{prefix}input.{key}": value for key, value in stats["input"].items()})
 
     def on_metrics(metrics: dict[str, float], step: int) -> None:
         row = {"step": step_offset + step, "stage": stage.index, **metrics}
         history.append(row)
         tracker.log_metrics({**metrics, "stage": stage.index}, step=step_offset + step)
+        if progress is not None:
+            progress("step", metrics, step_offset + step)
 
     def on_eval(metrics: dict[str, float], step: int) -> None:
         history.append({"step": step_offset + step, "stage": stage.index, **metrics})
         tracker.log_metrics(metrics, step=step_offset + step)
+        if progress is not None:
+            progress("eval", metrics, step_offset + step)
 
     group = LearnerGroup(cfg, spec, run_dir=stage.run_dir, init_model=init_model,
                          teacher_dim=getattr(data, "teacher_dim", None), name=stage.name)
-    print(f"[{stage.name}] stage {stage.index}: {data.num_rows} rows, {group.total_steps(data)} steps of "
+    total_steps = group.total_steps(data)
+    print(f"[{stage.name}] stage {stage.index}: {data.num_rows} rows, {total_steps} steps of "
           f"{cfg.train.batch_size} x {group.world_size} learner(s)", flush=True)
+    if progress is not None:
+        counts = {k: stats[k] for k in ("hits", "misses", "teacher_forward_sentences") if k in stats}
+        progress("stage", {"stage": stage.index, "method": stage.name, "rows": data.num_rows,
+                           "total_steps": total_steps, "step_offset": step_offset, **counts}, step_offset)
     summary = group.fit(data, on_metrics=on_metrics, on_eval=on_eval)
     if summary.get("resumed_from") is not None:
         # Steps before the checkpoint were logged by the earlier process; rebuild the curve from the learner.

@@ -57,12 +57,17 @@ class StepContext:
     step: int  # optimiser steps done before this one
     total_steps: int
     cfg: JobConfig
+    # Padded tokens per length-sorted sub-batch of the student's forward (models.batching.bucketed_forward);
+    # None = the batch in one call.
+    bucket_tokens: int | None = None
 
     def encode(self, texts) -> Tensor:
         """Student embeddings [B, D] of ``texts`` with gradients (dropout active: the student is in train mode)."""
+        from raydistill.models.batching import bucketed_forward
+
         features = self.student.tokenize([str(t) for t in texts])
         features = {name: value.to(self.device) for name, value in features.items()}
-        return self.student(features)
+        return bucketed_forward(self.student, features, self.bucket_tokens)
 
     def tensor(self, array, dtype=torch.float32) -> Tensor:
         # A copy: batches arriving through Ray are read-only views of the object store.
@@ -342,6 +347,11 @@ def _check_extra(cfg: JobConfig, spec: "MethodSpec") -> None:
             hint = f" (did you mean '{close[0]}'?)" if close else ""
             raise cfg._error(f"extra.{key}", f"unknown field for method {cfg.method!r}{hint}; allowed: "
                                              f"{', '.join(sorted(allowed))}")
+    bucket_tokens = cfg.extra.get("bucket_tokens")
+    if bucket_tokens is not None and (isinstance(bucket_tokens, bool) or not isinstance(bucket_tokens, int)
+                                      or bucket_tokens < 0):
+        raise cfg._error("extra.bucket_tokens", f"expected an integer >= 0 (padded tokens per length-sorted "
+                                                f"sub-batch; 0 = the batch in one call), got {bucket_tokens!r}")
 
 
 def _check_loss_keys(cfg: JobConfig, spec: "MethodSpec") -> None:
@@ -399,7 +409,7 @@ def _make_validator(name: str):
     return validate
 
 
-COMMON_EXTRA = ("max_restarts", "log_every", "learner_timeout_s", "teacher_encoder")
+COMMON_EXTRA = ("max_restarts", "log_every", "learner_timeout_s", "teacher_encoder", "bucket_tokens")
 
 
 # ----------------------------------------------------------------------------------------------------------------

@@ -8,8 +8,20 @@
 Sources (``cfg.data.corpus``): ``flickr`` (Flickr30k captions, 5 per image: the unlabeled text of the same kind as
 SNLI premises), ``nli`` (premises and hypotheses of the SNLI and MultiNLI dev sets), ``flickr+nli``, or
 ``file:<path>``: one sentence per line (.txt), ``{"text": ...}`` lines, or pairs (``sentence1``/``sentence2`` or
-``premise``/``hypothesis``), e.g. the two back-translations SCT and ConGen train on. Sentence corpora are
-de-duplicated; ``max_sentences`` keeps a seeded random subset.
+``premise``/``hypothesis``), e.g. the two back-translations SCT and ConGen train on; JSON Lines (plain or gzip'd)
+or Parquet. Sentence corpora are de-duplicated; ``max_sentences`` keeps a seeded random subset.
+
+Bad input (reliability contract, docs/reliability.md): a malformed line of a corpus file is a ``DataError`` naming
+file, line and field, raised by ``check_job_inputs`` from ``JobConfig.validate`` before Ray or any model starts.
+What is dropped or kept as is without being an error is counted in ``load_training_texts(..., stats=)``, logged,
+and reaches MLflow as ``input.*`` params (``TrainingData.cache_stats["input"]``):
+
+    blank_lines                 blank lines of the corpus file (ignored)
+    duplicates_dropped          repeated sentences (sentence corpora) or repeated (sentence1, sentence2) pairs
+    subsampled_out              rows left out by ``max_sentences``
+    long_texts                  training texts over LONG_TEXT_CHARS characters (kept; the tokenizers truncate them
+                                to max_length tokens, so only their beginning is learned)
+    texts_with_control_chars    texts with C0/C1 control characters (kept; BERT-style tokenizers drop them)
 
 Views (``cfg.data.views``: view name -> spec). Specs handled here, because they need the corpus structure:
 ``none`` (the sentence itself), ``caption`` (another caption of the same image, a human paraphrase), ``pair``
@@ -23,8 +35,10 @@ same rule).
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
+import re
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,7 +48,8 @@ import numpy as np
 
 from raydistill.runtime.config import DataConfig, JobConfig
 
-__all__ = ["TrainingData", "load_training_texts", "build_training_data", "view_seed"]
+__all__ = ["TrainingData", "load_training_texts", "build_training_data", "view_seed", "check_job_inputs",
+           "EVALUATION_SETS", "LONG_TEXT_CHARS"]
 
 log = logging.getLogger(__name__)
 
@@ -42,12 +57,27 @@ log = logging.getLogger(__name__)
 _IDENTITY_SPECS = ("none",)
 _GROUP_SPECS = ("caption", "pair")
 
+# A "sentence" this long is almost certainly a paragraph or a whole document: kept, but counted and logged.
+LONG_TEXT_CHARS = 2000
+_CONTROL_CHARS = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")  # C0/C1 controls other than tab and newline
+
+# Registry data sets every distillation job reads after training (raydistill.evaluation: 7-STS + STS-B dev), and
+# the corpora of the named sources. A bad line in a $RAYDISTILL_DATA copy of one of them must fail before
+# training, not in the final evaluation an hour later.
+EVALUATION_SETS = ("sts12", "sts13", "sts14", "sts15", "sts16", "stsb_test", "sick_test", "stsb_dev")
+_SOURCE_SETS = {"flickr": ("flickr_captions",), "nli": ("snli_dev", "mnli_dev")}
+# Registry sets read by the methods that build their own training data (methods.py data builders; a multi-stage
+# job validates every stage's config, so DistilCSE's and DvBERT's later stages are covered by their names here).
+_METHOD_SETS = {"dvbert": ("snli_dev", "mnli_dev"), "simcse-sup": ("snli_dev", "mnli_dev"),
+                "sts-cosine": ("stsb_train",)}
+
 
 @dataclass
 class _Corpus:
     texts: list[str]  # the base sentence of each row
     groups: list[tuple[str, ...]]  # texts that describe the same thing as texts[i] (captions of one image, a pair)
     is_pairs: bool = False
+    stats: dict[str, int] = field(default_factory=dict)  # what reading the file dropped (blank lines, duplicates)
 
 
 def view_seed(seed: int, view: str) -> int:
@@ -56,15 +86,13 @@ def view_seed(seed: int, view: str) -> int:
 
 
 def _read_corpus(corpus: str) -> _Corpus:
-    from raydistill.data import load_dataset, read_pairs, read_sentences
+    from raydistill.data import load_dataset
 
     if corpus.startswith("file:"):
-        path = Path(corpus[len("file:"):]).expanduser()
-        if _is_pairs_file(path):
-            pairs = read_pairs(path)
-            return _Corpus([p.sentence1 for p in pairs], [(p.sentence1, p.sentence2) for p in pairs], is_pairs=True)
-        sentences = list(read_sentences(path))
-        return _Corpus(sentences, [(s,) for s in sentences])
+        path = Path(corpus[len("file:"):]).expanduser().resolve()
+        stat = path.stat() if path.is_file() else None
+        # Cached per file version: JobConfig.validate reads the file once up front, the pipeline reuses it.
+        return _read_corpus_file(str(path), stat.st_size if stat else -1, stat.st_mtime_ns if stat else -1)
     texts: list[str] = []
     groups: list[tuple[str, ...]] = []
     for name in corpus.split("+"):
@@ -83,38 +111,122 @@ def _read_corpus(corpus: str) -> _Corpus:
     return _Corpus(texts, groups)
 
 
+@functools.lru_cache(maxsize=4)
+def _read_corpus_file(path_text: str, size: int, mtime_ns: int) -> _Corpus:
+    from raydistill.data import read_pairs, read_sentences
+
+    path = Path(path_text)
+    if _is_pairs_file(path):
+        pairs = read_pairs(path)
+        unique = list(dict.fromkeys((p.sentence1, p.sentence2) for p in pairs))
+        stats = {"blank_lines": pairs.ignored["blank_lines"], "duplicates_dropped": len(pairs) - len(unique)}
+        return _Corpus([first for first, _ in unique], unique, is_pairs=True, stats=stats)
+    sentences = read_sentences(path)
+    return _Corpus(list(sentences), [(s,) for s in sentences],
+                   stats={"blank_lines": sentences.ignored["blank_lines"]})
+
+
 def _is_pairs_file(path: Path) -> bool:
-    from raydistill.data import iter_jsonl
+    from raydistill.data import iter_records
 
     if path.suffix.lower() == ".txt" or path.name.lower().endswith(".txt.gz"):
         return False
-    for _, obj in iter_jsonl(path):
+    for _, obj in iter_records(path):
         if isinstance(obj, dict):
             return ("sentence1" in obj and "sentence2" in obj) or ("premise" in obj and "hypothesis" in obj)
         return False
     return False
 
 
-def load_training_texts(data_cfg: DataConfig, seed: int) -> list[dict[str, Any]]:
-    """Rows ``{"idx": i, "text_<view>": str, ...}`` for every view of ``data_cfg.views``; deterministic in ``seed``."""
+def check_job_inputs(cfg: JobConfig) -> dict[str, Any]:
+    """Read and validate every data file the job will read, before anything starts; raises ``DataError``.
+
+    That is the training corpus (a ``file:`` corpus in full, or the registry sets of a named source) unless the
+    method builds its own data from registry sets (then those), and the evaluation sets (``EVALUATION_SETS``).
+    Everything read is cached in the process, so the pipeline and the final evaluation reuse it. Returns
+    ``{"datasets": [...], "corpus_file": path or None}``.
+    """
+    from raydistill.data import load_dataset
+
+    names: list[str] = list(_METHOD_SETS.get(cfg.method, ()))
+    corpus_file = None
+    if _reads_corpus(cfg.method):
+        if cfg.data.corpus.startswith("file:"):
+            corpus_file = str(Path(cfg.data.corpus[len("file:"):]).expanduser())
+            _read_corpus(cfg.data.corpus)
+        else:
+            names += [name for source in cfg.data.corpus.split("+") for name in _SOURCE_SETS.get(source, ())]
+    names += EVALUATION_SETS
+    for name in dict.fromkeys(names):
+        load_dataset(name)
+    return {"datasets": list(dict.fromkeys(names)), "corpus_file": corpus_file}
+
+
+def _reads_corpus(method: str) -> bool:
+    try:
+        from raydistill.runtime.methods import get_method
+    except ImportError:  # pragma: no cover - methods.py is part of the package
+        return True
+    try:
+        return get_method(method).data_builder is None
+    except KeyError:
+        return True
+
+
+def load_training_texts(data_cfg: DataConfig, seed: int, stats: dict[str, int] | None = None
+                        ) -> list[dict[str, Any]]:
+    """Rows ``{"idx": i, "text_<view>": str, ...}`` for every view of ``data_cfg.views``; deterministic in ``seed``.
+
+    ``stats``: when a dict is given, it receives the input counts of the module docstring (blank_lines,
+    duplicates_dropped, subsampled_out, long_texts, texts_with_control_chars, rows).
+    """
     corpus = _read_corpus(data_cfg.corpus)
+    counts = {"blank_lines": 0, "duplicates_dropped": 0, **corpus.stats}
     keep = range(len(corpus.texts))
     if not corpus.is_pairs:  # the same sentence twice is one training example (and one teacher pass)
         first_seen: dict[str, int] = {}
         for i, text in enumerate(corpus.texts):
             first_seen.setdefault(text, i)
         keep = sorted(first_seen.values())
+        counts["duplicates_dropped"] += len(corpus.texts) - len(keep)
     keep = np.asarray(list(keep), dtype=np.int64)
+    counts["subsampled_out"] = 0
     if data_cfg.max_sentences is not None and len(keep) > data_cfg.max_sentences:
+        counts["subsampled_out"] = len(keep) - data_cfg.max_sentences
         chosen = np.random.default_rng(seed).choice(len(keep), size=data_cfg.max_sentences, replace=False)
         keep = keep[np.sort(chosen)]
     texts = [corpus.texts[i] for i in keep]
     groups = [corpus.groups[i] for i in keep]
+    # Every distinct text a training row can show: the sentence and its caption / pair partners.
+    _count_odd_texts(counts, dict.fromkeys(t for text, group in zip(texts, groups) for t in (text, *group)))
+    counts["rows"] = len(texts)
+    _log_input_counts(data_cfg.corpus, counts)
+    if stats is not None:
+        stats.update(counts)
 
     columns: dict[str, list[str]] = {}
     for view, spec in data_cfg.views.items():
         columns[view] = _make_view(view, spec, texts, groups, corpus, seed)
     return [{"idx": i, **{f"text_{view}": columns[view][i] for view in columns}} for i in range(len(texts))]
+
+
+def _count_odd_texts(counts: dict[str, int], texts) -> None:
+    counts["long_texts"] = counts["texts_with_control_chars"] = 0
+    for text in texts:
+        if len(text) > LONG_TEXT_CHARS:
+            counts["long_texts"] += 1
+        if _CONTROL_CHARS.search(text):
+            counts["texts_with_control_chars"] += 1
+
+
+def _log_input_counts(corpus: str, counts: dict[str, int]) -> None:
+    summary = ", ".join(f"{key} {value}" for key, value in counts.items())
+    # A user's file with anything dropped or suspicious deserves a warning; the bundled corpora's duplicate
+    # captions and max_sentences subsampling are expected.
+    odd = counts["long_texts"] or counts["texts_with_control_chars"] or (
+        corpus.startswith("file:") and (counts["duplicates_dropped"] or counts["blank_lines"]))
+    log.log(logging.WARNING if odd else logging.INFO, "training corpus %s: %s (long = over %d characters, "
+            "truncated by the tokenizers)", corpus, summary, LONG_TEXT_CHARS)
 
 
 def _make_view(view: str, spec: str, texts: list[str], groups: list[tuple[str, ...]], corpus: _Corpus,
@@ -243,7 +355,8 @@ def build_training_data(cfg: JobConfig) -> TrainingData:
 
     if not ray.is_initialized():
         raise RuntimeError("build_training_data needs Ray: call raydistill.runtime.cluster.init_ray(cfg) first")
-    rows = load_training_texts(cfg.data, cfg.seed)
+    input_stats: dict[str, int] = {}
+    rows = load_training_texts(cfg.data, cfg.seed, stats=input_stats)
     if not rows:
         raise ValueError(f"data.corpus {cfg.data.corpus!r} gave no training sentences")
     columns: dict[str, np.ndarray] = {"idx": np.arange(len(rows), dtype=np.int64)}
@@ -261,6 +374,7 @@ def build_training_data(cfg: JobConfig) -> TrainingData:
     cache_stats = {key: sum(s[key] for s in per_view.values())
                    for key in ("hits", "misses", "teacher_forward_sentences")}
     cache_stats["views"] = per_view
+    cache_stats["input"] = input_stats
 
     table = pa.table({name: (ArrowTensorArray.from_numpy(column) if name.startswith("teacher_")
                              else pa.array(list(column), type=pa.string()) if name.startswith("text_")

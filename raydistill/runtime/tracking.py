@@ -71,8 +71,12 @@ class Tracker:
     """
 
     def __init__(self, cfg: TrackingConfig | None = None, run_name: str | None = None,
-                 parent_run_id: str | None = None, nested: bool = False, tags: Mapping[str, Any] | None = None):
+                 parent_run_id: str | None = None, nested: bool = False, tags: Mapping[str, Any] | None = None,
+                 run_id: str | None = None):
+        # run_id: continue that existing run (a resumed sweep's parent, a restarted Tune trial) instead of
+        # creating one; it is marked RUNNING again and ``tags`` are added to it.
         self.cfg = cfg or TrackingConfig()
+        self._resume_run_id = run_id
         self.run_name = run_name or self.cfg.run_name
         self.parent_run_id = parent_run_id
         self.nested = nested or parent_run_id is not None
@@ -100,6 +104,16 @@ class Tracker:
         import raydistill
 
         client = MlflowClient(tracking_uri=self.tracking_uri)
+        if self._resume_run_id:
+            run = client.get_run(self._resume_run_id)
+            client.update_run(run.info.run_id, status="RUNNING")
+            if tags:
+                from mlflow.entities import RunTag
+
+                client.log_batch(run.info.run_id, tags=[RunTag(k, str(v)) for k, v in tags.items()],
+                                 synchronous=True)
+            self._client, self.run_id, self.experiment_id = client, run.info.run_id, run.info.experiment_id
+            return
         experiment = client.get_experiment_by_name(self.cfg.experiment)
         if experiment is None:
             self.experiment_id = client.create_experiment(self.cfg.experiment,

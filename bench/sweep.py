@@ -1,0 +1,116 @@
+"""What a Ray Tune sweep of N trials costs with the teacher-embedding cache, against N separate runs.
+
+``raydistill tune`` (raydistill/runtime/tune.py) runs the teacher pass once in the driver, through the Parquet
+embedding cache, and every trial finds its teacher vectors cached. This bench runs one sweep of N = 8 trials of a
+small ConGen job from an EMPTY cache (its own temporary cache and MLflow store), then one single run of the same job
+with the cache warm, and reports:
+
+    sweep_teacher_passes_per_view   teacher forward sentences of the whole sweep (driver + trials, counted by a
+                                    forward hook inside the teacher) ÷ (corpus rows × teacher views); must be 1.0
+    sweep_vs_cache_bound            sweep wall ÷ (teacher pass + N × single student-only run); ≤ 1 is the target
+                                    (trials run concurrently where CPUs allow; ASHA is off so every trial runs its
+                                    whole schedule, and the saving is the cache's alone)
+    sweep_vs_separate_runs          sweep wall ÷ N × (teacher pass + single student-only run): what N independent
+                                    jobs without a shared cache would cost
+
+Ray is started before the clock, so neither side pays its start-up. Trials get 1 CPU and 1 thread each (two at a
+time on 2 cores); the single run uses the job's own resources (2 threads), as a user would run it.
+
+    python bench/sweep.py                                # prints the summary and the JSON
+    python bench/sweep.py --write results/bench-sweep.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+import common  # noqa: F401  (environment before torch)
+
+from common import RESULTS, load_average, write_record
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--trials", type=int, default=8)
+    parser.add_argument("--student", default="bert-tiny")
+    parser.add_argument("--teacher", default="minilm-l6", help="the cost ratio, not the teacher, is measured")
+    parser.add_argument("--sentences", type=int, default=1024, help="corpus rows (Flickr captions)")
+    parser.add_argument("--batch", type=int, default=64)
+    parser.add_argument("--cpus-per-trial", type=float, default=1.0)
+    parser.add_argument("--write", type=Path, default=None, help=f"e.g. {RESULTS.name}/bench-sweep.json")
+    args = parser.parse_args(argv)
+    load_before = load_average()
+
+    from raydistill.runtime import tune
+    from raydistill.runtime.cluster import init_ray
+    from raydistill.runtime.distill import run_distillation
+    from raydistill.runtime.methods import with_method_defaults
+
+    work = Path(tempfile.mkdtemp(prefix="bench-sweep-"))
+    try:
+        overrides = [f"data.max_sentences={args.sentences}", f"train.batch_size={args.batch}", "train.epochs=1",
+                     "train.eval_every=1000", "train.checkpoint_every=1000", f"cache_dir={work / 'embeddings'}"]
+        plan = tune.plan_sweep(
+            args.student, "congen", args.teacher, overrides=overrides, sweep_dir=work / "sweep",
+            settings={"num_samples": args.trials, "algorithm": "random", "seed": 0, "grace_evals": 10_000,
+                      "num_cpus": args.cpus_per_trial, "time_budget_s": None},
+            tracking_uri=f"sqlite:///{work / 'mlflow.db'}", evaluate_sets=(), command=common.command_line())
+        base = plan.base()
+        init_ray(base)
+
+        started = time.perf_counter()
+        summary = tune.run_sweep(plan, verbose=0)
+        sweep_s = time.perf_counter() - started
+        passes = summary["teacher_passes"]
+        teacher_s = sum(p["seconds"] for p in passes)
+        rows = passes[0]["sentences"]
+        views = len(with_method_defaults(base).data.teacher_views) or 1
+
+        # One normal job of the same config (the space's start point), cache now warm: the student-only cost.
+        single_dir = work / "single"
+        single = with_method_defaults(plan.export_config(dict(plan.start_from[0]) if plan.start_from else {})
+                                      .with_overrides([f"run_dir={single_dir}", f"cache_dir={work / 'embeddings'}",
+                                                       f"tracking.tracking_uri=sqlite:///{work / 'mlflow.db'}"]))
+        started = time.perf_counter()
+        record = run_distillation(single.validate(), evaluate=False, results_dir=work / "results")
+        single_s = time.perf_counter() - started
+        single_teacher = record["training"]["teacher_cache"].get("teacher_forward_sentences", 0)
+    finally:
+        import ray
+
+        if ray.is_initialized():
+            ray.shutdown()
+        shutil.rmtree(work, ignore_errors=True)
+
+    forward = summary["teacher_forward_sentences"]
+    bound = teacher_s + args.trials * single_s
+    result = {
+        "bench": "sweep",
+        "sweep_teacher_passes_per_view": round(forward["total"] / (rows * views), 4),
+        "sweep_vs_cache_bound": round(sweep_s / bound, 3),
+        "sweep_vs_separate_runs": round(sweep_s / (args.trials * (teacher_s + single_s)), 3),
+        "trials": args.trials, "student": args.student, "teacher": args.teacher, "method": "congen",
+        "corpus_rows": rows, "teacher_views": views, "batch": args.batch,
+        "cpus_per_trial": args.cpus_per_trial,
+        "teacher_forward_sentences": forward, "single_run_teacher_forward_sentences": single_teacher,
+        "teacher_pass_s": round(teacher_s, 1), "single_run_s": round(single_s, 1), "sweep_s": round(sweep_s, 1),
+        "trial_status": summary["counts"], "ended_by": summary["ended_by"],
+    }
+    print(f"sweep of {args.trials} trials: {sweep_s:.0f} s; teacher pass {teacher_s:.0f} s once "
+          f"({forward['total']} sentences through the teacher for {rows} rows x {views} view(s); trials "
+          f"{forward['trials']}); single run {single_s:.0f} s")
+    print(f"sweep / (teacher + N x single) = {result['sweep_vs_cache_bound']:.2f}; sweep / N separate runs = "
+          f"{result['sweep_vs_separate_runs']:.2f}")
+    result = write_record(args.write, result, threads=1, load_before=load_before)
+    print(json.dumps({k: result[k] for k in ("sweep_teacher_passes_per_view", "sweep_vs_cache_bound",
+                                             "sweep_vs_separate_runs", "load_before", "load_after")}))
+    return result
+
+
+if __name__ == "__main__":
+    main()

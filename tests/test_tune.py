@@ -1,0 +1,254 @@
+"""`raydistill tune` end to end on tiny random models: real local Ray Tune, ASHA, the teacher cache, MLflow (sqlite).
+
+One sweep of four ConGen trials (a grid over the learning rate, run one at a time so ASHA's decisions are fixed):
+
+    lr 1e-3   learns a little                       -> first at every rung, never stopped
+    lr 0.5    wrecks the tiny student (dev ~3 vs ~34) -> below the rung's median at the first evaluation: stopped
+    lr 3e-4   learns a little                       -> runs on (or is stopped at a later rung)
+    lr 1e6    NaN loss at step 2                    -> the learner raises FloatingPointError: trial failed
+
+The driver is interrupted (SIGINT, as Ctrl-C) at the third trial's first report, after it checkpointed step 1,
+and the sweep is continued with `raydistill tune --resume`; the tests below check the result of that one
+interrupted-and-resumed sweep.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+
+import pytest
+import yaml
+
+from raydistill.cli import main as cli_main
+from tests.ray_fixtures import ray_session  # noqa: F401 - the session-wide Ray fixture
+
+ROWS, BATCH, EVAL_EVERY = 128, 16, 2  # 8 steps, dev evaluations at steps 2, 4, 6, 8
+LRS = [1e-3, 0.5, 3e-4, 1e6]
+
+try:
+    from ray.tune import Callback
+except ImportError:  # pragma: no cover - ray[tune] is a dependency
+    Callback = object
+
+
+class InterruptAt(Callback):
+    """Sends the driver SIGINT (Ctrl-C) when the trial with learning rate ``lr`` reports step ``step``; disarmed
+    afterwards, also when Tune restores it with the rest of the run config on resume."""
+
+    armed = True
+
+    def __init__(self, lr: float, step: int):
+        self.lr, self.step = lr, step
+
+    def on_trial_result(self, iteration, trials, trial, result, **info):
+        if InterruptAt.armed and trial.config.get("train.lr") == self.lr and result.get("step", 0) >= self.step:
+            InterruptAt.armed = False
+            os.kill(os.getpid(), signal.SIGINT)
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    import torch
+
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)
+
+
+@pytest.fixture(scope="module")
+def teacher_dir(tmp_path_factory, real_sentences):
+    from tiny_models import make_tiny_model
+
+    return make_tiny_model("mpnet", tmp_path_factory.mktemp("tune-teacher"), real_sentences, hidden=48, heads=4,
+                           intermediate=96, seed=3)
+
+
+def write_space(path, student, teacher, root, lrs=LRS, tau_teacher=None):
+    space = {
+        "student": "tiny",
+        "description": "test space",
+        "search": {"num_samples": 1, "algorithm": "random", "seed": 0, "max_concurrent_trials": 1},
+        "scheduler": {"grace_evals": 1, "reduction_factor": 2},
+        "resources_per_trial": {"num_cpus": 1, "num_gpus": 0},
+        "methods": {"congen": {
+            "base": {
+                "cache_dir": str(root / "embeddings"),
+                "data": {"corpus": "flickr", "max_sentences": ROWS, "max_length": 32, "teacher_max_length": 32},
+                "train": {"batch_size": BATCH, "lr": 1e-3, "epochs": 1, "eval_every": EVAL_EVERY,
+                          "checkpoint_every": 1, "keep_last": 1},
+                "loss": {"queue_size": 64, "tau_teacher": 0.05, "tau_student": 0.07},
+                "resources": {"num_cpus": 2, "teacher": {"num_actors": 1, "num_cpus": 1, "threads": 1,
+                                                         "batch_size": 64}},
+                "tracking": {"tracking_uri": f"sqlite:///{root / 'mlflow.db'}"},
+            },
+            "space": {"train.lr": {"grid": lrs},
+                      **({"loss.tau_teacher": {"choice": tau_teacher}} if tau_teacher else {})},
+        }},
+    }
+    path.write_text(yaml.safe_dump(space, sort_keys=False))
+    return path
+
+
+@pytest.fixture(scope="module")
+def sweep(tmp_path_factory, ray_session, tiny_bert, teacher_dir):  # noqa: F811 - the fixture
+    from raydistill.runtime.tune import plan_sweep, run_sweep
+
+    root = tmp_path_factory.mktemp("tune")
+    space = write_space(root / "tiny.yaml", tiny_bert, teacher_dir, root)
+    plan = plan_sweep(str(tiny_bert), "congen", str(teacher_dir), space_file=space, sweep_dir=root / "sweep",
+                      experiment="test-tune", evaluate_sets=("sts13",), results_dir=root / "results",
+                      command="pytest tests/test_tune.py")
+    InterruptAt.armed = True
+    first = run_sweep(plan, callbacks=[InterruptAt(lr=LRS[2], step=EVAL_EVERY)], verbose=0)
+    code = cli_main(["tune", "--resume", "--sweep-dir", str(root / "sweep")])
+    final = json.loads((root / "sweep" / "summary.json").read_text())
+    return {"root": root, "plan": plan, "first": first, "final": final, "resume_code": code}
+
+
+def by_lr(summary):
+    return {row["params"]["train.lr"]: row for row in summary["trials"]}
+
+
+@pytest.mark.ray
+def test_interrupted_sweep_resumes_and_keeps_finished_trials(sweep):
+    first, final = sweep["first"], sweep["final"]
+    assert first["ended_by"] == "interrupted"
+    done_before = {row["trial_id"]: row for row in first["trials"] if row["status"] in ("finished", "stopped_early")}
+    assert sorted(row["params"]["train.lr"] for row in done_before.values()) == sorted(LRS[:2])
+    assert [row["params"]["train.lr"] for row in first["trials"] if row["status"] == "interrupted"] == [LRS[2]]
+    assert sweep["resume_code"] == 0
+    assert final["ended_by"] == "completed"
+    assert final["trials_total"] == len(LRS) and final["counts"]["interrupted"] == 0
+    assert sorted(by_lr(final)) == sorted(LRS)
+    for row in final["trials"]:
+        if row["trial_id"] in done_before:  # kept, not run again
+            before = done_before[row["trial_id"]]
+            assert (row["status"], row["attempts"], row["reports"]) == (before["status"], 1, before["reports"])
+    # Running when interrupted: restarted from its own last checkpoint (checkpoint_every=1, so a step at or after the
+    # interrupt, depending on how far the trial got before the SIGINT reached the driver), not from step 0.
+    restarted = by_lr(final)[LRS[2]]
+    assert restarted["attempts"] == 2 and 1 <= restarted["resumed_from"] < ROWS // BATCH
+    assert restarted["status"] in ("finished", "stopped_early")
+    assert len(final["teacher_passes"]) == 2  # one per driver run
+
+
+@pytest.mark.ray
+def test_asha_stops_the_wrecked_trial_early_and_the_nan_trial_fails(sweep):
+    rows = by_lr(sweep["final"])
+    assert rows[0.5]["status"] == "stopped_early"
+    assert rows[0.5]["last_step"] < rows[0.5]["total_steps"] == ROWS // BATCH
+    assert rows[1e-3]["status"] == "finished" and rows[1e-3]["last_step"] == ROWS // BATCH
+    assert rows[1e6]["status"] == "failed" and "loss is nan" in rows[1e6]["error"]
+    assert sweep["final"]["counts"]["failed"] == 1 and sweep["final"]["counts"]["stopped_early"] >= 1
+    assert rows[1e-3]["best_stsb_dev"] > rows[0.5]["best_stsb_dev"]
+
+
+@pytest.mark.ray
+def test_teacher_encodes_the_corpus_once_per_sweep(sweep):
+    first_pass, resumed_pass = sweep["final"]["teacher_passes"]
+    assert (first_pass["misses"], first_pass["teacher_forward_sentences"]) == (ROWS, ROWS)
+    assert (resumed_pass["hits"], resumed_pass["teacher_forward_sentences"]) == (ROWS, 0)
+    assert sweep["final"]["teacher_forward_sentences"] == {"driver": ROWS, "trials": 0, "total": ROWS}
+    for row in sweep["final"]["trials"]:
+        if row["status"] != "failed" or row["reports"]:
+            assert row["teacher_cache_hits"] >= ROWS  # every trial read its vectors from the cache
+
+
+@pytest.mark.ray
+def test_mlflow_has_one_parent_run_and_a_child_run_per_trial(sweep):
+    from mlflow import MlflowClient
+
+    final = sweep["final"]
+    client = MlflowClient(tracking_uri=final["mlflow"]["tracking_uri"])
+    parent = client.get_run(final["mlflow"]["parent_run_id"])
+    assert parent.info.status == "FINISHED"
+    assert parent.data.metrics["teacher_forward_sentences_total"] == ROWS
+    assert parent.data.metrics["trials_failed"] == 1 and "space.train.lr" in parent.data.params
+    children = client.search_runs([parent.info.experiment_id],
+                                  filter_string=f"tags.mlflow.parentRunId = '{parent.info.run_id}'")
+    assert len(children) == len(LRS)
+    expected = {"finished": "FINISHED", "stopped_early": "KILLED", "failed": "FAILED"}
+    rows = {row["mlflow_run_id"]: row for row in final["trials"]}
+    for child in children:
+        row = rows[child.info.run_id]
+        assert child.info.status == expected[row["status"]], row
+        assert child.data.tags["raydistill.trial_status"] == row["status"]
+        assert float(child.data.params["tune.train.lr"]) == row["params"]["train.lr"]
+        assert child.data.params["K"] == "64"  # the trial's full config is there too
+        if row["status"] != "failed":
+            # A restarted trial may log the evaluation of a step it repeats after its checkpoint again: steps, not
+            # entries, must cover the run.
+            curve = client.get_metric_history(child.info.run_id, "stsb_dev")
+            assert sorted({point.step for point in curve}) == list(range(EVAL_EVERY, row["last_step"] + 1, EVAL_EVERY))
+            assert len(client.get_metric_history(child.info.run_id, "loss")) >= row["last_step"]
+
+
+@pytest.mark.ray
+def test_best_trial_is_exported_as_a_model_and_a_job_config(sweep):
+    from raydistill.models import BiEncoder
+    from raydistill.runtime.config import JobConfig
+
+    final = sweep["final"]
+    best = final["best"]
+    ranked = [row for row in final["trials"] if row["status"] != "failed"]
+    assert best["trial_id"] == ranked[0]["trial_id"]
+    assert best["best_stsb_dev"] == max(row["best_stsb_dev"] for row in ranked)
+    model = BiEncoder.from_pretrained(best["model_dir"])
+    assert model.encode(["a dog runs"], normalize=True).shape == (1, 48)  # projected to the teacher's width
+    assert os.path.isfile(os.path.join(best["model_dir"], "modules.json"))
+    cfg = JobConfig.from_yaml(best["config_path"]).validate()
+    assert cfg.train.lr == best["params"]["train.lr"] and cfg.run_dir is None
+    assert cfg.resources.learner.num_learners == 0 and cfg.data.max_sentences == ROWS
+    assert set(best["scores"]) == {"sts13"}  # evaluate_sets of the plan
+
+
+def test_cli_rejects_bad_arguments_at_parse_time(capsys):
+    for argv, message in [
+        (["tune", "--student", "bert-mni"], "bert-mini"),
+        (["tune", "--student", "bert-mini", "--queue-size", "1024,-5"], "queue size K must be a positive integer"),
+        (["tune", "--student", "bert-mini", "--tau-teacher", "0"], "expected a number > 0"),
+        (["tune", "--student", "bert-mini", "--tau-student", "0.05,-0.1"], "expected a number > 0"),
+        (["tune", "--student", "bert-mini", "--method", "congenn"], "choose from congen"),
+        (["tune", "--student", "bert-mini", "--time-budget", "soon"], "duration"),
+    ]:
+        with pytest.raises(SystemExit) as exc:
+            cli_main(argv)
+        assert exc.value.code == 2
+        err = capsys.readouterr().err
+        assert message in err, (argv, err)
+    with pytest.raises(SystemExit):
+        cli_main(["tune", "--student", "nope"])
+    assert "minilm-l6, mpnet-base, minilm-l3, bert-tiny, bert-mini, bert-small" in capsys.readouterr().err
+
+
+def test_list_shows_every_space_file(capsys):
+    assert cli_main(["tune", "--list"]) == 0
+    out = capsys.readouterr().out
+    for name in ("bert-tiny", "bert-mini", "bert-small", "minilm-l3", "default"):
+        assert f"  {name} " in out
+    assert "congen (4 keys)" in out
+
+
+def test_space_errors_name_file_line_and_field(tmp_path, tiny_bert, teacher_dir):
+    from raydistill.runtime.tune import SpaceError, plan_sweep
+
+    space = write_space(tmp_path / "bad.yaml", tiny_bert, teacher_dir, tmp_path, lrs=[1e-3],
+                        tau_teacher=[0.05, 0.0])
+    line = next(i for i, text in enumerate(space.read_text().splitlines(), 1) if "loss.tau_teacher" in text)
+    with pytest.raises(SpaceError, match=rf"bad.yaml:{line}: field 'methods.congen.space.loss.tau_teacher': "
+                                         r"loss.tau_teacher=0.0: .*> 0"):
+        plan_sweep(str(tiny_bert), "congen", str(teacher_dir), space_file=space, sweep_dir=tmp_path / "s")
+    # Values given on the command line are checked the same way.
+    space = write_space(tmp_path / "ok.yaml", tiny_bert, teacher_dir, tmp_path, lrs=[1e-3])
+    with pytest.raises(SpaceError, match=r"command-line search values: loss.queue_size=8: .*smaller than "
+                                         r"train.batch_size"):
+        plan_sweep(str(tiny_bert), "congen", str(teacher_dir), space_file=space, sweep_dir=tmp_path / "s",
+                   param_values={"loss.queue_size": [64, 8]})
+    # A default point of every shipped space file is a valid job.
+    plan = plan_sweep("bert-mini", "congen", space_file=None, sweep_dir=tmp_path / "s2")
+    assert plan.start_from == [{"train.lr": 3e-4, "loss.queue_size": 16384, "loss.tau_teacher": 0.05,
+                                "loss.tau_student": 0.07}]
+    assert plan.teacher == "mpnet-base" and plan.algorithm in ("random", "optuna")
