@@ -158,3 +158,18 @@ def caption_texts(count: int, seed: int = 0) -> list[str]:
     texts = list(seen)
     order = np.random.default_rng(seed).permutation(len(texts))[:count]
     return [texts[i] for i in order]
+
+
+def sts_sentences(count: int, seed: int = 0) -> list[str]:
+    """``count`` distinct sentences of STS12-16 and STS-B test in a seeded random order (the encode benchmarks')."""
+    import numpy as np
+
+    from raydistill.data import load_dataset
+
+    seen: dict[str, None] = {}
+    for name in ("sts12", "sts13", "sts14", "sts15", "sts16", "stsb_test"):
+        for pair in load_dataset(name):
+            seen.setdefault(pair.sentence1, None)
+            seen.setdefault(pair.sentence2, None)
+    texts = list(seen)
+    return [texts[i] for i in np.random.default_rng(seed).permutation(len(texts))[:count]]

@@ -56,7 +56,7 @@ import common  # noqa: F401  (environment before torch)
 import numpy as np
 import torch
 
-from common import RESULTS, ROOT, load_average, median, read_record, set_threads, write_record
+from common import RESULTS, ROOT, load_average, median, read_record, set_threads, sts_sentences, write_record
 from limit import encoder_shape, measure_limit, token_counts
 
 TEACHER = "mpnet-base"
@@ -261,19 +261,6 @@ def measure_training(student: str, args, teacher_mode: str, limit_gflops: float,
 
 # ----------------------------------------------------------------------------------------------------------------
 # Inference
-
-
-def sts_sentences(count: int, seed: int = 0) -> list[str]:
-    """``count`` distinct sentences of STS12-16 and STS-B test in a seeded random order."""
-    from raydistill.data import load_dataset
-
-    seen: dict[str, None] = {}
-    for name in ("sts12", "sts13", "sts14", "sts15", "sts16", "stsb_test"):
-        for pair in load_dataset(name):
-            seen.setdefault(pair.sentence1, None)
-            seen.setdefault(pair.sentence2, None)
-    texts = list(seen)
-    return [texts[i] for i in np.random.default_rng(seed).permutation(len(texts))[:count]]
 
 
 def plain_rate(model, texts: list[str], batch: int) -> float:
