@@ -24,8 +24,9 @@ from raydistill.evaluation import (
 )
 
 RESULTS_DIR = Path(__file__).resolve().parents[1] / "results"
-# bench-*.json are timing records with their own layout (scripts/readme_tables.py skips them too).
-RESULT_FILES = sorted(p for p in RESULTS_DIR.glob("**/*.json") if not p.name.startswith("bench-"))
+# bench-*.json are timing records and diag-*.json diagnostic experiments, each with its own layout
+# (scripts/readme_tables.py skips them too).
+RESULT_FILES = sorted(p for p in RESULTS_DIR.glob("**/*.json") if not p.name.startswith(("bench-", "diag-")))
 
 
 def scores(**overrides) -> dict:
