@@ -360,5 +360,7 @@ def test_trans_encoder_cycle_bi_to_cross_to_bi(tiny_models, teacher_model, sts_p
     after = bi_agreement()
     print(f"trans-encoder cross->bi: loss {first_loss:.4f} -> {last_loss:.4f}; held-out Spearman with the "
           f"cross-encoder {before:.3f} -> {after:.3f}")
-    # measured +0.11 … +0.35: the tiny cross-encoder's own held-out scores are a noisy teacher
-    assert last_loss < first_loss and after > before + 0.05
+    # measured +0.11 … +0.35: the tiny cross-encoder's own held-out scores are a noisy teacher. Its scores span a
+    # narrow band, so the cosine MSE starts near its noise floor (~0.04) and the epoch means can move either way by
+    # a few percent (seen once in CI: 0.0425 -> 0.0442 while the agreement rose by 0.16); the agreement is the test.
+    assert last_loss < 1.1 * first_loss and after > before + 0.05
