@@ -13,8 +13,9 @@ with the cache warm, and reports:
     sweep_vs_separate_runs          sweep wall ÷ N × (teacher pass + single student-only run): what N independent
                                     jobs without a shared cache would cost
 
-Ray is started before the clock, so neither side pays its start-up. Trials get 1 CPU and 1 thread each (two at a
-time on 2 cores); the single run uses the job's own resources (2 threads), as a user would run it.
+Ray is started before the clock, so neither side pays its start-up. Trials reserve 0.5 CPU and run 1 thread each:
+two at a time on 2 cores, with one CPU left unreserved for the Ray Data tasks inside the trials
+(``tune.trial_concurrency``); the single run uses the job's own resources (2 threads), as a user would run it.
 
     python bench/sweep.py                                # prints the summary and the JSON
     python bench/sweep.py --write results/bench-sweep.json
@@ -41,7 +42,9 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--teacher", default="minilm-l6", help="the cost ratio, not the teacher, is measured")
     parser.add_argument("--sentences", type=int, default=1024, help="corpus rows (Flickr captions)")
     parser.add_argument("--batch", type=int, default=64)
-    parser.add_argument("--cpus-per-trial", type=float, default=1.0)
+    parser.add_argument("--cpus-per-trial", type=float, default=0.5)
+    parser.add_argument("--tracking-uri", default=None,
+                        help="MLflow store for the sweep's runs (default: a temporary sqlite file, deleted after)")
     parser.add_argument("--write", type=Path, default=None, help=f"e.g. {RESULTS.name}/bench-sweep.json")
     args = parser.parse_args(argv)
     load_before = load_average()
@@ -53,13 +56,14 @@ def main(argv: list[str] | None = None) -> dict:
 
     work = Path(tempfile.mkdtemp(prefix="bench-sweep-"))
     try:
+        tracking_uri = args.tracking_uri or f"sqlite:///{work / 'mlflow.db'}"
         overrides = [f"data.max_sentences={args.sentences}", f"train.batch_size={args.batch}", "train.epochs=1",
                      "train.eval_every=1000", "train.checkpoint_every=1000", f"cache_dir={work / 'embeddings'}"]
         plan = tune.plan_sweep(
             args.student, "congen", args.teacher, overrides=overrides, sweep_dir=work / "sweep",
             settings={"num_samples": args.trials, "algorithm": "random", "seed": 0, "grace_evals": 10_000,
                       "num_cpus": args.cpus_per_trial, "time_budget_s": None},
-            tracking_uri=f"sqlite:///{work / 'mlflow.db'}", evaluate_sets=(), command=common.command_line())
+            tracking_uri=tracking_uri, evaluate_sets=(), command=common.command_line())
         base = plan.base()
         init_ray(base)
 
@@ -75,7 +79,7 @@ def main(argv: list[str] | None = None) -> dict:
         single_dir = work / "single"
         single = with_method_defaults(plan.export_config(dict(plan.start_from[0]) if plan.start_from else {})
                                       .with_overrides([f"run_dir={single_dir}", f"cache_dir={work / 'embeddings'}",
-                                                       f"tracking.tracking_uri=sqlite:///{work / 'mlflow.db'}"]))
+                                                       f"tracking.tracking_uri={tracking_uri}"]))
         started = time.perf_counter()
         record = run_distillation(single.validate(), evaluate=False, results_dir=work / "results")
         single_s = time.perf_counter() - started
@@ -97,6 +101,7 @@ def main(argv: list[str] | None = None) -> dict:
         "trials": args.trials, "student": args.student, "teacher": args.teacher, "method": "congen",
         "corpus_rows": rows, "teacher_views": views, "batch": args.batch,
         "cpus_per_trial": args.cpus_per_trial,
+        "concurrent_trials": tune.trial_concurrency(plan.sweep_settings, base.resources.num_cpus),
         "teacher_forward_sentences": forward, "single_run_teacher_forward_sentences": single_teacher,
         "teacher_pass_s": round(teacher_s, 1), "single_run_s": round(single_s, 1), "sweep_s": round(sweep_s, 1),
         "trial_status": summary["counts"], "ended_by": summary["ended_by"],

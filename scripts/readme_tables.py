@@ -77,9 +77,14 @@ def distill_table(records: list[dict]) -> str:
     teachers = {r["model"]: r for r in records if r["kind"] == "baseline"}
     rows = [r for r in records if r["kind"] == "distill"]
     rows.sort(key=lambda r: (r.get("teacher") or "", r["model"], -r["scores"]["avg"]))
+    # the unsupervised SimCSE baseline of each student (same text and schedule): every distilled student must beat it
+    simcse = {}
+    for r in rows:
+        if r.get("method") == "simcse" and r["scores"]["avg"] > simcse.get(r["model"], -1.0):
+            simcse[r["model"]] = r["scores"]["avg"]
     header = ("| method | student | teacher | lr | params (M) | " + " | ".join(STS7)
-              + " | avg | before | % of teacher | minutes | seed paper | result file |")
-    rule = "|" + "---|" * (len(STS7) + 11)
+              + " | avg | before | % of teacher | vs SimCSE | minutes | seed paper | result file |")
+    rule = "|" + "---|" * (len(STS7) + 12)
     lines = [header, rule]
     for r in rows:
         scores = r["scores"]
@@ -88,11 +93,13 @@ def distill_table(records: list[dict]) -> str:
         start = teachers.get(r["model"])  # the student's own baseline: the derived checkpoint before training
         before = f"{start['scores']['avg']:.2f}" if start else "–"
         cells = [f"{scores[name]:.2f}" for name in STS7] + [f"**{scores['avg']:.2f}**"]
+        baseline = simcse.get(r["model"])
+        vs_simcse = "–" if baseline is None or r.get("method") == "simcse" else f"{scores['avg'] - baseline:+.2f}"
         lines.append("| " + " | ".join([
             r.get("method", "?"), f"`{r['model']}`", f"`{r.get('teacher') or '–'}`",
             f"{r.get('training', {}).get('lr', '–'):g}" if "lr" in r.get("training", {}) else "–",
             f"{r['params_m']:.1f}", *cells, before,
-            retention, _minutes(r.get("wall_s")), PAPER_REFERENCE.get((r.get("method"), r["model"]), "–"),
+            retention, vs_simcse, _minutes(r.get("wall_s")), PAPER_REFERENCE.get((r.get("method"), r["model"]), "–"),
             f"[{r['_file']}](results/{r['_file']})"]) + " |")
     return "\n".join(lines)
 

@@ -233,3 +233,19 @@ def test_default_run_and_cache_dirs(congen_file, monkeypatch, tmp_path):
     assert cfg.resolved_run_dir() == tmp_path / "runs" / "congen-bert-tiny-minilm-l6"
     assert cfg.resolved_cache_dir() == tmp_path / "home" / "embeddings"
     assert textwrap.dedent(cfg.to_yaml()).startswith("method: congen\n")
+
+
+def test_outputs_inside_a_ray_job_working_dir_copy_are_warned_about(tmp_path, monkeypatch, capsys):
+    """`ray job submit --working-dir .` runs the job in a temporary copy; defaults relative to it would be lost."""
+    from raydistill.runtime.cluster import warn_if_outputs_are_ephemeral
+
+    copy = tmp_path / "runtime_resources" / "working_dir_files" / "_ray_pkg_0123"
+    copy.mkdir(parents=True)
+    monkeypatch.chdir(copy)
+    warned = warn_if_outputs_are_ephemeral({"run dir": copy / "runs" / "x", "results dir": tmp_path / "results",
+                                            "MLflow store": f"sqlite:///{copy / 'mlflow.db'}"})
+    assert warned == ["run dir", "MLflow store"]
+    assert "MLFLOW_TRACKING_URI" in capsys.readouterr().out
+
+    monkeypatch.chdir(tmp_path)  # an ordinary checkout: nothing to say
+    assert warn_if_outputs_are_ephemeral({"run dir": tmp_path / "runs"}) == []

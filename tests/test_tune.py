@@ -252,3 +252,26 @@ def test_space_errors_name_file_line_and_field(tmp_path, tiny_bert, teacher_dir)
     assert plan.start_from == [{"train.lr": 3e-4, "loss.queue_size": 16384, "loss.tau_teacher": 0.05,
                                 "loss.tau_student": 0.07}]
     assert plan.teacher == "mpnet-base" and plan.algorithm in ("random", "optuna")
+
+
+@pytest.mark.parametrize("cpus_per_trial, cluster_cpus, requested, expected", [
+    (1.0, 2, None, 1),     # 2 cores: one trial, the other CPU for Ray Data inside it
+    (0.5, 2, None, 2),     # half a CPU each: two at a time, still one CPU unreserved
+    (0.5, 2, 1, 1),        # an explicit max_concurrent_trials below the cap wins
+    (1.0, 16, None, 15),   # a bigger node: every CPU but one
+    (4.0, 64, 32, 15),     # a cap above what fits is lowered
+])
+def test_trial_concurrency_always_leaves_ray_data_a_cpu(cpus_per_trial, cluster_cpus, requested, expected):
+    from raydistill.runtime.tune import SweepSettings, trial_concurrency
+
+    settings = SweepSettings(num_cpus=cpus_per_trial, max_concurrent_trials=requested)
+    concurrency = trial_concurrency(settings, cluster_cpus)
+    assert concurrency == expected
+    assert concurrency * cpus_per_trial + 1 <= cluster_cpus
+
+
+def test_a_trial_that_would_take_every_cpu_is_refused_before_it_starts():
+    from raydistill.runtime.tune import SpaceError, SweepSettings, trial_concurrency
+
+    with pytest.raises(SpaceError, match="--cpus-per-trial 1 or less"):
+        trial_concurrency(SweepSettings(num_cpus=2.0), 2)

@@ -15,7 +15,7 @@ from typing import Any
 
 from raydistill.runtime.config import ConfigError, JobConfig
 
-__all__ = ["init_ray", "check_resources", "configure_data_context", "prepare_worker_environment", "ResourceError",
+__all__ = ["init_ray", "check_resources", "warn_if_outputs_are_ephemeral", "configure_data_context", "prepare_worker_environment", "ResourceError",
            "WORKER_ENV"]
 
 log = logging.getLogger(__name__)
@@ -143,3 +143,26 @@ def check_resources(cfg: JobConfig, available: dict[str, float] | None = None) -
     if problems:
         source = f"{cfg._source}: " if cfg._source else ""
         raise ResourceError(f"{source}resources do not fit ({where}):\n  - " + "\n  - ".join(problems))
+
+
+def warn_if_outputs_are_ephemeral(outputs: dict[str, str | os.PathLike]) -> list[str]:
+    """Under ``ray job submit --working-dir .`` the job runs in a temporary copy of the directory
+    (``.../runtime_resources/working_dir_files/_ray_pkg_*``) that Ray deletes with its session; the default run
+    directory and the default MLflow store are relative to it, so a job's checkpoints and runs would vanish.
+    Print one warning naming each output that lies there and how to move it; return the names warned about."""
+    cwd = Path.cwd().resolve()
+    if "working_dir_files" not in cwd.parts:
+        return []
+    ephemeral = []
+    for name, location in outputs.items():
+        text = str(location)
+        path = Path(text[len("sqlite:///"):] if text.startswith("sqlite:///") else text)
+        if path.is_absolute() and path.resolve().is_relative_to(cwd):
+            ephemeral.append(name)
+    if ephemeral:
+        print(f"warning: {', '.join(ephemeral)} lie in Ray's temporary copy of the working dir ({cwd}), which is "
+              "deleted with the Ray session: pass --run-dir / --results-dir with absolute paths on shared storage "
+              "and set MLFLOW_TRACKING_URI (e.g. --runtime-env-json '{\"env_vars\": {\"MLFLOW_TRACKING_URI\": "
+              "\"sqlite:////abs/path/mlflow.db\"}}')", flush=True)
+    return ephemeral
+

@@ -89,7 +89,7 @@ def run_distillation(cfg: JobConfig, *, results_dir: str | os.PathLike | None = 
     dev evaluation; steps count over all stages. ``raydistill.runtime.tune`` reports to Ray Tune from it.
     """
     from raydistill.runtime.checkpoint import OutputDirError, check_output_dir, current_git_sha
-    from raydistill.runtime.cluster import check_resources, init_ray
+    from raydistill.runtime.cluster import check_resources, init_ray, warn_if_outputs_are_ephemeral
     from raydistill.runtime.methods import stage_plan, with_method_defaults
     from raydistill.runtime.tracking import Tracker
 
@@ -121,6 +121,8 @@ def run_distillation(cfg: JobConfig, *, results_dir: str | os.PathLike | None = 
                                                                  "teacher": teacher_label(cfg) or "none"})
     tracking = f"; MLflow {tracker.tracking_uri} run {tracker.run_id}" if tracker.run_id else ""
     print(f"[{cfg.method}] run dir {run_dir}{tracking}", flush=True)
+    warn_if_outputs_are_ephemeral({"run dir": run_dir, "results dir": result_path.parent,
+                                   "MLflow store": tracker.tracking_uri or ""})
     with tracker if own_tracker else contextlib.nullcontext(tracker):
         tracker.log_params({**_summary_params(cfg), "git_sha": git_sha or "unknown",
                             "config": cfg.to_dict(), "stages": ",".join(s.name for s in stages)})

@@ -698,6 +698,8 @@ class TransEncoderJob:
         if done:
             self._say(f"resuming: {len(done)} completed stage(s) will be skipped ({', '.join(done)})")
 
+        from raydistill.runtime.cluster import warn_if_outputs_are_ephemeral
+
         restore_data_context = start_ray(cfg)
         status, families = "FAILED", None
         try:
@@ -706,6 +708,8 @@ class TransEncoderJob:
                                    tags={"method": cfg.method, "run_dir": str(self.run_dir),
                                          "resumed": str(bool(done)).lower()})
             self.tracker.log_params(self._params(pair_set))
+            warn_if_outputs_are_ephemeral({"run dir": self.run_dir, "results dir": cfg.resolved_results_dir(),
+                                           "MLflow store": self.tracker.tracking_uri or ""})
             families = _Families(cfg, ray.put(pair_set), poolings)
             self._cycle_zero(families)
             stopped = None

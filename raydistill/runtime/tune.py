@@ -43,8 +43,12 @@ default as a reference trial.
 Resources. ``resources_per_trial: {num_cpus, num_gpus, threads}`` (space file, ``--cpus-per-trial`` /
 ``--gpus-per-trial``) goes to ``tune.with_resources``; the trial's learner runs in the trial process
 (``resources.learner.num_learners: 0``) with ``torch.set_num_threads(threads)`` (default: the trial's whole CPUs,
-at least 1), so on 2 CPUs ``num_cpus: 1`` runs two trials at a time with one thread each and never oversubscribes;
-on a cluster the same file runs as many trials as there are CPUs/GPUs (``num_gpus: 1`` puts each learner on a GPU).
+at least 1). Each trial builds its data with Ray Data, whose tasks are scheduled outside the trial's reservation,
+so the sweep always leaves one CPU of the cluster unreserved: at most ``floor((CPUs - 1) / num_cpus)`` trials run
+at once (``trial_concurrency``; a smaller ``max_concurrent_trials`` wins), and a trial that would take every CPU is
+refused before the teacher pass. On 2 CPUs ``num_cpus: 1`` runs one trial at a time with one thread, and
+``num_cpus: 0.5`` two at a time with one thread each; on a cluster the same file runs as many trials as there are
+CPUs/GPUs (``num_gpus: 1`` puts each learner on a GPU).
 
 Resume. Ctrl-C (SIGINT) stops the sweep; Tune saves its state under ``<sweep>/tune``. ``--resume`` restores it with
 ``Tuner.restore(resume_unfinished=True)``: finished, stopped and failed trials are kept as they are, running ones
@@ -838,6 +842,20 @@ def distill_trial(config: dict[str, Any], plan: dict[str, Any]) -> None:
     reporter.finish(record)
 
 
+def trial_concurrency(settings: "SweepSettings", cluster_cpus: float, data_cpus: float = 1.0) -> int:
+    """How many trials may run at once: their CPUs plus ``data_cpus`` left free for the Ray Data tasks every trial
+    starts (from_arrow, iteration), which Ray schedules outside the trial's placement group. With every CPU held by
+    trials those tasks would wait forever (../shared/notes/ray.md §2)."""
+    free = cluster_cpus - data_cpus
+    if settings.num_cpus > free + 1e-9:
+        raise SpaceError(
+            f"resources_per_trial.num_cpus = {settings.num_cpus:g} leaves no CPU for Ray Data on a cluster of "
+            f"{cluster_cpus:g} CPUs (each trial's data tasks need {data_cpus:g} CPU outside the trials): use "
+            f"--cpus-per-trial {max(0.25, free):g} or less")
+    cap = max(1, int(math.floor(free / settings.num_cpus + 1e-9)))
+    return min(cap, settings.max_concurrent_trials or cap)
+
+
 def _plain(value: Any) -> Any:
     return value.item() if hasattr(value, "item") else value
 
@@ -856,6 +874,7 @@ def run_sweep(plan: SweepPlan, *, resume: bool = False, callbacks: list | None =
 
     ``callbacks``: extra ``ray.tune.Callback`` objects for the Tuner (they are saved with it and come back on resume).
     """
+    import ray
     from ray import tune
 
     from raydistill.runtime.cluster import init_ray
@@ -872,6 +891,7 @@ def run_sweep(plan: SweepPlan, *, resume: bool = False, callbacks: list | None =
     sweep_dir.mkdir(parents=True, exist_ok=True)
     base = plan.base()
     init_ray(base)
+    concurrency = trial_concurrency(plan.sweep_settings, float(ray.cluster_resources().get("CPU", 0)))
 
     parent = Tracker(plan.tracking(plan.name), run_id=plan.parent_run_id if resume else None,
                      tags={"raydistill.sweep": plan.name, "raydistill.kind": "tune", "method": plan.method,
@@ -899,7 +919,9 @@ def run_sweep(plan: SweepPlan, *, resume: bool = False, callbacks: list | None =
                                                           if parent.run_id else ""), flush=True)
     try:
         teacher_pass, max_t = _shared_data_pass(plan, parent)
-        tuner = _tuner(plan, max_t, resume=resume, callbacks=callbacks, verbose=verbose)
+        print(f"[tune] up to {concurrency} trial(s) at once ({plan.sweep_settings.num_cpus:g} CPU and "
+              f"{plan.sweep_settings.trial_threads()} thread(s) each; 1 CPU left to Ray Data)", flush=True)
+        tuner = _tuner(plan, max_t, resume=resume, callbacks=callbacks, verbose=verbose, concurrency=concurrency)
         tuner.fit()
         summary = _summarize(plan, teacher_pass, started)
         _prune_checkpoints(summary)
@@ -955,7 +977,8 @@ def _shared_data_pass(plan: SweepPlan, parent) -> tuple[dict[str, Any], int]:
     return {"passes": passes}, max_t
 
 
-def _tuner(plan: SweepPlan, max_t: int, *, resume: bool, callbacks: list | None, verbose: int):
+def _tuner(plan: SweepPlan, max_t: int, *, resume: bool, callbacks: list | None, verbose: int,
+           concurrency: int | None = None):
     from ray import tune
     from ray.tune.schedulers import ASHAScheduler
 
@@ -970,7 +993,7 @@ def _tuner(plan: SweepPlan, max_t: int, *, resume: bool, callbacks: list | None,
     scheduler = ASHAScheduler(time_attr="step", max_t=max(max_t, grace), grace_period=grace,
                               reduction_factor=settings.reduction_factor, stop_last_trials=False)
     points = [dict(p) for p in plan.start_from]
-    max_concurrent = settings.max_concurrent_trials
+    max_concurrent = concurrency or settings.max_concurrent_trials
     if plan.algorithm == "optuna":
         from ray.tune.search.optuna import OptunaSearch
 
@@ -984,7 +1007,10 @@ def _tuner(plan: SweepPlan, max_t: int, *, resume: bool, callbacks: list | None,
         max_concurrent = None
     tune_config = tune.TuneConfig(metric=METRIC, mode="max", search_alg=search, scheduler=scheduler,
                                   num_samples=settings.num_samples, max_concurrent_trials=max_concurrent,
-                                  time_budget_s=settings.time_budget_s, trial_dirname_creator=_trial_dirname)
+                                  time_budget_s=settings.time_budget_s, trial_dirname_creator=_trial_dirname,
+                                  # the next trial runs in the finished one's process: no new worker, no second
+                                  # import of torch/transformers/ray.data (bench/sweep.py measures the difference)
+                                  reuse_actors=True)
     run_config = tune.RunConfig(name=plan.tune_dir.name, storage_path=str(plan.tune_dir.parent),
                                 failure_config=tune.FailureConfig(max_failures=0, fail_fast=False),
                                 callbacks=callbacks, verbose=verbose)

@@ -1,0 +1,16 @@
+"""Unsupervised SimCSE baseline: the same student and text as the distillation jobs, no teacher.
+
+    python jobs/simcse.py [--config configs/simcse.yaml] [--set train.lr=1e-4 ...] [--run-dir DIR]
+
+Standalone it starts a local Ray; under `ray job submit` it joins the cluster (RAY_ADDRESS).
+"""
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # a checkout, or the working dir `ray job submit` uploaded
+
+from raydistill.runtime.entry import distill_job_main  # noqa: E402
+
+if __name__ == "__main__":
+    distill_job_main("simcse", __doc__)
