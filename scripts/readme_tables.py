@@ -95,8 +95,11 @@ def distill_table(records: list[dict]) -> str:
         cells = [f"{scores[name]:.2f}" for name in STS7] + [f"**{scores['avg']:.2f}**"]
         baseline = simcse.get(r["model"])
         vs_simcse = "–" if baseline is None or r.get("method") == "simcse" else f"{scores['avg'] - baseline:+.2f}"
+        method = r.get("method", "?")
+        if r.get("training", {}).get("student_projection_init") == "orthogonal":
+            method += " (orthogonal projection init)"
         lines.append("| " + " | ".join([
-            r.get("method", "?"), f"`{r['model']}`", f"`{r.get('teacher') or '–'}`",
+            method, f"`{r['model']}`", f"`{r.get('teacher') or '–'}`",
             f"{r.get('training', {}).get('lr', '–'):g}" if "lr" in r.get("training", {}) else "–",
             f"{r['params_m']:.1f}", *cells, before,
             retention, vs_simcse, _minutes(r.get("wall_s")), PAPER_REFERENCE.get((r.get("method"), r["model"]), "–"),

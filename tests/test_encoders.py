@@ -342,3 +342,30 @@ def test_cross_encoder_starts_from_saved_bi_encoder(tiny_bert, tmp_path):
     for name, weight in bi.transformer.state_dict().items():
         if not name.startswith("pooler"):
             torch.testing.assert_close(ce.model.base_model.state_dict()[name], weight, rtol=0, atol=0)
+
+
+def test_orthogonal_projection_keeps_the_students_cosine_geometry(tiny_bert, real_sentences):
+    """init "orthogonal": Wᵀ W = I and zero bias, so before any training the projected vectors have exactly the
+    student's cosines (identity activation) — a good sentence encoder does not start distillation from a random
+    rotation-and-squash of itself."""
+    def cosines(vectors: np.ndarray) -> np.ndarray:
+        unit = vectors / np.linalg.norm(vectors, axis=1, keepdims=True)
+        return unit @ unit.T
+
+    texts = varied_sentences(real_sentences, 6)
+    plain = BiEncoder.from_pretrained(tiny_bert)
+    wide = 2 * plain.dim
+    torch.manual_seed(0)
+    orthogonal = BiEncoder.from_pretrained(tiny_bert, projection_dim=wide, projection_activation="identity",
+                                           projection_init="orthogonal")
+    weight = orthogonal.projection.weight.detach()  # [P, H]
+    torch.testing.assert_close(weight.T @ weight, torch.eye(plain.dim), atol=1e-5, rtol=0)
+    assert orthogonal.projection.bias.abs().max() == 0
+    np.testing.assert_allclose(cosines(orthogonal.encode(texts)), cosines(plain.encode(texts)), atol=1e-5)
+
+    torch.manual_seed(0)
+    default = BiEncoder.from_pretrained(tiny_bert, projection_dim=wide, projection_activation="identity")
+    assert np.abs(cosines(default.encode(texts)) - cosines(plain.encode(texts))).max() > 1e-3
+
+    with pytest.raises(ValueError, match="projection_init"):
+        BiEncoder.from_pretrained(tiny_bert, projection_dim=wide, projection_init="xavier")

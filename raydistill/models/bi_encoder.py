@@ -205,6 +205,29 @@ def transformer_directory(directory: Path) -> Path:
 # ----------------------------------------------------------------------------------------------------------------
 
 
+PROJECTION_INITS = ("default", "orthogonal")
+
+
+def init_projection(layer: nn.Linear, mode: str = "default") -> None:
+    """Initial weights of a new projection Linear(H -> P).
+
+    "default": PyTorch's (Kaiming-uniform), what ConGen's and SCT's code get from ``models.Dense``.
+    "orthogonal": W with orthonormal columns (P >= H: Wᵀ W = I) and zero bias, so <W x, W y> = <x, y> and, while
+    tanh stays near its linear range (mean-pooled sentence vectors have small components), the student's cosine
+    geometry survives the new layer. A student that is already a good sentence encoder (minilm-l3, layer-selected
+    from all-MiniLM-L6-v2) then starts distillation from its own quality instead of from a random projection of
+    it. A deviation from the authors' code, off by default. Measured for ConGen minilm-l3 <- mpnet-base (lr 1e-4,
+    6,000 captions): 7-STS 71.69 with it vs 71.73 without — the random projection is not why ConGen lowers that
+    student (README, distillation results).
+    """
+    if mode not in PROJECTION_INITS:
+        raise ValueError(f"projection_init must be one of {PROJECTION_INITS}, got {mode!r}")
+    if mode == "orthogonal":
+        nn.init.orthogonal_(layer.weight)  # [P, H]
+        if layer.bias is not None:
+            nn.init.zeros_(layer.bias)
+
+
 class BiEncoder(nn.Module):
     """Sentence encoder: transformer -> mean/CLS pooling -> optional Linear(H -> P) + activation.
 
@@ -223,6 +246,7 @@ class BiEncoder(nn.Module):
         projection_bias: bool = True,
         max_length: int | None = None,
         do_lower_case: bool = False,
+        projection_init: str = "default",
         normalize_in_sentence_transformers: bool = False,
         metadata: dict[str, Any] | None = None,
         source: str | None = None,
@@ -248,6 +272,7 @@ class BiEncoder(nn.Module):
         self.projection = None
         if projection_dim is not None:
             self.projection = nn.Linear(hidden, projection_dim, bias=projection_bias)
+            init_projection(self.projection, projection_init)
 
     # ------------------------------------------------------------------------------------------------------------
     @classmethod
@@ -258,13 +283,14 @@ class BiEncoder(nn.Module):
         projection_dim: int | None = None,
         max_length: int | None = None,
         projection_activation: str | None = None,
+        projection_init: str = "default",
     ) -> BiEncoder:
         """Load a local checkpoint (plain Hugging Face or sentence-transformers directory) or a registry name.
 
         Arguments left as None come from the checkpoint: an ST directory's pooling mode, max_seq_length and
         Dense layer; a plain HF checkpoint defaults to mean pooling and no projection. `projection_dim` on a
         checkpoint without a Dense layer adds a freshly initialised projection (activation `projection_activation`,
-        default tanh).
+        default tanh; weights by `projection_init`, see `init_projection`).
         """
         directory = resolve_checkpoint(name_or_path)
         layout = read_sentence_transformers_layout(directory)
@@ -302,6 +328,7 @@ class BiEncoder(nn.Module):
             max_length=max_length if max_length is not None else (layout.max_seq_length if layout else None),
             do_lower_case=layout.do_lower_case if layout is not None else False,
             normalize_in_sentence_transformers=layout.normalize if layout is not None else False,
+            projection_init=projection_init,
             metadata=read_metadata(directory),
             source=str(directory),
         )

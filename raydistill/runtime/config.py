@@ -133,6 +133,10 @@ _SECTION_ALIASES = {
 }
 
 
+# Top-level fields added after run directories existed: at their default they leave the config hash unchanged.
+_HASHED_ONLY_WHEN_SET = {"student_projection_init": "default"}
+
+
 @dataclass
 class JobConfig:
     method: str
@@ -142,6 +146,9 @@ class JobConfig:
     run_dir: str | None = None  # default runs/<method>-<student>-<teacher>
     cache_dir: str | None = None  # default $RAYDISTILL_HOME/embeddings
     student_pooling: str = "mean"
+    # a projection to the teacher's width, when the method adds one: "default" (the authors') or "orthogonal"
+    # (keeps the student's cosine geometry at the start; raydistill.models.bi_encoder.init_projection)
+    student_projection_init: str = "default"
     teacher_pooling: str | None = None  # None: what the teacher checkpoint declares (sentence-transformers config)
     data: DataConfig = field(default_factory=DataConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
@@ -221,6 +228,9 @@ class JobConfig:
     def config_hash(self, exclude: tuple[str, ...] = DEFAULT_HASH_EXCLUDE) -> str:
         """sha256 (16 hex chars) of the canonical JSON of the config minus ``exclude`` (dotted paths)."""
         plain = _drop_paths(self.to_dict(), exclude)
+        for key, default in _HASHED_ONLY_WHEN_SET.items():  # fields added later: old run dirs keep their hash
+            if plain.get(key, default) == default:
+                plain.pop(key, None)
         canonical = json.dumps(plain, sort_keys=True, separators=(",", ":"), default=str)
         return hashlib.sha256(canonical.encode()).hexdigest()[:16]
 
@@ -262,6 +272,8 @@ class JobConfig:
             self._check_model("teacher", self.teacher)
         if self.student_pooling not in _POOLINGS:
             raise err("student_pooling", f"{self.student_pooling!r} is not one of {', '.join(_POOLINGS)}")
+        if self.student_projection_init not in ("default", "orthogonal"):
+            raise err("student_projection_init", f"{self.student_projection_init!r} is not one of default, orthogonal")
         if self.teacher_pooling is not None and self.teacher_pooling not in _POOLINGS:
             raise err("teacher_pooling", f"{self.teacher_pooling!r} is not one of {', '.join(_POOLINGS)} (or null)")
 

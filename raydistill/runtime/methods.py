@@ -131,7 +131,8 @@ class MethodSpec:
         student = BiEncoder.from_pretrained(source, pooling=cfg.student_pooling, max_length=cfg.data.max_length)
         if self.project_to_teacher and teacher_dim is not None and student.dim != teacher_dim:
             student = BiEncoder.from_pretrained(source, pooling=cfg.student_pooling, max_length=cfg.data.max_length,
-                                                projection_dim=int(teacher_dim), projection_activation="tanh")
+                                                projection_dim=int(teacher_dim), projection_activation="tanh",
+                                                projection_init=cfg.student_projection_init)
         return student
 
     def loss_type(self) -> type:
