@@ -73,6 +73,21 @@ def _minutes(seconds) -> str:
     return f"{seconds / 60:.0f}" if isinstance(seconds, (int, float)) else "–"
 
 
+def _text_and_views(training: dict) -> str:
+    """The training text and its augmented views (``none`` views, the sentence itself, left out)."""
+    views = [v for v in (training.get("views") or {}).values() if v and v != "none"]
+    first = [training.get("corpus") or "–"] + views
+    # stages that bring their own labelled data (their ``rows``): DistilCSE's NLI triplets, DvBERT's NLI pairs
+    # and STS-B train; DvBERT's first stage reads NLI pairs, not the corpus
+    labelled = {"simcse-sup": "NLI triplets", "dvbert": "NLI pairs", "sts-cosine": "STS-B train"}
+    stages = training.get("stages") or []
+    if stages and stages[0].get("method") in labelled:
+        first = []
+    parts = [" · ".join(first)] if first else []
+    parts += [f"{labelled[s['method']]} ({s.get('rows')})" for s in stages if s.get("method") in labelled]
+    return " → ".join(parts)
+
+
 def distill_table(records: list[dict]) -> str:
     teachers = {r["model"]: r for r in records if r["kind"] == "baseline"}
     rows = [r for r in records if r["kind"] == "distill"]
@@ -82,9 +97,9 @@ def distill_table(records: list[dict]) -> str:
     for r in rows:
         if r.get("method") == "simcse" and r["scores"]["avg"] > simcse.get(r["model"], -1.0):
             simcse[r["model"]] = r["scores"]["avg"]
-    header = ("| method | student | teacher | lr | params (M) | " + " | ".join(STS7)
+    header = ("| method | student | teacher | text · views | lr | params (M) | " + " | ".join(STS7)
               + " | avg | before | % of teacher | vs SimCSE | minutes | seed paper | result file |")
-    rule = "|" + "---|" * (len(STS7) + 12)
+    rule = "|" + "---|" * (len(STS7) + 13)
     lines = [header, rule]
     for r in rows:
         scores = r["scores"]
@@ -99,7 +114,7 @@ def distill_table(records: list[dict]) -> str:
         if r.get("training", {}).get("student_projection_init") == "orthogonal":
             method += " (orthogonal projection init)"
         lines.append("| " + " | ".join([
-            method, f"`{r['model']}`", f"`{r.get('teacher') or '–'}`",
+            method, f"`{r['model']}`", f"`{r.get('teacher') or '–'}`", _text_and_views(r.get("training", {})),
             f"{r.get('training', {}).get('lr', '–'):g}" if "lr" in r.get("training", {}) else "–",
             f"{r['params_m']:.1f}", *cells, before,
             retention, vs_simcse, _minutes(r.get("wall_s")), PAPER_REFERENCE.get((r.get("method"), r["model"]), "–"),
