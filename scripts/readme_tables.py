@@ -73,6 +73,15 @@ def _minutes(seconds) -> str:
     return f"{seconds / 60:.0f}" if isinstance(seconds, (int, float)) else "–"
 
 
+DEFAULT_SEED = 1000  # the configs' seed; other seeds are marked in the method cell
+
+
+def _seed_from_command(command: str) -> int | None:
+    """The ``--set seed=N`` of a run recorded before result files carried ``training.seed``."""
+    match = re.search(r"--set seed=(\d+)", command)
+    return int(match.group(1)) if match else None
+
+
 def _text_and_views(training: dict) -> str:
     """The training text and its augmented views (``none`` views, the sentence itself, left out)."""
     views = [v for v in (training.get("views") or {}).values() if v and v != "none"]
@@ -113,6 +122,9 @@ def distill_table(records: list[dict]) -> str:
         method = r.get("method", "?")
         if r.get("training", {}).get("student_projection_init") == "orthogonal":
             method += " (orthogonal projection init)"
+        seed = r.get("training", {}).get("seed") or _seed_from_command(r.get("command", ""))
+        if seed not in (None, DEFAULT_SEED):
+            method += f" (seed {seed})"
         lines.append("| " + " | ".join([
             method, f"`{r['model']}`", f"`{r.get('teacher') or '–'}`", _text_and_views(r.get("training", {})),
             f"{r.get('training', {}).get('lr', '–'):g}" if "lr" in r.get("training", {}) else "–",
