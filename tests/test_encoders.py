@@ -294,8 +294,10 @@ def test_cross_encoder_scores_in_input_order(family_dir, real_sentences, num_lab
         in_input_order = ce(ce.tokenize(pairs)).numpy()  # one unsorted batch: row i is pairs[i] by construction
     np.testing.assert_allclose(raw, in_input_order, atol=1e-5, rtol=0)
     np.testing.assert_allclose(ce.score(pairs[7:8], activation=None)[0], raw[7], atol=1e-5, rtol=0)
-    spread = np.abs(raw[:, None] - raw[None]).reshape(24, 24, -1).max(-1)[~np.eye(24, dtype=bool)].min()
-    assert spread > 1e-4, "pairs must score differently, or a permutation would go unnoticed"
+    # The order check above means something only if pairs score differently: most pairs of pairs must differ by
+    # 10x the tolerance (with a random head on a tiny model, the closest of 276 differences can be ~1e-5 by chance).
+    gaps = np.abs(raw[:, None] - raw[None]).reshape(24, 24, -1).max(-1)[~np.eye(24, dtype=bool)]
+    assert (gaps > 1e-4).mean() > 0.9, "pairs must score differently, or a permutation would go unnoticed"
 
     sigmoid = ce.score(pairs, batch_size=5)
     np.testing.assert_allclose(sigmoid, 1 / (1 + np.exp(-raw)), atol=1e-6)
