@@ -101,7 +101,7 @@ def main(argv: list[str] | None = None) -> dict:
         "trials": args.trials, "student": args.student, "teacher": args.teacher, "method": "congen",
         "corpus_rows": rows, "teacher_views": views, "batch": args.batch,
         "cpus_per_trial": args.cpus_per_trial,
-        "concurrent_trials": tune.trial_concurrency(plan.sweep_settings, base.resources.num_cpus),
+        "concurrent_trials": summary["concurrent_trials"],
         "teacher_forward_sentences": forward, "single_run_teacher_forward_sentences": single_teacher,
         "teacher_pass_s": round(teacher_s, 1), "single_run_s": round(single_s, 1), "sweep_s": round(sweep_s, 1),
         "trial_status": summary["counts"], "ended_by": summary["ended_by"],

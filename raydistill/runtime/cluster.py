@@ -15,8 +15,8 @@ from typing import Any
 
 from raydistill.runtime.config import ConfigError, JobConfig
 
-__all__ = ["init_ray", "check_resources", "warn_if_outputs_are_ephemeral", "configure_data_context", "prepare_worker_environment", "ResourceError",
-           "WORKER_ENV"]
+__all__ = ["init_ray", "check_resources", "warn_if_outputs_are_ephemeral", "configure_data_context",
+           "prepare_worker_environment", "ResourceError", "WORKER_ENV"]
 
 log = logging.getLogger(__name__)
 

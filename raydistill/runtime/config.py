@@ -272,8 +272,9 @@ class JobConfig:
             self._check_model("teacher", self.teacher)
         if self.student_pooling not in _POOLINGS:
             raise err("student_pooling", f"{self.student_pooling!r} is not one of {', '.join(_POOLINGS)}")
-        if self.student_projection_init not in ("default", "orthogonal"):
-            raise err("student_projection_init", f"{self.student_projection_init!r} is not one of default, orthogonal")
+        if self.student_projection_init not in _PROJECTION_INITS:
+            raise err("student_projection_init",
+                      f"{self.student_projection_init!r} is not one of {', '.join(_PROJECTION_INITS)}")
         if self.teacher_pooling is not None and self.teacher_pooling not in _POOLINGS:
             raise err("teacher_pooling", f"{self.teacher_pooling!r} is not one of {', '.join(_POOLINGS)} (or null)")
 
@@ -420,6 +421,7 @@ class JobConfig:
 
 _VALIDATORS: dict[str, list[Callable[[JobConfig], Any]]] = {}
 _POOLINGS = ("mean", "cls")
+_PROJECTION_INITS = ("default", "orthogonal")  # raydistill.models.bi_encoder.PROJECTION_INITS
 _CORPORA = ("flickr", "nli", "flickr+nli")
 _MISSING = object()
 

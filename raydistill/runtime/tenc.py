@@ -684,6 +684,7 @@ class TransEncoderJob:
     def run(self) -> dict[str, Any]:
         import ray
 
+        from raydistill.runtime.cluster import warn_if_outputs_are_ephemeral
         from raydistill.runtime.pairs import build_pair_set
         from raydistill.runtime.tracking import Tracker
 
@@ -697,8 +698,6 @@ class TransEncoderJob:
         done = list(self.state.stages)
         if done:
             self._say(f"resuming: {len(done)} completed stage(s) will be skipped ({', '.join(done)})")
-
-        from raydistill.runtime.cluster import warn_if_outputs_are_ephemeral
 
         restore_data_context = start_ray(cfg)
         status, families = "FAILED", None

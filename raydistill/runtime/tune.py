@@ -929,6 +929,7 @@ def run_sweep(plan: SweepPlan, *, resume: bool = False, callbacks: list | None =
         _export_best(plan, summary)
         _evaluate(plan, summary)
         summary["wall_s"] = round(time.time() - started, 1)
+        summary["concurrent_trials"] = concurrency
         _write_json(sweep_dir / "summary.json", summary)
         _log_summary(parent, plan, summary)
     except BaseException:
@@ -977,8 +978,7 @@ def _shared_data_pass(plan: SweepPlan, parent) -> tuple[dict[str, Any], int]:
     return {"passes": passes}, max_t
 
 
-def _tuner(plan: SweepPlan, max_t: int, *, resume: bool, callbacks: list | None, verbose: int,
-           concurrency: int | None = None):
+def _tuner(plan: SweepPlan, max_t: int, *, resume: bool, callbacks: list | None, verbose: int, concurrency: int):
     from ray import tune
     from ray.tune.schedulers import ASHAScheduler
 
@@ -993,7 +993,7 @@ def _tuner(plan: SweepPlan, max_t: int, *, resume: bool, callbacks: list | None,
     scheduler = ASHAScheduler(time_attr="step", max_t=max(max_t, grace), grace_period=grace,
                               reduction_factor=settings.reduction_factor, stop_last_trials=False)
     points = [dict(p) for p in plan.start_from]
-    max_concurrent = concurrency or settings.max_concurrent_trials
+    max_concurrent = concurrency  # trial_concurrency: the CPU cap and max_concurrent_trials, whichever is lower
     if plan.algorithm == "optuna":
         from ray.tune.search.optuna import OptunaSearch
 
