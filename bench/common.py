@@ -4,7 +4,7 @@ A benchmark result is one JSON object in ``results/bench-<name>.json`` with its 
 measured side by side in one run) plus the provenance every number in README needs:
 
     command      the exact command line that produced the file (``python bench/<name>.py ...``)
-    git_sha      ``git rev-parse HEAD`` (+ ``-dirty`` when the working tree had uncommitted changes)
+    git_sha      ``git rev-parse HEAD`` (+ ``-dirty`` when the code differed from it: checkpoint.current_git_sha)
     date         ISO 8601, UTC
     machine      CPU model, cores, torch/MKL build, threads, OMP_WAIT_POLICY
     load_before / load_after   the 1-minute load average when the measurement started and ended: the box is
@@ -21,7 +21,6 @@ import os
 import platform
 import shlex
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -58,13 +57,9 @@ def load_average() -> float:
 
 
 def git_sha() -> str:
-    try:
-        sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True)
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT,
-                               capture_output=True, text=True, check=False).stdout
-        return sha.stdout.strip() + ("-dirty" if dirty.strip() else "")
-    except (subprocess.CalledProcessError, OSError):
-        return "unknown"
+    from raydistill.runtime.checkpoint import current_git_sha
+
+    return current_git_sha() or "unknown"
 
 
 def cpu_model() -> str:

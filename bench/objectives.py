@@ -28,7 +28,6 @@ import os
 import platform
 import shlex
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -45,6 +44,7 @@ sys.path.insert(0, str(ROOT))
 
 from raydistill.augment import make_views
 from raydistill.objectives import ConGenLoss
+from raydistill.runtime.checkpoint import current_git_sha
 
 
 def build_student(tokenizer, teacher_dim: int):
@@ -90,16 +90,6 @@ class NaiveConGen:
             losses.append(-(teacher_probs * log_q).sum(dim=1).mean())
         self.queue = candidates[teacher.shape[0]:].detach()  # rebuilt: another [K, D] tensor
         return 0.5 * losses[0] + 0.5 * losses[1]
-
-
-def git_sha() -> str:
-    try:
-        sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True)
-        dirty = subprocess.run(["git", "status", "--porcelain"], cwd=ROOT, capture_output=True, text=True,
-                               check=False).stdout
-        return sha.stdout.strip() + ("-dirty" if dirty.strip() else "")
-    except (subprocess.CalledProcessError, OSError):
-        return "uncommitted"
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -214,8 +204,8 @@ def main(argv: list[str] | None = None) -> dict:
     print(f"{'GEMM floor (3 products)':<28}{result['gemm_floor_ms']:>10.1f}"
           f"{result['gemm_floor_ms'] / median['step']:>9.1%}   (the matmuls alone: no exact loss is cheaper)")
     if args.write is not None:
-        record = {**result, "command": "python " + shlex.join(sys.argv),
-                  "git_sha": git_sha(), "date": datetime.datetime.now(datetime.timezone.utc).isoformat()}
+        record = {**result, "command": "python " + shlex.join(sys.argv), "git_sha": current_git_sha() or "unknown",
+                  "date": datetime.datetime.now(datetime.timezone.utc).isoformat()}
         args.write.parent.mkdir(parents=True, exist_ok=True)
         args.write.write_text(json.dumps(record, indent=2) + "\n")
     print(json.dumps(result))

@@ -41,7 +41,7 @@ def _cpu_seconds() -> float:
 def _cmd_eval(args: argparse.Namespace) -> int:
     import torch
 
-    from raydistill.evaluation import STS7, evaluate_pair_auc, evaluate_sts, format_scores_table, write_result
+    from raydistill.evaluation import evaluate_pair_auc, evaluate_sts, format_scores_table, write_result
     from raydistill.models import BiEncoder, CrossEncoder, resolve_model
 
     if args.threads:

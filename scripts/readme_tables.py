@@ -120,8 +120,9 @@ def distill_table(records: list[dict]) -> str:
         baseline = simcse.get(r["model"])
         vs_simcse = "–" if baseline is None or r.get("method") == "simcse" else f"{scores['avg'] - baseline:+.2f}"
         method = r.get("method", "?")
-        if r.get("training", {}).get("student_projection_init") == "orthogonal":
-            method += " (orthogonal projection init)"
+        projection_init = r.get("training", {}).get("student_projection_init") or "default"
+        if projection_init != "default":
+            method += f" ({projection_init.replace('_', '-')} projection init)"
         seed = r.get("training", {}).get("seed") or _seed_from_command(r.get("command", ""))
         if seed not in (None, DEFAULT_SEED):
             method += f" (seed {seed})"

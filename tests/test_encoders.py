@@ -346,6 +346,31 @@ def test_cross_encoder_starts_from_saved_bi_encoder(tiny_bert, tmp_path):
             torch.testing.assert_close(ce.model.base_model.state_dict()[name], weight, rtol=0, atol=0)
 
 
+def test_least_squares_projection_recovers_a_linear_map_onto_targets(tiny_bert, real_sentences):
+    """fit_projection solves for the projection that maps the student's pooled vectors onto given targets: when the
+    targets are tanh(A·x + b) of the student's own vectors, it reproduces them (up to the ridge), so a distilling
+    student can start already in its teacher's space."""
+    texts = varied_sentences(real_sentences, 80)
+    plain = BiEncoder.from_pretrained(tiny_bert)
+    pooled = plain.encode(texts)  # [N, H] (no projection: the pooled vectors)
+    rng = np.random.default_rng(0)
+    true_weight = rng.normal(0, 0.3 / np.sqrt(plain.dim), (12, plain.dim))  # [P, H]
+    true_bias = rng.normal(0, 0.05, 12)
+    targets = np.tanh(pooled @ true_weight.T + true_bias)  # [N, P]
+
+    student = BiEncoder.from_pretrained(tiny_bert, projection_dim=12, projection_activation="tanh")
+    before = student.encode(texts)
+    fit = student.fit_projection(texts, targets, ridge=1e-9)
+    assert fit > 0.999
+    np.testing.assert_allclose(student.encode(texts), targets, atol=1e-3)
+    assert np.abs(before - targets).max() > 0.05  # the default init was not already there
+
+    with pytest.raises(ValueError, match=r"targets must be \[80, 12\]"):
+        student.fit_projection(texts, targets[:, :5])
+    with pytest.raises(ValueError, match="needs a projection"):
+        plain.fit_projection(texts, targets)
+
+
 def test_orthogonal_projection_keeps_the_students_cosine_geometry(tiny_bert, real_sentences):
     """init "orthogonal": Wᵀ W = I and zero bias, so before any training the projected vectors have exactly the
     student's cosines (identity activation) — a good sentence encoder does not start distillation from a random

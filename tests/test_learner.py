@@ -216,3 +216,36 @@ def test_group_in_process_fits_resumes_at_the_end_and_keeps_the_best(tiny_bert, 
     summary2 = again.fit(data, on_metrics=lambda m, step: more_steps.append(step))
     assert summary2["resumed_from"] == 8 and more_steps == []  # a finished run is not trained again
     assert summary2["best_stsb_dev"] == summary["best_stsb_dev"]
+
+
+def test_group_fits_a_least_squares_projection_before_the_first_step(tiny_bert, tiny_teacher, teacher_vectors,
+                                                                     paraphrases, tmp_path, capsys):
+    """student_projection_init least_squares: on a fresh start the group fits the student's new projection to the
+    teacher vectors of the data, so step 1 already scores the student in the teacher's space; a resumed run keeps
+    its checkpoint's projection."""
+    from raydistill.models import BiEncoder
+
+    control, generalize = paraphrases
+    data = ArrayData({"idx": np.arange(len(control)), "text_control": control, "text_generalize": generalize,
+                      "teacher_control": teacher_vectors}, seed=0)
+
+    def fitted_cosine(cfg) -> float:
+        learner = DistillLearner(cfg, total_steps=1, teacher_dim=TEACHER_DIM, run_dir=tmp_path)
+        vectors = learner.student.encode(list(control), normalize=True)
+        return float(np.mean(np.sum(vectors * teacher_vectors, axis=1)))
+
+    default_cfg = congen_config(tiny_bert, tiny_teacher, tmp_path / "default")
+    lsq_cfg = JobConfig.from_dict({**default_cfg.to_dict(), "student_projection_init": "least_squares",
+                                   "run_dir": str(tmp_path / "lsq"), "train": {**default_cfg.to_dict()["train"],
+                                                                               "lr": 1e-9}}).validate()
+    group = LearnerGroup(lsq_cfg, get_method("congen"), run_dir=tmp_path / "lsq", teacher_dim=TEACHER_DIM)
+    group.fit(data)
+    out = capsys.readouterr().out
+    assert "projection fitted to 64 teacher vectors (control view) by least squares" in out
+    # lr ~0: the saved model is the fitted start; its vectors point at the teacher's far better than the default's
+    fitted = BiEncoder.from_pretrained(str(tmp_path / "lsq" / "best"))
+    lsq_cosine = float(np.mean(np.sum(fitted.encode(list(control), normalize=True) * teacher_vectors, axis=1)))
+    assert lsq_cosine > 0.5 and lsq_cosine > fitted_cosine(default_cfg) + 0.3, lsq_cosine
+
+    LearnerGroup(lsq_cfg, get_method("congen"), run_dir=tmp_path / "lsq", teacher_dim=TEACHER_DIM).fit(data)
+    assert "projection fitted" not in capsys.readouterr().out  # resumed: the checkpoint's projection stands

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import shlex
 import sys
 from pathlib import Path
@@ -65,7 +66,7 @@ def test_write_result_fills_provenance_and_writes_a_valid_sorted_file(tmp_path):
     assert text.endswith("}\n")
     assert text == json.dumps(json.loads(text), indent=2, sort_keys=True, ensure_ascii=False) + "\n"
     assert written["command"] == default_command()
-    assert written["git_sha"] == "unknown" or len(written["git_sha"]) == 40
+    assert written["git_sha"] == "unknown" or re.fullmatch(r"[0-9a-f]{40}(-dirty)?", written["git_sha"])
     assert written["date"].endswith("+00:00")
     assert [p.name for p in path.parent.iterdir()] == [path.name]  # no temporary file left behind
 

@@ -357,6 +357,13 @@ class BiEncoder(nn.Module):
 
     def forward(self, features: dict[str, Tensor]) -> Tensor:
         """Sentence embeddings [B, D] with gradients; keys other than the model's inputs are ignored."""
+        sentence_embeddings = self.pool(features)  # [B, H]
+        if self.projection is not None:
+            sentence_embeddings = self.activation(self.projection(sentence_embeddings))  # [B, P]
+        return sentence_embeddings
+
+    def pool(self, features: dict[str, Tensor]) -> Tensor:
+        """The pooled transformer output [B, H], before the projection."""
         inputs = {name: value for name, value in features.items() if name in self.input_names}
         if "inputs_embeds" in features:  # word embeddings looked up by the caller (batching.bucketed_forward)
             inputs.pop("input_ids", None)
@@ -372,9 +379,47 @@ class BiEncoder(nn.Module):
             # First attended token, not index 0: the same answer with right padding, the right one with left padding.
             first = attention_mask.to(torch.int64).argmax(dim=1)  # [B]
             sentence_embeddings = token_states[torch.arange(token_states.size(0), device=first.device), first]
-        if self.projection is not None:
-            sentence_embeddings = self.activation(self.projection(sentence_embeddings))  # [B, P]
         return sentence_embeddings
+
+    @torch.no_grad()
+    def fit_projection(self, texts: list[str], targets: np.ndarray, batch_size: int = 128, ridge: float = 1e-3,
+                       num_threads: int | None = None) -> float:
+        """Set the projection to the ridge least-squares map from this model's pooled vectors to ``targets``.
+
+            X = [pool(texts), 1]                        # [N, H + 1]
+            W = argmin ||X W - atanh(targets)||² + ridge·N·||W||²      (tanh projection; identity: targets)
+
+        ``targets`` [N, P] are where the projected vectors should land, e.g. a teacher's L2-normalised embeddings
+        of the same texts: a distillation loss that scores the student against teacher vectors then starts from a
+        student already in the teacher's space instead of from a random rotation of its own. Returns the cosine
+        between projected vectors and targets, averaged over the rows (how well a linear map fits).
+        """
+        if self.projection is None:
+            raise ValueError("fit_projection needs a projection layer (load with projection_dim=...)")
+        texts = check_texts(texts)
+        targets = np.asarray(targets, dtype=np.float64)
+        if targets.shape != (len(texts), self.projection.out_features):
+            raise ValueError(f"targets must be [{len(texts)}, {self.projection.out_features}], got {targets.shape}")
+        pooled = np.zeros((len(texts), self.projection.in_features), dtype=np.float64)  # [N, H]
+        device = self.device
+        with torch_threads(num_threads), inference(self):
+            for batch in length_sorted_batches([len(text) for text in texts], batch_size):
+                features = {k: v.to(device) for k, v in self.tokenize([texts[i] for i in batch]).items()}
+                pooled[batch] = self.pool(features).double().cpu().numpy()
+        inverse = {"tanh": lambda y: np.arctanh(np.clip(y, -0.999, 0.999)), "identity": lambda y: y}
+        if self.projection_activation not in inverse:
+            raise ValueError(f"fit_projection needs a tanh or identity projection, not {self.projection_activation!r}")
+        goal = inverse[self.projection_activation](targets)  # [N, P], pre-activation targets
+        with_bias = self.projection.bias is not None
+        design = np.hstack([pooled, np.ones((len(texts), 1))]) if with_bias else pooled  # [N, H(+1)]
+        gram = design.T @ design + ridge * len(texts) * np.eye(design.shape[1])
+        solution = np.linalg.solve(gram, design.T @ goal)  # [H(+1), P]
+        weight = torch.as_tensor(solution[: pooled.shape[1]].T, dtype=self.projection.weight.dtype)  # [P, H]
+        self.projection.weight.copy_(weight.to(self.projection.weight.device))
+        if with_bias:
+            self.projection.bias.copy_(torch.as_tensor(solution[-1], dtype=self.projection.bias.dtype))
+        projected = self.activation(torch.as_tensor(design @ solution))  # [N, P]
+        return float(F.cosine_similarity(projected, torch.as_tensor(targets), dim=1).mean())
 
     def encode(
         self,

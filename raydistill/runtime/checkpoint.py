@@ -122,15 +122,25 @@ def checkpoint_root(run_dir: str | os.PathLike) -> Path:
 
 
 def current_git_sha() -> str | None:
-    """HEAD of the repository holding this package, or None outside a git checkout (e.g. an installed wheel)."""
+    """HEAD of the repository holding this package, + "-dirty" when its code differs from HEAD; None outside a git
+    checkout (e.g. an installed wheel).
+
+    Only code counts (the package, jobs, configs, bench, scripts): a run is reproducible from HEAD even while
+    results or docs are uncommitted, and is not when the code that produced it is.
+    """
     repo = Path(__file__).resolve().parents[2]
     try:
         out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True, text=True, timeout=5)
+        if out.returncode != 0 or not out.stdout.strip():
+            return None
+        diff = subprocess.run(["git", "diff", "--quiet", "HEAD", "--", *_CODE_PATHS], cwd=repo,
+                              capture_output=True, timeout=10)
     except (OSError, subprocess.SubprocessError):
         return None
-    if out.returncode != 0:
-        return None
-    return out.stdout.strip() or None
+    return out.stdout.strip() + ("-dirty" if diff.returncode == 1 else "")
+
+
+_CODE_PATHS = ("raydistill", "jobs", "configs", "bench", "scripts")
 
 
 # ----------------------------------------------------------------------------------------------------------------

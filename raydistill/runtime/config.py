@@ -146,8 +146,9 @@ class JobConfig:
     run_dir: str | None = None  # default runs/<method>-<student>-<teacher>
     cache_dir: str | None = None  # default $RAYDISTILL_HOME/embeddings
     student_pooling: str = "mean"
-    # a projection to the teacher's width, when the method adds one: "default" (the authors') or "orthogonal"
-    # (keeps the student's cosine geometry at the start; raydistill.models.bi_encoder.init_projection)
+    # a projection to the teacher's width, when the method adds one: "default" (the authors'), "orthogonal"
+    # (keeps the student's cosine geometry at the start; raydistill.models.bi_encoder.init_projection) or
+    # "least_squares" (fitted to map the student's vectors onto the teacher's before training; BiEncoder.fit_projection)
     student_projection_init: str = "default"
     teacher_pooling: str | None = None  # None: what the teacher checkpoint declares (sentence-transformers config)
     data: DataConfig = field(default_factory=DataConfig)
@@ -421,7 +422,8 @@ class JobConfig:
 
 _VALIDATORS: dict[str, list[Callable[[JobConfig], Any]]] = {}
 _POOLINGS = ("mean", "cls")
-_PROJECTION_INITS = ("default", "orthogonal")  # raydistill.models.bi_encoder.PROJECTION_INITS
+# raydistill.models.bi_encoder.PROJECTION_INITS, + least_squares: fitted to the teacher's vectors before step 1
+_PROJECTION_INITS = ("default", "orthogonal", "least_squares")
 _CORPORA = ("flickr", "nli", "flickr+nli")
 _MISSING = object()
 

@@ -284,6 +284,13 @@ class DistillLearner:
         self.history.append(row)
         return metrics
 
+    def fit_projection(self, texts: list[str], teacher_vectors: np.ndarray) -> float | None:
+        """Least-squares fit of the student's new projection to the teacher's vectors of ``texts`` (the
+        ``student_projection_init: least_squares`` start); the fit's mean cosine, or None without a projection."""
+        if self.student.projection is None:
+            return None
+        return self.student.fit_projection(texts, teacher_vectors)
+
     # ------------------------------------------------------------------------------------------------------------
     # Evaluation and best model
 

@@ -53,10 +53,13 @@ class ArrayData:
         lengths = {name: len(col) for name, col in columns.items()}
         if len(set(lengths.values())) != 1:
             raise ValueError(f"ArrayData: columns differ in length: {lengths}")
-        self.columns = columns
+        self._columns = columns
         self.num_rows = next(iter(lengths.values()))
         self.seed, self.shuffle = int(seed), shuffle
         self.cache_stats = cache_stats or {}
+
+    def columns(self) -> dict[str, np.ndarray]:
+        return self._columns
 
     def num_batches(self, batch_size: int, drop_last: bool = True) -> int:
         return self.num_rows // batch_size if drop_last else math.ceil(self.num_rows / batch_size)
@@ -68,7 +71,7 @@ class ArrayData:
             order = np.random.default_rng([self.seed, int(epoch)]).permutation(self.num_rows)
         for b in range(skip_batches, self.num_batches(batch_size, drop_last)):
             rows = order[b * batch_size:(b + 1) * batch_size]
-            yield {name: col[rows] for name, col in self.columns.items()}
+            yield {name: col[rows] for name, col in self._columns.items()}
 
 
 class FitSummary(dict):
@@ -241,8 +244,7 @@ class LearnerGroup:
         latest = ckpt.latest_checkpoint(self.run_dir)
         if latest is not None:  # refuse another config's checkpoint here, before any actor starts
             ckpt.check_compatible(ckpt.read_manifest(latest), self.cfg, latest)
-        self._start(total)
-        position, resumed_from = self._resume()
+        position, resumed_from = self._start_and_resume(data, total)
         while True:
             try:
                 self._train_from(data, position, total, on_metrics, on_eval, started)
@@ -255,8 +257,7 @@ class LearnerGroup:
                 print(f"[{self.name}] learner actor died ({type(exc).__name__}); restart {self.restarts}/"
                       f"{self.max_restarts} from the latest checkpoint", flush=True)
                 self.shutdown()  # the dead actor's CPU time is lost; actor_cpu_s counts the survivors
-                self._start(total)
-                position, resumed_from = self._resume()
+                position, resumed_from = self._start_and_resume(data, total)
         history = self._learners.call_rank0("get_history")
         best = self._learners.call_rank0("best_info")
         final_step = self._learners.call_rank0("ping")
@@ -268,6 +269,37 @@ class LearnerGroup:
                           best_dir=str(self.run_dir / "best"), restarts=self.restarts, resumed_from=resumed_from,
                           seconds=round(time.perf_counter() - started, 2), history=history,
                           rows=data.num_rows, actor_cpu_s=round(self.actor_cpu_s, 1))
+
+    def _start_and_resume(self, data, total: int) -> tuple[tuple[int, int, int], int | None]:
+        """Start the learners, load the latest checkpoint if any; a fresh start fits the projection if asked."""
+        self._start(total)
+        position, resumed_from = self._resume()
+        if resumed_from is None:
+            self._fit_projection(data)
+        return position, resumed_from
+
+    def _fit_projection(self, data, max_rows: int = 4096) -> None:
+        """``student_projection_init: least_squares``: every learner fits its new projection to the same teacher
+        vectors (up to ``max_rows`` rows of the first teacher view), so ranks stay identical."""
+        if self.cfg.student_projection_init != "least_squares" or self.init_model is not None:
+            return
+        columns = data.columns()
+        views = [name[len("teacher_"):] for name in columns if name.startswith("teacher_")]
+        if not views:
+            print(f"[{self.name}] student_projection_init least_squares: no teacher vectors in the data; "
+                  "the projection keeps its default init", flush=True)
+            return
+        rows = np.random.default_rng(self.cfg.seed).permutation(data.num_rows)[:max_rows]
+        texts = [str(text) for text in columns[f"text_{views[0]}"][rows]]
+        targets = np.asarray(np.stack(columns[f"teacher_{views[0]}"][rows]), dtype=np.float32)  # [n, D]
+        started = time.perf_counter()
+        fit = self._learners.call_all("fit_projection", texts, targets)[0]
+        if fit is None:
+            print(f"[{self.name}] student_projection_init least_squares: the student has no projection "
+                  "(same width as the teacher); nothing to fit", flush=True)
+        else:
+            print(f"[{self.name}] projection fitted to {len(texts)} teacher vectors ({views[0]} view) by least "
+                  f"squares: mean cosine {fit:.3f} ({time.perf_counter() - started:.1f}s)", flush=True)
 
     def _resume(self) -> tuple[tuple[int, int, int], int | None]:
         """(step, epoch, batch_in_epoch) to continue from, and the checkpoint step resumed (None: fresh start)."""

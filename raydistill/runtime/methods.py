@@ -43,6 +43,10 @@ __all__ = ["MethodSpec", "StepContext", "METHODS", "get_method", "with_method_de
            "job_methods"]
 
 
+# A least-squares projection starts from PyTorch's init; LearnerGroup fits it to the teacher once the data exists.
+_CONSTRUCTED_INIT = {"least_squares": "default"}
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # Step context and helpers used by batch_to_features
 
@@ -132,7 +136,8 @@ class MethodSpec:
         if self.project_to_teacher and teacher_dim is not None and student.dim != teacher_dim:
             student = BiEncoder.from_pretrained(source, pooling=cfg.student_pooling, max_length=cfg.data.max_length,
                                                 projection_dim=int(teacher_dim), projection_activation="tanh",
-                                                projection_init=cfg.student_projection_init)
+                                                projection_init=_CONSTRUCTED_INIT.get(cfg.student_projection_init,
+                                                                                      cfg.student_projection_init))
         return student
 
     def loss_type(self) -> type:
