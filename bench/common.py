@@ -4,7 +4,7 @@ A benchmark result is one JSON object in ``results/bench-<name>.json`` with its 
 measured side by side in one run) plus the provenance every number in README needs:
 
     command      the exact command line that produced the file (``python bench/<name>.py ...``)
-    git_sha      ``git rev-parse HEAD`` (+ ``-dirty`` when the code differed from it: checkpoint.current_git_sha)
+    git_sha      ``git rev-parse HEAD`` (+ ``-dirty`` when the code differed from it: raydistill.evaluation.git_sha)
     date         ISO 8601, UTC
     machine      CPU model, cores, torch/MKL build, threads, OMP_WAIT_POLICY
     load_before / load_after   the 1-minute load average when the measurement started and ended: the box is
@@ -56,12 +56,6 @@ def load_average() -> float:
     return round(os.getloadavg()[0], 2)
 
 
-def git_sha() -> str:
-    from raydistill.runtime.checkpoint import current_git_sha
-
-    return current_git_sha() or "unknown"
-
-
 def cpu_model() -> str:
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -100,6 +94,8 @@ def command_line(argv: list[str] | None = None) -> str:
 def write_record(path: str | os.PathLike | None, record: dict[str, Any], *, threads: int,
                  load_before: float) -> dict[str, Any]:
     """Add provenance (command, git SHA, date, machine, load) to ``record``; write it when ``path`` is given."""
+    from raydistill.evaluation import git_sha
+
     full = {
         **record,
         "command": command_line(),

@@ -106,14 +106,27 @@ def validate_result_file(path: str | os.PathLike) -> dict:
 
 @lru_cache(maxsize=1)
 def git_sha(project_dir: str = str(PROJECT_DIR)) -> str:
-    """``git rev-parse HEAD`` of the project checkout, or ``"unknown"`` (no git, no commit yet, an installed wheel)."""
+    """``git rev-parse HEAD`` of the project checkout, + ``-dirty`` when its code differs from HEAD; ``"unknown"``
+    without git, a commit, or a checkout (an installed wheel).
+
+    Only code counts (the package, jobs, configs, bench, scripts): a run is reproducible from HEAD while results or
+    docs are uncommitted, and is not when the code that produced it is. Cached: the first call of a process, i.e.
+    the code it imported.
+    """
     try:
-        completed = subprocess.run(["git", "rev-parse", "HEAD"], cwd=project_dir, capture_output=True, text=True,
-                                   timeout=10, check=False)
+        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=project_dir, capture_output=True, text=True,
+                              timeout=10, check=False)
+        sha = head.stdout.strip()
+        if head.returncode != 0 or not sha:
+            return "unknown"
+        diff = subprocess.run(["git", "diff", "--quiet", "HEAD", "--", *_CODE_PATHS], cwd=project_dir,
+                              capture_output=True, timeout=10, check=False)
     except (OSError, subprocess.SubprocessError):
         return "unknown"
-    sha = completed.stdout.strip()
-    return sha if completed.returncode == 0 and sha else "unknown"
+    return sha + ("-dirty" if diff.returncode == 1 else "")
+
+
+_CODE_PATHS = ("raydistill", "jobs", "configs", "bench", "scripts")
 
 
 def default_command(argv: list[str] | None = None) -> str:

@@ -38,12 +38,13 @@ import logging
 import os
 import re
 import shutil
-import subprocess
 import tempfile
 from pathlib import Path
 from typing import Any
 
 import torch
+
+from raydistill.evaluation.results import git_sha
 
 __all__ = [
     "CheckpointError",
@@ -55,7 +56,6 @@ __all__ = [
     "read_manifest",
     "check_compatible",
     "checkpoint_root",
-    "current_git_sha",
     "OutputDirError",
     "check_output_dir",
     "MIN_FREE_BYTES",
@@ -121,28 +121,6 @@ def checkpoint_root(run_dir: str | os.PathLike) -> Path:
     return Path(run_dir) / "checkpoints"
 
 
-def current_git_sha() -> str | None:
-    """HEAD of the repository holding this package, + "-dirty" when its code differs from HEAD; None outside a git
-    checkout (e.g. an installed wheel).
-
-    Only code counts (the package, jobs, configs, bench, scripts): a run is reproducible from HEAD even while
-    results or docs are uncommitted, and is not when the code that produced it is.
-    """
-    repo = Path(__file__).resolve().parents[2]
-    try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True, text=True, timeout=5)
-        if out.returncode != 0 or not out.stdout.strip():
-            return None
-        diff = subprocess.run(["git", "diff", "--quiet", "HEAD", "--", *_CODE_PATHS], cwd=repo,
-                              capture_output=True, timeout=10)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return out.stdout.strip() + ("-dirty" if diff.returncode == 1 else "")
-
-
-_CODE_PATHS = ("raydistill", "jobs", "configs", "bench", "scripts")
-
-
 # ----------------------------------------------------------------------------------------------------------------
 # Writing
 
@@ -185,7 +163,7 @@ def save_checkpoint(run_dir: str | os.PathLike, *, step: int, epoch: int, batch_
             "batch_in_epoch": int(batch_in_epoch),
             "config_hash": config.config_hash(),
             "config": config.to_dict(),
-            "git_sha": current_git_sha(),
+            "git_sha": git_sha(),
             "raydistill_version": raydistill.__version__,
             "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
             "files": files,

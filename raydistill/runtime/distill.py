@@ -88,7 +88,8 @@ def run_distillation(cfg: JobConfig, *, results_dir: str | os.PathLike | None = 
     metrics, step)`` after every optimiser step and ``("eval", {"stsb_dev", "best_stsb_dev"}, step)`` after every
     dev evaluation; steps count over all stages. ``raydistill.runtime.tune`` reports to Ray Tune from it.
     """
-    from raydistill.runtime.checkpoint import OutputDirError, check_output_dir, current_git_sha
+    from raydistill.evaluation.results import git_sha
+    from raydistill.runtime.checkpoint import OutputDirError, check_output_dir
     from raydistill.runtime.cluster import check_resources, init_ray, warn_if_outputs_are_ephemeral
     from raydistill.runtime.methods import stage_plan, with_method_defaults
     from raydistill.runtime.tracking import Tracker
@@ -113,7 +114,7 @@ def run_distillation(cfg: JobConfig, *, results_dir: str | os.PathLike | None = 
 
     init_ray(cfg)
     check_resources(cfg)
-    git_sha = current_git_sha()
+    sha = git_sha()  # cached: the result record written at the end carries the same
     run_name = cfg.tracking.run_name or run_dir.name
     own_tracker = tracker is None
     if own_tracker:
@@ -124,7 +125,7 @@ def run_distillation(cfg: JobConfig, *, results_dir: str | os.PathLike | None = 
     warn_if_outputs_are_ephemeral({"run dir": run_dir, "results dir": result_path.parent,
                                    "MLflow store": tracker.tracking_uri or ""})
     with tracker if own_tracker else contextlib.nullcontext(tracker):
-        tracker.log_params({**_summary_params(cfg), "git_sha": git_sha or "unknown",
+        tracker.log_params({**_summary_params(cfg), "git_sha": sha,
                             "config": cfg.to_dict(), "stages": ",".join(s.name for s in stages)})
         history: list[dict[str, Any]] = []
         stage_summaries: list[dict[str, Any]] = []
