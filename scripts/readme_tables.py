@@ -204,6 +204,25 @@ def tune_table(records: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def tune_trials_table(records: list[dict], results_dir: Path = ROOT / "results") -> str:
+    """Every trial of each committed sweep (results/tune/<sweep>-summary.json, the sweep's summary.json): the values
+    tried, how ASHA ended it, and its best STS-B dev — the evidence for "the default is (not) at the optimum"."""
+    lines = ["| sweep | trial | lr | K | τ_T | τ_S | status | steps | best STS-B dev |", "|" + "---|" * 9]
+    for path in sorted((results_dir / "tune").glob("*-summary.json")):
+        summary = json.loads(path.read_text())
+        for row in summary["trials"]:
+            params = row["params"]
+            dev = row.get("best_stsb_dev")
+            trial = row["trial_id"] + (" (start_from)" if row.get("start_point") else "")
+            lines.append("| " + " | ".join([
+                f"[{summary['sweep']}](results/tune/{path.name})", trial,
+                *(f"{params[k]:g}" if k in params else "–" for k in ("train.lr", "loss.queue_size",
+                                                                     "loss.tau_teacher", "loss.tau_student")),
+                row["status"].replace("_", " "), f"{row.get('last_step') or 0}/{row.get('total_steps') or '?'}",
+                f"{dev:.2f}" if dev is not None else "–"]) + " |")
+    return "\n".join(lines)
+
+
 def tenc_table(records: list[dict]) -> str:
     """One block per Trans-Encoder run: each family's bi/cross encoder at start (cycle 0) and at its best-dev cycle,
     and the ensembles of the families."""
@@ -276,7 +295,7 @@ def bench_table(records: list[dict], bench: dict[str, dict] | None = None) -> st
 
 
 TABLES = {"baselines": baselines_table, "distill": distill_table, "targets": targets_table, "tune": tune_table,
-          "tenc": tenc_table, "bench": bench_table}
+          "tune_trials": tune_trials_table, "tenc": tenc_table, "bench": bench_table}
 
 
 def render(readme: str, records: list[dict]) -> str:

@@ -25,9 +25,10 @@ from raydistill.evaluation import (
 )
 
 RESULTS_DIR = Path(__file__).resolve().parents[1] / "results"
-# bench-*.json are timing records and diag-*.json diagnostic experiments, each with its own layout
-# (scripts/readme_tables.py skips them too).
-RESULT_FILES = sorted(p for p in RESULTS_DIR.glob("**/*.json") if not p.name.startswith(("bench-", "diag-")))
+# bench-*.json are timing records, diag-*.json diagnostic experiments and tune/*-summary.json sweeps' trial tables,
+# each with its own layout (scripts/readme_tables.py skips them too).
+RESULT_FILES = sorted(p for p in RESULTS_DIR.glob("**/*.json")
+                      if not p.name.startswith(("bench-", "diag-")) and not p.name.endswith("-summary.json"))
 
 
 def scores(**overrides) -> dict:
