@@ -106,15 +106,21 @@ def _projection_init(record: dict, baselines: dict[str, dict]) -> str | None:
     return projection_init.replace("_", "-") if projection_init != "default" and has_head else None
 
 
+def _simcse_averages(records: list[dict]) -> dict[str, list[float]]:
+    """Student -> the 7-STS averages of its unsupervised SimCSE runs (one per seed)."""
+    averages: dict[str, list[float]] = {}
+    for r in records:
+        if r["kind"] == "distill" and r.get("method") == "simcse":
+            averages.setdefault(r["model"], []).append(r["scores"]["avg"])
+    return averages
+
+
 def distill_table(records: list[dict]) -> str:
     teachers = {r["model"]: r for r in records if r["kind"] == "baseline"}
     rows = [r for r in records if r["kind"] == "distill"]
     rows.sort(key=lambda r: (r.get("teacher") or "", r["model"], -r["scores"]["avg"]))
     # the unsupervised SimCSE baseline of each student (same text and schedule): every distilled student must beat it
-    simcse = {}
-    for r in rows:
-        if r.get("method") == "simcse" and r["scores"]["avg"] > simcse.get(r["model"], -1.0):
-            simcse[r["model"]] = r["scores"]["avg"]
+    simcse = {model: max(scores) for model, scores in _simcse_averages(records).items()}
     header = ("| method | student | teacher | text · views | lr | params (M) | " + " | ".join(STS7)
               + " | avg | before | % of teacher | vs SimCSE | minutes | seed paper | result file |")
     rule = "|" + "---|" * (len(STS7) + 13)
@@ -154,10 +160,7 @@ def targets_table(records: list[dict]) -> str:
     teachers = {r["model"]: r for r in records if r["kind"] == "baseline"}
     distilled = [r for r in records if r["kind"] in ("distill", "tune") and r.get("teacher") in teachers
                  and r["model"] in RETENTION_TARGETS]
-    simcse: dict[str, list[float]] = {}
-    for r in records:
-        if r["kind"] == "distill" and r.get("method") == "simcse":
-            simcse.setdefault(r["model"], []).append(r["scores"]["avg"])
+    simcse = _simcse_averages(records)
     best: dict[tuple[str, str], dict] = {}
     for r in distilled:
         key = (r["model"], r["teacher"])
@@ -184,6 +187,13 @@ def targets_table(records: list[dict]) -> str:
     return "\n".join(lines)
 
 
+SEARCHED = ("train.lr", "loss.queue_size", "loss.tau_teacher", "loss.tau_student")  # the lr | K | τ_T | τ_S columns
+
+
+def _searched_values(params: dict) -> list[str]:
+    return [f"{params[key]:g}" if key in params else "–" for key in SEARCHED]
+
+
 def tune_table(records: list[dict]) -> str:
     """The committed sweeps: the untuned default (start_from) trial and the tuned best, with their searched values."""
     rows = [r for r in records if r["kind"] == "tune"]
@@ -197,9 +207,8 @@ def tune_table(records: list[dict]) -> str:
         cells = [f"{r['scores'][name]:.2f}" for name in STS7] + [f"**{r['scores']['avg']:.2f}**"]
         lines.append("| " + " | ".join([
             training.get("sweep", "?"), which,
-            *(f"{params[k]:g}" if k in params else "–" for k in ("train.lr", "loss.queue_size",
-                                                                 "loss.tau_teacher", "loss.tau_student")),
-            str(training.get("trials", "–")), f"{training.get('best_stsb_dev', float('nan')):.2f}", *cells,
+            *_searched_values(params), str(training.get("trials", "–")),
+            f"{training.get('best_stsb_dev', float('nan')):.2f}", *cells,
             f"[{r['_file']}](results/{r['_file']})"]) + " |")
     return "\n".join(lines)
 
@@ -216,8 +225,7 @@ def tune_trials_table(records: list[dict], results_dir: Path = ROOT / "results")
             trial = row["trial_id"] + (" (start_from)" if row.get("start_point") else "")
             lines.append("| " + " | ".join([
                 f"[{summary['sweep']}](results/tune/{path.name})", trial,
-                *(f"{params[k]:g}" if k in params else "–" for k in ("train.lr", "loss.queue_size",
-                                                                     "loss.tau_teacher", "loss.tau_student")),
+                *_searched_values(params),
                 row["status"].replace("_", " "), f"{row.get('last_step') or 0}/{row.get('total_steps') or '?'}",
                 f"{dev:.2f}" if dev is not None else "–"]) + " |")
     return "\n".join(lines)

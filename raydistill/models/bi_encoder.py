@@ -396,19 +396,15 @@ class BiEncoder(nn.Module):
         """
         if self.projection is None:
             raise ValueError("fit_projection needs a projection layer (load with projection_dim=...)")
+        inverse = {"tanh": lambda y: np.arctanh(np.clip(y, -0.999, 0.999)), "identity": lambda y: y}
+        if self.projection_activation not in inverse:
+            raise ValueError(f"fit_projection needs a tanh or identity projection, not {self.projection_activation!r}")
         texts = check_texts(texts)
         targets = np.asarray(targets, dtype=np.float64)
         if targets.shape != (len(texts), self.projection.out_features):
             raise ValueError(f"targets must be [{len(texts)}, {self.projection.out_features}], got {targets.shape}")
-        pooled = np.zeros((len(texts), self.projection.in_features), dtype=np.float64)  # [N, H]
-        device = self.device
-        with torch_threads(num_threads), inference(self):
-            for batch in length_sorted_batches([len(text) for text in texts], batch_size):
-                features = {k: v.to(device) for k, v in self.tokenize([texts[i] for i in batch]).items()}
-                pooled[batch] = self.pool(features).double().cpu().numpy()
-        inverse = {"tanh": lambda y: np.arctanh(np.clip(y, -0.999, 0.999)), "identity": lambda y: y}
-        if self.projection_activation not in inverse:
-            raise ValueError(f"fit_projection needs a tanh or identity projection, not {self.projection_activation!r}")
+        pooled = self.encode(texts, batch_size=batch_size, num_threads=num_threads, projected=False)  # [N, H]
+        pooled = pooled.astype(np.float64)
         goal = inverse[self.projection_activation](targets)  # [N, P], pre-activation targets
         with_bias = self.projection.bias is not None
         design = np.hstack([pooled, np.ones((len(texts), 1))]) if with_bias else pooled  # [N, H(+1)]
@@ -428,10 +424,16 @@ class BiEncoder(nn.Module):
         normalize: bool = False,
         num_threads: int | None = None,
         progress: bool = False,
+        projected: bool = True,
     ) -> np.ndarray:
-        """Embeddings [N, D] float32 in input order; `normalize` L2-normalises each row (cosine = dot product)."""
+        """Embeddings [N, D] float32 in input order; `normalize` L2-normalises each row (cosine = dot product).
+
+        `projected=False`: the pooled transformer vectors [N, H], before the projection (what it is fitted on).
+        """
         texts = check_texts(texts)
-        embeddings = np.zeros((len(texts), self.dim), dtype=np.float32)
+        dim = self.dim if projected else self.transformer.config.hidden_size
+        embed = self.forward if projected else self.pool
+        embeddings = np.zeros((len(texts), dim), dtype=np.float32)
         batches = length_sorted_batches([len(text) for text in texts], batch_size)
         bar = Progress(len(batches), "encode", progress)
         device = self.device
@@ -440,7 +442,7 @@ class BiEncoder(nn.Module):
                 for batch in batches:
                     features = self.tokenize([texts[i] for i in batch])
                     features = {name: value.to(device) for name, value in features.items()}
-                    batch_embeddings = self.forward(features)  # [b, D]
+                    batch_embeddings = embed(features)  # [b, D] (or [b, H] unprojected)
                     if normalize:
                         batch_embeddings = F.normalize(batch_embeddings, p=2, dim=-1)
                     embeddings[batch] = batch_embeddings.float().cpu().numpy()
