@@ -343,7 +343,7 @@ def test_trans_encoder_cycle_bi_to_cross_to_bi(tiny_models, teacher_model, sts_p
     after = spearmanr(cross_scores(held), bi_cosines[n:]).correlation
     print(f"trans-encoder bi->cross: loss {first_loss:.4f} -> {last_loss:.4f}; held-out Spearman with the "
           f"bi-encoder {before:.3f} -> {after:.3f}")
-    assert last_loss < first_loss and after > before + 0.08  # measured +0.14 … +0.21 over sessions
+    assert last_loss < first_loss and after > before + 0.08  # measured +0.39 (deterministic tiny tokenizers)
 
     scores = torch.tensor(cross_scores(sts_pairs), dtype=torch.float32)  # [N] pseudo-labels in (0, 1)
     student = new_student(tiny_models)
@@ -363,7 +363,8 @@ def test_trans_encoder_cycle_bi_to_cross_to_bi(tiny_models, teacher_model, sts_p
     after = bi_agreement()
     print(f"trans-encoder cross->bi: loss {first_loss:.4f} -> {last_loss:.4f}; held-out Spearman with the "
           f"cross-encoder {before:.3f} -> {after:.3f}")
-    # measured +0.11 … +0.35: the tiny cross-encoder's own held-out scores are a noisy teacher. Its scores span a
-    # narrow band, so the cosine MSE starts near its noise floor (~0.04) and the epoch means can move either way by
-    # a few percent (seen once in CI: 0.0425 -> 0.0442 while the agreement rose by 0.16); the agreement is the test.
+    # measured +0.21 (0.0325 -> 0.0160). The tiny cross-encoder's own held-out scores are a noisy teacher and span a
+    # narrow band, so the cosine MSE starts near its noise floor and may stall; the agreement is the test. (Before
+    # the tiny WordPiece vocabularies were built deterministically, each session trained a different tiny model and
+    # this check once saw +0.049.)
     assert last_loss < 1.1 * first_loss and after > before + 0.05

@@ -58,13 +58,32 @@ def load_real_sentences(n_captions: int = 1000, n_stsb: int = 1000) -> list[str]
 
 
 def train_wordpiece_vocab(sentences: list[str], specials: list[str], unk: str, vocab_size: int) -> dict[str, int]:
-    """Vocabulary learned with BERT's own normaliser and pre-tokeniser, so the wrapper splits text the same way."""
-    tokenizer = Tokenizer(models.WordPiece(unk_token=unk))
-    tokenizer.normalizer = normalizers.BertNormalizer(lowercase=True)
-    tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
-    trainer = trainers.WordPieceTrainer(vocab_size=vocab_size, special_tokens=specials, show_progress=False)
-    tokenizer.train_from_iterator(sentences, trainer)
-    return tokenizer.get_vocab()
+    """A WordPiece vocabulary built with BERT's own normaliser and pre-tokeniser, so the wrapper splits text the
+    same way: the specials, every character seen (alone and as a `##` continuation) and then the most frequent
+    words, ties broken alphabetically.
+
+    Not `tokenizers.trainers.WordPieceTrainer`: it breaks ties between equally frequent merges in an order that
+    changes from process to process, so every test on a tiny BERT/MPNet saw a slightly different model in each
+    session and thin margins flaked (byte-level BPE, below, is stable). Whole words and single characters are
+    what a real vocabulary ends in too, and greedy longest-match WordPiece never needs `unk` on seen text.
+    """
+    del unk  # every seen character is in the vocabulary
+    normalizer = normalizers.BertNormalizer(lowercase=True)
+    pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    counts: dict[str, int] = {}
+    for sentence in sentences:
+        for word, _ in pre_tokenizer.pre_tokenize_str(normalizer.normalize_str(sentence)):
+            counts[word] = counts.get(word, 0) + 1
+    characters = sorted({c for word in counts for c in word})
+    tokens = list(specials) + characters + ["##" + c for c in characters]
+    seen = set(tokens)
+    for word in sorted(counts, key=lambda w: (-counts[w], w)):
+        if len(tokens) >= vocab_size:
+            break
+        if word not in seen:
+            tokens.append(word)
+            seen.add(word)
+    return {token: index for index, token in enumerate(tokens)}
 
 
 def train_byte_bpe(
