@@ -147,6 +147,22 @@ def test_asha_stops_the_wrecked_trial_early_and_the_nan_trial_fails(sweep):
 
 
 @pytest.mark.ray
+def test_time_budget_ends_the_sweep_and_says_so(tmp_path, ray_session, tiny_bert, teacher_dir):  # noqa: F811
+    """--time-budget: Tune stops the sweep when the budget is spent; trials not run are not reported as run, and
+    the summary says the budget, not an interruption, ended it."""
+    from raydistill.runtime.tune import plan_sweep, run_sweep
+
+    space = write_space(tmp_path / "tiny.yaml", tiny_bert, teacher_dir, tmp_path, lrs=[1e-3, 2e-3, 3e-3, 4e-3])
+    plan = plan_sweep(str(tiny_bert), "congen", str(teacher_dir), space_file=space, sweep_dir=tmp_path / "sweep",
+                      settings={"time_budget_s": 1}, experiment="test-tune-budget", evaluate_sets=(),
+                      results_dir=tmp_path / "results", command="pytest tests/test_tune.py")
+    summary = run_sweep(plan, verbose=0)
+    assert summary["ended_by"] == "time_budget"
+    done = summary["counts"]["finished"] + summary["counts"]["stopped_early"]
+    assert done < 4  # four trials of several seconds each cannot all finish in one second
+
+
+@pytest.mark.ray
 def test_teacher_encodes_the_corpus_once_per_sweep(sweep):
     first_pass, resumed_pass = sweep["final"]["teacher_passes"]
     assert (first_pass["misses"], first_pass["teacher_forward_sentences"]) == (ROWS, ROWS)
