@@ -87,25 +87,25 @@ def token_counts(model: str, texts: list[str], max_length: int) -> list[int]:
     return [len(ids) for ids in encoded["input_ids"]]
 
 
-def gemm_gflops(m: int, k: int, n: int, repeats: int) -> float:
-    """Median GFLOP/s of fp32 ``[m, k] @ [k, n]`` on the current thread count."""
+def gemm_gflops(m: int, k: int, n: int, repeats: int, dtype: torch.dtype = torch.float32) -> float:
+    """Median GFLOP/s of ``[m, k] @ [k, n]`` in ``dtype`` (default fp32) on the current thread count."""
     generator = torch.Generator().manual_seed(0)
-    a = torch.randn(m, k, generator=generator)
-    b = torch.randn(k, n, generator=generator)
-    out = torch.empty(m, n)
+    a = torch.randn(m, k, generator=generator).to(dtype)
+    b = torch.randn(k, n, generator=generator).to(dtype)
+    out = torch.empty(m, n, dtype=dtype)
     seconds = timed(lambda: torch.matmul(a, b, out=out), repeats=repeats, warmup=2)
     return 2.0 * m * k * n / median(seconds) / 1e9
 
 
 def measure_limit(threads: int, repeats: int = 5, sizes: tuple[int, ...] = SQUARE_SIZES,
-                  extra_shapes: tuple[tuple[int, int, int], ...] = ()) -> dict:
+                  extra_shapes: tuple[tuple[int, int, int], ...] = (), dtype: torch.dtype = torch.float32) -> dict:
     """``{"limit_gflops": best median, "gemm_gflops": {shape: rate}}`` at ``threads`` intra-op threads."""
     set_threads(threads)
     rates = {}
     for size in sizes:
-        rates[f"{size}x{size}x{size}"] = round(gemm_gflops(size, size, size, repeats), 1)
+        rates[f"{size}x{size}x{size}"] = round(gemm_gflops(size, size, size, repeats, dtype), 1)
     for m, k, n in extra_shapes:
-        rates[f"{m}x{k}x{n}"] = round(gemm_gflops(m, k, n, repeats), 1)
+        rates[f"{m}x{k}x{n}"] = round(gemm_gflops(m, k, n, repeats, dtype), 1)
     return {"limit_gflops": max(rates.values()), "gemm_gflops": rates}
 
 

@@ -203,6 +203,19 @@ def test_config_hash_is_stable_and_ignores_resources_and_tracking(congen_file):
     assert cfg.config_hash(exclude=()) != ignored.config_hash(exclude=())
 
 
+def test_train_precision_is_validated_and_hashed_only_when_not_fp32(congen_file):
+    cfg = JobConfig.from_yaml(congen_file)
+    assert cfg.train.precision == "fp32"
+    # a field added after run directories existed: at its default it must not change their hash (resume keeps working)
+    assert "precision" not in cfg.hashed_fields()["train"]
+    assert cfg.with_overrides(["train.precision=fp32"]).config_hash() == cfg.config_hash()
+    bf16 = cfg.with_overrides(["train.precision=bf16"]).validate()
+    assert bf16.hashed_fields()["train"]["precision"] == "bf16"
+    assert bf16.config_hash() != cfg.config_hash() and bf16.diff_keys(cfg) == ["train.precision"]
+    with pytest.raises(ConfigError, match=r"field 'train\.precision': 'fp16' is not one of fp32, bf16"):
+        cfg.with_overrides(["train.precision=fp16"]).validate()
+
+
 def test_config_hash_is_the_same_in_another_process(congen_file):
     import subprocess
     import sys

@@ -179,6 +179,31 @@ def test_congen_equals_direct_computation(alpha):
     np.testing.assert_allclose(loss_fn.queue.ordered().double().numpy(), np.stack(candidates[-K:]), atol=1e-6)
 
 
+def test_congen_bf16_student_side_matches_fp32_up_to_bf16_rounding():
+    """precision="bf16": the student's logits against the queue and their gradient from bfloat16 products; the
+    teacher targets in fp32. Loss and gradients agree with the fp32 loss to bf16's ~3 significant digits, and the
+    queue itself is stored and advanced in fp32 exactly as in fp32 mode."""
+    B, D, K = 8, 64, 256
+    queue_rows = torch.randn(K, D, generator=torch.Generator().manual_seed(1))
+    results = {}
+    for precision in ("fp32", "bf16"):
+        loss_fn = ConGenLoss(queue_size=K, dim=D, precision=precision)
+        loss_fn.queue.init_from(queue_rows)
+        teacher, control, generalize = leaf(B, D, seed=2), leaf(B, D, seed=3), leaf(B, D, seed=4)
+        out = loss_fn({"student_control": control, "student_generalize": generalize, "teacher": teacher})
+        out.loss.backward()
+        results[precision] = (out.loss.detach(), control.grad, generalize.grad, loss_fn.queue.ordered().clone())
+    (loss32, con32, gen32, queue32), (loss16, con16, gen16, queue16) = results["fp32"], results["bf16"]
+    assert loss16.dtype == torch.float32 and con16.dtype == torch.float32
+    torch.testing.assert_close(loss16, loss32, rtol=1e-2, atol=0)
+    for grad16, grad32 in ((con16, con32), (gen16, gen32)):
+        assert (grad16 - grad32).norm() < 0.05 * grad32.norm()
+    assert not torch.equal(con16, con32)  # the bf16 path really ran
+    assert queue16.dtype == torch.float32 and torch.equal(queue16, queue32)
+    with pytest.raises(ValueError, match="precision must be 'fp32' or 'bf16'"):
+        ConGenLoss(queue_size=K, dim=D, precision="fp16")
+
+
 def test_congen_partly_filled_queue_uses_filled_rows_only():
     B, D = 2, 3
     loss_fn = ConGenLoss(queue_size=8, dim=D, queue_init="empty")

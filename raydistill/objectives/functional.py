@@ -206,7 +206,10 @@ class _QuerySoftCrossEntropy(torch.autograd.Function):
                 chunk = z[start:stop].sub_(lse[start:stop, None]).exp_()
                 if p is not None:
                     chunk.sub_(p[start % p.shape[0]:start % p.shape[0] + stop - start])
-            contribution = z @ keys.to(z.dtype)  # [N, d]
+            if keys.dtype == z.dtype:
+                contribution = z @ keys  # [N, d]
+            else:  # low-precision keys (ConGen's bf16 student side): the product in their dtype, not a K x d upcast
+                contribution = (z.to(keys.dtype) @ keys).to(z.dtype)
             grad_queries = contribution if grad_queries is None else grad_queries.add_(contribution)
         if grad_queries is not None:
             # diag(g)·(G·K) = (diag(g)·G)·K: the row weights scale the [N, d] result, not the [N, C] matrix.

@@ -114,6 +114,10 @@ class TrainConfig:
     checkpoint_every: int = 200
     keep_last: int = 2
     patience: int | None = None
+    # "fp32", or "bf16": forward and backward under torch.autocast(bfloat16), weights and optimiser state in fp32.
+    # On a CPU with AVX512-BF16 (or AMX) bf16 matrix products run 2-3x faster than fp32; on CUDA it is the usual
+    # mixed precision. bench/train_step.py measures the speed, a committed ConGen run the 7-STS cost.
+    precision: str = "fp32"
 
 
 @dataclass
@@ -134,7 +138,7 @@ _SECTION_ALIASES = {
 
 
 # Top-level fields added after run directories existed: at their default they leave the config hash unchanged.
-_HASHED_ONLY_WHEN_SET = {"student_projection_init": "default"}
+_HASHED_ONLY_WHEN_SET = {"student_projection_init": "default", "train.precision": "fp32"}
 
 
 @dataclass
@@ -226,13 +230,22 @@ class JobConfig:
     # ------------------------------------------------------------------------------------------------------------
     # Identity
 
-    def config_hash(self, exclude: tuple[str, ...] = DEFAULT_HASH_EXCLUDE) -> str:
-        """sha256 (16 hex chars) of the canonical JSON of the config minus ``exclude`` (dotted paths)."""
+    def hashed_fields(self, exclude: tuple[str, ...] = DEFAULT_HASH_EXCLUDE) -> dict[str, Any]:
+        """The config as ``config_hash`` sees it: minus ``exclude`` (dotted paths) and minus the fields added after
+        run directories existed while they hold their default (so old run directories keep their hash)."""
         plain = _drop_paths(self.to_dict(), exclude)
-        for key, default in _HASHED_ONLY_WHEN_SET.items():  # fields added later: old run dirs keep their hash
-            if plain.get(key, default) == default:
-                plain.pop(key, None)
-        canonical = json.dumps(plain, sort_keys=True, separators=(",", ":"), default=str)
+        for path, default in _HASHED_ONLY_WHEN_SET.items():
+            *parents, key = path.split(".")
+            section = plain
+            for parent in parents:
+                section = section.get(parent, {})
+            if section.get(key, default) == default:
+                section.pop(key, None)
+        return plain
+
+    def config_hash(self, exclude: tuple[str, ...] = DEFAULT_HASH_EXCLUDE) -> str:
+        """sha256 (16 hex chars) of the canonical JSON of ``hashed_fields(exclude)``."""
+        canonical = json.dumps(self.hashed_fields(exclude), sort_keys=True, separators=(",", ":"), default=str)
         return hashlib.sha256(canonical.encode()).hexdigest()[:16]
 
     def diff_keys(self, other: "JobConfig | dict", exclude: tuple[str, ...] = DEFAULT_HASH_EXCLUDE) -> list[str]:
@@ -317,6 +330,8 @@ class JobConfig:
             raise err("train.weight_decay", f"{t.weight_decay} must be >= 0")
         if t.grad_clip < 0:
             raise err("train.grad_clip", f"{t.grad_clip} must be >= 0 (0 = no clipping)")
+        if t.precision not in _PRECISIONS:
+            raise err("train.precision", f"{t.precision!r} is not one of {', '.join(_PRECISIONS)}")
 
         self._check_loss()
 
@@ -424,6 +439,7 @@ _VALIDATORS: dict[str, list[Callable[[JobConfig], Any]]] = {}
 _POOLINGS = ("mean", "cls")
 # raydistill.models.bi_encoder.PROJECTION_INITS, + least_squares: fitted to the teacher's vectors before step 1
 _PROJECTION_INITS = ("default", "orthogonal", "least_squares")
+_PRECISIONS = ("fp32", "bf16")
 _CORPORA = ("flickr", "nli", "flickr+nli")
 _MISSING = object()
 

@@ -263,6 +263,7 @@ def _evaluate_and_record(cfg, stages, stage_summaries, cache_info, history, mode
         "epochs": cfg.train.epochs,
         "batch_size": cfg.train.batch_size,
         "student_projection_init": cfg.student_projection_init,
+        "precision": cfg.train.precision,
         "seed": cfg.seed,
         "best_step": last["best_step"],
         "best_stsb_dev": round(last["best_stsb_dev"], 2) if last["best_stsb_dev"] is not None else None,

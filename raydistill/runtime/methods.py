@@ -158,7 +158,7 @@ class MethodSpec:
         accepted = inspect.signature(cls).parameters
         kwargs = self.loss_kwargs(cfg)
         dim = {"teacher": teacher_dim, "student": student_dim}.get(self.loss_dim or "")
-        context: dict[str, Any] = {"dim": dim, "total_steps": total_steps}
+        context: dict[str, Any] = {"dim": dim, "total_steps": total_steps, "precision": cfg.train.precision}
         if queue_actors:
             from raydistill.runtime.queue_actor import QueueClient
 
