@@ -138,6 +138,8 @@ def distill_table(records: list[dict]) -> str:
         head = _projection_init(r, teachers)
         if head:
             method += f" ({head} projection init)"
+        if r.get("training", {}).get("precision", "fp32") != "fp32":
+            method += f" ({r['training']['precision']})"
         seed = r.get("training", {}).get("seed") or _seed_from_command(r.get("command", ""))
         if seed not in (None, DEFAULT_SEED):
             method += f" (seed {seed})"
@@ -255,13 +257,55 @@ def tenc_table(records: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def tenc_compare_table(records: list[dict]) -> str:
+    """Self vs mutual, per family: the 7-STS average of the starting bi-encoder and of each run's best-dev trained
+    bi- and cross-encoder (model selection on STS-B dev over cycles >= 1, as the paper), with the cycle it came from."""
+    runs: dict[tuple[str, str], dict[tuple[str, str], dict]] = {}  # (mode, pairs) -> (family, enc|start) -> record
+    for r in records:
+        if r["kind"] != "mutual_tenc" or r.get("extra", {}).get("family") == "ensemble":
+            continue
+        training, family = r.get("training", {}), r["extra"]["family"]
+        key = (training.get("mode", "?"), str(training.get("pairs", "?")))
+        cycle = training.get("cycle") or 0
+        slot = (family, "start" if cycle == 0 else r.get("encoder", "bi"))
+        best = runs.setdefault(key, {}).get(slot)
+        if best is None or r["scores"].get("stsb_dev", -1e9) > best["scores"].get("stsb_dev", -1e9):
+            runs[key][slot] = r
+    families = sorted({family for slots in runs.values() for family, _ in slots})
+    lines = ["| family | pairs | start bi | self: best bi (cycle) | mutual: best bi (cycle) | self: best cross (cycle) "
+             "| mutual: best cross (cycle) |", "|---|---|---|---|---|---|---|"]
+
+    def cell(record: dict | None) -> str:
+        if record is None:
+            return "–"
+        return f"{record['scores']['avg']:.2f} ({record['training'].get('cycle')})"
+
+    for pairs in sorted({p for _, p in runs}):
+        for family in families:
+            own = {mode: runs.get((mode, pairs), {}) for mode in ("self", "mutual")}
+            start = own["self"].get((family, "start")) or own["mutual"].get((family, "start"))
+            if start is None:
+                continue
+            lines.append(f"| {family} | {pairs} | {start['scores']['avg']:.2f} | "
+                         + " | ".join(cell(own[mode].get((family, enc))) for enc in ("bi", "cross")
+                                      for mode in ("self", "mutual")) + " |")
+    return "\n".join(lines)
+
+
 # The benchmark figures (bench/*.py, docs/benchmarks.md): key, the file that measures it, what it is, the target.
 BENCH_FIGURES = (
     ("limit_gflops", "bench-limit.json", "fp32 matmul rate torch reaches here (GFLOP/s, jobs' thread count)", "–"),
     ("train_step_vs_st", "bench-train_step.json",
-     "ConGen training step, student sentences/s ÷ sentence-transformers' MSE distillation", "≥ 1.3"),
+     "ConGen training step (bf16), student sentences/s ÷ sentence-transformers' MSE distillation at its faster "
+     "precision (fp32 or bf16)", "≥ 1.3"),
     ("train_step_limit_fraction", "bench-train_step.json",
      "the same step's sentences/s ÷ the machine limit (encoder fwd + bwd FLOPs at the real token count)", "≥ 0.5"),
+    ("train_step_bf16_limit_fraction", "bench-train_step.json",
+     "the same rate ÷ the bf16 matmul peak measured in the run (what a bf16 step could reach)", "–"),
+    ("queue_actor_share", "bench-queue_actor.json",
+     "ConGen step (batch 128, K = 65536) time in shared-queue-actor traffic ÷ step time", "–"),
+    ("shared_vs_local_step", "bench-queue_actor.json",
+     "the same step through the shared queue actor ÷ with a learner-local queue", "–"),
     ("inference_vs_minilm_l6", "bench-inference.json",
      "encode sentences/s, minilm-l3 (raydistill, length-sorted) ÷ minilm-l6 encoded the plain way", "≥ 2.5"),
     ("inference_vs_mpnet", "bench-inference.json",
@@ -303,7 +347,8 @@ def bench_table(records: list[dict], bench: dict[str, dict] | None = None) -> st
 
 
 TABLES = {"baselines": baselines_table, "distill": distill_table, "targets": targets_table, "tune": tune_table,
-          "tune_trials": tune_trials_table, "tenc": tenc_table, "bench": bench_table}
+          "tune_trials": tune_trials_table, "tenc": tenc_table, "tenc_compare": tenc_compare_table,
+          "bench": bench_table}
 
 
 def render(readme: str, records: list[dict]) -> str:
