@@ -114,9 +114,10 @@ class TrainConfig:
     checkpoint_every: int = 200
     keep_last: int = 2
     patience: int | None = None
-    # "fp32", or "bf16": forward and backward under torch.autocast(bfloat16), weights and optimiser state in fp32.
-    # On a CPU with AVX512-BF16 (or AMX) bf16 matrix products run 2-3x faster than fp32; on CUDA it is the usual
-    # mixed precision. bench/train_step.py measures the speed, a committed ConGen run the 7-STS cost.
+    # "fp32", or "bf16": the student's forward and backward under torch.autocast(bfloat16), and ConGen's
+    # student-side queue products in bf16; weights, optimiser state, queue and softmaxes stay fp32. On a CPU with
+    # AVX512-BF16 (or AMX) bf16 matrix products run 2-3x faster than fp32; on CUDA it is the usual mixed precision.
+    # bench/train_step.py measures the speed; committed ConGen runs the 7-STS cost (0.00 and 0.01 points).
     precision: str = "fp32"
 
 
@@ -137,7 +138,7 @@ _SECTION_ALIASES = {
 }
 
 
-# Top-level fields added after run directories existed: at their default they leave the config hash unchanged.
+# Fields (dotted paths) added after run directories existed: at their default they leave the config hash unchanged.
 _HASHED_ONLY_WHEN_SET = {"student_projection_init": "default", "train.precision": "fp32"}
 
 
