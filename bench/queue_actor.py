@@ -26,10 +26,8 @@ from pathlib import Path
 
 import common  # noqa: F401  (environment before torch)
 
-import numpy as np
-
 from common import load_average, median, set_threads, write_record
-from train_step import RaydistillTrainer, congen_config, teacher_vectors, training_columns
+from train_step import TEACHER, RaydistillTrainer, congen_config, teacher_vectors, training_columns
 
 
 class ClientClock:
@@ -39,7 +37,6 @@ class ClientClock:
         from raydistill.runtime.queue_actor import _QueueClientMixin
 
         self.seconds = 0.0
-        self.calls = 0
         clock = self
         for name in ("_get", "enqueue"):
             original = getattr(_QueueClientMixin, name)
@@ -52,7 +49,6 @@ class ClientClock:
                     return _original(client, *args, **kwargs)
                 finally:
                     clock.seconds += time.perf_counter() - started
-                    clock.calls += 1
 
             setattr(_QueueClientMixin, name, timed)
 
@@ -71,7 +67,6 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--teacher-vectors", choices=("cached", "random"), default="cached")
     parser.add_argument("--write", type=Path, default=None, help="e.g. results/bench-queue_actor.json")
     args = parser.parse_args(argv)
-    args.ablation = []
     set_threads(args.threads)
     load_before = load_average()
     started = time.perf_counter()
@@ -111,7 +106,7 @@ def main(argv: list[str] | None = None) -> dict:
     local_s, shared_s, traffic_s = median(steps["local"]), median(steps["shared"]), median(traffic)
     record = {
         "bench": "queue_actor",
-        "student": args.student, "teacher": "mpnet-base", "batch": args.batch, "queue_size": args.queue_size,
+        "student": args.student, "teacher": TEACHER, "batch": args.batch, "queue_size": args.queue_size,
         "queue_dim": int(dim), "threads": args.threads, "precision": args.precision,
         "steps_timed": args.steps * args.rounds, "teacher_vectors": teacher_info,
         "local_step_s": round(local_s, 3),
@@ -129,5 +124,4 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 if __name__ == "__main__":
-    np.set_printoptions(precision=3)
     main()

@@ -16,7 +16,8 @@ added to) the job's Parquet teacher cache (``EmbeddingCache`` under ``$RAYDISTIL
 does no teacher pass; ``--teacher-vectors random`` uses random unit vectors instead (same cost for both sides).
 
 Precision (``--precision``, default bf16): raydistill's ``train.precision``. With bf16 the student's forward and
-backward run under bfloat16 autocast (the loss in fp32), which this CPU's AVX512-BF16 runs 2-3x faster than fp32;
+backward run under bfloat16 autocast and ConGen's student-side products against the queue in bf16 (teacher
+targets, softmaxes, weights and queue in fp32), which this CPU's AVX512-BF16 runs 2-3x faster than fp32;
 then raydistill is also timed in fp32 and sentence-transformers in both fp32 and bf16 (its Trainer's ``bf16=True``,
 CPU autocast), and ``train_step_vs_st`` is taken against sentence-transformers' FASTER precision, never against a
 slower baseline than its users can have. ``train_step_limit_fraction`` stays against the fp32 matmul limit;

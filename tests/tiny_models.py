@@ -57,7 +57,7 @@ def load_real_sentences(n_captions: int = 1000, n_stsb: int = 1000) -> list[str]
     return list(dict.fromkeys(captions[:n_captions] + stsb[:n_stsb]))
 
 
-def train_wordpiece_vocab(sentences: list[str], specials: list[str], unk: str, vocab_size: int) -> dict[str, int]:
+def train_wordpiece_vocab(sentences: list[str], specials: list[str], vocab_size: int) -> dict[str, int]:
     """A WordPiece vocabulary built with BERT's own normaliser and pre-tokeniser, so the wrapper splits text the
     same way: the specials, every character seen (alone and as a `##` continuation) and then the most frequent
     words, ties broken alphabetically.
@@ -65,9 +65,8 @@ def train_wordpiece_vocab(sentences: list[str], specials: list[str], unk: str, v
     Not `tokenizers.trainers.WordPieceTrainer`: it breaks ties between equally frequent merges in an order that
     changes from process to process, so every test on a tiny BERT/MPNet saw a slightly different model in each
     session and thin margins flaked (byte-level BPE, below, is stable). Whole words and single characters are
-    what a real vocabulary ends in too, and greedy longest-match WordPiece never needs `unk` on seen text.
+    what a real vocabulary ends in too, and greedy longest-match WordPiece never needs the unknown token on seen text.
     """
-    del unk  # every seen character is in the vocabulary
     normalizer = normalizers.BertNormalizer(lowercase=True)
     pre_tokenizer = pre_tokenizers.BertPreTokenizer()
     counts: dict[str, int] = {}
@@ -130,7 +129,7 @@ def make_tiny_model(
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     if family == "bert":
-        vocab = train_wordpiece_vocab(sentences, BERT_SPECIALS, "[UNK]", vocab_size)
+        vocab = train_wordpiece_vocab(sentences, BERT_SPECIALS, vocab_size)
         tokenizer = BertTokenizer(vocab=vocab, do_lower_case=True)
         config = BertConfig(max_position_embeddings=max_positions, pad_token_id=tokenizer.pad_token_id)
     elif family == "roberta":
@@ -144,7 +143,7 @@ def make_tiny_model(
             type_vocab_size=1,
         )
     elif family == "mpnet":
-        vocab = train_wordpiece_vocab(sentences, MPNET_SPECIALS, "[UNK]", vocab_size)
+        vocab = train_wordpiece_vocab(sentences, MPNET_SPECIALS, vocab_size)
         tokenizer = MPNetTokenizer(vocab=vocab, do_lower_case=True)
         config = MPNetConfig(
             max_position_embeddings=max_positions + tokenizer.pad_token_id + 1,

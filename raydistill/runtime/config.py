@@ -234,15 +234,11 @@ class JobConfig:
     def hashed_fields(self, exclude: tuple[str, ...] = DEFAULT_HASH_EXCLUDE) -> dict[str, Any]:
         """The config as ``config_hash`` sees it: minus ``exclude`` (dotted paths) and minus the fields added after
         run directories existed while they hold their default (so old run directories keep their hash)."""
-        plain = _drop_paths(self.to_dict(), exclude)
-        for path, default in _HASHED_ONLY_WHEN_SET.items():
-            *parents, key = path.split(".")
-            section = plain
-            for parent in parents:
-                section = section.get(parent, {})
-            if section.get(key, default) == default:
-                section.pop(key, None)
-        return plain
+        plain = self.to_dict()
+        values = _flatten(plain)
+        at_default = tuple(path for path, default in _HASHED_ONLY_WHEN_SET.items()
+                           if values.get(path, default) == default)
+        return _drop_paths(plain, exclude + at_default)
 
     def config_hash(self, exclude: tuple[str, ...] = DEFAULT_HASH_EXCLUDE) -> str:
         """sha256 (16 hex chars) of the canonical JSON of ``hashed_fields(exclude)``."""
