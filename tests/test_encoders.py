@@ -336,6 +336,51 @@ def test_cross_encoder_save_load_round_trip(family_dir, tmp_path, num_labels):
     np.testing.assert_allclose(reference, expected, atol=1e-5, rtol=0)
 
 
+def test_cross_encoder_segment_cosine_head(family_dir, tmp_path):
+    """logit = scale · cos(mean of a's token states, mean of b's) + bias, with the segments found from the
+    separator in every family's pair format; saved and restored with its learned scale and bias."""
+    torch.manual_seed(0)
+    ce = CrossEncoder.from_pretrained(family_dir, max_length=128, head="segment_cosine")  # no truncation
+    pairs = [(SHORT, LONG), (LONG, SHORT), ("Three men on a large rig.", "Four men on top of a tall structure.")]
+    features = ce.tokenize(pairs)
+    with torch.no_grad():
+        hidden = ce.model.base_model(**{k: v for k, v in features.items() if k in ce.input_names}).last_hidden_state
+    expected = []
+    for row, (a, b) in enumerate(pairs):
+        # Each sentence's word pieces, found by tokenising it alone: a's follow the first special token, b's end
+        # just before the last one (padding sits after it).
+        a_ids = ce.tokenizer(a, add_special_tokens=False)["input_ids"]
+        b_ids = ce.tokenizer(b, add_special_tokens=False)["input_ids"]
+        ids = features["input_ids"][row].tolist()
+        end = int(features["attention_mask"][row].sum()) - 1
+        assert ids[1:1 + len(a_ids)] == a_ids and ids[end - len(b_ids):end] == b_ids
+        a_mean = hidden[row, 1:1 + len(a_ids)].mean(0)
+        b_mean = hidden[row, end - len(b_ids):end].mean(0)
+        expected.append(5.0 * torch.nn.functional.cosine_similarity(a_mean, b_mean, dim=0).item() - 2.5)
+    logits = ce.score(pairs, activation=None)
+    np.testing.assert_allclose(logits, expected, atol=1e-5, rtol=0)
+
+    ce.train()
+    loss = ce(features).sum()
+    loss.backward()
+    assert ce.segment_head.scale.grad is not None and ce.segment_head.bias.grad is not None
+    assert any(p.grad is not None and p.grad.abs().sum() > 0 for p in ce.model.base_model.encoder.parameters())
+    with torch.no_grad():
+        ce.segment_head.scale.fill_(3.25)
+        ce.segment_head.bias.fill_(-0.75)
+    ce.eval()
+    trained = ce.score(pairs, activation=None)
+    ce.save(tmp_path)
+    loaded = CrossEncoder.from_pretrained(tmp_path)  # the saved head, not the classifier default
+    assert loaded.head == "segment_cosine"
+    np.testing.assert_allclose(loaded.score(pairs, activation=None), trained, atol=1e-6, rtol=0)
+    assert CrossEncoder.from_pretrained(tmp_path, head="classifier").head == "classifier"
+    with pytest.raises(ValueError, match="one score per pair"):
+        CrossEncoder.from_pretrained(family_dir, num_labels=3, head="segment_cosine")
+    with pytest.raises(ValueError, match="head must be one of"):
+        CrossEncoder.from_pretrained(family_dir, head="pooler")
+
+
 def test_cross_encoder_starts_from_saved_bi_encoder(tiny_bert, tmp_path):
     """Trans-Encoder's sequential init: a cross-encoder from a bi-encoder directory reuses its transformer."""
     bi = BiEncoder.from_pretrained(tiny_bert, projection_dim=8)

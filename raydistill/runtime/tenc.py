@@ -131,6 +131,10 @@ class StageConfig:
     grad_clip: float = 1.0
     eval_every: int = 200  # STS-B dev every N steps and at each epoch end; the best checkpoint is the stage's output
     amp: bool = True  # bf16 autocast on CUDA only (the authors train with AMP); ignored on CPU
+    # Cross-encoder only (bi: leave null). "classifier": AutoModelForSequenceClassification's head on [CLS] (the
+    # paper's); "segment_cosine": scale · cos of the two sentences' mean token states in the joint encoding
+    # (models/cross_encoder.py). null = classifier.
+    head: str | None = None
 
 
 @dataclass
@@ -257,12 +261,16 @@ class TencConfig:
     def config_hash(self) -> str:
         import hashlib
 
-        plain = _drop_paths(self.to_dict(), TENC_HASH_EXCLUDE)
+        plain = _drop_paths(self.to_dict(), TENC_HASH_EXCLUDE + self._unset_heads())
         canonical = json.dumps(plain, sort_keys=True, separators=(",", ":"), default=str)
         return hashlib.sha256(canonical.encode()).hexdigest()[:16]
 
+    def _unset_heads(self) -> tuple[str, ...]:
+        # A null head hashes as if the field did not exist, so runs from before it keep their directories.
+        return tuple(f"{kind}.head" for kind in ("bi", "cross") if getattr(self, kind).head is None)
+
     def diff_keys(self, other: dict[str, Any]) -> list[str]:
-        mine = _flatten(_drop_paths(self.to_dict(), TENC_HASH_EXCLUDE))
+        mine = _flatten(_drop_paths(self.to_dict(), TENC_HASH_EXCLUDE + self._unset_heads()))
         theirs = _flatten(_drop_paths(other, TENC_HASH_EXCLUDE))
         return sorted(k for k in mine.keys() | theirs.keys() if mine.get(k, "<absent>") != theirs.get(k, "<absent>"))
 
@@ -353,6 +361,14 @@ class TencConfig:
                 raise err(f"{kind}.weight_decay" if stage.weight_decay < 0 else f"{kind}.grad_clip", "must be >= 0")
             if stage.max_length < 8:
                 raise err(f"{kind}.max_length", f"{stage.max_length} tokens cannot hold a sentence (pair)")
+        from raydistill.models.cross_encoder import HEADS
+
+        if self.bi.head is not None:
+            raise err("bi.head", "the head is a cross-encoder setting (bi-encoders pool: families[i].pooling); "
+                                 "remove it")
+        if self.cross.head is not None and self.cross.head not in HEADS:
+            raise err("cross.head", f"{self.cross.head!r}{_suggest(self.cross.head, HEADS)} is not one of "
+                                    f"{', '.join(HEADS)}")
 
         from raydistill.data import DATASETS
         from raydistill.evaluation import STS_SETS

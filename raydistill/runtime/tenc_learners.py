@@ -134,7 +134,7 @@ class StageLearner:
         family: the family's name (columns ``score_<family>``, paths, progress lines).
         pair_set: the job's unlabeled pairs; every label vector is aligned with it.
         train: the stage's settings (``StageConfig`` of tenc.py as a dict): batch_size, lr, epochs, max_steps,
-            max_length, warmup_ratio, weight_decay, grad_clip, eval_every, amp.
+            max_length, warmup_ratio, weight_decay, grad_clip, eval_every, amp, head (cross only).
         pooling: bi-encoder pooling (None = the start checkpoint's).
         label_scaling: the ``cosine_to_target`` mode that maps bi-encoder cosines to cross-encoder targets.
         seed: job seed; each stage derives its own (`stage_seed`).
@@ -388,7 +388,9 @@ class CrossEncoderLearner(StageLearner):
     def _new_model(self, checkpoint: str) -> nn.Module:
         from raydistill.models import CrossEncoder
 
-        return CrossEncoder.from_pretrained(checkpoint, num_labels=1, max_length=int(self.train_cfg["max_length"]))
+        # The configured head, not a saved one: a sequential-init stage starts from the previous model's weights.
+        return CrossEncoder.from_pretrained(checkpoint, num_labels=1, max_length=int(self.train_cfg["max_length"]),
+                                            head=self.train_cfg.get("head") or "classifier")
 
     def scorer(self):
         return SymmetricCrossScorer(self._require_model())
