@@ -105,6 +105,15 @@ def test_config_defaults_are_the_paper_and_errors_name_the_field(tiny_models, tm
     base = tiny_config(tiny_models, tmp_path)
     assert base.config_hash() == tiny_config(tiny_models, tmp_path, cycles=5, resources={"num_cpus": 8}).config_hash()
     assert base.config_hash() != tiny_config(tiny_models, tmp_path, cross={"lr": 5e-4}).config_hash()
+    # cross.head: null and classifier are the same head (and the hash of runs from before the field existed)
+    cross = dict(base.to_dict()["cross"])
+    assert base.config_hash() == tiny_config(tiny_models, tmp_path, cross={**cross, "head": "classifier"}).config_hash()
+    segment = tiny_config(tiny_models, tmp_path, cross={**cross, "head": "segment_cosine"})
+    assert segment.validate().config_hash() != base.config_hash()
+    with pytest.raises(ConfigError, match=r"cross\.head.*did you mean 'segment_cosine'"):
+        tiny_config(tiny_models, tmp_path, cross={**cross, "head": "segment_cosin"}).validate()
+    with pytest.raises(ConfigError, match=r"bi\.head.*cross-encoder setting"):
+        tiny_config(tiny_models, tmp_path, bi={**base.to_dict()["bi"], "head": "segment_cosine"}).validate()
 
 
 def test_pair_sets_are_deduplicated_unordered_subsampled_by_stable_id():
@@ -223,7 +232,9 @@ def test_self_sequential_run_stopped_between_stages_resumes_the_weight_chain(ray
     """Self-distillation with sequential init, stopped after the first stage (as a crash there would) and rerun:
     completed work is reused, not redone, and every stage starts from the weights of the stage before it, also
     across the restart. Then the result files: 7-STS of cycle 0 and of the best models, and their ensembles."""
-    settings = dict(mode="self", init="sequential", cycles=2, eval={"test_cycles": "best"})
+    cross = {"batch_size": 8, "lr": 1e-3, "epochs": 1, "max_steps": 3, "max_length": 32, "eval_every": 2,
+             "head": "segment_cosine"}
+    settings = dict(mode="self", init="sequential", cycles=2, eval={"test_cycles": "best"}, cross=cross)
     stopped = run_trans_encoder(tiny_config(tiny_models, tmp_path, stop_after_stage=stage_key(1, "bi2cross"),
                                             **settings))
     run_dir = tmp_path / "run"
@@ -282,6 +293,11 @@ def test_self_sequential_run_stopped_between_stages_resumes_the_weight_chain(ray
     assert (record["kind"], record["method"], record["encoder"]) == ("mutual_tenc", "tenc-self", "cross")
     assert record["training"]["transductive"] is False
     assert record["training"]["init"] == "sequential" and os.path.isdir(record["model_dir"])
+    # the configured head was trained, saved and is what a reload of the stage's model gets
+    from raydistill.models import CrossEncoder
+
+    assert record["training"]["cross"]["head"] == "segment_cosine"
+    assert CrossEncoder.from_pretrained(record["model_dir"]).head == "segment_cosine"
     # an ensemble's scores are the Spearman of the mean of its members' saved predictions
     members = [np.load(run_dir / "eval" / "cycle=0" / "bi" / f"{f}.npz") for f in ("bert", "mpnet")]
     mean = {name: (members[0][name] + members[1][name]) / 2 for name in members[0].files}

@@ -266,8 +266,8 @@ class TencConfig:
         return hashlib.sha256(canonical.encode()).hexdigest()[:16]
 
     def _unset_heads(self) -> tuple[str, ...]:
-        # A null head hashes as if the field did not exist, so runs from before it keep their directories.
-        return tuple(f"{kind}.head" for kind in ("bi", "cross") if getattr(self, kind).head is None)
+        # A null (= classifier) head hashes as if the field did not exist: runs from before it keep their directories.
+        return tuple(f"{kind}.head" for kind in ("bi", "cross") if getattr(self, kind).head in (None, "classifier"))
 
     def diff_keys(self, other: dict[str, Any]) -> list[str]:
         mine = _flatten(_drop_paths(self.to_dict(), TENC_HASH_EXCLUDE + self._unset_heads()))
