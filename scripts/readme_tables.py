@@ -233,23 +233,29 @@ def tune_trials_table(records: list[dict], results_dir: Path = ROOT / "results")
     return "\n".join(lines)
 
 
+def cross_head(record: dict) -> str:
+    """The cross-encoder head a Trans-Encoder run trained (runs from before ``cross.head`` existed: classifier)."""
+    return (record.get("training", {}).get("cross") or {}).get("head") or "classifier"
+
+
 def tenc_table(records: list[dict]) -> str:
     """One block per Trans-Encoder run: each family's bi/cross encoder at start (cycle 0) and at its best-dev cycle,
-    and the ensembles of the families."""
+    and the ensembles of the families. Runs with the configs' current cross head (segment_cosine) first."""
     rows = [r for r in records if r["kind"] == "mutual_tenc"]
-    rows.sort(key=lambda r: (r.get("extra", {}).get("run_name", ""), r.get("extra", {}).get("family") == "ensemble",
+    rows.sort(key=lambda r: (cross_head(r) != "segment_cosine", r.get("extra", {}).get("run_name", ""),
+                             r.get("extra", {}).get("family") == "ensemble",
                              r.get("extra", {}).get("family", ""), r.get("encoder", "bi"),
                              r.get("training", {}).get("cycle") or 0))
-    header = ("| run | mode | pairs | family | enc | cycle | " + " | ".join(STS7)
+    header = ("| run | mode | cross head | pairs | family | enc | cycle | " + " | ".join(STS7)
               + " | avg | STS-B dev | result file |")
-    rule = "|" + "---|" * (len(STS7) + 9)
+    rule = "|" + "---|" * (len(STS7) + 10)
     lines = [header, rule]
     for r in rows:
         extra, training, scores = r.get("extra", {}), r.get("training", {}), r["scores"]
         cycle = training.get("cycle")
         dev = scores.get("stsb_dev")
         lines.append("| " + " | ".join([
-            extra.get("run_name", "–"), training.get("mode", "–"),
+            extra.get("run_name", "–"), training.get("mode", "–"), cross_head(r),
             f"{training.get('pairs', '–')} {'transd.' if training.get('transductive') else 'induct.'}",
             extra.get("family", "–"), r.get("encoder", "bi"), "best" if cycle is None else str(cycle),
             *[f"{scores[name]:.2f}" for name in STS7], f"**{scores['avg']:.2f}**",
@@ -260,35 +266,38 @@ def tenc_table(records: list[dict]) -> str:
 def tenc_compare_table(records: list[dict]) -> str:
     """Self vs mutual, per family: the 7-STS average of the starting bi-encoder and of each run's best-dev trained
     bi- and cross-encoder (model selection on STS-B dev over cycles >= 1, as the paper), with the cycle it came from."""
-    runs: dict[tuple[str, str], dict[tuple[str, str], dict]] = {}  # (mode, pairs) -> (family, enc|start) -> record
+    # (mode, pairs, cross head) -> (family, enc|start) -> record
+    runs: dict[tuple[str, str, str], dict[tuple[str, str], dict]] = {}
     for r in records:
         if r["kind"] != "mutual_tenc" or r.get("extra", {}).get("family") == "ensemble":
             continue
         training, family = r.get("training", {}), r["extra"]["family"]
-        key = (training.get("mode", "?"), str(training.get("pairs", "?")))
+        key = (training.get("mode", "?"), str(training.get("pairs", "?")), cross_head(r))
         cycle = training.get("cycle") or 0
         slot = (family, "start" if cycle == 0 else r.get("encoder", "bi"))
         best = runs.setdefault(key, {}).get(slot)
         if best is None or r["scores"].get("stsb_dev", -1e9) > best["scores"].get("stsb_dev", -1e9):
             runs[key][slot] = r
     families = sorted({family for slots in runs.values() for family, _ in slots})
-    lines = ["| family | pairs | start bi | self: best bi (cycle) | mutual: best bi (cycle) | self: best cross (cycle) "
-             "| mutual: best cross (cycle) |", "|---|---|---|---|---|---|---|"]
+    lines = ["| cross head | family | pairs | start bi | self: best bi (cycle) | mutual: best bi (cycle) "
+             "| self: best cross (cycle) | mutual: best cross (cycle) |", "|---|---|---|---|---|---|---|---|"]
 
     def cell(record: dict | None) -> str:
         if record is None:
             return "–"
         return f"{record['scores']['avg']:.2f} ({record['training'].get('cycle')})"
 
-    for pairs in sorted({p for _, p in runs}):
-        for family in families:
-            own = {mode: runs.get((mode, pairs), {}) for mode in ("self", "mutual")}
-            start = own["self"].get((family, "start")) or own["mutual"].get((family, "start"))
-            if start is None:
-                continue
-            lines.append(f"| {family} | {pairs} | {start['scores']['avg']:.2f} | "
-                         + " | ".join(cell(own[mode].get((family, enc))) for enc in ("bi", "cross")
-                                      for mode in ("self", "mutual")) + " |")
+    heads = sorted({head for _, _, head in runs}, key=lambda head: head != "segment_cosine")
+    for head in heads:
+        for pairs in sorted({p for _, p, h in runs if h == head}):
+            for family in families:
+                own = {mode: runs.get((mode, pairs, head), {}) for mode in ("self", "mutual")}
+                start = own["self"].get((family, "start")) or own["mutual"].get((family, "start"))
+                if start is None:
+                    continue
+                lines.append(f"| {head} | {family} | {pairs} | {start['scores']['avg']:.2f} | "
+                             + " | ".join(cell(own[mode].get((family, enc))) for enc in ("bi", "cross")
+                                          for mode in ("self", "mutual")) + " |")
     return "\n".join(lines)
 
 

@@ -17,7 +17,9 @@ It starts as a function of what a mean-pooled bi-encoder checkpoint already know
 head on [CLS] starts from nothing. On 2,000 gold STS-B train pairs and 250 updates a minilm-l3 cross-encoder
 reaches STS-B dev 80.2 with it against 40.8 with the classifier head (results/diag-cross-encoder-head.json).
 It is raydistill's, not the Trans-Encoder paper's (which uses the classifier head); the choice is recorded in the
-saved directory's raydistill_model.json and restored by ``from_pretrained``.
+saved directory's raydistill_model.json and restored by ``from_pretrained``. Other tools (sentence-transformers'
+CrossEncoder, HF pipelines) would read the directory's untrained classifier head instead: load such a
+cross-encoder with raydistill.
 
 A cross-encoder is order-sensitive and cannot embed single sentences: evaluation must hand it pairs, which is
 why it is a separate class rather than a BiEncoder option.
