@@ -262,3 +262,24 @@ def test_outputs_inside_a_ray_job_working_dir_copy_are_warned_about(tmp_path, mo
 
     monkeypatch.chdir(tmp_path)  # an ordinary checkout: nothing to say
     assert warn_if_outputs_are_ephemeral({"run dir": tmp_path / "runs"}) == []
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The shipped configs
+
+
+CONFIG_DIR = __import__("pathlib").Path(__file__).resolve().parents[1] / "configs"
+
+
+@pytest.mark.parametrize("path", sorted(CONFIG_DIR.glob("*.yaml")), ids=lambda p: p.name)
+def test_every_shipped_config_loads_and_validates(path):
+    """A shipped config that no longer matches its dataclass (a renamed field, a value out of range) fails here,
+    not when a user starts a job."""
+    from raydistill.runtime.tenc import TencConfig
+
+    if "tenc" in path.name:
+        cfg = TencConfig.from_yaml(path).validate()
+        assert cfg.cross.head in (None, "classifier", "segment_cosine")
+    else:
+        cfg = JobConfig.from_yaml(path, [])
+        cfg.validate()
