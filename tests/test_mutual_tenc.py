@@ -110,6 +110,8 @@ def test_config_defaults_are_the_paper_and_errors_name_the_field(tiny_models, tm
     assert base.config_hash() == tiny_config(tiny_models, tmp_path, cross={**cross, "head": "classifier"}).config_hash()
     segment = tiny_config(tiny_models, tmp_path, cross={**cross, "head": "segment_cosine"})
     assert segment.validate().config_hash() != base.config_hash()
+    # a config differs from its own saved dict in nothing, null heads included; from the other head in the head
+    assert base.diff_keys(base.to_dict()) == [] and segment.diff_keys(base.to_dict()) == ["cross.head"]
     with pytest.raises(ConfigError, match=r"cross\.head.*did you mean 'segment_cosine'"):
         tiny_config(tiny_models, tmp_path, cross={**cross, "head": "segment_cosin"}).validate()
     with pytest.raises(ConfigError, match=r"bi\.head.*cross-encoder setting"):

@@ -131,6 +131,12 @@ def usable_max_length(config, tokenizer, requested: int | None, source: Path) ->
     return min(candidates)
 
 
+def masked_mean(token_states: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Mean of ``token_states`` [B, T, H] over the positions where ``mask`` [B, T] is set -> [B, H] (0 where none)."""
+    weights = mask.unsqueeze(-1).to(token_states.dtype)  # [B, T, 1]
+    return (token_states * weights).sum(dim=1) / weights.sum(dim=1).clamp(min=1e-9)  # [B, H]
+
+
 def forward_input_names(model: nn.Module) -> frozenset[str]:
     """Tokenizer outputs the model's forward accepts (RoBERTa/MPNet tokenizers may emit token_type_ids they reject)."""
     return frozenset(inspect.signature(model.forward).parameters) & {"input_ids", "attention_mask", "token_type_ids"}

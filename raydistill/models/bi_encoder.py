@@ -38,6 +38,7 @@ from raydistill.models.batching import (
     forward_input_names,
     inference,
     length_sorted_batches,
+    masked_mean,
     read_json,
     read_metadata,
     resolve_checkpoint,
@@ -371,10 +372,7 @@ class BiEncoder(nn.Module):
         token_states = self.transformer(**inputs).last_hidden_state  # [B, T, H]
         attention_mask = features["attention_mask"]  # [B, T], 1 = real token
         if self.pooling == "mean":
-            mask = attention_mask.unsqueeze(-1).to(token_states.dtype)  # [B, T, 1]
-            summed = (token_states * mask).sum(dim=1)  # [B, H]
-            counts = mask.sum(dim=1).clamp(min=1e-9)  # [B, 1]
-            sentence_embeddings = summed / counts  # [B, H]
+            sentence_embeddings = masked_mean(token_states, attention_mask)  # [B, H]
         else:
             # First attended token, not index 0: the same answer with right padding, the right one with left padding.
             first = attention_mask.to(torch.int64).argmax(dim=1)  # [B]

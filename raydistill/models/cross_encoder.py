@@ -42,6 +42,7 @@ from raydistill.models.batching import (
     forward_input_names,
     inference,
     length_sorted_batches,
+    masked_mean,
     read_metadata,
     resolve_checkpoint,
     torch_threads,
@@ -71,25 +72,24 @@ def check_pairs(pairs) -> tuple[list[str], list[str]]:
 class SegmentCosineHead(nn.Module):
     """logits = scale · cos(mean of sentence a's token states, mean of sentence b's) + bias, on a joint encoding.
 
-    Segments are found from the separator token, so it works for BERT ([CLS] a [SEP] b [SEP]) and for MPNet /
-    RoBERTa (<s> a </s></s> b </s>) alike; special tokens and padding count in neither mean.
+    Segments are found from the tokenizer's separator token, so it works for BERT ([CLS] a [SEP] b [SEP]) and for
+    MPNet / RoBERTa (<s> a </s></s> b </s>) alike; special tokens and padding count in neither mean.
     The start values map cosines 0 … 1 to sigmoid scores 0.08 … 0.92: close to the clip-scaled cosine targets
     the cross-encoder is trained on, so training starts from the bi-encoder-like scorer, not from noise.
     """
 
-    def __init__(self, scale: float = 5.0, bias: float = -2.5):
+    def __init__(self, special_ids: list[int], sep_token_id: int, scale: float = 5.0, bias: float = -2.5):
         super().__init__()
         self.scale = nn.Parameter(torch.tensor(float(scale)))
         self.bias = nn.Parameter(torch.tensor(float(bias)))
+        self.register_buffer("special_ids", torch.tensor(sorted(set(special_ids))), persistent=False)
+        self.sep_token_id = int(sep_token_id)
 
-    def forward(self, hidden: Tensor, input_ids: Tensor, attention_mask: Tensor, special_ids: Tensor,
-                sep_token_id: int) -> Tensor:
-        is_word = attention_mask.bool() & ~torch.isin(input_ids, special_ids)  # [B, T]
-        after_first_sep = torch.cumsum((input_ids == sep_token_id).long(), dim=1) > 0  # [B, T]
-        first_mask = (is_word & ~after_first_sep).unsqueeze(-1).to(hidden.dtype)  # [B, T, 1]
-        second_mask = (is_word & after_first_sep).unsqueeze(-1).to(hidden.dtype)  # [B, T, 1]
-        first_mean = (hidden * first_mask).sum(1) / first_mask.sum(1).clamp(min=1.0)  # [B, H]
-        second_mean = (hidden * second_mask).sum(1) / second_mask.sum(1).clamp(min=1.0)  # [B, H]
+    def forward(self, hidden: Tensor, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
+        is_word = attention_mask.bool() & ~torch.isin(input_ids, self.special_ids)  # [B, T]
+        after_first_sep = torch.cumsum((input_ids == self.sep_token_id).long(), dim=1) > 0  # [B, T]
+        first_mean = masked_mean(hidden, is_word & ~after_first_sep)  # [B, H]
+        second_mean = masked_mean(hidden, is_word & after_first_sep)  # [B, H]
         cosines = nn.functional.cosine_similarity(first_mean.float(), second_mean.float(), dim=-1)  # [B]
         return self.scale * cosines + self.bias
 
@@ -126,9 +126,8 @@ class CrossEncoder(nn.Module):
             if tokenizer.sep_token_id is None:
                 raise ValueError(f"head='segment_cosine' finds the second sentence after the separator token, but "
                                  f"the tokenizer of {source} has none")
-            self.segment_head = SegmentCosineHead(**(head_state or {}))
-            self.register_buffer("special_ids", torch.tensor(sorted(set(tokenizer.all_special_ids))),
-                                 persistent=False)
+            self.segment_head = SegmentCosineHead(tokenizer.all_special_ids, tokenizer.sep_token_id,
+                                                  **(head_state or {}))
 
     @classmethod
     def from_pretrained(
@@ -158,11 +157,11 @@ class CrossEncoder(nn.Module):
         )
         tokenizer = AutoTokenizer.from_pretrained(weights_dir, local_files_only=True)
         metadata = read_metadata(directory)
-        saved = metadata.get("encoder", {}) if metadata.get("encoder", {}).get("kind") == "cross_encoder" else {}
+        saved = metadata.get("encoder", {})
+        if saved.get("kind") != "cross_encoder":  # e.g. a saved BiEncoder (sequential init): no head to restore
+            saved = {}
         saved_head = saved.get("head", "classifier")
         head = head or saved_head
-        if head not in HEADS:
-            raise ValueError(f"head must be one of {HEADS}, got {head!r}")
         head_state = saved.get("head_state") if head == saved_head == "segment_cosine" else None
         encoder = cls(model, tokenizer, max_length=max_length, metadata=metadata, source=str(directory),
                       head=head, head_state=head_state)
@@ -195,8 +194,7 @@ class CrossEncoder(nn.Module):
         inputs = {name: value for name, value in features.items() if name in self.input_names}
         if self.segment_head is not None:
             hidden = self.model.base_model(**inputs).last_hidden_state  # [B, T, H]
-            return self.segment_head(hidden, features["input_ids"], features["attention_mask"],
-                                     self.special_ids, self.tokenizer.sep_token_id)  # [B]
+            return self.segment_head(hidden, features["input_ids"], features["attention_mask"])  # [B]
         logits = self.model(**inputs).logits  # [B, C]
         return logits.squeeze(-1) if self.num_labels == 1 else logits
 

@@ -138,8 +138,9 @@ _SECTION_ALIASES = {
 }
 
 
-# Fields (dotted paths) added after run directories existed: at their default they leave the config hash unchanged.
-_HASHED_ONLY_WHEN_SET = {"student_projection_init": "default", "train.precision": "fp32"}
+# Fields (dotted paths) added after run directories existed, with the values that mean "as before": while a field
+# holds one of them it stays out of the config hash, so old run directories keep theirs (see paths_at_default).
+_HASHED_ONLY_WHEN_SET = {"student_projection_init": ("default",), "train.precision": ("fp32",)}
 
 
 @dataclass
@@ -235,10 +236,7 @@ class JobConfig:
         """The config as ``config_hash`` sees it: minus ``exclude`` (dotted paths) and minus the fields added after
         run directories existed while they hold their default (so old run directories keep their hash)."""
         plain = self.to_dict()
-        values = _flatten(plain)
-        at_default = tuple(path for path, default in _HASHED_ONLY_WHEN_SET.items()
-                           if values.get(path, default) == default)
-        return _drop_paths(plain, exclude + at_default)
+        return _drop_paths(plain, exclude + paths_at_default(plain, _HASHED_ONLY_WHEN_SET))
 
     def config_hash(self, exclude: tuple[str, ...] = DEFAULT_HASH_EXCLUDE) -> str:
         """sha256 (16 hex chars) of the canonical JSON of ``hashed_fields(exclude)``."""
@@ -673,6 +671,12 @@ def _drop_paths(plain: dict, exclude: tuple[str, ...]) -> dict:
         if isinstance(node, dict):
             node.pop(parts[-1], None)
     return plain
+
+
+def paths_at_default(plain: dict, defaults: dict[str, tuple]) -> tuple[str, ...]:
+    """The dotted paths of ``defaults`` whose value in ``plain`` is one of their "as before" values (or absent)."""
+    values = _flatten(plain)
+    return tuple(path for path, as_before in defaults.items() if values.get(path, as_before[0]) in as_before)
 
 
 def _flatten(plain: Any, prefix: str = "") -> dict[str, Any]:

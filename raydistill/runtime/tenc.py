@@ -68,6 +68,7 @@ from raydistill.runtime.config import (
     _to_plain,
     _where,
     _yaml_key_lines,
+    paths_at_default,
 )
 
 __all__ = [
@@ -261,17 +262,11 @@ class TencConfig:
     def config_hash(self) -> str:
         import hashlib
 
-        plain = _drop_paths(self.to_dict(), TENC_HASH_EXCLUDE + self._unset_heads())
-        canonical = json.dumps(plain, sort_keys=True, separators=(",", ":"), default=str)
+        canonical = json.dumps(_hashed(self.to_dict()), sort_keys=True, separators=(",", ":"), default=str)
         return hashlib.sha256(canonical.encode()).hexdigest()[:16]
 
-    def _unset_heads(self) -> tuple[str, ...]:
-        # A null (= classifier) head hashes as if the field did not exist: runs from before it keep their directories.
-        return tuple(f"{kind}.head" for kind in ("bi", "cross") if getattr(self, kind).head in (None, "classifier"))
-
     def diff_keys(self, other: dict[str, Any]) -> list[str]:
-        mine = _flatten(_drop_paths(self.to_dict(), TENC_HASH_EXCLUDE + self._unset_heads()))
-        theirs = _flatten(_drop_paths(other, TENC_HASH_EXCLUDE))
+        mine, theirs = _flatten(_hashed(self.to_dict())), _flatten(_hashed(other))
         return sorted(k for k in mine.keys() | theirs.keys() if mine.get(k, "<absent>") != theirs.get(k, "<absent>"))
 
     @property
@@ -431,6 +426,14 @@ class TencConfig:
 # so that a finished 3-cycle run can be extended to 5 by rerunning with cycles: 5.
 TENC_HASH_EXCLUDE = ("cycles", "eval", "run_dir", "run_name", "results_dir", "resources", "tracking",
                      "stop_after_stage", "bi.eval_every", "cross.eval_every", "bi.amp", "cross.amp")
+# Fields added after run directories existed, and the values that hash as if they were absent: a null head is the
+# classifier, so runs from before ``head`` existed keep their directories.
+TENC_HASHED_ONLY_WHEN_SET = {"bi.head": (None, "classifier"), "cross.head": (None, "classifier")}
+
+
+def _hashed(plain: dict[str, Any]) -> dict[str, Any]:
+    """A config dict as the hash sees it (also a stored one, for diff_keys)."""
+    return _drop_paths(plain, TENC_HASH_EXCLUDE + paths_at_default(plain, TENC_HASHED_ONLY_WHEN_SET))
 
 
 def _expand_family_shorthand(d: dict[str, Any]) -> dict[str, Any]:
