@@ -52,6 +52,18 @@ def set_threads(threads: int) -> None:
         pass
 
 
+def add_congen_step_arguments(parser, steps: int = 3, warmup: int = 1, rounds: int = 3) -> None:
+    """The sizes of the ConGen step the training benches time (batch 128, K = 65536: the issue's), as options."""
+    parser.add_argument("--student", default="minilm-l3")
+    parser.add_argument("--batch", type=int, default=128)
+    parser.add_argument("--queue-size", type=int, default=65536)
+    parser.add_argument("--max-length", type=int, default=32)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--steps", type=int, default=steps, help="timed steps per round and trainer")
+    parser.add_argument("--warmup", type=int, default=warmup, help="untimed steps at the start of every round")
+    parser.add_argument("--rounds", type=int, default=rounds)
+
+
 def load_average() -> float:
     return round(os.getloadavg()[0], 2)
 

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import common  # noqa: F401  (environment before torch)
 
-from common import load_average, median, set_threads, write_record
+from common import add_congen_step_arguments, load_average, median, set_threads, write_record
 from train_step import TEACHER, RaydistillTrainer, congen_config, teacher_vectors, training_columns
 
 
@@ -55,14 +55,7 @@ class ClientClock:
 
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--student", default="minilm-l3")
-    parser.add_argument("--batch", type=int, default=128)
-    parser.add_argument("--queue-size", type=int, default=65536)
-    parser.add_argument("--max-length", type=int, default=32)
-    parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--steps", type=int, default=3, help="timed steps per round and trainer")
-    parser.add_argument("--warmup", type=int, default=1)
-    parser.add_argument("--rounds", type=int, default=3)
+    add_congen_step_arguments(parser)
     parser.add_argument("--precision", choices=("fp32", "bf16"), default="fp32")
     parser.add_argument("--teacher-vectors", choices=("cached", "random"), default="cached")
     parser.add_argument("--write", type=Path, default=None, help="e.g. results/bench-queue_actor.json")

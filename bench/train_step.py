@@ -16,12 +16,18 @@ added to) the job's Parquet teacher cache (``EmbeddingCache`` under ``$RAYDISTIL
 does no teacher pass; ``--teacher-vectors random`` uses random unit vectors instead (same cost for both sides).
 
 Precision (``--precision``, default bf16): raydistill's ``train.precision``. With bf16 the student's forward and
-backward run under bfloat16 autocast and ConGen's student-side products against the queue in bf16 (teacher
-targets, softmaxes, weights and queue in fp32), which this CPU's AVX512-BF16 runs 2-3x faster than fp32;
+backward run under bfloat16 autocast and ConGen's products against the queue in bf16 (softmaxes, weights and queue
+in fp32), which this CPU's AVX512-BF16 runs 2-4x faster than fp32;
 then raydistill is also timed in fp32 and sentence-transformers in both fp32 and bf16 (its Trainer's ``bf16=True``,
 CPU autocast), and ``train_step_vs_st`` is taken against sentence-transformers' FASTER precision, never against a
 slower baseline than its users can have. ``train_step_limit_fraction`` stays against the fp32 matmul limit;
 ``train_step_bf16_limit_fraction`` is the same rate against the bf16 matmul peak measured in the run.
+
+Ablations (``--ablation``, default the headline student): the same raydistill step without length-bucketed
+sub-batches (``bucketing_speedup``) and without the CPU learner's model changes (``resources.learner.cpu_speedups:
+false``: torch's dropout, a new dense embedding gradient every step; ``cpu_speedups_speedup``). The allocator setting
+(``resources.learner.keep_freed_memory``) is process-wide: raydistill's learner turns it on when it is built, so the
+sentence-transformers steps of this process run with it too (its effect on each library: bench/allocator.py).
 
 Rates are measured from the end of one step to the end of the next (data, tokenising, forward, loss, backward,
 optimiser, schedule all included), after warm-up steps; medians. The two trainers run alternately for ``--rounds``
@@ -75,8 +81,10 @@ CONFIG = ROOT / "configs" / "congen.yaml"
 # Data and teacher vectors
 
 
-def congen_config(student: str, args, run_dir: Path, bucket_tokens: int | None = None, precision: str = "fp32"):
-    """configs/congen.yaml at the bench's sizes (batch, K, corpus slice, train.precision), tracking off."""
+def congen_config(student: str, args, run_dir: Path, bucket_tokens: int | None = None, precision: str = "fp32",
+                  more: tuple[str, ...] = ()):
+    """configs/congen.yaml at the bench's sizes (batch, K, corpus slice, train.precision), tracking off; ``more``:
+    further ``--set`` overrides."""
     from raydistill.runtime.config import JobConfig
     from raydistill.runtime.methods import with_method_defaults
 
@@ -87,6 +95,7 @@ def congen_config(student: str, args, run_dir: Path, bucket_tokens: int | None =
                  f"train.precision={precision}"]
     if bucket_tokens is not None:
         overrides.append(f"extra.bucket_tokens={bucket_tokens}")
+    overrides.extend(more)
     return with_method_defaults(JobConfig.from_yaml(CONFIG, overrides=overrides)).validate()
 
 
@@ -232,6 +241,9 @@ def measure_training(student: str, args, teacher_mode: str, limit_gflops: float,
         trainers["raydistill_unbucketed"] = RaydistillTrainer(
             congen_config(student, args, work / f"run0-{student}", bucket_tokens=0, precision=args.precision),
             columns, args.threads)
+        trainers["raydistill_no_cpu_speedups"] = RaydistillTrainer(
+            congen_config(student, args, work / f"runs-{student}", precision=args.precision,
+                          more=("resources.learner.cpu_speedups=false",)), columns, args.threads)
     step_seconds: dict[str, list[float]] = {name: [] for name in trainers}
     for round_index in range(args.rounds):
         for name, trainer in trainers.items():
@@ -282,6 +294,7 @@ def measure_training(student: str, args, teacher_mode: str, limit_gflops: float,
     }
     if "raydistill_unbucketed" in rates:
         out["bucketing_speedup"] = round(rates["raydistill_unbucketed"]["step_s"] / ours["step_s"], 3)
+        out["cpu_speedups_speedup"] = round(rates["raydistill_no_cpu_speedups"]["step_s"] / ours["step_s"], 3)
     for trainer in trainers.values():
         del trainer
     return out

@@ -8,6 +8,7 @@ import torch
 
 from raydistill.models import BiEncoder
 from raydistill.models.batching import bucketed_forward, token_budget_batches
+from raydistill.models.speedups import use_reused_embedding_grad
 from tiny_models import FAMILIES
 
 
@@ -25,8 +26,12 @@ def test_token_budget_batches_groups_longest_first_within_budget():
         token_budget_batches(lengths, 0)
 
 
+@pytest.mark.parametrize("sparse_embedding", [False, True], ids=["one-lookup", "reused-sparse-grad"])
 @pytest.mark.parametrize("family", FAMILIES)
-def test_bucketed_forward_matches_the_padded_batch(family, tiny_models, real_sentences):
+def test_bucketed_forward_matches_the_padded_batch(family, sparse_embedding, tiny_models, real_sentences):
+    """Dense embedding gradient: one lookup for the batch, groups get inputs_embeds. Sparse gradient into a reused
+    buffer (the CPU learner's): each group looks its own ids up. Both give the padded batch's outputs and gradients,
+    the embedding's included."""
     model = BiEncoder.from_pretrained(tiny_models[family], max_length=48, projection_dim=24)
     model.eval()  # no dropout: the two computations must agree
     # Lengths from a few tokens to the truncation limit, in corpus order (not sorted).
@@ -39,6 +44,8 @@ def test_bucketed_forward_matches_the_padded_batch(family, tiny_models, real_sen
     expected_grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
     model.zero_grad(set_to_none=True)
 
+    if sparse_embedding:
+        use_reused_embedding_grad(model.transformer.get_input_embeddings())
     width = features["attention_mask"].shape[1]
     budget = 4 * width  # several groups
     assert len(token_budget_batches(features["attention_mask"].sum(1).tolist(), budget)) > 2
@@ -48,7 +55,9 @@ def test_bucketed_forward_matches_the_padded_batch(family, tiny_models, real_sen
     torch.testing.assert_close(bucketed, reference, rtol=1e-4, atol=1e-5)  # input order restored
     for name, param in model.named_parameters():
         if name in expected_grads:
+            assert not param.grad.is_sparse, name
             torch.testing.assert_close(param.grad, expected_grads[name], rtol=1e-3, atol=1e-5, msg=name)
+    assert model.transformer.get_input_embeddings().weight.grad is not None
 
 
 def test_bucketed_forward_runs_one_call_when_the_batch_fits(tiny_bert, real_sentences):

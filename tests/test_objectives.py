@@ -179,10 +179,10 @@ def test_congen_equals_direct_computation(alpha):
     np.testing.assert_allclose(loss_fn.queue.ordered().double().numpy(), np.stack(candidates[-K:]), atol=1e-6)
 
 
-def test_congen_bf16_student_side_matches_fp32_up_to_bf16_rounding():
-    """precision="bf16": the student's logits against the queue and their gradient from bfloat16 products; the
-    teacher targets in fp32. Loss and gradients agree with the fp32 loss to bf16's ~3 significant digits, and the
-    queue itself is stored and advanced in fp32 exactly as in fp32 mode."""
+def test_congen_bf16_products_match_fp32_up_to_bf16_rounding():
+    """precision="bf16": the teacher's and the student's logits against the queue, and the student's gradient,
+    from bfloat16 products (softmaxes in fp32). Loss and gradients agree with the fp32 loss to bf16's ~3 significant
+    digits, and the queue itself is stored and advanced in fp32 exactly as in fp32 mode."""
     B, D, K = 8, 64, 256
     queue_rows = torch.randn(K, D, generator=torch.Generator().manual_seed(1))
     results = {}

@@ -58,3 +58,27 @@ def test_sct_in_chunks(faithful):
 
 def test_sct_distill_in_chunks():
     unchunked.test_sct_distill_cd_only_and_joint()
+
+
+def test_workspace_hands_back_the_same_memory_per_name_and_shape():
+    workspace = functional.Workspace()
+    cpu = torch.device("cpu")
+    first = workspace.get("logits", (3, 5), torch.float32, cpu)
+    assert workspace.get("logits", (3, 5), torch.float32, cpu).data_ptr() == first.data_ptr()
+    assert workspace.get("other", (3, 5), torch.float32, cpu).data_ptr() != first.data_ptr()
+    resized = workspace.get("logits", (4, 5), torch.float32, cpu)
+    assert resized.shape == (4, 5) and workspace.get("logits", (4, 5), torch.bfloat16, cpu).dtype == torch.bfloat16
+
+
+def test_query_soft_cross_entropy_with_bf16_keys_and_a_workspace():
+    """The low-precision backward writes softmax − p into a workspace buffer: same gradient as without one."""
+    generator = torch.Generator().manual_seed(0)
+    keys = torch.nn.functional.normalize(torch.randn(40, 8, generator=generator), dim=1).bfloat16()
+    targets = torch.softmax(torch.randn(3, 40, generator=generator), dim=1)
+    grads = []
+    for workspace in (None, functional.Workspace()):
+        queries = torch.randn(6, 8, generator=torch.Generator().manual_seed(1)).requires_grad_()
+        logits = (queries.detach().bfloat16() @ keys.T).float()
+        functional.query_soft_cross_entropy(queries, [keys], [logits], [targets], workspace=workspace).sum().backward()
+        grads.append(queries.grad)
+    torch.testing.assert_close(grads[0], grads[1])

@@ -168,3 +168,36 @@ def test_enqueue_is_written_at_the_next_read_so_the_step_graph_stays_valid():
     queue.enqueue(torch.ones(1, 3))
     assert torch.allclose(queue.state_dict()["embeddings"].norm(dim=1), torch.ones(4))
     np.testing.assert_allclose(queue.ordered()[-1].numpy(), np.full(3, 3 ** -0.5), rtol=1e-6)  # state_dict flushed
+
+
+def test_low_precision_copy_stays_in_step_with_the_buffer():
+    """rows(bf16) is the buffer cast to bf16 after every kind of write: enqueues (incremental, across the wrap),
+    a batch larger than K, init_random, load_state_dict and an outside write (rebuilt whole). Not state."""
+    queue = InstanceQueue(size=7, dim=4, init="random", seed=3)
+
+    def check():
+        torch.testing.assert_close(queue.rows(torch.bfloat16), queue.rows().to(torch.bfloat16), rtol=0, atol=0)
+
+    check()
+    copy_pointer = queue.rows(torch.bfloat16).data_ptr()
+    for step, batch_size in enumerate([3, 3, 3, 2, 5]):  # wraps twice
+        queue.enqueue(_rows(batch_size, 4, seed=10 + step))
+        check()
+    assert queue.rows(torch.bfloat16).data_ptr() == copy_pointer  # written in place, never recast
+    queue.enqueue(_rows(9, 4, seed=20))  # more than K rows
+    check()
+    queue.init_random(torch.Generator().manual_seed(5))
+    check()
+    other = InstanceQueue(size=7, dim=4)
+    other.enqueue(_rows(5, 4, seed=30))
+    queue.load_state_dict(other.state_dict())
+    check()
+    with torch.no_grad():
+        queue.embeddings[2].mul_(-1)
+    check()
+    assert set(queue.state_dict()) == {"embeddings", "pointer", "filled"}
+    scores = queue.scores(F.normalize(_rows(2, 4, seed=40), dim=1), torch.bfloat16)
+    assert scores.dtype == torch.bfloat16 and scores.shape == (2, 5)
+    out = torch.empty(2, 5, dtype=torch.bfloat16)
+    assert queue.scores(F.normalize(_rows(2, 4, seed=40), dim=1), torch.bfloat16, out=out).data_ptr() == out.data_ptr()
+    torch.testing.assert_close(out, scores)

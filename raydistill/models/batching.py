@@ -194,8 +194,10 @@ def token_budget_batches(lengths: Sequence[int], max_tokens: int) -> list[list[i
 # Padded tokens per sub-batch of a CPU training forward (``bucketed_forward``). Measured on 2 cores, minilm-l3 and
 # bert-mini forward + backward on batches of 128 Flickr captions (mean 16 tokens, padded to ~32 as one batch):
 # one padded batch 1.0x, 2048 tokens 1.5x, 1024 tokens 1.8x, 512 tokens 1.8x faster; smaller groups lose to the
-# overhead of small matrix products. GPUs are not short of parallel work: they take the batch whole.
-CPU_TRAIN_BUCKET_TOKENS = 1024
+# overhead of small matrix products. Since ConGen encodes its two views in one call (256 sentences, bf16), whole
+# ConGen steps measured 2048 best: minilm-l3 0.541 s against 0.563 (1024), 0.549 (1536), 0.559 (3072); bert-mini
+# 0.479 against 0.515 (1024). GPUs are not short of parallel work: they take the batch whole.
+CPU_TRAIN_BUCKET_TOKENS = 2048
 
 
 def bucketed_forward(model: nn.Module, features: dict[str, torch.Tensor], max_tokens: int | None) -> torch.Tensor:
@@ -208,10 +210,12 @@ def bucketed_forward(model: nn.Module, features: dict[str, torch.Tensor], max_to
     encoder with pooling, so the result is the batch's own (up to float rounding; with dropout on, other random
     masks). ``max_tokens`` None, a batch that fits, or left padding run as one call.
 
-    When ``model`` has a Hugging Face ``transformer`` (``BiEncoder``), the word embeddings are looked up ONCE for the
-    whole batch and the groups get ``inputs_embeds``: one lookup per group would give the vocabulary-sized
-    embedding matrix one dense gradient per group (30k x 384 floats zeroed and summed each time, measured 6 % of a
-    minilm-l3 step with 9 groups).
+    When ``model`` has a Hugging Face ``transformer`` (``BiEncoder``) with a dense-gradient word embedding, the word
+    embeddings are looked up ONCE for the whole batch and the groups get ``inputs_embeds``: one lookup per group would
+    give the vocabulary-sized embedding matrix one dense gradient per group (30k x 384 floats zeroed and summed each
+    time, measured 6 % of a minilm-l3 step with 9 groups). With sparse embedding gradients
+    (``speedups.use_reused_embedding_grad``, the CPU learner's) each group looks up its own trimmed ids: no lookup
+    of padding, and no [B, T, H] split and concatenation in the backward.
     """
     mask = features["attention_mask"]
     rows, width = mask.shape
@@ -226,10 +230,10 @@ def bucketed_forward(model: nn.Module, features: dict[str, torch.Tensor], max_to
     sizes = [len(group) for group in groups]
     tokens = {name: value.index_select(0, order).split(sizes) for name, value in features.items() if value.dim() == 2}
     transformer = getattr(model, "transformer", None)
-    if transformer is not None and "input_ids" in tokens and hasattr(transformer, "get_input_embeddings"):
+    embeddings = transformer.get_input_embeddings() if hasattr(transformer, "get_input_embeddings") else None
+    if "input_ids" in tokens and isinstance(embeddings, nn.Embedding) and not embeddings.sparse:
         # split (not indexing) so the backward concatenates the groups' gradients instead of zero-filling per group
-        tokens["inputs_embeds"] = transformer.get_input_embeddings()(features["input_ids"].index_select(0, order)
-                                                                    ).split(sizes)
+        tokens["inputs_embeds"] = embeddings(features["input_ids"].index_select(0, order)).split(sizes)
         del tokens["input_ids"]
     outputs = []
     for position, group in enumerate(groups):

@@ -31,6 +31,12 @@ most is pending: a second ``enqueue`` first writes the previous one. Consequence
 ``backward`` before the next forward (no gradient accumulation over several forwards; autograd raises if one
 tries).
 
+``rows(dtype)`` / ``scores(x, dtype)`` read the queue in another dtype (bfloat16 products on CPUs with AVX512-BF16)
+from a copy kept in step with the buffer: ``flush`` writes the new rows into it too, so a step costs a B×d cast, not
+a K×d one (the cast of a 65536×768 queue took 50 ms of a 0.9 s ConGen step). The copy is not state (checkpoints
+hold the fp32 buffer); it is rebuilt whenever the buffer changed by any other path (tracked by the buffer's
+in-place version counter: ``init_random``, ``load_state_dict``, a write from outside).
+
 State is read through the buffers (``self.embeddings``, ``self.pointer``, ``self.filled``) in every method; a
 subclass can therefore apply pending remote updates on attribute access (``runtime.queue_actor.QueueClient``),
 which arrive through ``enqueue`` and are written by the same deferred path.
@@ -73,6 +79,8 @@ class InstanceQueue(nn.Module):
         self.register_buffer("pointer", torch.zeros((), dtype=torch.long))
         self.register_buffer("filled", torch.zeros((), dtype=torch.long))
         self._pending_rows: Tensor | None = None  # normalised rows of the last enqueue, written at the next read
+        # dtype -> (copy of the buffer in that dtype, the buffer's _version the copy matches); see rows(dtype)
+        self._copies: dict[torch.dtype, tuple[Tensor, int]] = {}
         if init == "random":
             self.init_random(torch.Generator().manual_seed(int(seed)))
 
@@ -90,11 +98,22 @@ class InstanceQueue(nn.Module):
     def is_full(self) -> bool:
         return len(self) == self.size
 
-    def rows(self) -> Tensor:
-        """The filled rows in buffer order, a view (no copy): [filled, d]."""
+    def rows(self, dtype: torch.dtype | None = None) -> Tensor:
+        """The filled rows in buffer order, [filled, d]: a view of the buffer, or with ``dtype`` (other than the
+        storage dtype) a view of the copy in that dtype, kept in step with the buffer (module docstring)."""
         buffer = self.flush()
+        if dtype is not None and dtype != buffer.dtype:
+            buffer = self._copy_in(buffer, dtype)
         filled = int(self.filled)
         return buffer if filled == self.size else buffer[:filled]
+
+    @torch.no_grad()
+    def _copy_in(self, buffer: Tensor, dtype: torch.dtype) -> Tensor:
+        copy, version = self._copies.get(dtype, (None, -1))
+        if copy is None or version != buffer._version or copy.device != buffer.device:
+            copy = buffer.to(dtype)  # first use, or the buffer changed by another path than flush: whole cast
+            self._copies[dtype] = (copy, buffer._version)
+        return copy
 
     def ordered(self) -> Tensor:
         """The filled rows oldest → newest, [filled, d] (a copy once the ring has wrapped; for tests)."""
@@ -163,18 +182,26 @@ class InstanceQueue(nn.Module):
             buffer.copy_(rows[n - self.size:])
             self.pointer.zero_()
             self.filled.fill_(self.size)
-            return buffer
+            return buffer  # the copies are now stale (version check): rebuilt on their next use
         start = int(self.pointer)
-        end = start + n
-        if end <= self.size:
-            buffer[start:end].copy_(rows)
-        else:
-            head = self.size - start
-            buffer[start:].copy_(rows[:head])
-            buffer[: n - head].copy_(rows[head:])
-        self.pointer.fill_(end % self.size)
+        in_step = {dtype: copy for dtype, (copy, version) in self._copies.items() if version == buffer._version}
+        for target in (buffer, *in_step.values()):
+            self._write_ring(target, start, rows)
+        for dtype, copy in in_step.items():  # the same rows written: still a copy of the buffer
+            self._copies[dtype] = (copy, buffer._version)
+        self.pointer.fill_((start + n) % self.size)
         self.filled.fill_(min(self.size, int(self.filled) + n))
         return buffer
+
+    def _write_ring(self, target: Tensor, start: int, rows: Tensor) -> None:
+        """``rows`` into ``target`` from row ``start`` on, wrapping past the end (at most two slice writes)."""
+        n, end = rows.shape[0], start + rows.shape[0]
+        if end <= self.size:
+            target[start:end].copy_(rows)
+        else:
+            head = self.size - start
+            target[start:].copy_(rows[:head])
+            target[: n - head].copy_(rows[head:])
 
     def _save_to_state_dict(self, destination, prefix, keep_vars):
         self.flush()
@@ -186,17 +213,19 @@ class InstanceQueue(nn.Module):
 
     # ------------------------------------------------------------------------------------------------ reads
 
-    def scores(self, x: Tensor) -> Tensor:
-        """``x · rowsᵀ`` in ONE matmul against the buffer: [B, d] → [B, filled] (buffer order).
+    def scores(self, x: Tensor, dtype: torch.dtype | None = None, out: Tensor | None = None) -> Tensor:
+        """``x · rowsᵀ`` in ONE matmul against the buffer: [B, d] → [B, filled] (buffer order), in the storage
+        dtype, or in ``dtype`` against the queue's copy in that dtype (``rows(dtype)``; the result is in ``dtype``).
 
         ``x`` should be L2-normalised (then the scores are cosines) and may carry a temperature already
         (``x / τ``): scaling the [B, d] query is cheaper than scaling the [B, K] result. Gradients flow to
-        ``x`` only. Runs outside autocast in the storage dtype so the buffer is never cast.
+        ``x`` only. Runs outside autocast so the buffer is never cast. ``out``: write the scores there (a
+        [B, filled] tensor of the product's dtype, e.g. a ``functional.Workspace`` buffer; no gradient then).
         """
-        rows = self.rows()
+        rows = self.rows(dtype)
         if x.shape[-1] != self.dim:
             raise ValueError(f"InstanceQueue.scores: expected [B, {self.dim}], got {tuple(x.shape)}")
         if x.is_cuda or rows.is_cuda:
             with torch.autocast(device_type=rows.device.type, enabled=False):
-                return x.to(rows.dtype) @ rows.T
-        return x.to(rows.dtype) @ rows.T
+                return torch.matmul(x.to(rows.dtype), rows.T, out=out)
+        return torch.matmul(x.to(rows.dtype), rows.T, out=out)

@@ -75,6 +75,12 @@ class LearnerResources:
     num_cpus: float = 1
     num_gpus: float = 0
     threads: int = 2
+    # On CPU, glibc keeps freed memory for the next step instead of unmapping it (raydistill.runtime.allocator):
+    # the per-step logits and gradients of a queue loss are then not page-faulted in again every step.
+    keep_freed_memory: bool = True
+    # On CPU, models/speedups.py: dropout masks from a quarter of the random draws (same p), the word-embedding
+    # gradient in one reused buffer (same values). Off: torch's own dropout and a new dense gradient every step.
+    cpu_speedups: bool = True
 
 
 @dataclass
@@ -115,9 +121,10 @@ class TrainConfig:
     keep_last: int = 2
     patience: int | None = None
     # "fp32", or "bf16": the student's forward and backward under torch.autocast(bfloat16), and ConGen's
-    # student-side queue products in bf16; weights, optimiser state, queue and softmaxes stay fp32. On a CPU with
-    # AVX512-BF16 (or AMX) bf16 matrix products run 2-3x faster than fp32; on CUDA it is the usual mixed precision.
-    # bench/train_step.py measures the speed; committed ConGen runs the 7-STS cost (0.00 and 0.01 points).
+    # products against the queue (teacher and student logits, the student's gradient) in bf16; weights, optimiser
+    # state, the queue and every softmax stay fp32. On a CPU with AVX512-BF16 (or AMX) bf16 matrix products run
+    # 2-4x faster than fp32; on CUDA it is the usual mixed precision. bench/train_step.py measures the speed;
+    # committed ConGen runs the 7-STS cost (README, "The training step").
     precision: str = "fp32"
 
 

@@ -43,7 +43,9 @@ import numpy as np
 import torch
 from torch import nn
 
+from raydistill.models.speedups import use_fast_attention_dropout, use_fast_dropout, use_reused_embedding_grad
 from raydistill.runtime import checkpoint as ckpt
+from raydistill.runtime.allocator import keep_freed_memory
 from raydistill.runtime.config import JobConfig
 
 __all__ = ["DistillLearner", "LearnerActor", "build_optimizer", "linear_schedule", "BEST_INFO"]
@@ -146,10 +148,14 @@ class DistillLearner:
             device = "cuda" if cfg.resources.learner.num_gpus > 0 and torch.cuda.is_available() else "cpu"
         self.device = torch.device(device)
         self._process_group = False
+        if self.device.type == "cpu" and cfg.resources.learner.keep_freed_memory:
+            keep_freed_memory()
 
         # Same seed on every rank: identical initial projection / head weights everywhere.
         _seed_everything(cfg.seed)
         self.student = self.spec.build_student(cfg, teacher_dim=teacher_dim, init_model=init_model).to(self.device)
+        if self.device.type == "cpu" and cfg.resources.learner.cpu_speedups:
+            _use_cpu_speedups(self.student)
         self.loss_module = self.spec.build_loss(cfg, student_dim=self.student.dim, teacher_dim=teacher_dim,
                                                 total_steps=self.total_steps, queue_actors=queue_actors)
         if self.device.type != "cpu":  # modules are built on the CPU; moving a no-op there is skipped
@@ -251,8 +257,8 @@ class DistillLearner:
         ctx = StepContext(student=self.student, loss=self.loss_module, device=self.device, step=self.step,
                           total_steps=self.total_steps, cfg=self.cfg, bucket_tokens=self.bucket_tokens)
         # bf16: the student's matrix products in bfloat16 (2-3x fp32 on AVX512-BF16 CPUs). The loss runs outside
-        # autocast: a loss that takes ``precision`` (ConGen) picks its own bf16 products and keeps the teacher's
-        # target distribution and every softmax in fp32.
+        # autocast: a loss that takes ``precision`` (ConGen) picks its own bf16 products and keeps every softmax
+        # in fp32.
         with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.cfg.train.precision == "bf16"):
             features, labels = self.spec.batch_to_features(ctx, batch)
         features = _as_float32(features)
@@ -437,6 +443,18 @@ def _as_float32(value):
     if isinstance(value, (list, tuple)):
         return type(value)(_as_float32(item) for item in value)
     return value
+
+
+def _use_cpu_speedups(student: nn.Module) -> None:
+    """models/speedups.py on a CPU student: the same training with dropout masks from a quarter of the random
+    draws (hidden states and attention) and the word-embedding gradient in one reused buffer."""
+    use_fast_dropout(student)
+    transformer = getattr(student, "transformer", None)
+    if transformer is not None:
+        use_fast_attention_dropout(transformer)
+    embeddings = transformer.get_input_embeddings() if hasattr(transformer, "get_input_embeddings") else None
+    if isinstance(embeddings, nn.Embedding):
+        use_reused_embedding_grad(embeddings)
 
 
 def _bucket_tokens(cfg: JobConfig, device: torch.device) -> int | None:
