@@ -417,6 +417,7 @@ def main(argv: list[str] | None = None) -> dict:
         "train_step_bf16_limit_fraction": headline["train_step_bf16_limit_fraction"],
         "train_step_vs_st": headline["train_step_vs_st"],
         "train_step_limit_fraction": headline["train_step_limit_fraction"],
+        **{key: headline[key] for key in ("bucketing_speedup", "cpu_speedups_speedup") if key in headline},
         "headline_student": args.students[0],
         "teacher": TEACHER,
         "batch": args.batch, "queue_size": args.queue_size, "max_length": args.max_length, "threads": args.threads,
