@@ -25,13 +25,12 @@ slower baseline than its users can have. ``train_step_limit_fraction`` stays aga
 
 Ablations (``--ablation``, default the headline student): the same raydistill step without length-bucketed
 sub-batches (``bucketing_speedup``) and without the CPU learner's model changes (``resources.learner.cpu_speedups:
-false``: torch's dropout, a new dense embedding gradient every step; ``cpu_speedups_speedup``). The allocator setting
-(``resources.learner.keep_freed_memory``) is process-wide: raydistill's learner turns it on when it is built, so the
-sentence-transformers steps of this process run with it too (its effect on each library: bench/allocator.py).
+false``: torch's dropout, a new dense embedding gradient every step; ``cpu_speedups_speedup``).
 
 Rates are measured from the end of one step to the end of the next (data, tokenising, forward, loss, backward,
-optimiser, schedule all included), after warm-up steps; medians. The two trainers run alternately for ``--rounds``
-rounds so that load from other processes falls on both. ``sentences`` = student sentences through forward and
+optimiser, schedule all included), after warm-up steps; medians. Every trainer runs in a fresh process of its own
+(``--worker``; sharing one process let one library's freed memory slow the other), and the trainers alternate for
+``--rounds`` rounds so that load from other processes falls on all of them. ``sentences`` = student sentences through forward and
 backward (what the machine limit of bench/limit.py is per); rows = training examples.
 
     train_step_vs_st          raydistill sentences/s ÷ sentence-transformers sentences/s   (minilm-l3; target ≥ 1.3)
@@ -61,6 +60,8 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -223,33 +224,63 @@ def loss_gemm_seconds(batch: int, queue_size: int, dim: int, repeats: int = 3) -
     return median(timed(lambda: (queries @ queue.T, grads @ queue), repeats=repeats, warmup=1))
 
 
+def trainer_names(student: str, args) -> list[str]:
+    """The trainers timed for ``student``: both libraries, at both precisions with bf16, plus the ablations."""
+    names = ["raydistill", "sentence_transformers"]
+    if args.precision == "bf16":  # both libraries at both precisions: the ratio is taken against ST's faster one
+        names += ["raydistill_fp32", "sentence_transformers_bf16"]
+    if student in args.ablation:
+        names += ["raydistill_unbucketed", "raydistill_no_cpu_speedups"]
+    return names
+
+
+def make_trainer(name: str, student: str, args, columns: dict[str, np.ndarray], work: Path):
+    """One of ``trainer_names``, over the bench's rows and teacher vectors (``columns["teacher_control"]``)."""
+    precision = "fp32" if name == "raydistill_fp32" else args.precision
+    if name.startswith("raydistill"):
+        more = ("resources.learner.cpu_speedups=false",) if name == "raydistill_no_cpu_speedups" else ()
+        cfg = congen_config(student, args, work / f"run-{name}", precision=precision,
+                            bucket_tokens=0 if name == "raydistill_unbucketed" else None, more=more)
+        return RaydistillTrainer(cfg, columns, args.threads)
+    cfg = congen_config(student, args, work / f"run-{name}", precision=precision)
+    return SentenceTransformersTrainer(student, list(columns["text_control"]), columns["teacher_control"], cfg,
+                                       work / name, bf16=name.endswith("_bf16"))
+
+
+def run_worker(args) -> dict:
+    """``--worker NAME``: one trainer in this fresh process, ``--warmup`` + ``--steps`` steps; step seconds."""
+    work = Path(tempfile.mkdtemp(prefix="bench-train-step-"))
+    try:
+        cfg = congen_config(args.worker_student, args, work / "run", precision=args.precision)
+        columns = training_columns(cfg)
+        columns["teacher_control"], _ = teacher_vectors(cfg, list(columns["text_control"]), args.teacher_vectors)
+        trainer = make_trainer(args.worker, args.worker_student, args, columns, work)
+        return {"step_s": trainer.run(args.warmup + args.steps)[args.warmup:]}
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
 def measure_training(student: str, args, teacher_mode: str, limit_gflops: float, work: Path) -> dict:
+    """Every trainer of ``student`` in a FRESH process per round (``--worker``), the trainers alternating round
+    by round. One process for all of them measured wrong: after the raydistill trainers' 100 MB tensors had come
+    and gone, glibc's heap made sentence-transformers' bf16 step 0.57-0.63 s instead of the 0.38-0.40 s it takes
+    in a process of its own (this session's runs; the committed 1.04x of f177d0d was against 0.63)."""
     cfg = congen_config(student, args, work / f"run-{student}", precision=args.precision)
     columns = training_columns(cfg)
-    vectors, teacher_info = teacher_vectors(cfg, list(columns["text_control"]), teacher_mode)
-    columns["teacher_control"] = vectors
-    control_texts = list(columns["text_control"])
-    trainers = {"raydistill": RaydistillTrainer(cfg, columns, args.threads),
-                "sentence_transformers": SentenceTransformersTrainer(student, control_texts, vectors, cfg,
-                                                                     work / f"st-{student}")}
-    if args.precision == "bf16":  # both libraries at both precisions: the ratio is taken against ST's faster one
-        trainers["raydistill_fp32"] = RaydistillTrainer(congen_config(student, args, work / f"run32-{student}"),
-                                                        columns, args.threads)
-        trainers["sentence_transformers_bf16"] = SentenceTransformersTrainer(
-            student, control_texts, vectors, cfg, work / f"st16-{student}", bf16=True)
-    if student in args.ablation:
-        trainers["raydistill_unbucketed"] = RaydistillTrainer(
-            congen_config(student, args, work / f"run0-{student}", bucket_tokens=0, precision=args.precision),
-            columns, args.threads)
-        trainers["raydistill_no_cpu_speedups"] = RaydistillTrainer(
-            congen_config(student, args, work / f"runs-{student}", precision=args.precision,
-                          more=("resources.learner.cpu_speedups=false",)), columns, args.threads)
+    _, teacher_info = teacher_vectors(cfg, list(columns["text_control"]), teacher_mode)  # fills the cache once
+    trainers = trainer_names(student, args)
     step_seconds: dict[str, list[float]] = {name: [] for name in trainers}
+    passed = [f"--{key.replace('_', '-')}={getattr(args, key)}" for key in
+              ("batch", "queue_size", "max_length", "threads", "steps", "warmup", "teacher_vectors", "precision")]
     for round_index in range(args.rounds):
-        for name, trainer in trainers.items():
-            seconds = trainer.run(args.warmup + args.steps)
-            step_seconds[name].extend(seconds[args.warmup:])
-            print(f"  [{student}] round {round_index + 1} {name}: median step {median(seconds[args.warmup:]):.2f} s "
+        for name in trainers:
+            done = subprocess.run([sys.executable, __file__, "--worker", name, "--worker-student", student, *passed],
+                                  capture_output=True, text=True)
+            if done.returncode != 0:
+                raise RuntimeError(f"{student} {name} worker failed:\n{done.stderr[-4000:]}")
+            seconds = json.loads(done.stdout.strip().splitlines()[-1])["step_s"]
+            step_seconds[name].extend(seconds)
+            print(f"  [{student}] round {round_index + 1} {name}: median step {median(seconds):.2f} s "
                   f"(load {load_average()})", flush=True)
 
     sentences_per_step = {name: (2 if name.startswith("raydistill") else 1) * args.batch for name in trainers}
@@ -295,8 +326,6 @@ def measure_training(student: str, args, teacher_mode: str, limit_gflops: float,
     if "raydistill_unbucketed" in rates:
         out["bucketing_speedup"] = round(rates["raydistill_unbucketed"]["step_s"] / ours["step_s"], 3)
         out["cpu_speedups_speedup"] = round(rates["raydistill_no_cpu_speedups"]["step_s"] / ours["step_s"], 3)
-    for trainer in trainers.values():
-        del trainer
     return out
 
 
@@ -364,8 +393,9 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--queue-size", type=int, default=65536)
     parser.add_argument("--max-length", type=int, default=32, help="student truncation (configs/congen.yaml: 32)")
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--steps", type=int, default=3, help="timed steps per round and trainer")
-    parser.add_argument("--warmup", type=int, default=1, help="untimed steps at the start of every round")
+    parser.add_argument("--steps", type=int, default=4, help="timed steps per round and trainer")
+    parser.add_argument("--warmup", type=int, default=2, help="untimed steps at the start of every round (a fresh "
+                                                               "process: kernels for new shapes, first allocations)")
     parser.add_argument("--rounds", type=int, default=3, help="the trainers alternate this many times")
     parser.add_argument("--teacher-vectors", choices=("cached", "random"), default="cached")
     parser.add_argument("--precision", choices=("fp32", "bf16"), default="bf16",
@@ -378,8 +408,13 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--limit", type=Path, default=RESULTS / "bench-limit.json",
                         help="limit_gflops from this bench/limit.py result; measured here when absent")
     parser.add_argument("--write", type=Path, default=None, help=f"e.g. {RESULTS.name}/bench-train_step.json")
+    parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)  # one trainer, in a fresh process
+    parser.add_argument("--worker-student", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     set_threads(args.threads)
+    if args.worker:
+        print(json.dumps(run_worker(args)), flush=True)
+        return {}
     load_before = load_average()
     started = time.perf_counter()
 

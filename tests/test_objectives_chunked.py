@@ -82,3 +82,4 @@ def test_query_soft_cross_entropy_with_bf16_keys_and_a_workspace():
         functional.query_soft_cross_entropy(queries, [keys], [logits], [targets], workspace=workspace).sum().backward()
         grads.append(queries.grad)
     torch.testing.assert_close(grads[0], grads[1])
+

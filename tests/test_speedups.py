@@ -183,13 +183,3 @@ def test_encode_views_is_one_forward_that_splits_back(tiny_bert, real_sentences)
     torch.testing.assert_close(a, ctx.encode(first), rtol=1e-4, atol=1e-5)
     torch.testing.assert_close(b, ctx.encode(second), rtol=1e-4, atol=1e-5)
 
-
-def test_keep_freed_memory_applies_once_on_glibc():
-    import platform
-
-    from raydistill.runtime.allocator import keep_freed_memory
-
-    applied = keep_freed_memory()
-    assert keep_freed_memory() is applied  # once per process, same answer
-    if platform.system() == "Linux" and platform.libc_ver()[0] == "glibc":
-        assert applied

@@ -75,9 +75,6 @@ class LearnerResources:
     num_cpus: float = 1
     num_gpus: float = 0
     threads: int = 2
-    # On CPU, glibc keeps freed memory for the next step instead of unmapping it (raydistill.runtime.allocator):
-    # the per-step logits and gradients of a queue loss are then not page-faulted in again every step.
-    keep_freed_memory: bool = True
     # On CPU, models/speedups.py: dropout masks from a quarter of the random draws (same p), the word-embedding
     # gradient in one reused buffer (same values). Off: torch's own dropout and a new dense gradient every step.
     cpu_speedups: bool = True

@@ -45,7 +45,6 @@ from torch import nn
 
 from raydistill.models.speedups import use_fast_attention_dropout, use_fast_dropout, use_reused_embedding_grad
 from raydistill.runtime import checkpoint as ckpt
-from raydistill.runtime.allocator import keep_freed_memory
 from raydistill.runtime.config import JobConfig
 
 __all__ = ["DistillLearner", "LearnerActor", "build_optimizer", "linear_schedule", "BEST_INFO"]
@@ -148,8 +147,6 @@ class DistillLearner:
             device = "cuda" if cfg.resources.learner.num_gpus > 0 and torch.cuda.is_available() else "cpu"
         self.device = torch.device(device)
         self._process_group = False
-        if self.device.type == "cpu" and cfg.resources.learner.keep_freed_memory:
-            keep_freed_memory()
 
         # Same seed on every rank: identical initial projection / head weights everywhere.
         _seed_everything(cfg.seed)
