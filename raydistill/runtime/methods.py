@@ -229,27 +229,21 @@ def congen_features(ctx: StepContext, batch) -> Features:
 def sct_features(ctx: StepContext, batch) -> Features:
     """SCT self-supervised: online passes with grad; the reference is the *same* model again under no_grad,
     still in train mode, so it draws a fresh dropout mask (methods.md §1.2; eval mode would change the method)."""
-    online_a = ctx.encode(batch["text_a"])  # [B, d]
-    online_b = ctx.encode(batch["text_b"])  # [B, d]
+    online_a, online_b = ctx.encode_views(batch["text_a"], batch["text_b"])  # [B, d] each
     with torch.no_grad():
-        reference_a = ctx.encode(batch["text_a"])  # [B, d], another dropout mask
-        reference_b = ctx.encode(batch["text_b"])
+        reference_a, reference_b = ctx.encode_views(batch["text_a"], batch["text_b"])  # other dropout masks
     return {"online_a": online_a, "online_b": online_b, "reference_a": reference_a, "reference_b": reference_b}, None
 
 
 def sct_distill_features(ctx: StepContext, batch) -> Features:
     """SCT distillation: precomputed teacher vectors of both views are the references. With the paper's joint
     objective (L_SCT + L_CD) the student's own no-grad, dropout-on reference passes are added for L_SCT."""
-    features = {
-        "student_a": ctx.encode(batch["text_a"]),
-        "student_b": ctx.encode(batch["text_b"]),
-        "teacher_a": _teacher(ctx, batch, "a"),
-        "teacher_b": _teacher(ctx, batch, "b"),
-    }
+    student_a, student_b = ctx.encode_views(batch["text_a"], batch["text_b"])
+    features = {"student_a": student_a, "student_b": student_b,
+                "teacher_a": _teacher(ctx, batch, "a"), "teacher_b": _teacher(ctx, batch, "b")}
     if getattr(ctx.loss, "self_supervised", None) is not None:
         with torch.no_grad():
-            features["reference_a"] = ctx.encode(batch["text_a"])
-            features["reference_b"] = ctx.encode(batch["text_b"])
+            features["reference_a"], features["reference_b"] = ctx.encode_views(batch["text_a"], batch["text_b"])
     return features, None
 
 
@@ -259,29 +253,31 @@ def single_view_features(ctx: StepContext, batch) -> Features:
 
 
 def simcse_features(ctx: StepContext, batch) -> Features:
-    """Unsupervised SimCSE: one sentence encoded twice; the two dropout masks make the positive pair."""
-    return {"first": ctx.encode(batch["text_a"]), "second": ctx.encode(batch["text_a"])}, None
+    """Unsupervised SimCSE: one sentence encoded twice (in one forward, as the authors' duplicated batch); the two
+    dropout masks make the positive pair."""
+    first, second = ctx.encode_views(batch["text_a"], batch["text_a"])
+    return {"first": first, "second": second}, None
 
 
 def triplet_features(ctx: StepContext, batch) -> Features:
     """Supervised SimCSE on NLI: anchor, entailed hypothesis (positive), contradicted hypothesis (hard negative)."""
-    return {
-        "anchor": ctx.encode(batch["text_anchor"]),
-        "positive": ctx.encode(batch["text_positive"]),
-        "negative": ctx.encode(batch["text_negative"]),
-    }, None
+    anchor, positive, negative = ctx.encode_views(batch["text_anchor"], batch["text_positive"],
+                                                  batch["text_negative"])
+    return {"anchor": anchor, "positive": positive, "negative": negative}, None
 
 
 def dvbert_features(ctx: StepContext, batch) -> Features:
     """DvBERT siamese view: u, v of the pair, the teachers' mean class distribution; labels = gold classes. The
     loss mixes them with the annealing weight λ (0 → 1 over training; its step count is checkpointed with it)."""
-    return ({"u": ctx.encode(batch["text_a"]), "v": ctx.encode(batch["text_b"]),
-             "teacher_probs": ctx.tensor(batch["teacher_probs"])}, ctx.tensor(batch["label"], dtype=torch.long))
+    u, v = ctx.encode_views(batch["text_a"], batch["text_b"])
+    return ({"u": u, "v": v, "teacher_probs": ctx.tensor(batch["teacher_probs"])},
+            ctx.tensor(batch["label"], dtype=torch.long))
 
 
 def pair_score_features(ctx: StepContext, batch) -> Features:
     """STS-B train: cos(u, v) regressed on the gold score / 5 (SBERT's CosineSimilarityLoss)."""
-    return {"u": ctx.encode(batch["text_a"]), "v": ctx.encode(batch["text_b"])}, ctx.tensor(batch["score"])
+    u, v = ctx.encode_views(batch["text_a"], batch["text_b"])
+    return {"u": u, "v": v}, ctx.tensor(batch["score"])
 
 
 # ----------------------------------------------------------------------------------------------------------------
