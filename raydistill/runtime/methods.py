@@ -76,9 +76,9 @@ class StepContext:
     def encode_views(self, *views) -> tuple[Tensor, ...]:
         """``encode`` of several lists of texts in ONE student forward, split back: [B_i, D] per list.
 
-        One call sorts all the views' sentences by length together (tighter sub-batches than per view), looks the
-        word embeddings up once (one embedding gradient, not one per view) and runs fewer, fuller matrix products.
-        Rows do not interact in the encoder, so each view gets what ``encode`` would give it (other dropout masks).
+        One call sorts all the views' sentences by length together (tighter sub-batches than per view) and runs
+        fewer, fuller matrix products (bench/train_step.py). Rows do not interact in the encoder, so each view gets
+        what ``encode`` would give it (other dropout masks).
         """
         sizes = [len(texts) for texts in views]
         return tuple(self.encode([text for texts in views for text in texts]).split(sizes))
