@@ -30,8 +30,8 @@ false``: torch's dropout, a new dense embedding gradient every step; ``cpu_speed
 Rates are measured from the end of one step to the end of the next (data, tokenising, forward, loss, backward,
 optimiser, schedule all included), after warm-up steps; medians. Every trainer runs in a fresh process of its own
 (``--worker``; sharing one process let one library's freed memory slow the other), and the trainers alternate for
-``--rounds`` rounds so that load from other processes falls on all of them. ``sentences`` = student sentences through forward and
-backward (what the machine limit of bench/limit.py is per); rows = training examples.
+``--rounds`` rounds so that load from other processes falls on all of them. ``sentences`` = student sentences
+through forward and backward (what the machine limit of bench/limit.py is per); rows = training examples.
 
     train_step_vs_st          raydistill sentences/s ÷ sentence-transformers sentences/s   (minilm-l3; target ≥ 1.3)
     train_step_limit_fraction raydistill sentences/s ÷ the limit's sentences/s at the real token count (≥ 0.5)
@@ -263,8 +263,8 @@ def run_worker(args) -> dict:
 def measure_training(student: str, args, teacher_mode: str, limit_gflops: float, work: Path) -> dict:
     """Every trainer of ``student`` in a FRESH process per round (``--worker``), the trainers alternating round
     by round. One process for all of them measured wrong: after the raydistill trainers' 100 MB tensors had come
-    and gone, glibc's heap made sentence-transformers' bf16 step 0.57-0.63 s instead of the 0.38-0.40 s it takes
-    in a process of its own (this session's runs; the committed 1.04x of f177d0d was against 0.63)."""
+    and gone, sentence-transformers' bf16 step took 0.63 s (f177d0d's file, whose 1.04x was against it) where it
+    takes 0.38 s in a process of its own (results/bench-train_step.json)."""
     cfg = congen_config(student, args, work / f"run-{student}", precision=args.precision)
     columns = training_columns(cfg)
     _, teacher_info = teacher_vectors(cfg, list(columns["text_control"]), teacher_mode)  # fills the cache once

@@ -7,16 +7,15 @@ generator does not; sentence-transformers' own bf16 step spends 20 % of its time
 64-bit draw (``random_`` over the full int64 range, the same generator, so ``torch.manual_seed`` still fixes every
 mask) gives four 16-bit uniform integers, and an element is kept when its integer is at or above
 ``round(p · 65536)``: the drop probability is p to within 2⁻¹⁷ (0.1 → 0.1000061), and kept elements are scaled by
-1 / (1 − p_eff) as in ``nn.Dropout``, so the layer's expectation is exact. Forward + backward measured 3.3x faster
-than ``F.dropout`` on a [128, 24, 384] bf16 tensor (2 threads). Hugging Face attention passes its dropout
+1 / (1 − p_eff) as in ``nn.Dropout``, so the layer's expectation is exact. Forward + backward is 2.9x faster than
+``F.dropout`` on a [128, 24, 384] bf16 tensor (2 threads; results/bench-step_costs.json). Hugging Face attention passes its dropout
 probability to the attention function instead of a module; that dropout is not touched.
 
 **The word-embedding gradient in one reused buffer** (``use_reused_embedding_grad``). A dense embedding gradient
 is a new vocabulary-sized tensor every backward (30522 × 384 floats, 45 MiB, for a BERT student), zero-filled and
-then written in a few thousand rows. On CPU the zero-fill of new memory is page faults: measured 19 ms per
-backward in a ConGen step (39 ms of a 0.9 s step with one lookup per view), for a gradient that touches at most
-4,096 of the 30,522 rows. The
-embedding is switched to sparse gradients (the rows a batch used), and a hook on the weight scatters them into
+then written in a few thousand rows. On CPU the zero-fill of new memory is page faults: a new zero-filled
+gradient takes 13.5x as long as zeroing a reused one (results/bench-step_costs.json), for a gradient that
+touches at most 4,096 of the 30,522 rows. The embedding is switched to sparse gradients (the rows a batch used), and a hook on the weight scatters them into
 one dense buffer kept by the model (zeroed in place, warm memory) as soon as they are accumulated. The optimiser,
 gradient clipping and the all-reduce of data-parallel learners see the same dense gradient as before, with the
 same values.

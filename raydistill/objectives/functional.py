@@ -39,8 +39,8 @@ class Workspace:
 
     A queue loss needs the same [N, K] buffers every step (96 MiB of logits at N = 384, K = 65536). A fresh
     allocation of that size is new memory to the kernel, and on CPU its page faults cost more than the arithmetic
-    done in it (measured in a ConGen step: 60-140 ms for a bf16 → fp32 copy that takes 3.4 ms into memory already
-    touched). GPUs have a caching allocator; here the loss keeps its buffers. A buffer is handed out again at the
+    done in it (a bf16 → fp32 copy of those logits takes 6x as long into new memory as into a reused buffer:
+    results/bench-step_costs.json). GPUs have a caching allocator; here the loss keeps its buffers. A buffer is handed out again at the
     next ``get`` of its name, so what was written in it must be consumed by then (queue losses are: the backward
     runs before the next forward); autograd's version check would catch a saved buffer overwritten too early.
     """
@@ -58,7 +58,7 @@ class Workspace:
 
 def rowwise_dot(a: Tensor, b: Tensor) -> Tensor:
     """Σ_j a_ij b_ij per row, [N, C] × [N, C] → [N], without an N×C temporary (``linalg.vecdot``; a batched GEMV
-    through ``bmm`` measured 15x slower on a [4, 65536] chunk on this CPU, torch 2.13)."""
+    through ``bmm`` is 3.1x slower on a [4, 65536] chunk here: results/bench-step_costs.json)."""
     return torch.linalg.vecdot(a, b, dim=1)
 
 
