@@ -2,7 +2,7 @@
 
 1. ``limit_gflops``: torch fp32 ``A @ B`` on square n×n matrices (n = 1024, 2048, 4096) and on the students' own
    shapes (tokens × hidden × 4·hidden, the FFN product of a batch of 128 captions), at the thread count the jobs use
-   (``resources.learner.threads`` of configs/congen.yaml: 2). Median over repeats per shape; the limit is the best
+   (``resources.learner.threads`` of congen.yaml: 2). Median over repeats per shape; the limit is the best
    shape's median. 2·m·k·n FLOPs per product.
 
 2. Lowest time per training sentence for a student (its forward + backward at the batch's real token count):
@@ -133,10 +133,10 @@ def student_limits(limit_gflops: float, students: tuple[str, ...], texts: list[s
 
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--threads", type=int, default=2, help="torch threads (configs/congen.yaml learner: 2)")
+    parser.add_argument("--threads", type=int, default=2, help="torch threads (congen.yaml learner: 2)")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--sentences", type=int, default=2048, help="captions whose real token counts are used")
-    parser.add_argument("--max-length", type=int, default=32, help="student truncation (configs/congen.yaml: 32)")
+    parser.add_argument("--max-length", type=int, default=32, help="student truncation (congen.yaml: 32)")
     parser.add_argument("--projection-dim", type=int, default=768, help="ConGen's Dense to the teacher (mpnet: 768)")
     parser.add_argument("--students", nargs="+", default=list(STUDENTS))
     parser.add_argument("--write", type=Path, default=None, help=f"e.g. {RESULTS.name}/bench-limit.json")

@@ -5,7 +5,7 @@ A Trans-Encoder cycle (raydistill/runtime/tenc.py) is: the bi-encoders label the
 exchange → the bi-encoders learn them. Each family's bi- and cross-encoder are Ray actors with one torch thread;
 families compute at the same time and meet only at the exchanges.
 
-The bench runs the job of configs/mutual_tenc.yaml for ONE cycle on a small pair set (``--pairs``), once with one
+The bench runs the job of mutual_tenc.yaml for ONE cycle on a small pair set (``--pairs``), once with one
 family (``mode: self``) and once with two families of the same model (``mode: mutual``; equal work per family, so the
 ideal is the same wall time), each family on one core (1 thread per actor; the machine has 2):
 
@@ -36,11 +36,13 @@ import yaml
 
 from common import RESULTS, ROOT, load_average, write_record
 
-CONFIG = ROOT / "configs" / "mutual_tenc.yaml"
+from raydistill.shipped import shipped_config  # noqa: E402
+
+CONFIG = shipped_config("mutual_tenc")
 
 
 def tenc_config(families: list[str], model: str, args, run_dir: Path):
-    """configs/mutual_tenc.yaml for one cycle on ``args.pairs`` pairs, ``families`` copies of ``model``."""
+    """mutual_tenc.yaml for one cycle on ``args.pairs`` pairs, ``families`` copies of ``model``."""
     from raydistill.runtime.tenc import TencConfig
 
     data = yaml.safe_load(CONFIG.read_text())

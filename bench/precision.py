@@ -2,7 +2,7 @@
 
 With bf16, ConGen multiplies the teacher's batch against a bf16 copy of the queue (one GEMM with the student's rows):
 fp32 accumulation, the [B, K] result rounded to bf16, then the softmax in fp32. This measures the change that
-makes to P_T on real teacher vectors: mpnet-base embeddings of the ConGen job's Flickr30k captions (configs/
+makes to P_T on real teacher vectors: mpnet-base embeddings of the ConGen job's Flickr30k captions (the shipped
 congen.yaml's corpus, from the jobs' teacher cache), B = 128 batch rows against a queue of the next K captions'
 vectors, at the temperatures ConGen uses:
 
@@ -28,7 +28,7 @@ from common import load_average, set_threads, write_record
 
 
 def teacher_rows(count: int, teacher: str) -> torch.Tensor:
-    """L2-normalised ``teacher`` vectors of the first ``count`` control captions of configs/congen.yaml's corpus,
+    """L2-normalised ``teacher`` vectors of the first ``count`` control captions of congen.yaml's corpus,
     from the jobs' teacher cache (what is missing is encoded once and cached)."""
     from train_step import CONFIG, teacher_vectors
 
@@ -59,7 +59,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--teacher", default="mpnet-base")
     parser.add_argument("--batch", type=int, default=128)
-    parser.add_argument("--queue-size", type=int, default=4096, help="configs/congen.yaml's K")
+    parser.add_argument("--queue-size", type=int, default=4096, help="congen.yaml's K")
     parser.add_argument("--taus", type=float, nargs="+", default=[0.05, 0.07])
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--write", type=Path, default=None, help="e.g. results/bench-precision.json")

@@ -1,6 +1,6 @@
 """The shared instance-queue actor's share of a ConGen training step (batch 128, K = 65536).
 
-The same ``DistillLearner`` step as bench/train_step.py (ConGen, configs/congen.yaml at batch 128, teacher
+The same ``DistillLearner`` step as bench/train_step.py (ConGen, congen.yaml at batch 128, teacher
 ``mpnet-base`` vectors from the job's cache), run two ways, alternately, in one process:
 
     local    the loss owns its queue (one learner, as a laptop job runs)

@@ -1,7 +1,7 @@
 """How a ConGen training step scales with the queue size K and with the batch, and a learner's peak memory at K = 65536.
 
 (a) Step time. One raydistill ConGen step exactly as bench/train_step.py times it (``RaydistillTrainer``: the job's
-    ``DistillLearner.train_step`` on configs/congen.yaml with student minilm-l3 + Dense(384 → 768, tanh), AdamW,
+    ``DistillLearner.train_step`` on congen.yaml with student minilm-l3 + Dense(384 → 768, tanh), AdamW,
     grad clip, LR schedule, the queue loss; batches from ``ArrayData.iter_batches``), with random unit teacher
     vectors (train_step's ``--teacher-vectors random``: their values do not change the cost, and no teacher is
     loaded). Each step encodes 2 views × B captions (max_length 32) and scores 3·B query rows against the K × 768
@@ -14,7 +14,7 @@
     ``step_s ≈ a + b·K`` over the queue points is reported as ``queue_ms_per_1k`` (b per 1024 rows) and
     ``step_s_without_queue`` (a).
 
-(b) Peak memory. The same step loop at configs/congen.yaml's own batch (64) and K = 65536 runs in a child process
+(b) Peak memory. The same step loop at congen.yaml's own batch (64) and K = 65536 runs in a child process
     (``python bench/scaling.py --child ...``); its peak resident set is ``ru_maxrss`` of the ``struct rusage``
     that ``os.wait4`` returns for that child (what ``resource.getrusage(RUSAGE_CHILDREN)`` would give for it
     alone): interpreter, torch, student, AdamW state, the K × 768 fp32 queue (``queue_mb``), activations and the
@@ -185,7 +185,7 @@ def main(argv: list[str] | None = None) -> dict | None:
     parser.add_argument("--batches", type=int, nargs="+", default=list(BATCHES))
     parser.add_argument("--queue-batch", type=int, default=128, help="batch of the queue-size sweep")
     parser.add_argument("--batch-queue-size", type=int, default=16384, help="K of the batch sweep")
-    parser.add_argument("--max-length", type=int, default=32, help="student truncation (configs/congen.yaml: 32)")
+    parser.add_argument("--max-length", type=int, default=32, help="student truncation (congen.yaml: 32)")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--steps", type=int, default=3, help="timed steps per point; medians")

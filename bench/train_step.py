@@ -2,7 +2,7 @@
 
 Training (per student, ``minilm-l3`` and ``bert-mini``; teacher ``mpnet-base``, 768-d):
 
-* raydistill: ``DistillLearner.train_step`` of the ConGen job (configs/congen.yaml with batch 128 and K = 65536),
+* raydistill: ``DistillLearner.train_step`` of the ConGen job (congen.yaml with batch 128 and K = 65536),
   fed the numpy batches the job's pipeline yields (``ArrayData.iter_batches``: the same contract as
   ``TrainingData``), student + Dense(→768, tanh), AdamW, grad clip, LR schedule, the queue loss. Each step encodes two
   views per row (the caption and another caption of its image), so a step is 2 × 128 student sentences.
@@ -75,7 +75,9 @@ from common import RESULTS, ROOT, load_average, median, read_record, set_threads
 from limit import encoder_shape, measure_limit, token_counts
 
 TEACHER = "mpnet-base"
-CONFIG = ROOT / "configs" / "congen.yaml"
+from raydistill.shipped import shipped_config  # noqa: E402
+
+CONFIG = shipped_config("congen")
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -84,7 +86,7 @@ CONFIG = ROOT / "configs" / "congen.yaml"
 
 def congen_config(student: str, args, run_dir: Path, bucket_tokens: int | None = None, precision: str = "fp32",
                   more: tuple[str, ...] = ()):
-    """configs/congen.yaml at the bench's sizes (batch, K, corpus slice, train.precision), tracking off; ``more``:
+    """congen.yaml at the bench's sizes (batch, K, corpus slice, train.precision), tracking off; ``more``:
     further ``--set`` overrides."""
     from raydistill.runtime.config import JobConfig
     from raydistill.runtime.methods import with_method_defaults
@@ -391,7 +393,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--students", nargs="+", default=["minilm-l3", "bert-mini"])
     parser.add_argument("--batch", type=int, default=128)
     parser.add_argument("--queue-size", type=int, default=65536)
-    parser.add_argument("--max-length", type=int, default=32, help="student truncation (configs/congen.yaml: 32)")
+    parser.add_argument("--max-length", type=int, default=32, help="student truncation (congen.yaml: 32)")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--steps", type=int, default=4, help="timed steps per round and trainer")
     parser.add_argument("--warmup", type=int, default=2, help="untimed steps at the start of every round (a fresh "

@@ -1,7 +1,7 @@
 """ConGen distillation (control + generalisation views; teacher vectors cached once).
 
-    python jobs/congen.py [--config configs/congen.yaml] [--set train.lr=1e-4 ...] [--run-dir DIR]
-    ray job submit --working-dir . -- python jobs/congen.py --config configs/congen-gpu.yaml
+    python jobs/congen.py [--config FILE|NAME] [--set train.lr=1e-4 ...] [--run-dir DIR]
+    ray job submit --working-dir . -- python jobs/congen.py --config congen-gpu
 
 Standalone it starts a local Ray; under `ray job submit` it joins the cluster (RAY_ADDRESS).
 """

@@ -1,7 +1,7 @@
 """DistilCSE: CKD on unlabeled text, then supervised SimCSE on NLI triplets, in one job.
 
-    python jobs/distilcse.py [--config configs/distilcse.yaml] [--set train.lr=1e-4 ...] [--run-dir DIR]
-    ray job submit --working-dir . -- python jobs/distilcse.py --config configs/distilcse-gpu.yaml
+    python jobs/distilcse.py [--config FILE|NAME] [--set train.lr=1e-4 ...] [--run-dir DIR]
+    ray job submit --working-dir . -- python jobs/distilcse.py --config distilcse-gpu
 
 Standalone it starts a local Ray; under `ray job submit` it joins the cluster (RAY_ADDRESS).
 """

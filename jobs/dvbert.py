@@ -1,7 +1,7 @@
 """DvBERT: fine-tune NLI cross-encoder teachers, teacher-annealed siamese student, then STS-B.
 
-    python jobs/dvbert.py [--config configs/dvbert.yaml] [--set train.lr=1e-4 ...] [--run-dir DIR]
-    ray job submit --working-dir . -- python jobs/dvbert.py --config configs/dvbert-gpu.yaml
+    python jobs/dvbert.py [--config FILE|NAME] [--set train.lr=1e-4 ...] [--run-dir DIR]
+    ray job submit --working-dir . -- python jobs/dvbert.py --config dvbert-gpu
 
 Standalone it starts a local Ray; under `ray job submit` it joins the cluster (RAY_ADDRESS).
 """

@@ -1,7 +1,7 @@
-"""SCT: self-supervised (configs/sct.yaml) or distillation (--config configs/sct-distill.yaml).
+"""SCT: self-supervised (sct.yaml) or distillation (--config sct-distill).
 
-    python jobs/sct.py [--config configs/sct.yaml] [--set train.lr=1e-4 ...] [--run-dir DIR]
-    ray job submit --working-dir . -- python jobs/sct.py --config configs/sct-gpu.yaml
+    python jobs/sct.py [--config FILE|NAME] [--set train.lr=1e-4 ...] [--run-dir DIR]
+    ray job submit --working-dir . -- python jobs/sct.py --config sct-gpu
 
 Standalone it starts a local Ray; under `ray job submit` it joins the cluster (RAY_ADDRESS).
 """

@@ -1,6 +1,6 @@
 """Unsupervised SimCSE baseline: the same student and text as the distillation jobs, no teacher.
 
-    python jobs/simcse.py [--config configs/simcse.yaml] [--set train.lr=1e-4 ...] [--run-dir DIR]
+    python jobs/simcse.py [--config FILE|NAME] [--set train.lr=1e-4 ...] [--run-dir DIR]
 
 Standalone it starts a local Ray; under `ray job submit` it joins the cluster (RAY_ADDRESS).
 """

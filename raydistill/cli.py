@@ -3,6 +3,7 @@
     raydistill models                      presets and where each resolves on this machine
     raydistill eval --model minilm-l6      7-STS (+ STS-B dev, MRPC AUC) of a bi- or cross-encoder
     raydistill tune --student bert-mini    Ray Tune search of lr, temperatures and queue size (docs/tune.md)
+    raydistill run congen [--set ...]      a distillation job on its shipped config (= python jobs/congen.py)
 """
 
 from __future__ import annotations
@@ -82,6 +83,13 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_run(args: argparse.Namespace) -> int:
+    from raydistill.runtime.entry import run_job
+
+    run_job(args.job, args.job_args, prog=f"raydistill run {args.job}")
+    return 0
+
+
 def _cmd_tune(args: argparse.Namespace) -> int:
     from raydistill.runtime.config import ConfigError
 
@@ -118,8 +126,10 @@ def _run_tune(args: argparse.Namespace) -> int:
                     "threads": args.threads_per_trial}
         values = {"train.lr": args.lr, "loss.queue_size": args.queue_size, "loss.tau_teacher": args.tau_teacher,
                   "loss.tau_student": args.tau_student}
+        from raydistill.shipped import resolve_config
+
         plan = tune.plan_sweep(args.student, args.method, args.teacher, space_file=args.space,
-                               config_path=args.config, overrides=args.overrides, settings=settings,
+                               config_path=resolve_config(args.config) if args.config else None, overrides=args.overrides, settings=settings,
                                param_values={k: v for k, v in values.items() if v}, sweep_dir=args.sweep_dir,
                                tracking_uri=args.mlflow_uri, experiment=args.experiment,
                                evaluate_sets=() if args.no_evaluate else _sts_sets(),
@@ -153,9 +163,11 @@ def _add_tune_parser(sub) -> None:
     tu.add_argument("--student", type=_student, help="preset (raydistill models) or a local model directory")
     tu.add_argument("--method", type=_method, default="congen", help="distillation method (default congen)")
     tu.add_argument("--teacher", default=None, help="default mpnet-base for methods with a teacher")
-    tu.add_argument("--list", action="store_true", help="list the search spaces in tune_spaces/ and exit")
-    tu.add_argument("--space", help="search-space file (default tune_spaces/<student>.yaml, else default.yaml)")
-    tu.add_argument("--config", help="base job config (default configs/<method>.yaml when it exists)")
+    tu.add_argument("--list", action="store_true", help="list the shipped search spaces and exit")
+    tu.add_argument("--space", help="search-space file (default: the shipped tune_spaces/<student>.yaml, else "
+                                    "default.yaml)")
+    tu.add_argument("--config", help="base job config, a file or a shipped name (default: the shipped "
+                                     "configs/<method>.yaml when it exists)")
     tu.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                     help="override a base-config field, e.g. train.epochs=1 (repeatable)")
     tu.add_argument("--num-samples", type=_positive_int, help="trials to run (default: the space file's)")
@@ -184,10 +196,30 @@ def _add_tune_parser(sub) -> None:
     tu.set_defaults(func=_cmd_tune, parser=tu)
 
 
+def _add_run_parser(sub) -> None:
+    from raydistill.runtime.entry import JOBS
+
+    jobs = "\n".join(f"  {name:<12} {what}" for name, what in JOBS.items())
+    run = sub.add_parser("run", help="run a distillation job on its shipped config (raydistill run JOB --help)",
+                         description="Run a job from the installed package, the same as python jobs/JOB.py from "
+                                     "a checkout. Arguments after JOB go to the job: raydistill run JOB --help "
+                                     "lists them and every config field.",
+                         epilog=f"jobs:\n{jobs}", formatter_class=argparse.RawDescriptionHelpFormatter)
+    run.add_argument("job", choices=list(JOBS), metavar="JOB", help=", ".join(JOBS))
+    run.add_argument("job_args", nargs=argparse.REMAINDER, metavar="...", help="the job's own arguments")
+    run.set_defaults(func=_cmd_run)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="raydistill", description=__doc__.split("\n\n")[0])
+    from raydistill.runtime.entry import JOBS
+
+    jobs = "\n".join(f"  raydistill run {name:<12} {what}" for name, what in JOBS.items())
+    parser = argparse.ArgumentParser(
+        prog="raydistill", description=__doc__.split("\n\n")[0],
+        epilog=f"jobs (also python jobs/<job>.py in a checkout; add --help for their options and config fields):\n"
+               f"{jobs}", formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
-    sub = parser.add_subparsers(dest="command", required=True)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="{models,eval,tune,run}")
 
     models = sub.add_parser("models", help="list model presets and where they resolve offline")
     models.add_argument("--json", action="store_true", help="machine-readable output")
@@ -206,6 +238,7 @@ def build_parser() -> argparse.ArgumentParser:
     ev.set_defaults(func=_cmd_eval)
 
     _add_tune_parser(sub)
+    _add_run_parser(sub)
     return parser
 
 

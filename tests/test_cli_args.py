@@ -60,7 +60,7 @@ JOB_CASES = [
     ("unknown student preset", "congen.py", ["--set", "student=bert-tiyn"],
      ["field 'student': unknown model preset 'bert-tiyn' (did you mean 'bert-tiny'?); presets: " + ", ".join(PRESETS)]),
     ("unknown student preset", "dvbert.py", ["--set", "student=nope"], ["presets: " + ", ".join(PRESETS)]),
-    ("missing config file", "congen.py", ["--config", str(ROOT / "configs" / "congen.yml")],
+    ("missing config file", "congen.py", ["--config", str(ROOT / "raydistill" / "configs" / "congen.yml")],
      ["config file not found", "did you mean", "congen.yaml"]),
     ("misspelled config key", "congen.py", ["--set", "train.bach_size=32"],
      ["field 'train.bach_size': unknown field (did you mean 'batch_size'?); allowed in train:"]),

@@ -126,12 +126,29 @@ def test_validate_accepts_a_good_config(congen_file):
         ("data.views.generalize=paired:/no/such.jsonl", r"paraphrase file not found: /no/such\.jsonl"),
         ("resources.data_max_cpus=0.1", r"field 'resources\.data_max_cpus': 0\.1 is below 0\.5"),
         ("resources.teacher.num_actors=0", r"field 'resources\.teacher\.num_actors': must be > 0"),
+        ("loss.queue_init=teachr", r"field 'loss\.queue_init': 'teachr'; allowed: empty, random, teacher"),
     ],
 )
 def test_validate_rejects(congen_file, override, pattern):
     cfg = JobConfig.from_yaml(congen_file, overrides=[override])
     with pytest.raises(ConfigError, match=pattern):
         cfg.validate()
+
+
+def test_a_caption_view_of_a_corpus_without_captions_is_refused_naming_the_view(congen_file):
+    cfg = JobConfig.from_yaml(congen_file, overrides=["data.corpus=nli", "data.views.generalize=caption"])
+    with pytest.raises(ConfigError, match=r"field 'data\.views\.generalize': 'caption' shows another caption .* "
+                                          r"corpus 'nli' has no caption groups"):
+        cfg.validate()
+    assert cfg.with_overrides(["data.corpus=flickr"]).validate().data.views["generalize"] == "caption"
+
+
+def test_a_learned_ckd_scale_at_its_clamp_floor_is_refused_before_anything_starts(congen_file):
+    cfg = JobConfig.from_yaml(congen_file, overrides=["method=ckd", "data.views={a: none}", "data.teacher_views=[a]",
+                                                     "loss={queue_size: 4096, temperature: 1.0}"])
+    with pytest.raises(ConfigError, match=r"field 'loss\.temperature': .*cannot start at its clamp bound"):
+        cfg.validate()
+    assert cfg.with_overrides(["loss={queue_size: 4096, temperature: 0.367879}"]).validate().method == "ckd"
 
 
 def test_validate_error_points_at_the_line_of_the_file(tmp_path):
@@ -268,7 +285,7 @@ def test_outputs_inside_a_ray_job_working_dir_copy_are_warned_about(tmp_path, mo
 # The shipped configs
 
 
-CONFIG_DIR = __import__("pathlib").Path(__file__).resolve().parents[1] / "configs"
+CONFIG_DIR = __import__("raydistill.shipped", fromlist=["configs_dir"]).configs_dir()
 
 
 @pytest.mark.parametrize("path", sorted(CONFIG_DIR.glob("*.yaml")), ids=lambda p: p.name)

@@ -300,7 +300,9 @@ def test_sct_distill_cd_only_and_joint():
     out = joint(features)
     with torch.no_grad():
         pa, pb = joint.self_supervised.projector(student_a), joint.self_supervised.projector(student_b)
-    sct_a, sct_b = _cross_view_expected(pa, pb, ref_a, ref_b, sa, sb, tau_t, tau_s)
+    # L_SCT has its own temperatures (SCT's self-supervised defaults), not L_CD's
+    assert (joint.self_supervised.tau_teacher, joint.self_supervised.tau_student) == (0.02, 0.03)
+    sct_a, sct_b = _cross_view_expected(pa, pb, ref_a, ref_b, sa, sb, 0.02, 0.03)
     cd_a, cd_b = _cross_view_expected(student_a, student_b, teacher_a, teacher_b, qa, qb, tau_t, tau_s)
     assert_close(out.loss, (sct_a + sct_b) + (cd_a + cd_b))  # faithful: summed KLs; Eq. 3: L_SCT + L_CD
     with pytest.raises(KeyError, match="reference_a"):
@@ -541,3 +543,113 @@ def test_losses_import_without_ray():
 
     code = "import sys, raydistill.objectives, raydistill.augment; assert 'ray' not in sys.modules, 'ray imported'"
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# Same-group masking: a sibling caption's teacher vector is not a negative
+
+
+def _drop(candidates: list, keep: list[bool]) -> list:
+    return [c for c, k in zip(candidates, keep) if k]
+
+
+def test_congen_same_group_mask_equals_the_loss_without_those_candidates():
+    B, D, K, tau_t, tau_s = 3, 4, 5, 0.05, 0.07
+    queue_rows = torch.randn(K, D, generator=torch.Generator().manual_seed(1))
+    queue_groups = torch.tensor([7, 8, 9, 7, 11])
+    groups = torch.tensor([7, 9, 7])  # rows 0 and 2 are siblings (one image); row 1 shares a group with queue row 2
+    teacher = leaf(B, D, seed=2)
+    control, generalize = leaf(B, D, seed=3), leaf(B, D, seed=4)
+    loss_fn = ConGenLoss(queue_size=K, tau_teacher=tau_t, tau_student=tau_s, dim=D)
+    loss_fn.queue.init_from(queue_rows, queue_groups)
+    out = loss_fn({"student_control": control, "student_generalize": generalize, "teacher": teacher,
+                   "group": groups})
+
+    queue_c, batch_c = list(unit(queue_rows)), list(unit(teacher))
+    con, gen = [], []
+    for i in range(B):  # per row: its candidates without same-group ones (its own positive kept)
+        cands = (_drop(queue_c, [int(g) != int(groups[i]) for g in queue_groups])
+                 + _drop(batch_c, [j == i or int(groups[j]) != int(groups[i]) for j in range(B)]))
+        con.append(distribution_loss(unit(teacher)[i:i + 1], tau_t, unit(control)[i:i + 1], tau_s, cands, soft_ce))
+        gen.append(distribution_loss(unit(teacher)[i:i + 1], tau_t, unit(generalize)[i:i + 1], tau_s, cands, soft_ce))
+    assert_close(out.loss, 0.5 * np.mean(con) + 0.5 * np.mean(gen))
+    out.loss.backward()
+    assert torch.isfinite(control.grad).all() and torch.isfinite(generalize.grad).all()
+    # the enqueued rows carry their groups
+    assert loss_fn.queue.ordered().shape[0] == K
+    assert loss_fn.queue.row_groups().tolist().count(7) >= 2
+
+    unmasked = ConGenLoss(queue_size=K, tau_teacher=tau_t, tau_student=tau_s, dim=D, mask_same_group=False)
+    unmasked.queue.init_from(queue_rows, queue_groups)
+    plain = unmasked({"student_control": control, "student_generalize": generalize, "teacher": teacher,
+                      "group": groups})
+    candidates = queue_c + batch_c
+    expected = 0.5 * distribution_loss(unit(teacher), tau_t, unit(control), tau_s, candidates, soft_ce) + \
+        0.5 * distribution_loss(unit(teacher), tau_t, unit(generalize), tau_s, candidates, soft_ce)
+    assert_close(plain.loss, expected)
+    assert float(plain.loss.detach()) != pytest.approx(float(out.loss.detach()))
+
+
+def test_ckd_same_group_keys_are_not_negatives():
+    B, D, K = 3, 4, 8
+    loss_fn = CKDLoss(queue_size=K, temperature=0.1, learnable_temperature=False, dim=D)
+    first_teacher = leaf(B, D, 1)
+    loss_fn({"student": leaf(B, D, 2), "teacher": first_teacher, "group": torch.tensor([5, 6, 7])})
+    student, teacher = leaf(B, D, 3), leaf(B, D, 4)
+    groups = torch.tensor([5, 9, 9])  # row 0's earlier copy is queued; rows 1 and 2 are siblings
+    out = loss_fn({"student": student, "teacher": teacher, "group": groups})
+    queued_groups = [5, 6, 7]
+    values = []
+    for i in range(B):
+        keys = [unit(teacher)[i]] + _drop(list(unit(teacher)), [j != i and int(groups[j]) != int(groups[i])
+                                                                 for j in range(B)])
+        keys += _drop(list(unit(first_teacher)), [g != int(groups[i]) for g in queued_groups])
+        values.append(info_nce(unit(student)[i:i + 1], keys, 10.0))  # the positive is key 0 here
+    assert_close(out.loss, float(np.mean(values)))
+    out.loss.backward()
+    assert torch.isfinite(student.grad).all()
+
+
+def test_sct_distill_masks_same_group_in_both_terms():
+    B, D, K = 4, 3, 6
+    torch.manual_seed(0)
+    features = {"student_a": leaf(B, D, 1), "student_b": leaf(B, D, 2), "teacher_a": leaf(B, D, 3),
+                "teacher_b": leaf(B, D, 4)}
+    masked = SCTDistillLoss(queue_size=K, dim=D, objective="cd_only")
+    plain = SCTDistillLoss(queue_size=K, dim=D, objective="cd_only", mask_same_group=False)
+    groups = torch.tensor([1, 1, 2, 3])
+    a = masked({**features, "group": groups}).loss
+    b = plain({**features, "group": groups}).loss
+    c = masked(features).loss  # no groups: nothing masked
+    d = plain(features).loss
+    assert torch.isfinite(a) and float(a) != pytest.approx(float(b))
+    assert float(c) == pytest.approx(float(d))
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# CKD's learned scale
+
+
+def test_learned_scale_cannot_start_at_its_clamp_bound():
+    with pytest.raises(ValueError, match="cannot start at its clamp bound"):
+        CKDLoss(queue_size=0, temperature=1.0, learnable_temperature=True, dim=3)  # scale 1 = the floor
+    with pytest.raises(ValueError, match="cannot start at its clamp bound"):
+        CKDLoss(queue_size=0, temperature=0.01, learnable_temperature=True, dim=3)  # scale 100 = the cap
+    CKDLoss(queue_size=0, temperature=1.0, learnable_temperature=False, dim=3)  # a fixed scale may sit there
+
+
+def test_learned_scale_moves_off_its_start_in_a_short_run():
+    """With the authors' start (scale e) the learned scale leaves it within a few optimiser steps."""
+    B, D = 16, 8
+    torch.manual_seed(0)
+    encoder = torch.nn.Linear(D, D)
+    loss_fn = CKDLoss(queue_size=32, temperature=math.exp(-1.0), learnable_temperature=True, dim=D)
+    optimizer = torch.optim.AdamW(list(encoder.parameters()) + list(loss_fn.parameters()), lr=1e-2)
+    start = float(loss_fn.scale())
+    for step in range(10):
+        x = torch.randn(B, D)
+        out = loss_fn({"student": encoder(x), "teacher": x})
+        optimizer.zero_grad()
+        out.loss.backward()
+        optimizer.step()
+    assert abs(float(loss_fn.scale()) - start) > 0.05, (start, float(loss_fn.scale()))

@@ -111,7 +111,7 @@ def test_state_dict_round_trip_restores_content_and_position():
     for step in range(4):
         queue.enqueue(_rows(2, 3, seed=20 + step))
     state = queue.state_dict()
-    assert set(state) == {"embeddings", "pointer", "filled"}
+    assert set(state) == {"embeddings", "pointer", "filled", "groups"}
     restored = InstanceQueue(5, 3, init="random")
     ptr = restored.embeddings.data_ptr()
     restored.load_state_dict(state)
@@ -195,9 +195,52 @@ def test_low_precision_copy_stays_in_step_with_the_buffer():
     with torch.no_grad():
         queue.embeddings[2].mul_(-1)
     check()
-    assert set(queue.state_dict()) == {"embeddings", "pointer", "filled"}
+    assert set(queue.state_dict()) == {"embeddings", "pointer", "filled", "groups"}
     scores = queue.scores(F.normalize(_rows(2, 4, seed=40), dim=1), torch.bfloat16)
     assert scores.dtype == torch.bfloat16 and scores.shape == (2, 5)
     out = torch.empty(2, 5, dtype=torch.bfloat16)
     assert queue.scores(F.normalize(_rows(2, 4, seed=40), dim=1), torch.bfloat16, out=out).data_ptr() == out.data_ptr()
     torch.testing.assert_close(out, scores)
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# The ring buffer against the authors' update rules, for any K and B
+
+
+@pytest.mark.parametrize("size,batch", [(10, 4), (7, 3), (8, 4), (5, 7), (6, 1)])
+def test_ring_buffer_keeps_the_authors_set_for_any_queue_and_batch_size(size, batch):
+    """CKD: ``concat(batch, queue)[:K]`` from empty; ConGen/SCT: ``concat(queue, batch)[B:]`` from K rows."""
+    generator = torch.Generator().manual_seed(size * 100 + batch)
+    start = F.normalize(torch.randn(size, 3, generator=generator), dim=1)
+    from_empty, from_full = InstanceQueue(size, 3), InstanceQueue(size, 3).init_from(start)
+    newest_first = torch.zeros(0, 3)  # CKD's queue, newest row first
+    append_last = start.clone()  # ConGen's / SCT's queue, oldest row first
+    for step in range(9):
+        rows = F.normalize(torch.randn(batch, 3, generator=generator), dim=1)
+        from_empty.enqueue(rows)
+        from_full.enqueue(rows)
+        newest_first = torch.cat([rows.flip(0), newest_first])[:size]
+        append_last = torch.cat([append_last, rows])[batch:]
+        torch.testing.assert_close(from_empty.ordered(), newest_first.flip(0))
+        torch.testing.assert_close(from_full.ordered(), append_last)
+
+
+def test_groups_follow_their_rows_through_the_ring_and_a_checkpoint():
+    queue = InstanceQueue(5, 3)
+    for step in range(4):
+        queue.enqueue(torch.randn(2, 3), torch.tensor([10 * step, 10 * step + 1]))
+    # newest 5 rows in FIFO order: step 1's second row, steps 2 and 3
+    assert len(queue) == 5  # a read: applies the pending batch
+    pointer = int(queue.pointer)
+    fifo = torch.cat([queue.groups[pointer:], queue.groups[:pointer]]).tolist()
+    assert fifo == [11, 20, 21, 30, 31]
+    assert queue.same_group(torch.tensor([20, 99, -1])).sum(dim=1).tolist() == [1, 0, 0]
+    restored = InstanceQueue(5, 3)
+    restored.load_state_dict(queue.state_dict())
+    assert restored.row_groups().tolist() == queue.row_groups().tolist()
+    # a checkpoint written before rows carried groups still loads; its rows have none
+    old = {k: v for k, v in queue.state_dict().items() if k != "groups"}
+    legacy = InstanceQueue(5, 3)
+    legacy.load_state_dict(old)
+    assert legacy.row_groups().tolist() == [-1] * 5
+    assert queue.init_random().row_groups().tolist() == [-1] * 5

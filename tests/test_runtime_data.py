@@ -147,6 +147,31 @@ def test_training_texts_and_views_are_deterministic():
         assert image_of[row["text_generalize"]] & image_of[row["text_control"]]
 
 
+def test_rows_carry_their_caption_group_and_singletons_an_id_of_their_own():
+    rows = load_training_texts(DataConfig(corpus="flickr+nli", max_sentences=None, views={"a": "none"}), seed=0)
+    from raydistill.data import load_dataset
+
+    image_of = {}
+    for image, group in enumerate(load_dataset("flickr_captions")):
+        for caption in group.captions:
+            image_of.setdefault(caption, image)
+    by_group: dict[int, list[str]] = {}
+    for row in rows:
+        by_group.setdefault(row["group"], []).append(row["text_a"])
+    captions = [r for r in rows if r["text_a"] in image_of]
+    assert all(r["group"] == image_of[r["text_a"]] for r in captions)  # a caption's group is its image
+    assert max(len(texts) for texts in by_group.values()) > 1  # siblings share one
+    others = [r for r in rows if r["text_a"] not in image_of]
+    assert others and len({r["group"] for r in others}) == len(others)  # the rest: one id each
+    assert not {r["group"] for r in others} & {r["group"] for r in captions}
+
+
+def test_caption_view_without_caption_groups_is_refused_naming_the_view():
+    with pytest.raises(ValueError, match=r"data\.views\.generalize: 'caption'.*no caption groups"):
+        load_training_texts(DataConfig(corpus="nli", max_sentences=50,
+                                       views={"control": "none", "generalize": "caption"}), seed=0)
+
+
 def test_augmented_views_are_deterministic_per_view():
     data_cfg = DataConfig(corpus="nli", max_sentences=200, views={"a": "none", "b": "delete:0.3", "c": "delete:0.3"})
     rows = load_training_texts(data_cfg, seed=11)
@@ -200,7 +225,7 @@ def test_training_data_stream_is_deterministic_and_resumable(ray_session, tmp_pa
     assert data.num_rows == 200 and data.teacher_dim == 32
     assert (data.cache_stats["hits"], data.cache_stats["misses"], data.cache_stats["teacher_forward_sentences"]) \
         == (200, 0, 0)
-    assert set(data.dataset.columns()) == {"idx", "text_control", "text_generalize", "teacher_control"}
+    assert set(data.dataset.columns()) == {"idx", "group", "text_control", "text_generalize", "teacher_control"}
 
     epoch0 = _iterate_epoch(data, 0, 32)
     assert len(epoch0) == data.num_batches(32) == 6  # 200 // 32, last partial batch dropped

@@ -50,7 +50,8 @@ def test_shared_queue_replays_recent_pushes_and_snapshots_the_rest():
     for rows in pushes[:3]:
         shared.push(rows)
     delta = shared.since(1)
-    assert delta["version"] == 3 and [p.tolist() for p in delta["pushes"]] == [p.tolist() for p in pushes[1:3]]
+    assert delta["version"] == 3 and [rows.tolist() for rows, _ in delta["pushes"]] == [p.tolist() for p in pushes[1:3]]
+    assert all(groups is None for _, groups in delta["pushes"])  # pushed without group ids
     assert shared.since(3) == {"version": 3, "pushes": []}
     for rows in pushes[3:]:
         shared.push(rows)
@@ -58,7 +59,7 @@ def test_shared_queue_replays_recent_pushes_and_snapshots_the_rest():
     assert "state" in shared.since(0)
     _assert_same_state(shared.since(0)["state"], _state(_reference(pushes)))
     replay = shared.since(5)
-    assert [p.tolist() for p in replay["pushes"]] == [p.tolist() for p in pushes[5:]]
+    assert [rows.tolist() for rows, _ in replay["pushes"]] == [p.tolist() for p in pushes[5:]]
     with pytest.raises(ValueError, match=r"expected rows of shape \[B, 8\]"):
         shared.push(np.zeros((2, 3), dtype=np.float32))
 

@@ -139,3 +139,29 @@ def test_flatten_params_truncates_long_values():
     flat = flatten_params({"a": {"b": 1, "c": {"d": [1, 2]}}, "long": "x" * 7000, "empty": {}})
     assert flat["a.b"] == "1" and flat["a.c.d"] == "[1, 2]" and flat["empty"] == "{}"
     assert len(flat["long"]) == 6000 and flat["long"].endswith("...")
+
+
+def test_experiments_are_marked_as_model_training(mlflow_dir):
+    """MLflow 3's UI opens an experiment without a kind on its GenAI pages (Traces, Token usage), where no training
+    run shows; raydistill's experiments say they hold model training, new ones at creation and older ones (made
+    before the tag, or by hand) when raydistill next logs a run into them."""
+    from mlflow import MlflowClient
+
+    from raydistill.runtime.tracking import EXPERIMENT_KIND_TAG, TRAINING_EXPERIMENT_KIND
+
+    uri = f"sqlite:///{mlflow_dir}/mlflow.db"
+    client = MlflowClient(tracking_uri=uri)
+    with Tracker(TrackingConfig(tracking_uri=uri, experiment="raydistill-kind-new")) as tracker:
+        assert tracker.active, tracker.failed_reason
+    created = client.get_experiment_by_name("raydistill-kind-new")
+    assert created.tags[EXPERIMENT_KIND_TAG] == TRAINING_EXPERIMENT_KIND == "custom_model_development"
+
+    older = client.create_experiment("raydistill-kind-older")  # as an earlier raydistill left it: no kind
+    with Tracker(TrackingConfig(tracking_uri=uri, experiment="raydistill-kind-older")) as tracker:
+        assert tracker.active, tracker.failed_reason
+    assert client.get_experiment(older).tags[EXPERIMENT_KIND_TAG] == TRAINING_EXPERIMENT_KIND
+
+    chosen = client.create_experiment("raydistill-kind-chosen", tags={EXPERIMENT_KIND_TAG: "genai_development"})
+    with Tracker(TrackingConfig(tracking_uri=uri, experiment="raydistill-kind-chosen")) as tracker:
+        assert tracker.active, tracker.failed_reason
+    assert client.get_experiment(chosen).tags[EXPERIMENT_KIND_TAG] == "genai_development"  # a user's choice stays

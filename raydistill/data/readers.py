@@ -14,7 +14,8 @@ skip to. Blank lines carry nothing and are ignored, but counted (``Records.ignor
 Formats (UTF-8, one JSON object per line; gzip is detected from the file's magic bytes, not its name, so
 ``x.jsonl`` and ``x.jsonl.gz`` read the same way). A Parquet file (detected by its ``PAR1`` magic) or a directory
 of ``*.parquet`` parts (what Ray Data writes) is read the same way, one row per record; there the "line" of an
-error is the 1-based row of the part file it names:
+error is the 1-based row of the part file it names. So is a Hugging Face ``datasets`` directory (``save_to_disk``;
+"line" = 1-based row) and a ``.csv`` / ``.tsv`` file with a header line (line = the file's line):
 
     pairs             {"sentence1": str, "sentence2": str, "score"?: number, "label"?: str|int, ...}
                       (NLI files name the texts "premise" / "hypothesis"; found automatically)
@@ -34,6 +35,7 @@ from __future__ import annotations
 
 import difflib
 import gzip
+import io
 import json
 import math
 import reprlib
@@ -59,7 +61,11 @@ __all__ = [
     "iter_lines",
     "iter_parquet",
     "iter_records",
+    "iter_csv",
+    "iter_hf_dataset",
     "is_parquet",
+    "is_csv",
+    "is_hf_dataset",
 ]
 
 GZIP_MAGIC = b"\x1f\x8b"
@@ -327,11 +333,99 @@ def _iter_parquet_parts(path: Path) -> Iterator[tuple[Path, int, dict[str, Any]]
         raise DataError(path, "file is empty (no records)", reason="empty_file")
 
 
+def is_csv(path: str | Path) -> bool:
+    """A ``.csv`` or ``.tsv`` file (optionally gzip'd), by name: CSV has no magic bytes to go by."""
+    suffixes = [s.lower() for s in Path(path).suffixes if s.lower() != ".gz"]
+    return bool(suffixes) and suffixes[-1] in (".csv", ".tsv") and Path(path).is_file()
+
+
+def is_hf_dataset(path: str | Path) -> bool:
+    """A directory written by Hugging Face ``datasets``' ``save_to_disk`` (a Dataset or a DatasetDict)."""
+    path = Path(path)
+    return path.is_dir() and any((path / name).is_file() for name in _HF_DATASET_MARKERS)
+
+
+_HF_DATASET_MARKERS = ("state.json", "dataset_dict.json")
+
+
+def iter_csv(path: str | Path) -> Iterator[tuple[int, dict[str, Any] | DataError]]:
+    """Yield ``(line_number, row dict)`` of a CSV (``.csv``) or tab-separated (``.tsv``) file with a header line.
+
+    The line number is the file line where the record ends (a quoted field may span lines), so an editor jumps to
+    it; the header is line 1. A row with more fields than the header is yielded as a ``DataError``; a row with
+    fewer has ``None`` in the missing columns (reported by the field check that reads them). Empty cells read as
+    ``""``.
+    """
+    import csv
+
+    path = Path(path)
+    delimiter = "\t" if [s.lower() for s in path.suffixes if s.lower() != ".gz"][-1] == ".tsv" else ","
+    try:
+        with _open_binary(path) as raw, io.TextIOWrapper(raw, encoding="utf-8-sig", newline="") as stream:
+            reader = csv.reader(stream, delimiter=delimiter)
+            header = next(reader, None)
+            if header is None:
+                raise DataError(path, "file is empty (no header line)", reason="empty_file")
+            duplicated = sorted({name for name in header if header.count(name) > 1})
+            if duplicated:
+                raise DataError(path, f"the header names column(s) {', '.join(map(repr, duplicated))} more than once",
+                                line=1, reason="duplicate_field")
+            seen_any = False
+            for values in reader:
+                if not any(value.strip() for value in values):
+                    continue
+                seen_any = True
+                if len(values) > len(header):
+                    yield reader.line_num, DataError(path, f"has {len(values)} fields, the header has {len(header)}",
+                                                     line=reader.line_num, reason="not_object")
+                    continue
+                yield reader.line_num, dict(zip(header, values + [None] * (len(header) - len(values))))
+    except UnicodeDecodeError as err:
+        raise DataError(path, f"not valid UTF-8 ({err.reason})", reason="not_utf8") from None
+    except csv.Error as err:
+        raise DataError(path, f"not valid CSV ({err})", reason="corrupt_file") from None
+    except (gzip.BadGzipFile, EOFError, zlib.error) as err:
+        raise DataError(path, f"corrupt gzip stream ({err or type(err).__name__})", reason="corrupt_file") from None
+    if not seen_any:
+        raise DataError(path, "file is empty (no records)", reason="empty_file")
+
+
+def iter_hf_dataset(path: str | Path) -> Iterator[tuple[int, dict[str, Any] | DataError]]:
+    """Yield ``(row_number, row dict)`` of a ``datasets.load_from_disk`` directory, 1-based.
+
+    A DatasetDict (several splits) must be narrowed to one split by naming its directory (``<dir>/train``).
+    """
+    path = Path(path)
+    if (path / "dataset_dict.json").is_file() and not (path / "state.json").is_file():
+        splits = sorted(p.name for p in path.iterdir() if (p / "state.json").is_file())
+        raise DataError(path, f"is a Hugging Face DatasetDict with splits {', '.join(splits) or '(none)'}: "
+                              f"name one, e.g. {path / (splits[0] if splits else 'train')}", reason="missing_file")
+    import datasets
+
+    try:
+        dataset = datasets.load_from_disk(str(path))
+    except (OSError, ValueError, FileNotFoundError) as err:
+        raise DataError(path, f"not a readable Hugging Face dataset directory ({_first_line(err)})",
+                        reason="corrupt_file") from None
+    if len(dataset) == 0:
+        raise DataError(path, "dataset is empty (no rows)", reason="empty_file")
+    row_number = 0
+    for batch in dataset.data.to_batches(max_chunksize=4096):
+        for row in batch.to_pylist():
+            row_number += 1
+            yield row_number, row
+
+
 def iter_records(path: str | Path, counts: Counter | None = None
                  ) -> Iterator[tuple[int, dict[str, Any] | DataError]]:
-    """`iter_parquet` for Parquet (by content), else `iter_jsonl`: the one entry point of the record readers."""
+    """The one entry point of the record readers: Parquet (by content), a Hugging Face dataset directory, CSV/TSV
+    (by name), else JSON Lines."""
     if is_parquet(path):
         return iter_parquet(path)
+    if is_hf_dataset(path):
+        return iter_hf_dataset(path)
+    if is_csv(path):
+        return iter_csv(path)
     return iter_jsonl(path, counts)
 
 
@@ -340,7 +434,7 @@ def _iter_sourced_records(path: Path, counts: Counter) -> Iterator[tuple[Path, i
     if is_parquet(path):
         yield from _iter_parquet_parts(path)
     else:
-        for line_number, obj in iter_jsonl(path, counts):
+        for line_number, obj in iter_records(path, counts):
             yield path, line_number, obj
 
 
@@ -583,11 +677,12 @@ def read_captions(path: str | Path, *, on_error: str = "raise") -> Records:
 
 
 def read_sentences(path: str | Path, *, field: str = "text", on_error: str = "raise") -> Records:
-    """Sentences from a ``.txt`` file (one per line, blank lines ignored), JSON Lines or Parquet with a `field`.
+    """Sentences from a ``.txt`` file (one per line, blank lines ignored), or the `field` column of JSON Lines,
+    Parquet, CSV/TSV or a Hugging Face dataset directory (``save_to_disk``).
 
-    The format is chosen by the content for Parquet, by the name otherwise (``.txt`` / ``.txt.gz`` is text,
-    ``.jsonl`` / ``.json`` / ``.ndjson`` is JSON Lines) and, for other names, by whether the first non-blank line
-    starts with ``{``. Text lines keep their inner and leading whitespace; only the line ending is removed.
+    The format is chosen by the content for Parquet, by the directory's files for a Hugging Face dataset, by the
+    name otherwise (``.txt`` / ``.txt.gz`` is text, ``.jsonl`` / ``.json`` / ``.ndjson`` is JSON Lines, ``.csv`` /
+    ``.tsv`` is CSV) and, for other names, by whether the first non-blank line starts with ``{``. Text lines keep their inner and leading whitespace; only the line ending is removed.
     """
     _check_on_error(on_error)
     path = Path(path)
@@ -601,7 +696,7 @@ def read_sentences(path: str | Path, *, field: str = "text", on_error: str = "ra
 
 
 def _has_records(path: Path) -> bool:
-    if is_parquet(path):
+    if is_parquet(path) or is_hf_dataset(path) or is_csv(path):
         return True
     suffixes = [s.lower() for s in path.suffixes if s.lower() != ".gz"]
     if suffixes and suffixes[-1] == ".txt":

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from raydistill.objectives.base import LossOutput, check_dim, check_same_rows, frozen, take, validate_temperature
-from raydistill.objectives.functional import soft_cross_entropy
+from raydistill.objectives.functional import MASKED_LOGIT, soft_cross_entropy
 from raydistill.objectives.queue import InstanceQueue
 
 __all__ = ["CKDLoss", "LearnableScale"]
@@ -26,16 +26,26 @@ class LearnableScale(nn.Module):
 
     Learned, it is clamped to ``[min_scale, max_scale]`` in the forward pass (default [1, 100], i.e.
     τ ∈ [0.01, 1]; 100 is CLIP's cap). DistilCSE learns it without any bound, and a scale that keeps growing
-    turns the softmax into an argmax and the loss into a spike (methods.md §3.5); with the clamp the gradient
-    is zero beyond a bound, so the parameter stops there.
+    turns the softmax into an argmax and the loss into a spike (docs/methods.md, DistilCSE); with the clamp the
+    gradient is zero beyond a bound, so the parameter stops there.
+
+    A learned scale must START strictly inside the bounds: at a bound the clamp's gradient is zero, so a scale
+    started there never moves (a ``temperature: 1.0`` meant as "log-scale 1" started CKD at s = 1, the floor, a
+    near-uniform softmax for the whole run). Such a start is refused.
     """
 
     def __init__(self, temperature: float, learnable: bool, min_scale: float = 1.0, max_scale: float = 100.0):
         super().__init__()
         temperature = validate_temperature("LearnableScale", "temperature", temperature)
-        if not 0 < min_scale <= 1.0 / temperature <= max_scale:
-            raise ValueError(f"LearnableScale: 1/temperature = {1.0 / temperature:.4g} must lie in "
+        scale = 1.0 / temperature
+        if not 0 < min_scale <= scale <= max_scale:
+            raise ValueError(f"LearnableScale: 1/temperature = {scale:.4g} must lie in "
                              f"[min_scale, max_scale] = [{min_scale}, {max_scale}]")
+        if learnable and not min_scale < scale < max_scale:
+            raise ValueError(
+                f"LearnableScale: a learned scale cannot start at its clamp bound (1/temperature = {scale:.4g}, "
+                f"bounds [{min_scale}, {max_scale}]): the clamp's gradient is zero there, so it would never move. "
+                f"temperature is τ, not log(1/τ): DistilCSE's start, scale e, is temperature {math.exp(-1.0):.6f}")
         self.learnable = bool(learnable)
         self.min_log, self.max_log = math.log(min_scale), math.log(max_scale)
         log_scale = torch.tensor(math.log(1.0 / temperature))
@@ -66,15 +76,17 @@ class CKDLoss(nn.Module):
     features:
         ``"student"``  [B, D]  student(x), with grad (un-normalised; the optional MSE uses it raw)
         ``"teacher"``  [B, D]  teacher(x), detached here
+        ``"group"``    [B]     optional group ids: with ``mask_same_group`` a row's same-group keys other than its
+                               own teacher vector are not negatives (a sibling caption, or its own queued copy)
     labels: unused (the positive of row i is key i).
     parts: ``infonce``, ``scale`` (s), ``mse`` when ``mse_weight > 0``, ``queue_fill``.
 
     The student must output D: a narrower encoder is built with ``projection_dim=D`` (the authors' trainable
-    ``Linear(768 → 1024)``). The authors do not save that layer and evaluate the backbone's own output; the
-    runtime's student keeps it as a Dense module (as ConGen/SCT do) — a difference of the runtime, not of
-    this loss.
+    ``Linear(768 → 1024)``, a plain Linear: the runtime builds CKD's projection without an activation). The
+    authors do not save that layer and evaluate the backbone's own output; the runtime's student keeps it as a
+    Dense module (as ConGen/SCT do) — a difference of the runtime, not of this loss.
 
-    Deliberate deviations from the authors' code (../shared/notes/methods.md §3):
+    Deliberate deviations from the authors' code (docs/methods.md, DistilCSE):
     - ``temperature`` is τ (logits = cos/τ). The authors' script learns ``log s`` from ``--temp 1`` with
       ``--temp_exp 1``, i.e. s = e at start: pass ``temperature=math.exp(-1)`` (≈ 0.3679, the default here) to
       match it.
@@ -84,19 +96,25 @@ class CKDLoss(nn.Module):
     - The teacher side is a constant here (the authors' teacher runs in train mode, dropout on, because of a
       ``require_grad`` typo; a faithful noisy teacher is the caller's choice of teacher vectors).
     - One queue for all learners when the runtime shares it (authors: a different queue per GPU).
+    - Same-group keys are not negatives (``mask_same_group``; rows without a group are unaffected). On captions,
+      another caption of the same image, or the sentence's own teacher vector from an earlier epoch, would
+      otherwise be a negative the student must push away from its positive.
 
     Args:
         queue_size: K (script 65536; code default 50000). 0 = no queue (in-batch negatives only).
         temperature: initial τ. learnable_temperature: learn s (authors) or keep τ fixed.
         min_scale, max_scale: clamp of a learned s.
         mse_weight: weight of the optional MSE term (authors' ``--mse 1``; off in their script).
+        mask_same_group: drop same-group keys when the features carry ``"group"``.
         dim: D, the teacher dim. queue: an existing InstanceQueue (e.g. a shared-queue client).
     """
 
     def __init__(self, queue_size: int = 65536, temperature: float = math.exp(-1.0), learnable_temperature: bool = True,
                  mse_weight: float = 0.0, dim: int = 768, min_scale: float = 1.0, max_scale: float = 100.0,
-                 queue: InstanceQueue | None = None, queue_init: str = "empty", queue_seed: int = 0):
+                 queue: InstanceQueue | None = None, queue_init: str = "empty", queue_seed: int = 0,
+                 mask_same_group: bool = True):
         super().__init__()
+        self.mask_same_group = bool(mask_same_group)
         self.scale = LearnableScale(temperature, learnable_temperature, min_scale, max_scale)
         if mse_weight < 0:
             raise ValueError(f"CKDLoss: mse_weight must be ≥ 0, got {mse_weight}")
@@ -116,11 +134,15 @@ class CKDLoss(nn.Module):
         keys = F.normalize(teacher.float(), dim=1)  # [B, D]
         scale = self.scale()
         queries = F.normalize(student, dim=1) * scale.to(student.dtype)  # [B, D]; s applied before the matmul
+        row_groups = features.get("group")  # [B] or None
+        groups = row_groups if self.mask_same_group else None
         logits = [queries.to(keys.dtype) @ keys.T]  # [B, B], the positives on the diagonal
         targets: list[Tensor | None] = [torch.eye(batch, dtype=keys.dtype, device=keys.device)]
         if self.queue is not None and len(self.queue) > 0:
             logits.append(self.queue.scores(queries))  # [B, K_filled], negatives only
             targets.append(None)
+        if groups is not None:
+            logits = [self._masked(z, self._same_group_mask(groups, block)) for block, z in enumerate(logits)]
         infonce = soft_cross_entropy(logits, targets).mean()
         loss = infonce
         parts = {"infonce": float(infonce.detach()), "scale": float(scale.detach())}
@@ -130,5 +152,18 @@ class CKDLoss(nn.Module):
             parts["mse"] = float(mse.detach())
         if self.queue is not None:
             parts["queue_fill"] = min(self.queue.size, len(self.queue) + batch) / self.queue.size
-            self.queue.enqueue(keys)  # after the logits, before backward; no queue read after this
+            self.queue.enqueue(keys, row_groups)  # after the logits, before backward; no queue read after this
         return LossOutput(loss, parts)
+
+    def _same_group_mask(self, groups: Tensor, block: int) -> Tensor:
+        """[B, C] bool: key j of logit block ``block`` (0: the batch, 1: the queue) shares row i's group."""
+        if block == 1:
+            return self.queue.same_group(groups)
+        groups = groups.to(torch.long)
+        same = (groups[:, None] == groups[None, :]) & (groups[:, None] >= 0)
+        return same.fill_diagonal_(False)  # the row's own teacher vector is its positive
+
+    @staticmethod
+    def _masked(logits: Tensor, mask: Tensor) -> Tensor:
+        # Out of place: these logits carry the graph to the student (and the learned scale).
+        return logits.masked_fill(mask.to(logits.device), MASKED_LOGIT) if bool(mask.any()) else logits

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from raydistill.objectives.base import LossOutput, check_dim, check_same_rows, frozen, take, validate_temperature
-from raydistill.objectives.functional import Workspace, query_soft_cross_entropy, softmax_blocks_
+from raydistill.objectives.functional import Workspace, mask_same_group_, query_soft_cross_entropy, softmax_blocks_
 from raydistill.objectives.queue import InstanceQueue
 
 __all__ = ["ConGenLoss"]
@@ -38,6 +38,9 @@ class ConGenLoss(nn.Module):
         ``"student_control"``    [B, D]  student(x₁), with grad (not necessarily normalised)
         ``"student_generalize"`` [B, D]  student(x₂), with grad
         ``"teacher"``            [B, D]  teacher(x₁); detached here whatever the caller passed
+        ``"group"``              [B]     optional int64 group ids of the sentences (the image of a caption);
+                                         with ``mask_same_group``, candidates of a row's own group other than its
+                                         positive are dropped from its softmax, for the teacher and both views
     labels: unused.
     parts: ``con``, ``gen`` (the two CE terms), ``queue_fill`` (rows in the queue, as a fraction of K).
 
@@ -46,16 +49,24 @@ class ConGenLoss(nn.Module):
     projection_dim=D)``, saved with it, as the authors' ``Dense`` module), not to this loss; the runtime builds
     the student that way (``MethodSpec.build_student``). A mismatch raises an error that says so.
 
-    Deliberate deviations from the authors' code (../shared/notes/methods.md §4):
+    Deliberate deviations from the authors' code (docs/methods.md, ConGen):
     - α is a parameter (default 0.5 = the paper's best and the code's hard-coded value).
+    - Same-group candidates are masked (``mask_same_group``, on by default). The authors' generalisation view is a
+      back-translation, which is never a training row itself. Here it can be another caption of the same image,
+      c_j, which IS a training row; when t(c_j) sits among row i's candidates, the generalisation term asks
+      student(c_j) to rank t(c_i) far above t(c_j), against c_j's own control term. The queue rows carry their
+      sentence's group id, and a row's same-group candidates (its own earlier copy included) leave its softmax.
+      Rows without a group (id < 0) are never masked, so the authors' loss is unchanged for them.
     - The queue is a ring buffer written in place, scored as [queue | batch] column blocks; no (K+B)×d concat
       per step. Identical values (candidate order does not change a softmax). The teacher's and both student
       views' logits come from one stacked GEMM, and the student gradient from ``query_soft_cross_entropy``
       (bench/objectives.py: the loss is GEMM-bound, three B×K×D products per step).
     - ``precision="bf16"`` computes the products against the queue in bfloat16 (see Args).
-    - Queue init: ``queue_init="random"`` unit vectors unless the caller calls ``queue.init_from(vectors)``
-      with teacher vectors of sampled sentences (the authors' init; they also drop those sentences from the
-      training set, which is the data pipeline's business).
+    - Queue init: the runtime's default ``queue_init="teacher"`` is the authors' (teacher vectors of sampled
+      training sentences, put in by ``queue.init_from`` before step 1; here an empty queue until then); "random"
+      unit vectors otherwise. The authors also drop the sampled sentences from the training set; here they stay
+      (with a corpus smaller than K that would drop all of it), and the group mask keeps a row's own queued copy
+      out of its candidates instead.
     - The queue is a registered buffer: checkpointed and resumable (the authors' is a plain attribute).
 
     Args:
@@ -65,6 +76,7 @@ class ConGenLoss(nn.Module):
         alpha: weight of the control term.
         queue: an existing InstanceQueue (e.g. a shared-queue client); else one is created.
         queue_init, queue_seed: init of the queue created here (see InstanceQueue).
+        mask_same_group: drop same-group candidates when the features carry ``"group"`` (see above).
         precision: "fp32", or "bf16": the [3B, K] logits of the teacher and both student views against the queue
             (and the student's gradient through them) come from bfloat16 products against a bf16 copy of the queue
             that ``InstanceQueue`` keeps in step (no K×D cast per step); the products accumulate in fp32 and round
@@ -77,7 +89,8 @@ class ConGenLoss(nn.Module):
 
     def __init__(self, queue_size: int = 16384, tau_teacher: float = 0.05, tau_student: float = 0.07,
                  dim: int = 768, alpha: float = 0.5, queue: InstanceQueue | None = None,
-                 queue_init: str = "random", queue_seed: int = 0, precision: str = "fp32"):
+                 queue_init: str = "random", queue_seed: int = 0, precision: str = "fp32",
+                 mask_same_group: bool = True):
         super().__init__()
         if precision not in ("fp32", "bf16"):
             raise ValueError(f"ConGenLoss: precision must be 'fp32' or 'bf16', got {precision!r}")
@@ -87,6 +100,7 @@ class ConGenLoss(nn.Module):
         if not 0.0 <= float(alpha) <= 1.0:
             raise ValueError(f"ConGenLoss: alpha must be in [0, 1], got {alpha}")
         self.alpha = float(alpha)
+        self.mask_same_group = bool(mask_same_group)
         self.queue = queue if queue is not None else InstanceQueue(queue_size, dim, init=queue_init, seed=queue_seed)
         self.dim = self.queue.dim
         self.workspace = Workspace()  # the [3B, K] logits, reused step after step (functional.Workspace)
@@ -99,6 +113,8 @@ class ConGenLoss(nn.Module):
         check_dim("ConGenLoss", self.dim, " (the teacher dim; give the student projection_dim=teacher dim)",
                   student_control=control, student_generalize=generalize, teacher=teacher)
 
+        row_groups = features.get("group")  # [B] int64 or None; queued with the rows either way
+        groups = row_groups if self.mask_same_group else None
         teacher = F.normalize(teacher.float(), dim=1)  # [B, D]
         # Both student views share the candidates and P_T: rows [0, B) control, [B, 2B) generalisation.
         student_queries = torch.cat([F.normalize(control.float(), dim=1),
@@ -116,6 +132,8 @@ class ConGenLoss(nn.Module):
             else:  # softmaxes in fp32, from the bf16 products
                 queue_logits.copy_(self.queue.scores(queries, self.product_dtype, out=self.workspace.get(
                     "queue_logits_low", shape, self.product_dtype, queries.device)))
+            if groups is not None:  # the same candidates leave the teacher's and both views' softmaxes
+                mask_same_group_(queue_logits, batch_logits, self.queue.same_group(groups), groups)
             teacher_queue_logits, student_queue_logits = queue_logits[:batch], queue_logits[batch:]
             # P_T over [queue | current teacher batch], in place over the teacher rows.
             teacher_probs, _ = softmax_blocks_([teacher_queue_logits, batch_logits[:batch]])
@@ -126,5 +144,5 @@ class ConGenLoss(nn.Module):
         loss = self.alpha * con + (1.0 - self.alpha) * gen
 
         fill = min(self.queue.size, len(self.queue) + batch) / self.queue.size
-        self.queue.enqueue(teacher)  # after the logits, before backward (authors' order); no queue read after this
+        self.queue.enqueue(teacher, row_groups)  # after the logits, before backward (authors' order); no queue read after this
         return LossOutput(loss, {"con": float(con.detach()), "gen": float(gen.detach()), "queue_fill": fill})

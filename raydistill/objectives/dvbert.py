@@ -1,9 +1,18 @@
 """DvBERT: dual-view distilled BERT — siamese student, cross-encoder (interaction view) teachers, teacher annealing.
 
-Paper: Xingyi Cheng. "Dual-View Distilled BERT for Sentence Embedding", SIGIR 2021, arXiv:2104.08675.
-No public implementation exists (../shared/notes/methods.md §5). What the abstract states is followed; every
-other choice below is reconstructed from the paper's lineage — SBERT's softmax classifier (Reimers & Gurevych,
-EMNLP 2019) and BAM!'s teacher annealing (Clark et al., ACL 2019, arXiv:1907.04829) — and marked [UNVERIFIED].
+Paper: Xingyi Cheng. "Dual-View Distilled BERT for Sentence Embedding", SIGIR 2021, arXiv:2104.08675 (no public
+code). What it specifies, and what this module computes:
+
+* Siamese view (the student): mean-pooled BERT embeddings u, v; ``[u; v; |u − v|]`` → one fully connected layer →
+  3-way softmax p (SBERT's classifier, Reimers & Gurevych, EMNLP 2019).
+* Interaction view (the teachers, ``raydistill.runtime.dvbert_teachers``): K cross-encoders fine-tuned on the
+  labelled NLI pairs, whose class distributions q_k on the training pairs are then held fixed.
+* Loss with teacher annealing (Clark et al., ACL 2019, arXiv:1907.04829): ``L = Σ_k KL(λ·y + (1 − λ)·q_k ‖ p)``,
+  λ rising linearly from 0 to 1 over training. Since KL(t ‖ p) = CE(t, p) − H(t), H(t) does not depend on the
+  student, and CE is linear in its target t, ``Σ_k CE(λ·y + (1 − λ)·q_k, p) = K · CE(λ·y + (1 − λ)·mean_k q_k, p)``:
+  the CE against the mixed mean target computed here has the paper's gradients up to the constant factor K.
+* Schedule: NLI 1 epoch, batch 16, dropout 0.1, Adam lr 2e-5, 10 % warm-up; then STS-B, cos(u, v) regressed on the
+  gold score with MSE for 4 epochs (``CosineMSELoss``).
 """
 
 from __future__ import annotations
@@ -21,8 +30,8 @@ __all__ = ["CosineMSELoss", "DvBERTLoss", "SoftmaxClassifierLoss", "TeacherAnnea
 class TeacherAnnealing:
     """λ(step) of teacher annealing (BAM!): rises linearly from 0 at step 0 to 1 at ``total_steps`` (clamped).
 
-    Early on the student imitates the teachers (λ ≈ 0), at the end the gold labels (λ = 1). [UNVERIFIED for
-    DvBERT: linear per-step schedule as in BAM!.]
+    Early on the student imitates the teachers (λ ≈ 0), at the end the gold labels (λ = 1): DvBERT's linear
+    schedule, BAM!'s teacher annealing, advanced once per optimiser step.
     """
 
     def __init__(self, total_steps: int):
@@ -37,9 +46,10 @@ class TeacherAnnealing:
 def annealed_target(gold: Tensor, teacher: Tensor, lam: float) -> Tensor:
     """``λ·onehot(gold) + (1 − λ)·mean_k softmax(teacher_k)`` → [B, C].
 
-    ``gold``: [B] class indices. ``teacher``: [B, T, C] logits of T teachers (averaged after their softmax:
-    the mean of the teachers' probability vectors [UNVERIFIED aggregation]) or [B, C] probabilities already
-    averaged. Detached: the target carries no gradient.
+    ``gold``: [B] class indices. ``teacher``: [B, T, C] logits of T teachers (averaged after their softmax) or
+    [B, C] probabilities already averaged. The mean is exact, not an approximation: CE is linear in its target, so
+    the CE against this target is (1/T) · Σ_k CE(λ·onehot + (1 − λ)·q_k, p), the paper's per-teacher sum up to a
+    constant. Detached: the target carries no gradient.
     """
     teacher = frozen(teacher)
     probs = F.softmax(teacher.float(), dim=-1).mean(dim=1) if teacher.dim() == 3 else teacher.float()  # [B, C]
@@ -110,9 +120,9 @@ class DvBERTLoss(SoftmaxClassifierLoss):
     labels: [B] gold class indices.
     parts: ``ce``, ``accuracy``, ``lambda``.
 
-    [UNVERIFIED] (no code; methods.md §5): mean of teacher probabilities as the aggregation, linear per-step λ
-    from 0 to 1, SBERT's [u; v; |u−v|] classifier, CE on the mixed target. The STS stage that follows is
-    ``CosineMSELoss`` on gold scores / 5.
+    The paper's loss is Σ_k KL(λ·y + (1 − λ)·q_k ‖ p) over the K teachers; this CE against the mean target has the
+    same gradients divided by K (module docstring). The STS stage that follows is ``CosineMSELoss`` on gold
+    scores / 5.
     """
 
     def __init__(self, dim: int, total_steps: int, num_labels: int = 3):

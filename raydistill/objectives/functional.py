@@ -30,8 +30,36 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-__all__ = ["Workspace", "block_logsumexp", "query_soft_cross_entropy", "row_chunks", "rowwise_dot",
-           "soft_cross_entropy", "softmax_blocks_"]
+__all__ = ["MASKED_LOGIT", "Workspace", "block_logsumexp", "mask_same_group_", "query_soft_cross_entropy",
+           "row_chunks", "rowwise_dot", "soft_cross_entropy", "softmax_blocks_"]
+
+# A candidate removed from a row's softmax. Finite on purpose: exp(MASKED_LOGIT − max) is exactly 0 in fp32 and
+# bf16, so the target p is 0 there and the CE's Σ p·z adds 0·MASKED_LOGIT = 0 (with −inf it would add NaN).
+MASKED_LOGIT = -1.0e4
+
+
+def mask_same_group_(queue_logits: Tensor | None, batch_logits: Tensor | None, queue_same: Tensor | None,
+                     row_groups: Tensor) -> None:
+    """Drop, in place, the candidates of a row that come from its own group, except its own positive.
+
+    ``queue_logits`` [V·B, K] and ``batch_logits`` [V·B, B] hold V stacked views of the same B rows (e.g. the teacher's
+    and the student's logits); ``queue_same`` [B, K] is ``InstanceQueue.same_group(row_groups)``; ``row_groups`` [B]
+    the rows' group ids (< 0: none). In the batch block the diagonal (the row's own teacher vector, the positive) is
+    kept and every other row of the same group is dropped. Why: with two captions of one image as two views, the
+    sibling's own teacher vector among the negatives asks the student to push apart what that sibling's own row
+    pulls together (the sibling is also a training row).
+    """
+    row_groups = row_groups.to(dtype=torch.long)
+    rows = row_groups.shape[0]
+    if queue_logits is not None and queue_same is not None and queue_logits.shape[1] > 0 and bool(queue_same.any()):
+        views = queue_logits.shape[0] // rows
+        queue_logits.view(views, rows, -1).masked_fill_(queue_same.to(queue_logits.device)[None], MASKED_LOGIT)
+    if batch_logits is not None:
+        same = (row_groups[:, None] == row_groups[None, :]) & (row_groups[:, None] >= 0)
+        same.fill_diagonal_(False)
+        if bool(same.any()):
+            views = batch_logits.shape[0] // rows
+            batch_logits.view(views, rows, rows).masked_fill_(same.to(batch_logits.device)[None], MASKED_LOGIT)
 
 
 class Workspace:

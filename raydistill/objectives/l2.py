@@ -2,7 +2,7 @@
 
 The classic embedding-distillation baseline (e.g. Reimers & Gurevych, "Making Monolingual Sentence Embeddings
 Multilingual using Knowledge Distillation", EMNLP 2020, arXiv:2004.09813: MSE between student and teacher
-vectors); DistilCSE's ``--mse 1`` adds the same term to CKD (methods.md §3.2).
+vectors); DistilCSE's ``--mse 1`` adds the same term to CKD (docs/methods.md, DistilCSE).
 """
 
 from __future__ import annotations

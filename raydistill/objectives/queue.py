@@ -17,9 +17,18 @@ permutation of the candidates, as long as teacher and student logits use the sam
 Where the current batch sits among the candidates — appended last (ConGen, SCT: ``concat(queue, batch)``) or
 first (CKD: ``concat(batch, queue)``) — likewise changes nothing but the index of the positive. The losses
 therefore score the queue and the current batch as two column blocks (``functional.soft_cross_entropy``) and
-never build the concatenation. What the order DOES fix is which rows survive the update, and both of the
-authors' rules keep the newest K rows: ``concat(queue, batch)[B:]`` (append last, drop the oldest B) and
-``concat(batch, queue)[:K]`` (newest first, truncate) hold the same set. ``enqueue`` is that update.
+never build the concatenation. What the order DOES fix is which rows survive the update. Both of the authors'
+rules keep the newest rows: ``concat(batch, queue)[:K]`` (CKD: newest first, truncate) keeps the newest K for any
+K and B; ``concat(queue, batch)[B:]`` (ConGen, SCT: append last, drop the oldest B) keeps the queue's length, so
+it keeps the newest K only when the queue starts with exactly K rows (a random init, or ConGen's teacher init when
+its sample has no duplicate sentence: the authors' queue can then start longer than K and stays that long). The
+ring buffer keeps the newest K rows for any K and B, multiple of each other or not; tests/test_queue.py checks it
+against both rules step by step. ``enqueue`` is that update.
+
+Groups (``groups``, [K] int64, -1 = none): each row may carry the id of the group its sentence belongs to (the
+image of a Flickr30k caption, or the sentence itself). ``same_group(row_groups)`` tells, per query row, which
+queue rows share its group, so a loss can drop a sibling caption's teacher vector from the negatives of a row
+whose other view is that sibling (``functional.mask_same_group_``).
 
 The losses call ``enqueue`` after their logits are computed and before ``backward`` (as the authors do), so the
 current batch is never a candidate twice. The write itself is deferred to the next read of the queue (the next
@@ -48,9 +57,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-__all__ = ["QUEUE_INITS", "InstanceQueue"]
+__all__ = ["QUEUE_INITS", "NO_GROUP", "InstanceQueue"]
 
-QUEUE_INITS = ("empty", "random")
+# "teacher": starts empty; the runtime fills it with teacher vectors of sampled training sentences (``init_from``)
+# before the first step, as ConGen's authors initialise their queue.
+QUEUE_INITS = ("empty", "random", "teacher")
+NO_GROUP = -1
 
 
 class InstanceQueue(nn.Module):
@@ -59,9 +71,9 @@ class InstanceQueue(nn.Module):
     Args:
         size: K, the number of rows kept.
         dim: d.
-        init: ``"empty"`` (no rows; CKD's queue starts empty and grows) or ``"random"`` (K random unit vectors,
-            as SCT's ``randn(K, d)`` normalised; full from the first step). ``init_from`` replaces either with
-            real embeddings (ConGen's queue starts from teacher vectors of sampled training sentences).
+        init: ``"empty"`` (no rows; CKD's queue starts empty and grows), ``"random"`` (K random unit vectors,
+            as SCT's ``randn(K, d)`` normalised; full from the first step) or ``"teacher"`` (empty here, to be
+            filled by ``init_from`` with teacher vectors of sampled training sentences: ConGen's init).
         seed: seed of the ``"random"`` init, so that every copy of a queue (e.g. each learner's mirror of a
             shared queue) starts identical.
         dtype: storage dtype. Under CUDA autocast use torch.float16/bfloat16: ``scores`` runs outside autocast
@@ -78,7 +90,9 @@ class InstanceQueue(nn.Module):
         self.register_buffer("embeddings", torch.zeros(self.size, self.dim, dtype=dtype))
         self.register_buffer("pointer", torch.zeros((), dtype=torch.long))
         self.register_buffer("filled", torch.zeros((), dtype=torch.long))
-        self._pending_rows: Tensor | None = None  # normalised rows of the last enqueue, written at the next read
+        self.register_buffer("groups", torch.full((self.size,), NO_GROUP, dtype=torch.long))
+        self._pending_rows: Tensor | None = None
+        self._pending_groups: Tensor | None = None  # normalised rows of the last enqueue, written at the next read
         # dtype -> (copy of the buffer in that dtype, the buffer's _version the copy matches); see rows(dtype)
         self._copies: dict[torch.dtype, tuple[Tensor, int]] = {}
         if init == "random":
@@ -131,55 +145,67 @@ class InstanceQueue(nn.Module):
         buffer = self.flush()
         noise = torch.randn(self.size, self.dim, generator=generator, dtype=torch.float32)
         buffer.copy_(F.normalize(noise, dim=1))
+        self.groups.fill_(NO_GROUP)
         self.pointer.zero_()
         self.filled.fill_(self.size)
         return self
 
     @torch.no_grad()
-    def init_from(self, embeddings: Tensor) -> InstanceQueue:
+    def init_from(self, embeddings: Tensor, groups: Tensor | None = None) -> InstanceQueue:
         """Start from real vectors (e.g. teacher embeddings of K sampled training sentences), oldest first.
 
-        Fewer than K rows leave the queue partly filled (it grows from there); more keep the last K.
+        Fewer than K rows leave the queue partly filled (it grows from there); more keep the last K. ``groups``
+        [n]: their group ids (see ``enqueue``).
         """
         self.reset()
-        self.enqueue(embeddings)
+        self.enqueue(embeddings, groups)
         return self
 
     @torch.no_grad()
     def reset(self) -> InstanceQueue:
         """Empty the queue (the buffer keeps its storage)."""
         self.flush()
-        self._pending_rows = None
+        self._pending_rows = self._pending_groups = None
         self.embeddings.zero_()
+        self.groups.fill_(NO_GROUP)
         self.pointer.zero_()
         self.filled.zero_()
         return self
 
     @torch.no_grad()
-    def enqueue(self, batch: Tensor) -> None:
+    def enqueue(self, batch: Tensor, groups: Tensor | None = None) -> None:
         """Append ``batch`` [B, d] (L2-normalised here) as the newest rows, overwriting the oldest.
 
-        Takes effect at the next read (module docstring); the write is in place, at most two slice writes (when
-        the batch wraps past the end of the buffer); a batch larger than K keeps its last K rows. Never builds
-        a graph: the queue holds constants.
+        ``groups`` [B] int: the group id of each row's sentence (None: no group, -1). Takes effect at the next read
+        (module docstring); the write is in place, at most two slice writes (when the batch wraps past the end of
+        the buffer); a batch larger than K keeps its last K rows. Never builds a graph: the queue holds constants.
         """
         if batch.dim() != 2 or batch.shape[1] != self.dim:
             raise ValueError(f"InstanceQueue.enqueue: expected [B, {self.dim}], got {tuple(batch.shape)}")
+        if groups is not None and tuple(groups.shape) != (batch.shape[0],):
+            raise ValueError(f"InstanceQueue.enqueue: groups must be [{batch.shape[0]}], got {tuple(groups.shape)}")
         self.flush()
         buffer = self.embeddings
         rows = F.normalize(batch.detach().to(device=buffer.device, dtype=torch.float32), dim=1).to(buffer.dtype)
-        self._pending_rows = rows if rows.shape[0] > 0 else None
+        if rows.shape[0] == 0:
+            self._pending_rows = self._pending_groups = None
+            return
+        self._pending_rows = rows
+        self._pending_groups = (torch.full((rows.shape[0],), NO_GROUP, dtype=torch.long, device=buffer.device)
+                                if groups is None else groups.detach().to(device=buffer.device, dtype=torch.long))
 
     @torch.no_grad()
     def flush(self) -> Tensor:
         """Write the pending batch, if any; returns the buffer. Every read calls it first."""
         buffer = self.embeddings  # first: a subclass may turn remote updates into a pending batch here
         rows, self._pending_rows = self._pending_rows, None
+        groups, self._pending_groups = self._pending_groups, None
         if rows is None:
             return buffer
         n = rows.shape[0]
         if n >= self.size:
             buffer.copy_(rows[n - self.size:])
+            self.groups.copy_(groups[n - self.size:])
             self.pointer.zero_()
             self.filled.fill_(self.size)
             return buffer  # the copies are now stale (version check): rebuilt on their next use
@@ -187,6 +213,7 @@ class InstanceQueue(nn.Module):
         in_step = {dtype: copy for dtype, (copy, version) in self._copies.items() if version == buffer._version}
         for target in (buffer, *in_step.values()):
             self._write_ring(target, start, rows)
+        self._write_ring(self.groups, start, groups)
         for dtype, copy in in_step.items():  # the same rows written: still a copy of the buffer
             self._copies[dtype] = (copy, buffer._version)
         self.pointer.fill_((start + n) % self.size)
@@ -208,10 +235,25 @@ class InstanceQueue(nn.Module):
         super()._save_to_state_dict(destination, prefix, keep_vars)
 
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
-        self._pending_rows = None  # the loaded state replaces whatever was about to be written
+        self._pending_rows = self._pending_groups = None  # the loaded state replaces whatever was about to be written
+        if prefix + "groups" not in state_dict and prefix + "embeddings" in state_dict:
+            # a checkpoint from before rows carried groups: its rows have none
+            state_dict[prefix + "groups"] = torch.full((self.size,), NO_GROUP, dtype=torch.long)
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
     # ------------------------------------------------------------------------------------------------ reads
+
+    def row_groups(self) -> Tensor:
+        """Group ids of the filled rows in buffer order (the order of ``rows`` and ``scores``), [filled]."""
+        self.flush()
+        filled = int(self.filled)
+        groups = self.groups
+        return groups if filled == self.size else groups[:filled]
+
+    def same_group(self, query_groups: Tensor) -> Tensor:
+        """[B, filled] bool: queue row j holds a sentence of the same group as query row i (ids ≥ 0 only)."""
+        query_groups = query_groups.to(device=self.groups.device, dtype=torch.long)
+        return (query_groups[:, None] == self.row_groups()[None, :]) & (query_groups[:, None] >= 0)
 
     def scores(self, x: Tensor, dtype: torch.dtype | None = None, out: Tensor | None = None) -> Tensor:
         """``x · rowsᵀ`` in ONE matmul against the buffer: [B, d] → [B, filled] (buffer order), in the storage

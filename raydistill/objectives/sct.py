@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from raydistill.objectives.base import LossOutput, check_dim, check_same_rows, frozen, take, validate_temperature
-from raydistill.objectives.functional import query_soft_cross_entropy, softmax_blocks_
+from raydistill.objectives.functional import mask_same_group_, query_soft_cross_entropy, softmax_blocks_
 from raydistill.objectives.queue import InstanceQueue
 
 __all__ = ["SCT_OBJECTIVES", "SCTDistillLoss", "SCTLoss", "SCTProjector", "cross_view_kl"]
@@ -48,10 +48,12 @@ class SCTProjector(nn.Sequential):
 
 def cross_view_kl(online_a: Tensor, online_b: Tensor, reference_a: Tensor, reference_b: Tensor,
                   queue_a: InstanceQueue, queue_b: InstanceQueue, tau_teacher: float, tau_student: float,
-                  ) -> tuple[Tensor, Tensor]:
+                  groups: Tensor | None = None, mask_same_group: bool = True) -> tuple[Tensor, Tensor]:
     """(KL(p_A ‖ q_A), KL(p_B ‖ q_B)), each averaged over the batch (``KLDivLoss(reduction="batchmean")``), then
     enqueues r_A, r_B. ``online_*`` [B, d] with grad; ``reference_*`` [B, d], detached here. Inputs need not be
-    normalised."""
+    normalised. ``groups`` [B]: the rows' group ids, queued with them; with ``mask_same_group`` a row's same-group
+    candidates other than its positive leave both softmaxes (``functional.mask_same_group_``: a sibling caption
+    as the other view)."""
     terms = []
     for online, reference, queue in ((online_b, reference_a, queue_a), (online_a, reference_b, queue_b)):
         reference = F.normalize(frozen(reference).float(), dim=1)  # [B, d]
@@ -62,13 +64,15 @@ def cross_view_kl(online_a: Tensor, online_b: Tensor, reference_a: Tensor, refer
             # query_soft_cross_entropy (see functional.py).
             queries = torch.cat([reference / tau_teacher, student_queries])  # [2B, d]
             queue_logits, batch_logits = queue.scores(queries), queries @ reference.T  # [2B, K], [2B, B]
+            if groups is not None and mask_same_group:
+                mask_same_group_(queue_logits, batch_logits, queue.same_group(groups), groups)
             target_probs, neg_entropy = softmax_blocks_([queue_logits[:batch], batch_logits[:batch]],
                                                         with_neg_entropy=True)
         cross_entropy = query_soft_cross_entropy(student_queries, [queue.rows(), reference],
                                                  [queue_logits[batch:], batch_logits[batch:]], target_probs)  # [B]
         terms.append((cross_entropy + neg_entropy).mean())  # KL = CE − H(p)
-    queue_a.enqueue(reference_a.detach())
-    queue_b.enqueue(reference_b.detach())
+    queue_a.enqueue(reference_a.detach(), groups)
+    queue_b.enqueue(reference_b.detach(), groups)
     return terms[0], terms[1]
 
 
@@ -92,10 +96,13 @@ class SCTLoss(nn.Module):
     features:
         ``"online_a"``, ``"online_b"``        [B, d]  f(x_A), f(x_B) with grad (before the projector)
         ``"reference_a"``, ``"reference_b"``  [B, d]  f(x_A), f(x_B) under no_grad, dropout on (detached here)
+        ``"group"``                          [B]     optional group ids (``mask_same_group``)
     labels: unused.
     parts: ``kl_a`` (view B predicts A), ``kl_b`` (view A predicts B).
 
-    Deliberate deviations from the authors' code (../shared/notes/methods.md §1):
+    Deliberate deviations from the authors' code (docs/methods.md, SCT):
+    - Same-group candidates are masked when the features carry ``"group"`` (``mask_same_group``; see
+      ``ConGenLoss``: with a sibling caption as the other view, the sibling's own vector is a false negative).
     - Weights ½·KL + ½·KL (paper) by default; ``faithful=True`` sums them as the code does (2× gradient scale).
     - Queues are registered buffers (checkpointed, resumable), scored in place ([queue | batch] blocks).
 
@@ -111,8 +118,10 @@ class SCTLoss(nn.Module):
 
     def __init__(self, queue_size: int = 65536, tau_teacher: float = 0.02, tau_student: float = 0.03, dim: int = 768,
                  faithful: bool = False, projector_expansion: int = 10, projector_blocks: int = 3,
-                 queue: Sequence[InstanceQueue] | None = None, queue_init: str = "random", queue_seed: int = 0):
+                 queue: Sequence[InstanceQueue] | None = None, queue_init: str = "random", queue_seed: int = 0,
+                 mask_same_group: bool = True):
         super().__init__()
+        self.mask_same_group = bool(mask_same_group)
         self.tau_teacher = validate_temperature("SCTLoss", "tau_teacher", tau_teacher)
         self.tau_student = validate_temperature("SCTLoss", "tau_student", tau_student)
         self.faithful = bool(faithful)
@@ -129,7 +138,8 @@ class SCTLoss(nn.Module):
         check_dim("SCTLoss", self.dim, "", online_a=online_a, online_b=online_b, reference_a=reference_a,
                   reference_b=reference_b)
         kl_a, kl_b = cross_view_kl(self.projector(online_a), self.projector(online_b), reference_a, reference_b,
-                                   self.queue_a, self.queue_b, self.tau_teacher, self.tau_student)
+                                   self.queue_a, self.queue_b, self.tau_teacher, self.tau_student,
+                                   features.get("group"), self.mask_same_group)
         weight = 1.0 if self.faithful else 0.5
         loss = weight * (kl_a + kl_b)
         return LossOutput(loss, {"kl_a": float(kl_a.detach()), "kl_b": float(kl_b.detach())})
@@ -153,14 +163,22 @@ class SCTDistillLoss(nn.Module):
         ``"student_a"``, ``"student_b"``      [B, D]  student(x_A), student(x_B), with grad
         ``"teacher_a"``, ``"teacher_b"``      [B, D]  teacher vectors (detached here)
         ``"reference_a"``, ``"reference_b"``  [B, D]  only for "joint": the student again under no_grad, dropout on
+        ``"group"``                          [B]     optional group ids (``mask_same_group``, both terms)
     labels: unused.
     parts: ``cd_a``, ``cd_b`` and, for "joint", ``sct_a``, ``sct_b``.
 
     The student must output the teacher's dim D: a narrower encoder gets ``Linear(d_s → D) + tanh`` as part of
     the model (``BiEncoder.from_pretrained(path, projection_dim=D)``, saved with it, as the authors' Dense).
 
-    Deliberate deviations from the authors' code (../shared/notes/methods.md §1.4, §1.6):
-    - Default objective "joint" (paper) instead of "cd_only" (code).
+    Deliberate deviations from the authors' code (docs/methods.md, SCT):
+    - Default objective "joint" (paper) instead of "cd_only" (code). L_SCT has temperatures of its own,
+      ``sct_tau_teacher`` / ``sct_tau_student``, default 0.02 / 0.03 (``SCTLoss``'s, the paper's self-supervised
+      Small row), not L_CD's: the two terms are distributions over different vectors (the student's own references
+      vs the teacher's), and the paper tunes them separately.
+    - Teacher queues start from teacher vectors of sampled training sentences when the runtime's
+      ``queue_init="teacher"`` (its default for this method, as ConGen's authors do; SCT's authors start random).
+      L_SCT's own queues hold student vectors and start random.
+    - Same-group candidates are masked (``mask_same_group``, see ``ConGenLoss``).
     - ½·KL + ½·KL per term (paper) unless ``faithful=True`` (summed, as the code).
     - No unused projector is built for "cd_only" (the code builds three MLPs it never uses and optimises them).
 
@@ -168,16 +186,20 @@ class SCTDistillLoss(nn.Module):
         queue_size, tau_teacher, tau_student: K and τ of L_CD (README: Small 131072, 0.04 / 0.05).
         dim: D, the teacher dim.
         objective: "joint" or "cd_only".
-        sct_tau_teacher, sct_tau_student, sct_queue_size: L_SCT's (default: the L_CD values).
-        queue: optional (teacher_queue_a, teacher_queue_b); queues created here start "random" (authors).
+        sct_tau_teacher, sct_tau_student: L_SCT's τ (default 0.02 / 0.03). sct_queue_size: its K (default: K).
+        queue: optional (teacher_queue_a, teacher_queue_b); queue_init: how queues created here start ("random",
+            the authors'; "teacher": empty until the runtime fills them with teacher vectors).
+        mask_same_group: drop same-group candidates when the features carry ``"group"``.
     """
 
     def __init__(self, queue_size: int = 65536, tau_teacher: float = 0.04, tau_student: float = 0.05, dim: int = 768,
-                 objective: str = "joint", faithful: bool = False, sct_tau_teacher: float | None = None,
-                 sct_tau_student: float | None = None, sct_queue_size: int | None = None,
+                 objective: str = "joint", faithful: bool = False, sct_tau_teacher: float = 0.02,
+                 sct_tau_student: float = 0.03, sct_queue_size: int | None = None,
                  projector_expansion: int = 10, projector_blocks: int = 3,
-                 queue: Sequence[InstanceQueue] | None = None, queue_init: str = "random", queue_seed: int = 0):
+                 queue: Sequence[InstanceQueue] | None = None, queue_init: str = "random", queue_seed: int = 0,
+                 mask_same_group: bool = True):
         super().__init__()
+        self.mask_same_group = bool(mask_same_group)
         if objective not in SCT_OBJECTIVES:
             raise ValueError(f"SCTDistillLoss: objective must be one of {SCT_OBJECTIVES}, got {objective!r}")
         self.objective = objective
@@ -190,10 +212,11 @@ class SCTDistillLoss(nn.Module):
         if objective == "joint":
             self.self_supervised = SCTLoss(
                 queue_size=sct_queue_size or queue_size, dim=self.dim, faithful=faithful,
-                tau_teacher=sct_tau_teacher if sct_tau_teacher is not None else tau_teacher,
-                tau_student=sct_tau_student if sct_tau_student is not None else tau_student,
+                tau_teacher=sct_tau_teacher, tau_student=sct_tau_student,
                 projector_expansion=projector_expansion, projector_blocks=projector_blocks,
-                queue_init=queue_init, queue_seed=queue_seed + 2)
+                # its queues hold the student's own vectors: a teacher init does not apply to them
+                queue_init="random" if queue_init == "teacher" else queue_init, queue_seed=queue_seed + 2,
+                mask_same_group=mask_same_group)
 
     def forward(self, features: dict[str, Tensor], labels: Tensor | None = None) -> LossOutput:
         owner = "SCTDistillLoss"
@@ -209,11 +232,12 @@ class SCTDistillLoss(nn.Module):
                 raise KeyError(f"{owner}: objective='joint' needs 'reference_a' and 'reference_b' (the student run "
                                "again under no_grad with dropout on); pass them, or use objective='cd_only'")
             sct = self.self_supervised({"online_a": student_a, "online_b": student_b,
-                                        "reference_a": features["reference_a"], "reference_b": features["reference_b"]})
+                                        "reference_a": features["reference_a"], "reference_b": features["reference_b"],
+                                        **({"group": features["group"]} if "group" in features else {})})
             loss = loss + sct.loss
             parts.update({f"sct_{k[-1]}": v for k, v in sct.parts.items()})
         cd_a, cd_b = cross_view_kl(student_a, student_b, teacher_a, teacher_b, self.queue_a, self.queue_b,
-                                   self.tau_teacher, self.tau_student)
+                                   self.tau_teacher, self.tau_student, features.get("group"), self.mask_same_group)
         weight = 1.0 if self.faithful else 0.5
         loss = loss + weight * (cd_a + cd_b)
         parts.update({"cd_a": float(cd_a.detach()), "cd_b": float(cd_b.detach())})

@@ -1,7 +1,7 @@
 """Atomic, resumable training checkpoints.
 
 None of the authors' repositories can resume a run: SCT and ConGen keep their queues as plain attributes and save only
-the best model's weights, DistilCSE saves a bare state_dict (../shared/notes/methods.md §8.10). A crash after hours
+the best model's weights, DistilCSE saves a bare state_dict (docs/methods.md, what users do by hand). A crash after hours
 of CPU therefore meant starting over. Here a checkpoint holds everything the next step depends on:
 
     <run_dir>/checkpoints/step-0000200/

@@ -67,6 +67,11 @@ class RoleResources:
     num_gpus: float = 0
     threads: int = 1  # torch intra-op threads inside the actor; Ray gives fractional-CPU actors 1 thread otherwise
     batch_size: int = 128  # sentences per forward pass (teacher)
+    # Teacher only: padded tokens per forward (None: raydistill.runtime.teacher.DEFAULT_TEACHER_MAX_TOKENS), and
+    # "auto" | "fp32" | "bf16" ("auto": bf16 where the hardware multiplies bf16 natively, fp32 elsewhere). bf16
+    # vectors are cached apart from fp32 ones (teacher_identity).
+    max_tokens: int | None = None
+    precision: str = "auto"
 
 
 @dataclass
@@ -93,7 +98,9 @@ class ResourcesConfig:
 
 @dataclass
 class DataConfig:
-    corpus: str = "flickr"  # "flickr" | "nli" | "flickr+nli" | "file:<path>" (.txt, sentences .jsonl, pairs .jsonl)
+    # "flickr" | "nli" | "flickr+nli" | "mixed" | "file:<path>[#column]" (.txt, JSON Lines, CSV/TSV, Parquet, a
+    # Hugging Face datasets directory; sentences or pairs): raydistill.data.corpus, docs/data.md
+    corpus: str = "flickr"
     max_sentences: int | None = 20000
     # view name -> augmentation spec of raydistill.augment ("none" = the sentence itself, "caption" = another
     # caption of the same image, "delete:0.1", ...). Each view becomes a text_<view> column.
@@ -293,9 +300,11 @@ class JobConfig:
 
         d = self.data
         if d.corpus.startswith("file:"):
-            corpus_file = Path(d.corpus[len("file:"):]).expanduser()
-            if not corpus_file.is_file():
-                raise err("data.corpus", f"training file not found: {corpus_file}")
+            from raydistill.data.corpus import corpus_spec_problem
+
+            corpus_problem = corpus_spec_problem(d.corpus)
+            if corpus_problem:
+                raise err("data.corpus", corpus_problem)
         elif d.corpus not in _CORPORA:
             raise err("data.corpus", f"{d.corpus!r}{_suggest(d.corpus, _CORPORA)}; allowed: "
                                      f"{', '.join(_CORPORA)} or file:<path>")
@@ -344,6 +353,10 @@ class JobConfig:
             _positive(err, f"resources.{role}.threads", rr.threads)
         _positive(err, "resources.teacher.num_actors", r.teacher.num_actors)
         _positive(err, "resources.teacher.batch_size", r.teacher.batch_size)
+        _positive(err, "resources.teacher.max_tokens", r.teacher.max_tokens, allow_none=True)
+        if r.teacher.precision not in _TEACHER_PRECISIONS:
+            raise err("resources.teacher.precision",
+                      f"{r.teacher.precision!r} is not one of {', '.join(_TEACHER_PRECISIONS)}")
         if r.learner.num_learners < 0:
             raise err("resources.learner.num_learners", f"{r.learner.num_learners} must be >= 0 (0 = in the driver)")
         if r.data_max_cpus < 0.5:
@@ -382,9 +395,13 @@ class JobConfig:
         except DataError as exc:
             corpus = self.data.corpus
             if corpus.startswith("file:"):
-                corpus_path = Path(corpus[len("file:"):]).expanduser().resolve()
+                from raydistill.data.corpus import parse_corpus_spec
+
+                corpus_path = parse_corpus_spec(corpus).path.resolve()
                 if Path(exc.path).resolve().is_relative_to(corpus_path):
                     raise self._error("data.corpus", f"bad training data: {exc}") from exc
+            elif exc.path == corpus:  # a named corpus with nothing to train on (raydistill.data.corpus)
+                raise self._error("data.corpus", f"bad training data: {exc}") from exc
             override = os.environ.get(DATA_ENV)
             where = f" (${DATA_ENV}={override})" if override else ""
             raise ConfigError(f"a data set this job reads is bad{where}: {exc}") from exc
@@ -439,7 +456,8 @@ _POOLINGS = ("mean", "cls")
 # raydistill.models.bi_encoder.PROJECTION_INITS, + least_squares: fitted to the teacher's vectors before step 1
 _PROJECTION_INITS = ("default", "orthogonal", "least_squares")
 _PRECISIONS = ("fp32", "bf16")
-_CORPORA = ("flickr", "nli", "flickr+nli")
+_TEACHER_PRECISIONS = ("auto", "fp32", "bf16")  # raydistill.runtime.teacher.PRECISIONS
+_CORPORA = ("flickr", "nli", "flickr+nli", "mixed")  # raydistill.data.corpus.NAMED_CORPORA
 _MISSING = object()
 
 

@@ -286,6 +286,8 @@ def _evaluate_and_record(cfg, stages, stage_summaries, cache_info, history, mode
                       "are not counted (their wall time is training.teacher_pass_s)",
         "teacher_pass_s": first_data.get("seconds"),
     }
+    if "teacher_accuracy" in first_data:  # DvBERT: each trained teacher's held-out NLI accuracy
+        training["teacher_accuracy"] = first_data["teacher_accuracy"]
     record_fields = dict(
         kind="distill", method=cfg.method, model=cfg.student, encoder="bi", teacher=teacher_label(cfg),
         params_m=round(params_m, 3), scores={k: round(v, 2) for k, v in scores.items()},

@@ -3,7 +3,7 @@
 The teacher pass is the slow part of ConGen/SCT/CKD-style distillation (a large model over every training sentence)
 while its output never changes for a frozen teacher. The authors' code caches it under fixed file names, so a new
 teacher or data file silently reuses stale vectors (ConGen) or never hits at all (SCT);
-../shared/notes/methods.md §1.7, §4.6. Here the cache lives in ``<root>/<teacher identity>/`` (see
+docs/methods.md, ConGen and SCT. Here the cache lives in ``<root>/<teacher identity>/`` (see
 ``teacher.teacher_identity``), is keyed by a hash of the sentence, and grows by appending Parquet part files:
 
     <root>/<identity>/teacher.json                 what the identity stands for (model, pooling, max length)

@@ -1,20 +1,31 @@
-"""What the ``jobs/*.py`` scripts share: argument parsing for a distillation job and the user-facing error exit.
+"""The jobs: argument parsing, ``--help`` and the user-facing error exit, shared by ``jobs/*.py`` and ``raydistill run``.
 
 A job script stays a few lines (``distill_job_main("congen", __doc__)``); everything it needs to know lives in its
-config file. Errors the user can fix (a config field, a data file line, a model that is not installed, a checkpoint
-from another config) end the process with one message and exit status 2, never a traceback.
+config file, by default the one shipped in the package (``raydistill/configs/<job>.yaml``), so the same job runs
+from a checkout (``python jobs/congen.py``) and from an installed wheel (``raydistill run congen``). ``--help``
+lists every config field with its value in that default config and its meaning. Errors the user can fix (a config
+field, a data file line, a model that is not installed, a checkpoint from another config) end the process with one
+message and exit status 2, never a traceback.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 from typing import NoReturn
 
-__all__ = ["USER_ERRORS", "exit_with_user_error", "distill_job_main"]
+__all__ = ["USER_ERRORS", "JOBS", "exit_with_user_error", "distill_job_main", "tenc_job_main", "run_job"]
 
-PROJECT_ROOT = Path(__file__).resolve().parents[2]
+# Job name -> what it does (one line; ``raydistill --help`` and ``raydistill run --help`` print these). Each job's
+# default config is the shipped ``configs/<name>.yaml``.
+JOBS = {
+    "mutual_tenc": "Trans-Encoder self- or mutual distillation of bi- and cross-encoders (the main job)",
+    "congen": "ConGen: distil a teacher's similarity distribution over an instance queue into a student",
+    "sct": "SCT: self-supervised contrastive tension, or distillation with sct-distill.yaml",
+    "distilcse": "DistilCSE: CKD distillation on unlabeled text, then supervised SimCSE on NLI triplets",
+    "dvbert": "DvBERT: NLI cross-encoder teachers, a teacher-annealed siamese student, then STS-B",
+    "simcse": "unsupervised SimCSE: the no-teacher baseline every distilled student must beat",
+}
 
 
 def _user_errors() -> tuple[type[BaseException], ...]:
@@ -38,23 +49,108 @@ def exit_with_user_error(exc: BaseException) -> NoReturn:
     sys.exit(2)
 
 
-def distill_job_main(method: str, doc: str | None, argv: list[str] | None = None) -> dict:
+class _FieldsHelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """Keeps the epilog's one-field-per-line layout."""
+
+
+def _shipped_for(job: str) -> list[str]:
+    """The shipped configs a job can run: its own and its variants (congen-gpu, sct-distill, self_tenc, ...)."""
+    from raydistill.shipped import shipped_config_names
+
+    stems = {"mutual_tenc": ("mutual_tenc", "self_tenc")}.get(job, (job,))
+    return [name for name in shipped_config_names() if name.startswith(stems)]
+
+
+def _job_parser(job: str, doc: str | None, prog: str | None, config_cls: type) -> argparse.ArgumentParser:
+    """The options every job shares; ``--help`` ends with the config fields of the default config."""
+    from raydistill.runtime.config_help import config_fields_help
+    from raydistill.shipped import shipped_config
+
+    default = shipped_config(job)
+    try:
+        values = config_cls.from_yaml(default).to_dict()
+    except Exception:  # noqa: BLE001 - a broken default config must still leave --help readable
+        values = {}
+    usage = "\n".join(line for line in (doc or "").strip().splitlines()[1:]).strip()
+    epilog = (f"{usage}\n\n" if usage else "") + (
+        f"config fields (value in the default config, {default.name}; override any with --set KEY=VALUE):\n"
+        + config_fields_help(config_cls, values))
+    parser = argparse.ArgumentParser(prog=prog, description=JOBS.get(job) or (doc or job).strip().splitlines()[0],
+                                     epilog=epilog, formatter_class=_FieldsHelpFormatter)
+    parser.add_argument("--config", default=str(default), metavar="FILE|NAME",
+                        help=f"a YAML job config, or the name of a shipped one ({', '.join(_shipped_for(job))}); "
+                             f"default: the shipped {default.name}")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                        help=f"any config field below, e.g. --set {'cross.lr=3e-5' if job == 'mutual_tenc' else 'train.lr=1e-4'}"
+                             " (repeatable)")
+    return parser
+
+
+def distill_job_main(method: str, doc: str | None, argv: list[str] | None = None, prog: str | None = None) -> dict:
     """``python jobs/<method>.py [--config FILE] [--set key=value ...] [--run-dir DIR] [--results-dir DIR]``."""
     from raydistill.runtime.config import JobConfig
     from raydistill.runtime.distill import run_distillation
+    from raydistill.shipped import resolve_config
 
-    parser = argparse.ArgumentParser(description=(doc or method).strip().splitlines()[0])
-    parser.add_argument("--config", default=str(PROJECT_ROOT / "configs" / f"{method}.yaml"))
-    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                        help="any config field, e.g. --set train.lr=1e-4 (repeatable)")
+    parser = _job_parser(method, doc, prog, JobConfig)
     parser.add_argument("--run-dir", help="checkpoints and best model (a re-run with the same dir resumes)")
     parser.add_argument("--results-dir", default="results", help="where <method>-<student>-<teacher>.json goes")
     args = parser.parse_args(argv)
     overrides = args.overrides + ([f"run_dir={args.run_dir}"] if args.run_dir else [])
     try:
-        cfg = JobConfig.from_yaml(args.config, overrides)
+        cfg = JobConfig.from_yaml(resolve_config(args.config), overrides)
         record = run_distillation(cfg, results_dir=args.results_dir)
     except USER_ERRORS as exc:
         exit_with_user_error(exc)
     print(record["result_path"])
     return record
+
+
+def _max_length_overrides(text: str) -> list[str]:
+    """``32`` -> bi 32, cross 64 (a pair is two sentences); ``32,80`` -> bi 32, cross 80."""
+    parts = [p for p in text.split(",") if p.strip()]
+    try:
+        lengths = [int(p) for p in parts]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--max-length: expected N or BI,CROSS, got {text!r}") from None
+    if len(lengths) not in (1, 2) or min(lengths) <= 0:
+        raise argparse.ArgumentTypeError(f"--max-length: expected N or BI,CROSS (positive), got {text!r}")
+    bi, cross = (lengths[0], 2 * lengths[0]) if len(lengths) == 1 else lengths
+    return [f"bi.max_length={bi}", f"cross.max_length={cross}"]
+
+
+def tenc_job_main(doc: str | None, argv: list[str] | None = None, prog: str | None = None) -> dict:
+    """``python jobs/mutual_tenc.py [--config FILE] [--set key=value ...] [--mode] [--pairs N] [--cycles N] ...``."""
+    from raydistill.runtime.tenc import TencConfig, run_trans_encoder
+    from raydistill.shipped import resolve_config
+
+    parser = _job_parser("mutual_tenc", doc, prog, TencConfig)
+    parser.add_argument("--mode", choices=("mutual", "self"), help="average the families' labels, or each its own")
+    parser.add_argument("--pairs", type=int, metavar="N", help="seeded subsample of N unlabeled pairs")
+    parser.add_argument("--cycles", type=int, metavar="N", help="bi->cross->bi cycles")
+    parser.add_argument("--max-length", type=_max_length_overrides, metavar="N|BI,CROSS",
+                        help="token limit of the bi-encoder (cross-encoder: twice that, or give both)")
+    parser.add_argument("--init", choices=("refresh", "sequential"), help="start each stage from the original "
+                        "checkpoint (refresh) or from the previous stage's weights (sequential)")
+    parser.add_argument("--run-dir", help="labels, models and state (a re-run with the same dir resumes)")
+    args = parser.parse_args(argv)
+
+    overrides = list(args.overrides)
+    for key, value in (("mode", args.mode), ("pairs.max_pairs", args.pairs), ("cycles", args.cycles),
+                       ("init", args.init), ("run_dir", args.run_dir)):
+        if value is not None:
+            overrides.append(f"{key}={value}")
+    overrides += args.max_length or []
+    try:
+        summary = run_trans_encoder(TencConfig.from_yaml(resolve_config(args.config), overrides))
+    except USER_ERRORS as exc:
+        exit_with_user_error(exc)
+    print(summary.get("results_dir") or summary["run_dir"])
+    return summary
+
+
+def run_job(job: str, argv: list[str] | None = None, prog: str | None = None) -> dict:
+    """Run one of ``JOBS`` with its command-line arguments (``raydistill run <job> ...``)."""
+    if job == "mutual_tenc":
+        return tenc_job_main(None, argv, prog)
+    return distill_job_main(job, None, argv, prog)

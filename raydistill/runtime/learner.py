@@ -6,7 +6,7 @@ process; ``LearnerActor`` is the same class behind ``ray.remote`` with resources
 ``LearnerGroup``.
 
 What one optimiser step does (the fork of sentence-transformers' ``fit`` that SCT and ConGen share,
-../shared/notes/methods.md §1.5, §4.5):
+docs/methods.md, ConGen and SCT):
 
     features, labels = method.batch_to_features(ctx, batch)     # student forward passes (+ teacher vectors)
     loss = loss_module(features, labels).loss                   # queue updates happen inside, before backward
@@ -16,7 +16,7 @@ Optimiser: ``torch.optim.AdamW`` with weight decay 0.01 on every weight matrix a
 and scalars (the learnable temperature), eps 1e-6. The authors use ``transformers.AdamW(correct_bias=False)``, which
 recent transformers removed and ``torch.optim.AdamW`` cannot reproduce: torch always bias-corrects the moment
 estimates, so the first few hundred updates are somewhat larger than the authors' (their un-corrected second
-moment starts near 0 and is divided out un-rescaled). This is a known, documented deviation (methods.md §1.7).
+moment starts near 0 and is divided out un-rescaled). This is a known, documented deviation (docs/methods.md, SCT).
 
 Schedule: linear warm-up over ``warmup_ratio`` of the *total* steps, then linear decay to 0 at the nominal end;
 early stopping does not shorten the schedule (as in the authors' fit loop).
@@ -291,6 +291,32 @@ class DistillLearner:
             row["batch_crc32"] = zlib.crc32(np.ascontiguousarray(batch["idx"], dtype=np.int64).tobytes())
         self.history.append(row)
         return metrics
+
+    def teacher_queues(self) -> list:
+        """The loss's queues of teacher vectors (ConGen, CKD: ``queue``; SCT-distillation: ``queue_a``, ``queue_b``)."""
+        if not self.spec.shared_queues:
+            return []
+        names = ("queue",) if self.spec.shared_queues == 1 else ("queue_a", "queue_b")
+        return [getattr(self.loss_module, name) for name in names if getattr(self.loss_module, name, None) is not None]
+
+    def fill_teacher_queues(self, blocks: list[tuple[np.ndarray, np.ndarray]]) -> list[int]:
+        """Start each teacher queue from ``(vectors [n, D], groups [n])`` (``queue_init: teacher``); rows filled.
+
+        Called on one learner: with a shared queue its ``init_from`` reaches the queue actor, and the other learners
+        take the rows at their next ``sync_queues``.
+        """
+        filled = []
+        for queue, (vectors, groups) in zip(self.teacher_queues(), blocks):
+            queue.init_from(torch.tensor(np.asarray(vectors, dtype=np.float32), device=self.device),
+                            torch.tensor(np.asarray(groups, dtype=np.int64), device=self.device))
+            filled.append(len(queue))
+        return filled
+
+    def sync_queues(self) -> None:
+        """Bring every shared-queue mirror up to the queue actor's content (after another learner changed it)."""
+        for queue in self.teacher_queues():
+            if hasattr(queue, "sync"):
+                queue.sync()
 
     def fit_projection(self, texts: list[str], teacher_vectors: np.ndarray) -> float | None:
         """Least-squares fit of the student's new projection to the teacher's vectors of ``texts`` (the

@@ -276,7 +276,26 @@ class LearnerGroup:
         position, resumed_from = self._resume()
         if resumed_from is None:
             self._fit_projection(data)
+            self._fill_teacher_queues(data)
         return position, resumed_from
+
+    def _fill_teacher_queues(self, data) -> None:
+        """``loss.queue_init: teacher``: each teacher queue starts from the cached teacher vectors (no extra teacher
+        pass) of min(K, rows) training sentences drawn with the job seed, with their group ids, as ConGen's authors
+        start theirs. Queue i of the loss takes the i-th teacher view (SCT-distillation: views a, b)."""
+        kwargs = self.spec.loss_kwargs(self.cfg)
+        if kwargs.get("queue_init") != "teacher" or not self.spec.shared_queues:
+            return
+        columns = data.columns()
+        views = self.spec.teacher_views_of(self.cfg)[:self.spec.shared_queues]
+        size = int(kwargs["queue_size"])
+        rows = np.sort(np.random.default_rng([self.cfg.seed, 16349]).permutation(data.num_rows)[:size])
+        groups = columns["group"][rows] if "group" in columns else np.full(len(rows), -1, dtype=np.int64)
+        blocks = [(np.asarray(np.stack(columns[f"teacher_{view}"][rows]), dtype=np.float32), groups) for view in views]
+        filled = self._learners.call_rank0("fill_teacher_queues", blocks)
+        self._learners.call_all("sync_queues")
+        print(f"[{self.name}] queue_init teacher: {len(views)} queue(s) of K={size} start from the teacher vectors of "
+              f"{len(rows)} training sentences ({', '.join(views)} view); rows filled {filled}", flush=True)
 
     def _fit_projection(self, data, max_rows: int = 4096) -> None:
         """``student_projection_init: least_squares``: every learner fits its new projection to the same teacher

@@ -6,21 +6,26 @@ A ``MethodSpec`` is the glue between the data pipeline (``TrainingData.iter_batc
     features, labels = spec.batch_to_features(ctx, batch)   # student forward passes (+ frozen teacher vectors)
     output = loss_module(features, labels)                  # LossOutput(loss, parts)
 
-Defaults follow the authors' code (../shared/notes/methods.md); every one can be overridden in ``loss:``.
+Defaults follow the authors' code (docs/methods.md says where and why they differ); every one can be overridden in
+``loss:``.
 
 | method | student sees | teacher sees | loss | default loss |
 |---|---|---|---|---|
-| congen | control + generalize view | control view (cached) | soft CE over queue+batch, ½ con + ½ gen | K 16384, τ_t .05, τ_s .07 (MiniLM-L3 row of Table 7) |
+| congen | control + generalize view | control view (cached) | soft CE over queue+batch, ½ con + ½ gen | K 16384, τ_t .05, τ_s .07 (MiniLM-L3 row of Table 7), queue from teacher vectors |
 | sct | views a, b (+ a no-grad reference pass, dropout on) | — | cross-view KL over queue+batch | K 65536, τ_t .02, τ_s .03 (Small row) |
-| sct-distill | views a, b | views a, b (cached) | cross-view KL, no projector | K 65536, τ_t .04, τ_s .05 |
-| ckd | view a | view a (cached) | InfoNCE vs teacher vectors + queue, learnable scale | K 65536, scale e^1 |
+| sct-distill | views a, b | views a, b (cached) | cross-view KL (+ L_SCT, own τ .02/.03) | K 65536, τ_t .04, τ_s .05, queues from teacher vectors |
+| ckd | view a | view a (cached) | InfoNCE vs teacher vectors + queue, learnable scale | K 65536, scale e (τ = e^-1), empty queue |
 | distilcse | ckd, then supervised SimCSE on NLI triplets | | | stage 2: τ .05, lr 5e-5 |
 | dvbert | NLI pairs (siamese), then STS-B train | K fine-tuned NLI cross-encoders | teacher-annealed CE, then cosine MSE | |
 | l2 | view a | view a (cached) | MSE to the teacher vector | |
 | simcse | view a twice (two dropout masks) | — | InfoNCE, τ .05 | |
 
 Projection (ConGen, SCT-distill, CKD, L2): when the student's width differs from the teacher's, the student gets
-``Linear(d_s → d_t) + tanh`` as a sentence-transformers Dense module, saved with the model (methods.md §4.2, §1.4).
+``Linear(d_s → d_t)`` as a sentence-transformers Dense module, saved with the model: with tanh as ConGen's and
+SCT's authors' Dense, without an activation for CKD (the authors' plain Linear).
+
+Queue losses read the training data's ``group`` column: rows of one caption group (one image) are not each other's
+negatives (a sibling caption can be the other view), and a row's own queued copy is not its negative either.
 """
 
 from __future__ import annotations
@@ -112,6 +117,8 @@ class MethodSpec:
     loss_dim: str | None = None  # "teacher" | "student": what the loss's ``dim`` argument is
     validator: Callable[[JobConfig], Any] | None = None  # filled in below; registered with config.register_validator
     project_to_teacher: bool = False
+    # Activation after the student's Linear(d_s → d_t): tanh as ConGen's and SCT's Dense; CKD's is a plain Linear.
+    projection_activation: str = "tanh"
     student_sentences_per_row: int = 1
     optimizer: dict[str, Any] = field(default_factory=lambda: {"eps": 1e-6})
     # Queues of *teacher* vectors the loss keeps (1: ``queue``, 2: ``queue=(queue_a, queue_b)``) and how they start;
@@ -145,7 +152,8 @@ class MethodSpec:
         student = BiEncoder.from_pretrained(source, pooling=cfg.student_pooling, max_length=cfg.data.max_length)
         if self.project_to_teacher and teacher_dim is not None and student.dim != teacher_dim:
             student = BiEncoder.from_pretrained(source, pooling=cfg.student_pooling, max_length=cfg.data.max_length,
-                                                projection_dim=int(teacher_dim), projection_activation="tanh",
+                                                projection_dim=int(teacher_dim),
+                                                projection_activation=self.projection_activation,
                                                 projection_init=_CONSTRUCTED_INIT.get(cfg.student_projection_init,
                                                                                       cfg.student_projection_init))
         return student
@@ -216,23 +224,32 @@ def _teacher(ctx: StepContext, batch, view: str) -> Tensor:
                       else batch[f"teacher_{view}"])
 
 
+def _with_groups(ctx: StepContext, batch, features: dict[str, Tensor]) -> dict[str, Tensor]:
+    """Adds the rows' group ids [B] (``group`` column of the training data, e.g. a caption's image) for the queue
+    losses' same-group mask."""
+    if "group" in batch:
+        features["group"] = ctx.tensor(batch["group"], dtype=torch.long)
+    return features
+
+
 def congen_features(ctx: StepContext, batch) -> Features:
-    """ConGen: the teacher saw only the control view; the student embeds both views (methods.md §4.4)."""
+    """ConGen: the teacher saw only the control view; the student embeds both views (docs/methods.md, ConGen)."""
     control, generalize = ctx.encode_views(batch["text_control"], batch["text_generalize"])  # [B, D_t] each
-    return {
+    return _with_groups(ctx, batch, {
         "teacher": _teacher(ctx, batch, "control"),  # [B, D_t], L2-normalised, frozen
         "student_control": control,
         "student_generalize": generalize,
-    }, None
+    }), None
 
 
 def sct_features(ctx: StepContext, batch) -> Features:
     """SCT self-supervised: online passes with grad; the reference is the *same* model again under no_grad,
-    still in train mode, so it draws a fresh dropout mask (methods.md §1.2; eval mode would change the method)."""
+    still in train mode, so it draws a fresh dropout mask (docs/methods.md, SCT; eval mode would change the method)."""
     online_a, online_b = ctx.encode_views(batch["text_a"], batch["text_b"])  # [B, d] each
     with torch.no_grad():
         reference_a, reference_b = ctx.encode_views(batch["text_a"], batch["text_b"])  # other dropout masks
-    return {"online_a": online_a, "online_b": online_b, "reference_a": reference_a, "reference_b": reference_b}, None
+    return _with_groups(ctx, batch, {"online_a": online_a, "online_b": online_b, "reference_a": reference_a,
+                                     "reference_b": reference_b}), None
 
 
 def sct_distill_features(ctx: StepContext, batch) -> Features:
@@ -244,12 +261,12 @@ def sct_distill_features(ctx: StepContext, batch) -> Features:
     if getattr(ctx.loss, "self_supervised", None) is not None:
         with torch.no_grad():
             features["reference_a"], features["reference_b"] = ctx.encode_views(batch["text_a"], batch["text_b"])
-    return features, None
+    return _with_groups(ctx, batch, features), None
 
 
 def single_view_features(ctx: StepContext, batch) -> Features:
-    """CKD / L2: the same sentence for teacher and student (methods.md §3.1)."""
-    return {"student": ctx.encode(batch["text_a"]), "teacher": _teacher(ctx, batch, "a")}, None
+    """CKD / L2: the same sentence for teacher and student (docs/methods.md, DistilCSE)."""
+    return _with_groups(ctx, batch, {"student": ctx.encode(batch["text_a"]), "teacher": _teacher(ctx, batch, "a")}), None
 
 
 def simcse_features(ctx: StepContext, batch) -> Features:
@@ -318,18 +335,29 @@ def _stsb_train_data(cfg: JobConfig, run_dir: Path):
 
 
 def _dvbert_data(cfg: JobConfig, run_dir: Path):
-    """Fine-tune (or reuse) the K NLI cross-encoder teachers, precompute their mean soft labels, return the pairs."""
+    """Fine-tune (or reuse) the K NLI cross-encoder teachers in folds, refuse any below
+    ``extra.teacher_training.min_accuracy``, and return the student's pairs with the teachers' mean out-of-fold
+    class distribution (every pair labelled only by fold models that never trained on it).
+
+    The teachers use every labelled pair shipped (or ``teacher_training.max_pairs``); the student a seeded subset
+    of ``data.max_sentences`` of those pairs when set, as each pair has its out-of-fold labels either way."""
     from raydistill.runtime import dvbert_teachers as dv
     from raydistill.runtime.learner_group import ArrayData
 
     training = dv.TeacherTraining.from_dict({"seed": cfg.seed, **(cfg.extra.get("teacher_training") or {})})
-    columns = dv.nli_pairs(cfg.data.max_sentences, cfg.seed)
+    columns = dv.nli_pairs(training.max_pairs, training.seed)
     teachers = list(cfg.extra.get("teachers") or DVBERT_TEACHERS)
     infos = dv.ensure_nli_teachers(teachers, columns, training, cfg.resources.teacher)
-    soft, stats = dv.teacher_soft_labels(infos, columns, training.max_length, cfg.resources.teacher)
+    dv.check_teacher_accuracy(infos, training.min_accuracy)  # before the student spends a step on them
+    soft, stats = dv.out_of_fold_soft_labels(infos, columns["label"])
     columns["teacher_probs"] = soft
-    cache_stats = {"dvbert_teachers": [{k: info.get(k) for k in ("model", "dir", "heldout_accuracy", "cached",
-                                                                  "seconds")} for info in infos], **stats}
+    num_pairs = len(columns["label"])
+    if cfg.data.max_sentences is not None and cfg.data.max_sentences < num_pairs:
+        keep = np.sort(np.random.default_rng(cfg.seed).choice(num_pairs, size=cfg.data.max_sentences, replace=False))
+        columns = {name: values[keep] for name, values in columns.items()}
+    cache_stats = {"dvbert_teachers": [{k: info.get(k) for k in ("model", "dir", "heldout_accuracy", "fold_accuracy",
+                                                                  "cached", "seconds")} for info in infos],
+                   "teacher_pairs": num_pairs, **stats}
     return ArrayData(columns, seed=cfg.seed, shuffle=cfg.data.shuffle, cache_stats=cache_stats)
 
 
@@ -399,6 +427,22 @@ def _make_validator(name: str):
             if (key.startswith("tau") or key.startswith("temperature")) and not (
                     isinstance(value, (int, float)) and value > 0):
                 raise cfg._error(f"loss.{key}", f"must be a number > 0, got {value!r}")
+        if "learnable_temperature" in effective and "temperature" in effective:
+            from raydistill.objectives import LearnableScale
+
+            bounds = {k: effective[k] for k in ("min_scale", "max_scale") if k in effective}
+            try:
+                LearnableScale(float(effective["temperature"]), bool(effective["learnable_temperature"]), **bounds)
+            except ValueError as exc:
+                raise cfg._error("loss.temperature", str(exc)) from None
+        if effective.get("queue_init") is not None:
+            from raydistill.objectives.queue import QUEUE_INITS
+
+            if effective["queue_init"] not in QUEUE_INITS:
+                raise cfg._error("loss.queue_init", f"{effective['queue_init']!r}; allowed: {', '.join(QUEUE_INITS)}")
+            if effective["queue_init"] == "teacher" and not spec.shared_queues:
+                raise cfg._error("loss.queue_init", f"'teacher' fills queues of teacher vectors; the {name} loss keeps "
+                                                    "none (use random or empty)")
         if name == "dvbert":
             teachers = cfg.extra.get("teachers", list(DVBERT_TEACHERS))
             if not isinstance(teachers, list) or not teachers:
@@ -406,6 +450,9 @@ def _make_validator(name: str):
                                                    "[minilm-l6, bert-small]")
             for i, teacher in enumerate(teachers):
                 cfg._check_model(f"extra.teachers[{i}]", teacher)
+            if len(set(teachers)) != len(teachers):
+                raise cfg._error("extra.teachers", f"lists a teacher twice ({teachers}): identical teachers share "
+                                                   "one cache entry and add no second view")
             try:
                 from raydistill.runtime.dvbert_teachers import TeacherTraining
 
@@ -434,7 +481,8 @@ _CONGEN = MethodSpec(
     views={"control": "none", "generalize": "caption"},
     teacher_views=("control",),
     needs_teacher=True,
-    default_loss={"queue_size": 16384, "tau_teacher": 0.05, "tau_student": 0.07},
+    # queue_init teacher: the authors' init (teacher vectors of sampled training sentences; paper: random is worse).
+    default_loss={"queue_size": 16384, "tau_teacher": 0.05, "tau_student": 0.07, "queue_init": "teacher"},
     loss_class="ConGenLoss",
     loss_dim="teacher",
     batch_to_features=congen_features,
@@ -463,7 +511,8 @@ _SCT_DISTILL = MethodSpec(
     teacher_views=("a", "b"),
     needs_teacher=True,
     # objective "joint" = the paper's L_SCT + L_CD (the authors' script trains L_CD only: objective "cd_only").
-    default_loss={"queue_size": 65536, "tau_teacher": 0.04, "tau_student": 0.05, "objective": "joint"},
+    default_loss={"queue_size": 65536, "tau_teacher": 0.04, "tau_student": 0.05, "objective": "joint",
+                  "queue_init": "teacher"},
     loss_class="SCTDistillLoss",
     loss_dim="teacher",
     batch_to_features=sct_distill_features,
@@ -488,6 +537,7 @@ _CKD = MethodSpec(
     optimizer={"eps": 1e-8, "betas": (0.9, 0.98)},
     shared_queues=1,
     queue_init="empty",
+    projection_activation="identity",  # the authors' Linear(768 → 1024), no activation
 )
 
 _SIMCSE_SUP = MethodSpec(

@@ -35,13 +35,11 @@ same rule).
 
 from __future__ import annotations
 
-import functools
 import logging
 import math
 import re
 import zlib
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Iterator
 
 import numpy as np
@@ -77,6 +75,9 @@ class _Corpus:
     texts: list[str]  # the base sentence of each row
     groups: list[tuple[str, ...]]  # texts that describe the same thing as texts[i] (captions of one image, a pair)
     is_pairs: bool = False
+    # Per row, the id of its caption group (the image) or -1; rows of one group are siblings: a ``caption`` view
+    # shows one of them, and the queue losses mask their teacher vectors from each other's negatives.
+    caption_groups: list[int] = field(default_factory=list)
     stats: dict[str, int] = field(default_factory=dict)  # what reading the file dropped (blank lines, duplicates)
 
 
@@ -88,54 +89,31 @@ def view_seed(seed: int, view: str) -> int:
 def _read_corpus(corpus: str) -> _Corpus:
     from raydistill.data import load_dataset
 
-    if corpus.startswith("file:"):
-        path = Path(corpus[len("file:"):]).expanduser().resolve()
-        stat = path.stat() if path.is_file() else None
-        # Cached per file version: JobConfig.validate reads the file once up front, the pipeline reuses it.
-        return _read_corpus_file(str(path), stat.st_size if stat else -1, stat.st_mtime_ns if stat else -1)
+    if corpus.startswith("file:") or corpus == "mixed":
+        from raydistill.data.corpus import read_corpus
+
+        # A Corpus has _Corpus's fields (plus per-row sources); cached per file version, so JobConfig.validate
+        # reads it once up front and the pipeline reuses it. Evaluation sentences are already removed.
+        return read_corpus(corpus)
     texts: list[str] = []
     groups: list[tuple[str, ...]] = []
+    caption_groups: list[int] = []
     for name in corpus.split("+"):
         if name == "flickr":
-            for group in load_dataset("flickr_captions"):
+            for image, group in enumerate(load_dataset("flickr_captions")):
                 for caption in group.captions:
                     texts.append(caption)
                     groups.append(group.captions)
+                    caption_groups.append(image)
         elif name == "nli":
             for dataset in ("snli_dev", "mnli_dev"):
                 for pair in load_dataset(dataset):
                     texts.extend([pair.sentence1, pair.sentence2])
                     groups.extend([(pair.sentence1,), (pair.sentence2,)])
+                    caption_groups.extend([-1, -1])
         else:
             raise ValueError(f"data.corpus: unknown source {name!r}; use flickr, nli, flickr+nli or file:<path>")
-    return _Corpus(texts, groups)
-
-
-@functools.lru_cache(maxsize=4)
-def _read_corpus_file(path_text: str, size: int, mtime_ns: int) -> _Corpus:
-    from raydistill.data import read_pairs, read_sentences
-
-    path = Path(path_text)
-    if _is_pairs_file(path):
-        pairs = read_pairs(path)
-        unique = list(dict.fromkeys((p.sentence1, p.sentence2) for p in pairs))
-        stats = {"blank_lines": pairs.ignored["blank_lines"], "duplicates_dropped": len(pairs) - len(unique)}
-        return _Corpus([first for first, _ in unique], unique, is_pairs=True, stats=stats)
-    sentences = read_sentences(path)
-    return _Corpus(list(sentences), [(s,) for s in sentences],
-                   stats={"blank_lines": sentences.ignored["blank_lines"]})
-
-
-def _is_pairs_file(path: Path) -> bool:
-    from raydistill.data import iter_records
-
-    if path.suffix.lower() == ".txt" or path.name.lower().endswith(".txt.gz"):
-        return False
-    for _, obj in iter_records(path):
-        if isinstance(obj, dict):
-            return ("sentence1" in obj and "sentence2" in obj) or ("premise" in obj and "hypothesis" in obj)
-        return False
-    return False
+    return _Corpus(texts, groups, caption_groups=caption_groups)
 
 
 def check_job_inputs(cfg: JobConfig) -> dict[str, Any]:
@@ -151,15 +129,34 @@ def check_job_inputs(cfg: JobConfig) -> dict[str, Any]:
     names: list[str] = list(_METHOD_SETS.get(cfg.method, ()))
     corpus_file = None
     if _reads_corpus(cfg.method):
-        if cfg.data.corpus.startswith("file:"):
-            corpus_file = str(Path(cfg.data.corpus[len("file:"):]).expanduser())
+        if cfg.data.corpus.startswith("file:") or cfg.data.corpus == "mixed":
+            if cfg.data.corpus.startswith("file:"):
+                from raydistill.data.corpus import parse_corpus_spec
+
+                corpus_file = str(parse_corpus_spec(cfg.data.corpus).path)
             _read_corpus(cfg.data.corpus)
         else:
             names += [name for source in cfg.data.corpus.split("+") for name in _SOURCE_SETS.get(source, ())]
     names += EVALUATION_SETS
     for name in dict.fromkeys(names):
         load_dataset(name)
+    if _reads_corpus(cfg.method):
+        caption_views = [view for view, spec in _effective_views(cfg).items() if spec == "caption"]
+        if caption_views and not has_caption_groups(cfg.data.corpus):
+            raise cfg._error(f"data.views.{caption_views[0]}",
+                             f"'caption' shows another caption of the same image, and corpus {cfg.data.corpus!r} has "
+                             "no caption groups: every view would be the sentence itself. Use a corpus with captions "
+                             "(flickr) or another view (e.g. delete:0.1, or pair with a pairs file)")
     return {"datasets": list(dict.fromkeys(names)), "corpus_file": corpus_file}
+
+
+def _effective_views(cfg: JobConfig) -> dict[str, str]:
+    """``data.views`` with the method's default views filled in (what the job will build)."""
+    try:
+        from raydistill.runtime.methods import with_method_defaults
+    except ImportError:  # pragma: no cover - methods.py is part of the package
+        return dict(cfg.data.views)
+    return dict(with_method_defaults(cfg).data.views)
 
 
 def _reads_corpus(method: str) -> bool:
@@ -197,6 +194,7 @@ def load_training_texts(data_cfg: DataConfig, seed: int, stats: dict[str, int] |
         keep = keep[np.sort(chosen)]
     texts = [corpus.texts[i] for i in keep]
     groups = [corpus.groups[i] for i in keep]
+    row_groups = _row_group_ids(corpus, keep)
     # Every distinct text a training row can show: the sentence and its caption / pair partners.
     _count_odd_texts(counts, dict.fromkeys(t for text, group in zip(texts, groups) for t in (text, *group)))
     counts["rows"] = len(texts)
@@ -207,7 +205,25 @@ def load_training_texts(data_cfg: DataConfig, seed: int, stats: dict[str, int] |
     columns: dict[str, list[str]] = {}
     for view, spec in data_cfg.views.items():
         columns[view] = _make_view(view, spec, texts, groups, corpus, seed)
-    return [{"idx": i, **{f"text_{view}": columns[view][i] for view in columns}} for i in range(len(texts))]
+    return [{"idx": i, "group": int(row_groups[i]), **{f"text_{view}": columns[view][i] for view in columns}}
+            for i in range(len(texts))]
+
+
+def _row_group_ids(corpus: _Corpus, keep: np.ndarray) -> np.ndarray:
+    """Group id of each kept row: its caption group (image) when it has one, else an id of its own.
+
+    Every row gets an id, so a queue loss can also keep a row's own teacher vector from an earlier pass out of its
+    negatives; siblings (captions of one image) share one.
+    """
+    caption = np.asarray(corpus.caption_groups if corpus.caption_groups else [-1] * len(corpus.texts),
+                         dtype=np.int64)[keep]
+    own = caption.max(initial=-1) + 1 + np.arange(len(keep), dtype=np.int64)
+    return np.where(caption >= 0, caption, own)
+
+
+def has_caption_groups(corpus: str) -> bool:
+    """Whether ``corpus`` has rows with sibling captions (what the ``caption`` view shows)."""
+    return any(group >= 0 for group in _read_corpus(corpus).caption_groups)
 
 
 def _count_odd_texts(counts: dict[str, int], texts) -> None:
@@ -236,6 +252,10 @@ def _make_view(view: str, spec: str, texts: list[str], groups: list[tuple[str, .
     if spec in _GROUP_SPECS:
         if spec == "pair" and not corpus.is_pairs:
             raise ValueError(f"data.views.{view}: 'pair' needs a pairs file (data.corpus: file:<pairs.jsonl>)")
+        if spec == "caption" and not any(g >= 0 for g in corpus.caption_groups):
+            raise ValueError(f"data.views.{view}: 'caption' shows another caption of the same image, and this "
+                             "corpus has no caption groups: every view would be the sentence itself. Use a "
+                             "corpus with captions (flickr) or another view (e.g. delete:0.1, pair)")
         rng = np.random.default_rng(view_seed(seed, view))
         out, alone = [], 0
         for text, group in zip(texts, groups):
@@ -261,7 +281,8 @@ def _make_view(view: str, spec: str, texts: list[str], groups: list[tuple[str, .
 class TrainingData:
     """Training rows as a Ray Dataset plus a deterministic, resumable batch iterator.
 
-    ``dataset`` columns: ``idx`` int64, ``text_<view>`` string per view, ``teacher_<view>`` float32[D] per teacher
+    ``dataset`` columns: ``idx`` int64, ``group`` int64 (the row's caption group, or an id of its own: see
+    ``_row_group_ids``), ``text_<view>`` string per view, ``teacher_<view>`` float32[D] per teacher
     view. ``iter_batches`` reads a local columnar copy (fetched from the dataset once per process), so batch order
     depends only on ``(seed, epoch)``.
     """
@@ -359,7 +380,8 @@ def build_training_data(cfg: JobConfig) -> TrainingData:
     rows = load_training_texts(cfg.data, cfg.seed, stats=input_stats)
     if not rows:
         raise ValueError(f"data.corpus {cfg.data.corpus!r} gave no training sentences")
-    columns: dict[str, np.ndarray] = {"idx": np.arange(len(rows), dtype=np.int64)}
+    columns: dict[str, np.ndarray] = {"idx": np.arange(len(rows), dtype=np.int64),
+                                      "group": np.array([row["group"] for row in rows], dtype=np.int64)}
     for view in cfg.data.views:
         columns[f"text_{view}"] = np.array([row[f"text_{view}"] for row in rows], dtype=object)
 

@@ -61,21 +61,27 @@ class SharedInstanceQueue:
         self.queue_kwargs = dict(queue_kwargs)
         self.queue = (queue_cls or _default_queue_cls())(self.size, self.dim, **queue_kwargs)
         self.version = 0
-        self._log: deque[tuple[int, np.ndarray]] = deque()  # (version after the push, rows)
+        self._log: deque[tuple[int, np.ndarray, np.ndarray | None]] = deque()  # (version after the push, rows, groups)
         self._log_rows = 0
         self._lock = threading.Lock()
 
-    def push(self, rows: np.ndarray, since: int | None = None) -> dict[str, Any] | int:
-        """Enqueue ``rows`` [B, dim]; returns the new version, or ``since(since)`` when ``since`` is given."""
+    def push(self, rows: np.ndarray, since: int | None = None, groups: np.ndarray | None = None
+             ) -> dict[str, Any] | int:
+        """Enqueue ``rows`` [B, dim] with their group ids ``groups`` [B] (optional); returns the new version, or
+        ``since(since)`` when ``since`` is given."""
         rows = np.array(rows, dtype=np.float32, copy=True)  # owned and never written again: safe to hand out
         if rows.ndim != 2 or rows.shape[1] != self.dim:
             raise ValueError(f"push: expected rows of shape [B, {self.dim}], got {rows.shape}")
         rows.setflags(write=False)
+        if groups is not None:
+            groups = np.array(groups, dtype=np.int64, copy=True)
+            groups.setflags(write=False)
         with self._lock:
             with torch.no_grad():
-                self.queue.enqueue(torch.from_numpy(rows.copy()))
+                self.queue.enqueue(torch.from_numpy(rows.copy()),
+                                   None if groups is None else torch.from_numpy(groups.copy()))
             self.version += 1
-            self._log.append((self.version, rows))
+            self._log.append((self.version, rows, groups))
             self._log_rows += len(rows)
             # Pushes older than the newest `size` rows can no longer change the content: drop them.
             while len(self._log) > 1 and self._log_rows - len(self._log[0][1]) >= self.size:
@@ -93,7 +99,7 @@ class SharedInstanceQueue:
             return {"version": self.version, "pushes": []}
         oldest = self._log[0][0] if self._log else self.version + 1
         if 0 <= version < self.version and version >= oldest - 1:
-            return {"version": self.version, "pushes": [rows for v, rows in self._log if v > version]}
+            return {"version": self.version, "pushes": [(rows, groups) for v, rows, groups in self._log if v > version]}
         return self._snapshot_locked()
 
     def snapshot(self) -> dict[str, Any]:
@@ -125,8 +131,8 @@ class SharedQueueActor(SharedInstanceQueue):
     """
 
     @ray.method(concurrency_group="write")
-    def push(self, rows, since=None):
-        return SharedInstanceQueue.push(self, rows, since)
+    def push(self, rows, since=None, groups=None):
+        return SharedInstanceQueue.push(self, rows, since, groups)
 
     @ray.method(concurrency_group="write")
     def load_state(self, state):
@@ -196,8 +202,9 @@ class _QueueClientMixin:
         else:
             device = self._device()
             with torch.no_grad():
-                for rows in delta["pushes"]:  # arrive read-only (zero-copy from the object store): copy
-                    super().enqueue(torch.tensor(np.asarray(rows), device=device))
+                for rows, groups in delta["pushes"]:  # arrive read-only (zero-copy from the object store): copy
+                    super().enqueue(torch.tensor(np.asarray(rows), device=device),
+                                    None if groups is None else torch.tensor(np.asarray(groups), device=device))
         self.version = int(delta["version"])
 
     def _device(self) -> torch.device:
@@ -221,12 +228,13 @@ class _QueueClientMixin:
 
     # --------------------------------------------------------------------------------------------- InstanceQueue
 
-    def enqueue(self, rows: torch.Tensor) -> None:
+    def enqueue(self, rows: torch.Tensor, groups: torch.Tensor | None = None) -> None:
         if self.actor is None:
-            super().enqueue(rows)
+            super().enqueue(rows, groups)
             return
         self._drain()  # at most one push in flight, so this learner's pushes keep their order
-        self._pending = self.actor.push.remote(rows.detach().float().cpu().numpy(), self.version)
+        self._pending = self.actor.push.remote(rows.detach().float().cpu().numpy(), self.version,
+                                               None if groups is None else groups.detach().cpu().numpy())
 
     def state_dict(self, *args, **kwargs):
         self._drain()

@@ -6,16 +6,24 @@ torch tensors, and zero-copy on ``ray.get``; ../shared/notes/ray.md §0). Every 
 transformer is counted by a forward hook, so "the second epoch did no teacher work" is a measured fact rather than
 an assumption about the cache.
 
+The bi-encoder pass is built for throughput (docs/data.md, bench/teacher_pass.py): every text is tokenised once,
+the texts are sorted by token count and cut into batches by a padded-token budget (``max_tokens``: many short
+sentences or few long ones per forward, each padded only to its batch's longest), and on hardware with fast bf16
+matrix products (a CPU with AVX512-BF16 or AMX, a CUDA GPU) the model runs in bf16 (``precision: auto``; the
+vectors are normalised in fp32). ``resolve_precision`` decides, and the log says which and why.
+
 ``teacher_identity()`` names what determines the teacher's outputs (weights, tokenizer and pooling files, pooling,
 max length, encoder type, normalisation), independent of where the model directory lives. The embedding cache is
 keyed by it, which fixes the stale-cache bug of the ConGen/SCT code (fixed cache file names reused across teachers,
-../shared/notes/methods.md §4.6, §1.7).
+docs/methods.md, ConGen and SCT).
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
+import logging
 import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -25,11 +33,69 @@ import numpy as np
 
 from raydistill.runtime.config import JobConfig, RoleResources
 
-__all__ = ["TeacherSpec", "TeacherEncoder", "TeacherActor", "TeacherEmbed", "teacher_identity"]
+__all__ = ["TeacherSpec", "TeacherEncoder", "TeacherActor", "TeacherEmbed", "teacher_identity", "resolve_precision",
+           "bf16_support", "PRECISIONS"]
+
+log = logging.getLogger(__name__)
 
 # Bumped when the way embeddings are computed changes (e.g. normalisation), so old caches are not reused.
 _EMBEDDING_FORMAT = 1
 _FINGERPRINT_BYTES = 1 << 20
+
+PRECISIONS = ("auto", "fp32", "bf16")
+# Padded tokens per teacher forward when the config gives none. On CPU, matrix products of a few thousand rows
+# already run at the machine's rate, and a bigger budget only grows the activations; see docs/data.md.
+DEFAULT_TEACHER_MAX_TOKENS = 4096
+
+
+@functools.lru_cache(maxsize=1)
+def bf16_support() -> tuple[bool, str]:
+    """``(fast, why)``: whether this process's CPU multiplies bf16 matrices in hardware, with the evidence.
+
+    Without AVX512-BF16 or AMX, torch emulates bf16 products (measured 0.6 GFLOP/s against 72 for fp32 on a 2-core
+    AVX2 EPYC), so bf16 is only worth it where oneDNN reports native support or the CPU flags show it.
+    """
+    import torch
+
+    checks = []
+    for name, probe in (("amx_tile", getattr(torch.cpu, "_is_amx_tile_supported", None)),
+                        ("avx512_bf16", getattr(torch.cpu, "_is_avx512_bf16_supported", None)),
+                        ("mkldnn_bf16", getattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", None))):
+        try:
+            if probe is not None and probe():
+                return True, f"torch reports {name}"
+        except (RuntimeError, AttributeError):
+            continue
+        checks.append(name)
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as cpuinfo:
+            flags = next((line.split(":", 1)[1].split() for line in cpuinfo if line.startswith("flags")), [])
+    except OSError:
+        flags = []
+    for flag in ("amx_bf16", "avx512_bf16"):
+        if flag in flags:
+            return True, f"/proc/cpuinfo has {flag}"
+    capability = torch.backends.cpu.get_cpu_capability()
+    return False, f"no AVX512-BF16 or AMX (torch CPU capability {capability}; {', '.join(checks)} all false)"
+
+
+def resolve_precision(requested: str, device: str = "cpu") -> tuple[str, str]:
+    """``(precision, why)``: ``"bf16"`` or ``"fp32"`` for a teacher asked for ``requested`` (auto, fp32, bf16).
+
+    ``auto`` is bf16 on CUDA and on a CPU with hardware bf16 products (``bf16_support``), fp32 elsewhere. An explicit
+    value is kept, with a warning when bf16 is asked for where it is emulated (correct, but many times slower).
+    """
+    if requested not in PRECISIONS:
+        raise ValueError(f"teacher precision must be one of {', '.join(PRECISIONS)}, got {requested!r}")
+    if device.startswith("cuda"):
+        return ("bf16" if requested == "auto" else requested), "CUDA device"
+    fast, why = bf16_support()
+    if requested == "auto":
+        return ("bf16" if fast else "fp32"), why
+    if requested == "bf16" and not fast:
+        log.warning("teacher precision bf16 was asked for on a CPU without hardware bf16 (%s): expect a pass many "
+                    "times slower than fp32", why)
+    return requested, why
 
 
 @dataclass
@@ -63,13 +129,23 @@ class TeacherSpec:
             return cls(resources=resources, **value)
         raise TypeError(f"expected TeacherSpec, JobConfig or dict, got {type(value).__name__}")
 
+    def precision(self) -> tuple[str, str]:
+        """``(bf16 | fp32, why)``, decided once here (the driver) so that the cache identity and every pool actor
+        agree; a cross-encoder teacher always runs in fp32."""
+        if self.encoder != "bi":
+            return "fp32", "cross-encoder teachers run in fp32"
+        device = "cuda" if self.resources.num_gpus else "cpu"
+        return resolve_precision(getattr(self.resources, "precision", "auto"), device)
+
     def encoder_kwargs(self) -> dict[str, Any]:
-        """Constructor kwargs of TeacherEncoder / TeacherEmbed."""
+        """Constructor kwargs of TeacherEncoder / TeacherEmbed (the precision resolved: ``bf16`` or ``fp32``)."""
         return {"model": self.model, "encoder": self.encoder, "pooling": self.pooling, "max_length": self.max_length,
-                "threads": self.resources.threads, "batch_size": self.resources.batch_size}
+                "threads": self.resources.threads, "batch_size": self.resources.batch_size,
+                "max_tokens": getattr(self.resources, "max_tokens", None), "precision": self.precision()[0]}
 
     def identity(self) -> str:
-        return teacher_identity(self.model, encoder=self.encoder, pooling=self.pooling, max_length=self.max_length)
+        return teacher_identity(self.model, encoder=self.encoder, pooling=self.pooling, max_length=self.max_length,
+                                precision=self.precision()[0])
 
     def describe(self) -> dict[str, Any]:
         d = asdict(self)
@@ -83,17 +159,23 @@ def _resolve(model: str) -> Path:
     return Path(resolve_model(model))
 
 
-def teacher_identity(model: str, *, encoder: str = "bi", pooling: str | None = None, max_length: int = 128) -> str:
+def teacher_identity(model: str, *, encoder: str = "bi", pooling: str | None = None, max_length: int = 128,
+                     precision: str = "fp32") -> str:
     """``<encoder>-<16 hex>``: a fingerprint of everything that determines the teacher's outputs.
 
+    bf16 vectors differ from fp32 ones in the third or fourth decimal, so they get their own cache; ``fp32`` is left
+    out of the fingerprint so that caches written before the precision setting existed stay valid.
     Small files (configs, tokenizer, pooling/dense module configs) are hashed whole; weight files by name, size and
     their first and last MiB, which tells any two real checkpoints apart without reading gigabytes on every run.
     The directory's location is not part of it, so the same weights reached through another path share a cache.
     """
     model_dir = _resolve(model)
     digest = hashlib.sha256()
-    digest.update(json.dumps({"encoder": encoder, "pooling": pooling, "max_length": int(max_length),
-                              "normalized": encoder == "bi", "format": _EMBEDDING_FORMAT}, sort_keys=True).encode())
+    described = {"encoder": encoder, "pooling": pooling, "max_length": int(max_length), "normalized": encoder == "bi",
+                 "format": _EMBEDDING_FORMAT}
+    if precision != "fp32":
+        described["precision"] = precision
+    digest.update(json.dumps(described, sort_keys=True).encode())
     for path in sorted(p for p in model_dir.rglob("*") if p.is_file()):
         rel = path.relative_to(model_dir).as_posix()
         if rel.startswith(".") or "/." in rel or path.name.lower().startswith("readme") \
@@ -119,6 +201,21 @@ def _head_labels(model_dir: Path) -> int:
     return int(len(config.get("id2label") or {}) or config.get("num_labels") or 1) if has_head else 1
 
 
+def token_batches(lengths: list[int], max_tokens: int, max_sentences: int | None = None) -> list[list[int]]:
+    """Indices grouped for the forward pass: sorted by length (longest first), each group at most ``max_tokens``
+    padded tokens (its size times its longest) and ``max_sentences`` inputs.
+
+    The sentence cap keeps the config's ``batch_size`` meaningful: on CPU it bounds activations of very short
+    inputs, on a GPU it is the usual batch size.
+    """
+    from raydistill.models.batching import token_budget_batches
+
+    groups = token_budget_batches(lengths, max_tokens)
+    if not max_sentences:
+        return groups
+    return [group[start:start + max_sentences] for group in groups for start in range(0, len(group), max_sentences)]
+
+
 class TeacherEncoder:
     """A frozen bi- or cross-encoder that returns numpy; usable in-process or inside any Ray actor.
 
@@ -127,9 +224,12 @@ class TeacherEncoder:
     """
 
     def __init__(self, model: str, encoder: str = "bi", pooling: str | None = None, max_length: int = 128,
-                 threads: int = 1, batch_size: int = 128, num_labels: int | None = None, device: str | None = None):
+                 threads: int = 1, batch_size: int = 128, num_labels: int | None = None, device: str | None = None,
+                 precision: str = "fp32", max_tokens: int | None = None):
         if encoder not in ("bi", "cross"):
             raise ValueError(f"encoder must be 'bi' or 'cross', got {encoder!r}")
+        if max_tokens is not None and max_tokens < 1:
+            raise ValueError(f"max_tokens must be >= 1 or None, got {max_tokens}")
         # Ray gives every actor OMP_NUM_THREADS = its CPU share (1 when fractional); the config decides instead.
         # Threads are set per call (encode/score num_threads), not process-wide, so an in-process teacher leaves
         # the caller's torch settings alone.
@@ -152,7 +252,16 @@ class TeacherEncoder:
 
             device = "cuda" if torch.cuda.is_available() else "cpu"
         self.device = device
+        self.precision, why = ("fp32", "cross-encoder") if encoder != "bi" else resolve_precision(precision, device)
+        self.max_tokens = int(max_tokens or DEFAULT_TEACHER_MAX_TOKENS)
         self.model.to(device).eval().requires_grad_(False)
+        if self.precision == "bf16":
+            import torch
+
+            # Weights cast once: autocast would re-cast every weight matrix on every forward of a frozen model.
+            self.model.to(torch.bfloat16)
+        log.info("teacher %s: %s on %s (%s), batches of at most %d padded tokens / %d sentences, %d threads",
+                 Path(str(model)).name, self.precision, device, why, self.max_tokens, self.batch_size, self.threads)
         self.forward_rows = 0
         self._hook = self._core_module().register_forward_hook(self._count_rows)
         self._identity: str | None = None
@@ -175,14 +284,55 @@ class TeacherEncoder:
         return int(self.model.dim)
 
     def encode(self, texts: list[str]) -> np.ndarray:
-        """L2-normalised sentence embeddings, float32 [N, D], in input order."""
+        """L2-normalised sentence embeddings, float32 [N, D], in input order.
+
+        Texts are tokenised once, sorted by token count and run in batches of at most ``max_tokens`` padded tokens
+        and ``batch_size`` sentences (``token_batches``), so a batch pads only to its own longest sentence.
+        """
+        import torch
+        import torch.nn.functional as F
+
+        from raydistill.models.batching import inference, torch_threads
+
         if self.encoder != "bi":
             raise TypeError("encode() needs a bi-encoder teacher; this one is a cross-encoder (use score())")
         texts = [str(t) for t in texts]
+        embeddings = np.zeros((len(texts), self.dim), dtype=np.float32)
         if not texts:
-            return np.zeros((0, self.dim), dtype=np.float32)
-        embeddings = self.model.encode(texts, batch_size=self.batch_size, normalize=True, num_threads=self.threads)
-        return np.ascontiguousarray(embeddings, dtype=np.float32)
+            return embeddings
+        token_ids = self._token_ids(texts)
+        with torch_threads(self.threads), inference(self.model):
+            for batch in token_batches([len(ids) for ids in token_ids], self.max_tokens, self.batch_size):
+                features = self._padded([token_ids[i] for i in batch])  # [b, T] each
+                vectors = self.model(features)  # [b, D] in the model's dtype
+                embeddings[batch] = F.normalize(vectors.to(torch.float32), p=2, dim=-1).cpu().numpy()
+        return embeddings
+
+    def _token_ids(self, texts: list[str]) -> list[list[int]]:
+        """Token ids per text (special tokens included), truncated to ``max_length``, unpadded."""
+        model = self.model
+        if model.do_lower_case:
+            texts = [text.lower() for text in texts]
+        return model.tokenizer(texts, truncation=True, max_length=self.max_length, padding=False,
+                               return_attention_mask=False, return_token_type_ids=False)["input_ids"]
+
+    def _padded(self, token_ids: list[list[int]]) -> dict[str, Any]:
+        """``input_ids`` and ``attention_mask`` int64 [b, T], padded (on the tokenizer's side) to the longest."""
+        import torch
+
+        tokenizer = self.model.tokenizer
+        longest = max(len(ids) for ids in token_ids)
+        input_ids = np.full((len(token_ids), longest), tokenizer.pad_token_id or 0, dtype=np.int64)
+        attention_mask = np.zeros((len(token_ids), longest), dtype=np.int64)
+        left = tokenizer.padding_side == "left"
+        for row, ids in enumerate(token_ids):
+            span = slice(longest - len(ids), longest) if left else slice(0, len(ids))
+            input_ids[row, span] = ids
+            attention_mask[row, span] = 1
+        features = {"input_ids": torch.from_numpy(input_ids), "attention_mask": torch.from_numpy(attention_mask)}
+        if "token_type_ids" in self.model.input_names:
+            features["token_type_ids"] = torch.zeros_like(features["input_ids"])
+        return {name: value.to(self.device) for name, value in features.items()}
 
     def score(self, pairs: list[tuple[str, str]], activation: str | None = "auto") -> np.ndarray:
         """Cross-encoder scores [N] (one label) or probabilities [N, C]; 'auto' = sigmoid for 1 label, softmax else."""

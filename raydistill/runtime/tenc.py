@@ -16,7 +16,7 @@ Mutual distillation averages the families' labels, so each family learns from an
 pretrained models; self-distillation uses one family's own labels. Each learner is a Ray actor (``tenc_learners.py``,
 resources from the config); families train concurrently and meet only at the label exchange, where the driver
 averages, writes the label table and hands each learner its target vector. The authors' "parallel" script trains
-the models one after another in one process (methods.md §2.4).
+the models one after another in one process (docs/methods.md, Trans-Encoder).
 
 Initialisation (``init``): ``refresh`` (the paper's ``--init_with_new_models``; the authors' mutual script always
 refreshes, here both modes honour ``init``) starts every cross-encoder from the family's original checkpoint with a
@@ -169,12 +169,12 @@ class TencResources:
 
 
 def _paper_bi_stage() -> StageConfig:
-    # methods.md §2.3: batch 128, 10 epochs, lr 5e-5, no warm-up, max_seq_length 32.
+    # docs/methods.md, Trans-Encoder: batch 128, 10 epochs, lr 5e-5, no warm-up, max_seq_length 32.
     return StageConfig(batch_size=128, lr=5e-5, epochs=10, max_length=32, warmup_ratio=0.0)
 
 
 def _paper_cross_stage() -> StageConfig:
-    # methods.md §2.3: batch 32, 1 epoch, lr 2e-5, warm-up 10 %, max_length 64.
+    # docs/methods.md, Trans-Encoder: batch 32, 1 epoch, lr 2e-5, warm-up 10 %, max_length 64.
     return StageConfig(batch_size=32, lr=2e-5, epochs=1, max_length=64, warmup_ratio=0.1)
 
 

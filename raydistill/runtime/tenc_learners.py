@@ -11,7 +11,7 @@ of one pretrained encoder:
 ``t`` is the label scaling between cosine and probability (``objectives.trans_encoder.cosine_to_target``; the
 authors use the raw cosine). The cross-encoder's labels are the mean of both pair orders: the authors score one
 order only, but a cross-encoder is order-sensitive and the bi-encoder's cosine is not, so one order would hand the
-bi-encoder a label that depends on which sentence happened to come first (methods.md §2.5).
+bi-encoder a label that depends on which sentence happened to come first (docs/methods.md, Trans-Encoder).
 
 Each learner is a plain class (no Ray): it holds one model, labels the job's unlabeled ``PairSet`` with it, trains
 on a label vector aligned with that set, selects the best STS-B dev checkpoint inside the stage (dev every

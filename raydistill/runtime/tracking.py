@@ -27,7 +27,7 @@ from typing import Any, Mapping
 
 from raydistill.runtime.config import TrackingConfig
 
-__all__ = ["Tracker", "resolve_tracking_uri", "flatten_params"]
+__all__ = ["Tracker", "resolve_tracking_uri", "flatten_params", "EXPERIMENT_KIND_TAG", "TRAINING_EXPERIMENT_KIND"]
 
 log = logging.getLogger(__name__)
 
@@ -35,6 +35,12 @@ _MAX_PARAM_VALUE = 6000  # MLflow 3 limit
 _PARAMS_PER_BATCH = 100
 _METRICS_PER_BATCH = 1000
 _PROBE_TIMEOUT_S = 5.0
+
+# MLflow 3's UI treats an experiment without this tag as a GenAI one and opens it on "Traces"/"Token usage", where
+# a training run does not appear. The tag is how the UI itself records "Model training" when a user picks that
+# type, so raydistill's experiments carry it from the start (and an existing experiment without a kind gets it).
+EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
+TRAINING_EXPERIMENT_KIND = "custom_model_development"
 
 
 def resolve_tracking_uri(configured: str | None = None) -> str:
@@ -117,9 +123,12 @@ class Tracker:
         experiment = client.get_experiment_by_name(self.cfg.experiment)
         if experiment is None:
             self.experiment_id = client.create_experiment(self.cfg.experiment,
-                                                          artifact_location=self._artifact_location())
+                                                          artifact_location=self._artifact_location(),
+                                                          tags={EXPERIMENT_KIND_TAG: TRAINING_EXPERIMENT_KIND})
         else:
             self.experiment_id = experiment.experiment_id
+            if EXPERIMENT_KIND_TAG not in (experiment.tags or {}):  # created before raydistill set it, or by hand
+                client.set_experiment_tag(self.experiment_id, EXPERIMENT_KIND_TAG, TRAINING_EXPERIMENT_KIND)
         run_tags = {"raydistill.version": raydistill.__version__} | {k: str(v) for k, v in tags.items()}
         if self.parent_run_id:
             run_tags["mlflow.parentRunId"] = self.parent_run_id

@@ -7,8 +7,8 @@
 What a sweep does (``plan_sweep`` then ``run_sweep``):
 
 1. Plan, before Ray starts. The student's space file ``tune_spaces/<student>.yaml`` (``default.yaml`` when there is
-   none) gives the searched values and the sweep settings; the base job config is ``configs/<method>.yaml`` (when it
-   exists) + the space's ``base:`` section + ``--set`` overrides, with ``--student``/``--teacher``. Every candidate
+   none; both shipped in the package) gives the searched values and the sweep settings; the base job config is the
+   shipped ``configs/<method>.yaml`` (when it exists) + the space's ``base:`` section + ``--set`` overrides, with ``--student``/``--teacher``. Every candidate
    value goes through ``JobConfig.validate`` on top of the base config, so a typo or an invalid value fails here,
    naming the space file, line and field, not in the tenth trial.
 2. Teacher pass, once per sweep, in the driver: stage 1's training data is built through the embedding cache
@@ -88,6 +88,7 @@ from typing import Any, Iterable
 import yaml
 
 from raydistill.runtime.config import ConfigError, JobConfig, TrackingConfig
+from raydistill.shipped import shipped_config, tune_spaces_dir
 
 __all__ = [
     "SpaceError", "Param", "MethodSpace", "SearchSpace", "SweepSettings", "SweepPlan",
@@ -96,8 +97,6 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
-
-PROJECT_ROOT = Path(__file__).resolve().parents[2]
 
 DISTRIBUTIONS = ("choice", "grid", "uniform", "loguniform", "randint")
 # What a space may vary: nothing that changes the text the teacher encodes, so one teacher pass serves every trial.
@@ -112,8 +111,8 @@ class SpaceError(ConfigError):
 
 
 def spaces_dir() -> Path:
-    """``$RAYDISTILL_TUNE_SPACES`` if set, else ``tune_spaces/`` of the checkout."""
-    return Path(os.environ.get("RAYDISTILL_TUNE_SPACES") or PROJECT_ROOT / "tune_spaces").expanduser().resolve()
+    """``$RAYDISTILL_TUNE_SPACES`` if set, else the ``tune_spaces/`` shipped in the package."""
+    return Path(os.environ.get("RAYDISTILL_TUNE_SPACES") or tune_spaces_dir()).expanduser().resolve()
 
 
 def parse_duration(value: Any) -> float:
@@ -549,7 +548,7 @@ def plan_sweep(student: str, method: str = "congen", teacher: str | None = None,
     """Resolve and check a sweep without starting Ray; raises SpaceError / ConfigError naming file, line and field.
 
     ``teacher``: default ``mpnet-base`` for methods that distil a teacher, none otherwise.
-    ``config_path``: the base job config; default ``configs/<method>.yaml`` when it exists.
+    ``config_path``: the base job config; default the shipped ``configs/<method>.yaml`` when it exists.
     ``overrides``: ``key.path=value`` on the base config (``--set``). ``settings``: SweepSettings fields
     (command-line values; None = keep the file's). ``param_values``: searched key -> list of values, replacing the
     file's entry by a ``choice`` (``--lr``, ``--queue-size``, ...). ``evaluate_sets``: evaluate the best and the
@@ -603,7 +602,7 @@ def _base_config(method: str, student: str, teacher: str | None, section: Method
     from raydistill.runtime.methods import _deep_merge, with_method_defaults
 
     if config_path is None:
-        candidate = PROJECT_ROOT / "configs" / f"{method}.yaml"
+        candidate = shipped_config(method)
         config_path = candidate if candidate.is_file() else None
     if config_path is not None:
         cfg = JobConfig.from_yaml(config_path)

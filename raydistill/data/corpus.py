@@ -1,0 +1,413 @@
+"""Training corpora: the bundled ``mixed`` corpus, the named sources, and a user's own file, minus evaluation text.
+
+A training corpus is named by ``data.corpus``:
+
+    mixed                 every unlabeled English sentence the package ships that no reported score is computed on:
+                          Flickr30k captions, SNLI/MultiNLI dev premises and hypotheses, and the train splits of
+                          MRPC, SICK, STS-B, SST-2 and TREC (``MIXED_SOURCES``), normalised and de-duplicated
+    flickr, nli,          the older named sources, read as they are (no normalisation, no evaluation filter), so that
+    flickr+nli            results trained on them stay reproducible
+    file:<path>[#column]  a user's corpus: a text file (one sentence per line), JSON Lines, CSV/TSV, Parquet (a file
+                          or a directory of parts) or a Hugging Face ``datasets`` directory (``save_to_disk``);
+                          ``#column`` picks the text column (default ``text``). A JSON Lines / Parquet / CSV / dataset
+                          with ``sentence1``/``sentence2`` (or ``premise``/``hypothesis``) columns and no ``#column``
+                          is a pairs corpus, whose second text is the ``pair`` view.
+
+Evaluation text never reaches training through ``mixed`` or a ``file:`` corpus: a sentence equal to one of any set
+the project reports a score on (``EVALUATION_DATASETS``), compared after Unicode NFC, whitespace collapsing and case
+folding, is removed (a pair goes when either of its texts is one), and counted as ``evaluation_sentences_removed``.
+A corpus with nothing left, or nothing in it, is a ``DataError`` naming the file (or the corpus) raised while the job
+config is validated, before any teacher pass.
+
+    corpus = read_corpus("mixed")          # Corpus: texts, sources, caption_groups, groups (partner texts), stats
+    mixed_corpus_counts()                  # {"flickr30k_captions": 153161, "nli_dev": 36058, ...}
+    python -m raydistill.data.corpus       # the per-source table of docs/data.md
+"""
+
+from __future__ import annotations
+
+import functools
+import unicodedata
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from raydistill.data.readers import (
+    PAIR_TEXT_FIELDS,
+    DataError,
+    is_hf_dataset,
+    iter_records,
+    read_pairs,
+    read_sentences,
+)
+from raydistill.data.registry import DATASETS, dataset_path, load_dataset
+
+__all__ = [
+    "Corpus",
+    "CorpusSpec",
+    "EVALUATION_DATASETS",
+    "MIXED_SOURCES",
+    "NAMED_CORPORA",
+    "MixedSource",
+    "corpus_spec_problem",
+    "evaluation_key",
+    "evaluation_keys",
+    "mixed_corpus_counts",
+    "mixed_corpus_table",
+    "normalize_text",
+    "parse_corpus_spec",
+    "read_corpus",
+]
+
+FILE_PREFIX = "file:"
+NAMED_CORPORA = ("mixed", "flickr", "nli", "flickr+nli")
+DEFAULT_TEXT_COLUMN = "text"
+
+# Every set a reported score is computed on: the 7-STS sets and STS-B dev (model selection), and the paraphrase sets
+# of the AUC evaluations (MRPC validation; QQP dev for Trans-Encoder). The SentEval transfer sets are not here
+# because no score is reported on them; tests/test_corpus_mixed.py checks this list against raydistill.evaluation.
+EVALUATION_DATASETS = ("sts12", "sts13", "sts14", "sts15", "sts16", "stsb_dev", "stsb_test", "sick_test", "mrpc_val",
+                       "qqp_dev")
+
+
+@dataclass(frozen=True)
+class MixedSource:
+    """One source of the ``mixed`` corpus: registry data sets whose texts it contributes, in this order."""
+
+    name: str
+    datasets: tuple[str, ...]
+    description: str
+
+
+MIXED_SOURCES = (
+    MixedSource("flickr30k_captions", ("flickr_captions",), "Flickr30k captions (Multi30k release), five per image"),
+    MixedSource("nli_dev", ("snli_dev", "mnli_dev"), "SNLI dev and MultiNLI dev (matched + mismatched): premises "
+                                                      "and hypotheses"),
+    MixedSource("mrpc_train", ("mrpc_train",), "MSR Paraphrase Corpus train: both sentences of each pair"),
+    MixedSource("sick_train", ("sick_train",), "SICK 2014 train: both sentences of each pair"),
+    MixedSource("stsb_train", ("stsb_train",), "STS Benchmark train: both sentences of each pair"),
+    MixedSource("sst2_train", ("sst2_train",), "SST-2 train (SentEval): sentences and phrases"),
+    MixedSource("trec_train", ("trec_train",), "TREC question classification train: questions"),
+)
+
+
+def normalize_text(text: str) -> str:
+    """Unicode NFC with every run of whitespace collapsed to one space and none at either end."""
+    return " ".join(unicodedata.normalize("NFC", text).split())
+
+
+def evaluation_key(text: str) -> str:
+    """What a sentence is compared on against the evaluation sets: normalised and case-folded."""
+    return normalize_text(text).casefold()
+
+
+def evaluation_keys() -> frozenset[str]:
+    """``evaluation_key`` of every text of every ``EVALUATION_DATASETS`` set (both sides of each pair)."""
+    return _evaluation_keys(_versions(EVALUATION_DATASETS))
+
+
+@functools.lru_cache(maxsize=2)
+def _evaluation_keys(versions: tuple) -> frozenset[str]:
+    keys: set[str] = set()
+    for name in EVALUATION_DATASETS:
+        for text, _, _ in _dataset_texts(name):
+            keys.add(evaluation_key(text))
+    return frozenset(keys)
+
+
+def _versions(names) -> tuple:
+    """Where each registry set is read from now and its size and mtime: a cache key that sees a changed file."""
+    out = []
+    for name in names:
+        path = dataset_path(name)
+        stat = path.stat()
+        out.append((name, str(path), stat.st_size, stat.st_mtime_ns))
+    return tuple(out)
+
+
+def _dataset_texts(name: str) -> Iterator[tuple[str, int, tuple[str, ...]]]:
+    """``(text, caption group, sibling captions)`` of every text of a registry set, in file order.
+
+    The caption group is the image's 0-based line in the captions file (-1 for other sets); siblings are the raw
+    captions of that image (empty for other sets).
+    """
+    kind = DATASETS[name].kind
+    for index, record in enumerate(load_dataset(name)):
+        if kind == "captions":
+            for caption in record.captions:
+                yield caption, index, record.captions
+        elif kind == "labelled_texts":
+            yield record.text, -1, ()
+        else:
+            yield record.sentence1, -1, ()
+            yield record.sentence2, -1, ()
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The corpus
+
+
+@dataclass(frozen=True)
+class Corpus:
+    """The rows of a training corpus, row i being ``texts[i]``.
+
+    The first four fields are what ``raydistill.runtime.pipeline`` reads from any corpus:
+        texts           the sentence of each row
+        groups          texts that describe the same thing as texts[i], itself included: the captions of its image
+                        (evaluation sentences left out), or its pair; ``(texts[i],)`` when it has none
+        is_pairs        rows are pairs (``groups[i] == (first, second)``)
+        caption_groups  per row, its caption group (the image's line in the captions file) or -1; rows of one group
+                        are captions of one image
+        stats           what reading dropped: evaluation_sentences_removed, duplicates_dropped, blank_lines
+    ``sources`` names each row's source (a ``MIXED_SOURCES`` name, or the file's path); ``group_names[g]`` is the
+    image id of caption group g.
+    """
+
+    name: str
+    texts: list[str]
+    groups: list[tuple[str, ...]]
+    is_pairs: bool = False
+    caption_groups: list[int] = field(default_factory=list)
+    stats: dict[str, int] = field(default_factory=dict)
+    sources: list[str] = field(default_factory=list)
+    group_names: dict[int, str] = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return len(self.texts)
+
+    def source_counts(self) -> dict[str, int]:
+        """Rows per source, in the order sources first appear."""
+        return dict(Counter(self.sources))
+
+
+def _build_mixed(versions: tuple) -> Corpus:
+    excluded = _evaluation_keys(_versions(EVALUATION_DATASETS))
+    texts: list[str] = []
+    groups: list[tuple[str, ...]] = []
+    caption_groups: list[int] = []
+    sources: list[str] = []
+    group_names: dict[int, str] = {}
+    seen: set[str] = set()
+    stats = Counter(sentences_read=0, evaluation_sentences_removed=0, duplicates_dropped=0)
+    for source in MIXED_SOURCES:
+        for dataset in source.datasets:
+            siblings_of: dict[tuple[str, ...], tuple[str, ...]] = {}  # raw captions -> usable siblings
+            for raw, group, raw_siblings in _dataset_texts(dataset):
+                stats["sentences_read"] += 1
+                text = normalize_text(raw)
+                if evaluation_key(text) in excluded:
+                    stats["evaluation_sentences_removed"] += 1
+                    continue
+                # Duplicates are exact after normalisation: "A dog." and "a dog." are two inputs to a cased model.
+                if text in seen:
+                    stats["duplicates_dropped"] += 1
+                    continue
+                seen.add(text)
+                if group >= 0:
+                    if raw_siblings not in siblings_of:
+                        usable = (normalize_text(s) for s in raw_siblings)
+                        siblings_of = {raw_siblings: tuple(dict.fromkeys(
+                            s for s in usable if evaluation_key(s) not in excluded))}
+                    groups.append(siblings_of[raw_siblings])
+                    group_names.setdefault(group, _image_id(dataset, group))
+                else:
+                    groups.append((text,))
+                texts.append(text)
+                caption_groups.append(group)
+                sources.append(source.name)
+    if not texts:
+        raise DataError("mixed", "no sentences left once the evaluation sentences are removed "
+                                 f"({stats['evaluation_sentences_removed']} of {stats['sentences_read']})",
+                        reason="empty_file")
+    return Corpus("mixed", texts, groups, False, caption_groups, dict(stats), sources, group_names)
+
+
+def _image_id(dataset: str, index: int) -> str:
+    return load_dataset(dataset)[index].image
+
+
+def mixed_corpus_counts() -> dict[str, int]:
+    """Sentences per ``MIXED_SOURCES`` source in ``mixed`` (a sentence is counted under the first source that has
+    it), in source order; ``"total"`` last."""
+    counts = read_corpus("mixed").source_counts()
+    ordered = {source.name: counts.get(source.name, 0) for source in MIXED_SOURCES}
+    return {**ordered, "total": sum(ordered.values())}
+
+
+def mixed_corpus_table() -> str:
+    """The Markdown table of ``mixed``'s sources and counts (docs/data.md is generated from it)."""
+    corpus = read_corpus("mixed")
+    counts = mixed_corpus_counts()
+    lines = ["| source | sets | sentences | what it is |", "|---|---|---:|---|"]
+    for source in MIXED_SOURCES:
+        sets = ", ".join(f"`{name}`" for name in source.datasets)
+        lines.append(f"| `{source.name}` | {sets} | {counts[source.name]:,} | {source.description} |")
+    lines.append(f"| **total** | | **{counts['total']:,}** | |")
+    stats = corpus.stats
+    lines.append("")
+    lines.append(f"Read {stats['sentences_read']:,} sentences; removed {stats['evaluation_sentences_removed']:,} that "
+                 f"are sentences of an evaluation set and {stats['duplicates_dropped']:,} duplicates; "
+                 f"{len(corpus.group_names):,} caption groups (images).")
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Specs and files
+
+
+@dataclass(frozen=True)
+class CorpusSpec:
+    """A parsed ``data.corpus``: a named corpus (``name``) or a file (``path`` and optional ``column``)."""
+
+    text: str
+    name: str | None = None
+    path: Path | None = None
+    column: str | None = None
+
+
+def parse_corpus_spec(spec: str) -> CorpusSpec:
+    """Split ``data.corpus`` into its parts; raises ValueError for an unknown name or a file spec without a path.
+
+    ``file:<path>#<column>``: the part after the last ``#`` is the column, unless the whole text names an existing
+    file or directory (a path may contain ``#``).
+    """
+    if not isinstance(spec, str) or not spec:
+        raise ValueError(f"data.corpus must be a corpus name ({', '.join(NAMED_CORPORA)}) or file:<path>")
+    if not spec.startswith(FILE_PREFIX):
+        if spec not in NAMED_CORPORA:
+            import difflib
+
+            close = difflib.get_close_matches(spec, NAMED_CORPORA, n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            raise ValueError(f"unknown corpus {spec!r}{hint} Known: {', '.join(NAMED_CORPORA)}, or "
+                             "file:<path>[#column] for your own")
+        return CorpusSpec(spec, name=spec)
+    rest = spec[len(FILE_PREFIX):]
+    column = None
+    if "#" in rest and not Path(rest).expanduser().exists():
+        rest, column = rest.rsplit("#", 1)
+        if not column:
+            raise ValueError(f"corpus {spec!r}: empty column name after '#'")
+    if not rest:
+        raise ValueError(f"corpus {spec!r}: no path after 'file:'")
+    return CorpusSpec(spec, path=Path(rest).expanduser(), column=column)
+
+
+def corpus_spec_problem(spec: str) -> str | None:
+    """Why ``data.corpus`` cannot be read, found without reading it (for config validation), or None."""
+    try:
+        parsed = parse_corpus_spec(spec)
+    except ValueError as err:
+        return str(err)
+    if parsed.path is None:
+        return None
+    path = parsed.path
+    if not path.exists():
+        return f"training file not found: {path}"
+    if path.is_dir():
+        from raydistill.data.readers import is_parquet
+
+        if not (is_hf_dataset(path) or is_parquet(path)):
+            return (f"training data directory {path} is neither a Hugging Face dataset (save_to_disk: state.json) "
+                    "nor a directory of *.parquet parts")
+    elif parsed.column is not None and _is_text_file(path):
+        return f"{path} is a text file (one sentence per line): it has no column {parsed.column!r}"
+    return None
+
+
+def read_corpus(spec: str) -> Corpus:
+    """The rows of ``data.corpus`` (module docstring); validated, cached per spec and file version.
+
+    Raises ``DataError`` (naming file, line and field) for a bad line, an empty corpus or one with nothing left
+    once the evaluation sentences are removed; ValueError for an unknown name.
+    """
+    parsed = parse_corpus_spec(spec)
+    if parsed.name is not None:
+        if parsed.name == "mixed":
+            datasets = tuple(name for source in MIXED_SOURCES for name in source.datasets)
+            return _read_mixed_cached(_versions(datasets + EVALUATION_DATASETS))
+        return _read_named(parsed.name)
+    path = parsed.path.resolve()
+    if not path.exists():
+        raise DataError(path, "file not found", reason="missing_file")
+    return _read_file_cached(str(path), parsed.column, _file_version(path), _versions(EVALUATION_DATASETS))
+
+
+@functools.lru_cache(maxsize=2)
+def _read_mixed_cached(versions: tuple) -> Corpus:
+    return _build_mixed(versions)
+
+
+def _read_named(name: str) -> Corpus:
+    """``flickr``, ``nli`` or ``flickr+nli`` as they always were: raw texts, no evaluation filter."""
+    texts: list[str] = []
+    groups: list[tuple[str, ...]] = []
+    caption_groups: list[int] = []
+    sources: list[str] = []
+    for part in name.split("+"):
+        datasets = ("flickr_captions",) if part == "flickr" else ("snli_dev", "mnli_dev")
+        for dataset in datasets:
+            for text, group, siblings in _dataset_texts(dataset):
+                texts.append(text)
+                groups.append(siblings if group >= 0 else (text,))
+                caption_groups.append(group)
+                sources.append(dataset)
+    return Corpus(name, texts, groups, False, caption_groups, {}, sources)
+
+
+def _file_version(path: Path) -> tuple:
+    files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file())
+    return tuple((str(p), p.stat().st_size, p.stat().st_mtime_ns) for p in files)
+
+
+def _is_text_file(path: Path) -> bool:
+    suffixes = [s.lower() for s in path.suffixes if s.lower() != ".gz"]
+    return bool(suffixes) and suffixes[-1] == ".txt"
+
+
+def _pair_fields(path: Path) -> tuple[str, str] | None:
+    """The two text columns when the file is a pairs corpus, else None (text files never are)."""
+    if _is_text_file(path):
+        return None
+    for _, obj in iter_records(path):
+        if isinstance(obj, dict):
+            for first, second in PAIR_TEXT_FIELDS:
+                if first in obj and second in obj:
+                    return first, second
+        return None
+    return None
+
+
+@functools.lru_cache(maxsize=4)
+def _read_file_cached(path_text: str, column: str | None, version: tuple, evaluation_versions: tuple) -> Corpus:
+    path = Path(path_text)
+    excluded = _evaluation_keys(evaluation_versions)
+    pair_fields = None if column is not None else (_pair_fields(path) if path.is_file() or path.is_dir() else None)
+    if pair_fields is not None:
+        pairs = read_pairs(path, text_fields=pair_fields)
+        unique = list(dict.fromkeys((p.sentence1, p.sentence2) for p in pairs))
+        kept = [pair for pair in unique
+                if evaluation_key(pair[0]) not in excluded and evaluation_key(pair[1]) not in excluded]
+        stats = {"blank_lines": pairs.ignored["blank_lines"], "duplicates_dropped": len(pairs) - len(unique),
+                 "evaluation_sentences_removed": len(unique) - len(kept)}
+        _check_not_emptied(path, len(unique), kept, "pairs")
+        return Corpus(str(path), [first for first, _ in kept], kept, True, [-1] * len(kept), stats,
+                      [str(path)] * len(kept))
+    sentences = read_sentences(path, field=column or DEFAULT_TEXT_COLUMN)
+    kept = [s for s in sentences if evaluation_key(s) not in excluded]
+    _check_not_emptied(path, len(sentences), kept, "sentences")
+    stats = {"blank_lines": sentences.ignored["blank_lines"],
+             "evaluation_sentences_removed": len(sentences) - len(kept)}
+    return Corpus(str(path), kept, [(s,) for s in kept], False, [-1] * len(kept), stats, [str(path)] * len(kept))
+
+
+def _check_not_emptied(path: Path, read: int, kept: list, what: str) -> None:
+    if not kept:
+        raise DataError(path, f"all {read} {what} are sentences of the evaluation sets "
+                              f"({', '.join(EVALUATION_DATASETS)}); nothing is left to train on",
+                        reason="empty_file")
+
+
+if __name__ == "__main__":
+    print(mixed_corpus_table())

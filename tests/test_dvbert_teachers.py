@@ -1,0 +1,151 @@
+"""DvBERT's NLI teachers: fold models that label only pairs they never trained on, the accuracy bar, and the
+teachers' held-out accuracy in the job's result file.
+
+Tiny random models (chance-level teachers, seconds per fold) and a few dozen real NLI pairs.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from raydistill.runtime import dvbert_teachers as dv
+from raydistill.runtime.config import ConfigError, JobConfig
+
+PAIRS = 36
+
+
+@pytest.fixture
+def home(tmp_path, monkeypatch) -> Path:
+    monkeypatch.setenv("RAYDISTILL_HOME", str(tmp_path / "home"))
+    return tmp_path / "home"
+
+
+def small_training(**overrides) -> dv.TeacherTraining:
+    return dv.TeacherTraining.from_dict({"epochs": 1, "lr": 1e-3, "batch_size": 6, "max_length": 32, "folds": 3,
+                                         "head": "segments", **overrides})
+
+
+def test_fold_assignment_is_balanced_seeded_and_covers_every_pair():
+    fold = dv.fold_assignment(100, 3, seed=5)
+    assert sorted(np.bincount(fold).tolist()) == [33, 33, 34]
+    assert np.array_equal(fold, dv.fold_assignment(100, 3, seed=5))
+    assert not np.array_equal(fold, dv.fold_assignment(100, 3, seed=6))
+
+
+def test_teacher_training_refuses_settings_that_cannot_give_out_of_fold_labels():
+    for bad in ({"folds": 1}, {"head": "pooler"}, {"min_accuracy": 1.5}, {"precision": "fp16"}, {"heldout": 0.1}):
+        with pytest.raises(ValueError):
+            dv.TeacherTraining.from_dict(bad)
+
+
+def test_each_pair_is_labelled_only_by_fold_models_that_did_not_train_on_it(tiny_models, home, monkeypatch):
+    columns = dv.nli_pairs(PAIRS, seed=3)
+    calls = []
+    real = dv.train_nli_teacher_fold
+
+    def recording(model, cols, train_rows, label_rows, *args):
+        info = real(model, cols, train_rows, label_rows, *args)
+        calls.append((model, set(train_rows.tolist()), label_rows.tolist(), info["probs"]))
+        return info
+
+    monkeypatch.setattr(dv, "train_nli_teacher_fold", recording)
+    teachers = [str(tiny_models["bert"]), str(tiny_models["mpnet"])]
+    training = small_training()
+    infos = dv.ensure_nli_teachers(teachers, columns, training)
+
+    assert len(calls) == len(teachers) * training.folds
+    fold = dv.fold_assignment(PAIRS, training.folds, training.seed)
+    for info in infos:
+        own = [c for c in calls if c[0] == info["model"]]
+        labelled = sorted(row for c in own for row in c[2])
+        assert labelled == list(range(PAIRS))  # every pair labelled exactly once per teacher
+        for _, trained_on, labelled_rows, probs in own:
+            assert not trained_on & set(labelled_rows)  # never by a model that trained on it
+            assert len({int(fold[r]) for r in labelled_rows}) == 1  # one fold per model
+            assert trained_on | set(labelled_rows) == set(range(PAIRS))  # trained on all the other folds
+            np.testing.assert_allclose(info["oof_probs"][labelled_rows], probs)
+        gold = columns["label"]
+        assert info["heldout_accuracy"] == pytest.approx(float((info["oof_probs"].argmax(1) == gold).mean()))
+        assert len(info["fold_accuracy"]) == training.folds and not info["cached"]
+        saved = json.loads((Path(info["dir"]) / "teacher_info.json").read_text())
+        assert saved["heldout_accuracy"] == pytest.approx(info["heldout_accuracy"])
+        assert (Path(info["dir"]) / "fold-0" / "nli_head.pt").is_file()
+
+    soft, stats = dv.out_of_fold_soft_labels(infos, columns["label"])
+    np.testing.assert_allclose(soft, (infos[0]["oof_probs"] + infos[1]["oof_probs"]) / 2, rtol=1e-6)
+    np.testing.assert_allclose(soft.sum(axis=1), 1.0, rtol=1e-5)
+    assert set(stats["teacher_accuracy"]) == set(teachers)
+
+    # A saved fold model reloads and predicts what it predicted when it was trained.
+    model_dir = Path(infos[0]["dir"]) / "fold-1"
+    rows = np.flatnonzero(fold == 1)
+    reloaded = dv._predict(dv.NLITeacher.load(model_dir), columns, rows, "cpu", "fp32")
+    np.testing.assert_allclose(reloaded, infos[0]["oof_probs"][rows], atol=1e-5)
+
+    calls.clear()
+    again = dv.ensure_nli_teachers(teachers, columns, training)  # cached: no fold is retrained
+    assert calls == [] and all(info["cached"] for info in again)
+    np.testing.assert_array_equal(again[1]["oof_probs"], infos[1]["oof_probs"])
+
+
+def test_a_teacher_below_the_bar_is_refused_by_name_and_accuracy_and_stays_cached(tiny_bert, home):
+    columns = dv.nli_pairs(PAIRS, seed=3)
+    infos = dv.ensure_nli_teachers([str(tiny_bert)], columns, small_training(folds=2))
+    accuracy = infos[0]["heldout_accuracy"]
+    with pytest.raises(dv.TeacherAccuracyError) as caught:
+        dv.check_teacher_accuracy(infos, min_accuracy=0.99)
+    message = str(caught.value)
+    assert str(tiny_bert) in message and f"{accuracy:.3f}" in message and "0.99" in message
+    assert isinstance(caught.value, ConfigError)  # the job exits with the message, not a traceback
+    assert (Path(infos[0]["dir"]) / "teacher_info.json").is_file()
+    dv.check_teacher_accuracy(infos, min_accuracy=accuracy)  # at the bar: accepted
+    # Judging is not training: another bar reuses the same cached teacher.
+    same = dv.ensure_nli_teachers([str(tiny_bert)], columns, small_training(folds=2, min_accuracy=0.1))
+    assert same[0]["cached"] and same[0]["dir"] == infos[0]["dir"]
+
+
+def dvbert_config(student: Path, teachers: list[Path], root: Path, min_accuracy: float) -> JobConfig:
+    return JobConfig.from_dict({
+        "method": "dvbert", "student": str(student), "run_dir": str(root / f"run-{min_accuracy}"),
+        "data": {"max_sentences": 24, "max_length": 32},
+        "train": {"batch_size": 8, "lr": 1e-3, "epochs": 1, "eval_every": 100, "checkpoint_every": 100},
+        "extra": {"teachers": [str(t) for t in teachers],
+                  "teacher_training": {"epochs": 1, "lr": 1e-3, "batch_size": 8, "max_length": 32, "folds": 2,
+                                       "max_pairs": 32, "min_accuracy": min_accuracy},
+                  "stage2": {"train": {"batch_size": 8, "epochs": 1, "max_steps": 3, "eval_every": 100,
+                                       "checkpoint_every": 100}}},
+        "resources": {"num_cpus": 2, "teacher": {"num_actors": 1, "num_cpus": 1, "threads": 1},
+                      "learner": {"num_learners": 0, "num_cpus": 1, "threads": 1}},
+        "tracking": {"enabled": False},
+    })
+
+
+@pytest.mark.ray
+def test_dvbert_job_records_teacher_accuracy_and_refuses_weak_teachers_before_the_student(
+        ray_session, tiny_models, home, tmp_path):
+    from raydistill.evaluation import validate_result_file
+    from raydistill.runtime.distill import run_distillation
+
+    teachers = [tiny_models["bert"], tiny_models["mpnet"]]
+    with pytest.raises(dv.TeacherAccuracyError, match=str(teachers[0])):
+        run_distillation(dvbert_config(tiny_models["bert"], teachers, tmp_path, 0.99),
+                         result_path=tmp_path / "refused.json")
+    assert not (tmp_path / "run-0.99" / "best").exists() and not (tmp_path / "refused.json").exists()
+
+    result_path = tmp_path / "dvbert.json"
+    record = run_distillation(dvbert_config(tiny_models["bert"], teachers, tmp_path, 0.0), result_path=result_path,
+                              command="pytest tests/test_dvbert_teachers.py")
+    validate_result_file(str(result_path))
+    accuracy = record["training"]["teacher_accuracy"]
+    assert set(accuracy) == {str(t) for t in teachers}
+    assert all(0.0 <= value <= 1.0 for value in accuracy.values())
+    cached = {info["model"]: info["heldout_accuracy"]
+              for info in (json.loads(p.read_text()) for p in (home / "dvbert-teachers").glob("*/teacher_info.json"))}
+    assert accuracy == {model: pytest.approx(value, abs=1e-4) for model, value in cached.items()}
+
+
+from tests.ray_fixtures import ray_session  # noqa: E402, F401 - the session-wide Ray fixture
