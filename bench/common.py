@@ -1,7 +1,7 @@
 """What every benchmark shares: offline/thread set-up, the machine record, timing helpers, result files.
 
 A benchmark result is one JSON object in ``results/bench-<name>.json`` with its measured keys (rates and ratios
-measured side by side in one run) plus the provenance every number in README needs:
+measured side by side in one run) plus the provenance every number in the docs needs:
 
     command      the exact command line that produced the file (``python bench/<name>.py ...``)
     git_sha      ``git rev-parse HEAD`` (+ ``-dirty`` when the code differed from it: raydistill.evaluation.git_sha)
@@ -53,7 +53,7 @@ def set_threads(threads: int) -> None:
 
 
 def add_congen_step_arguments(parser, steps: int = 3, warmup: int = 1, rounds: int = 3) -> None:
-    """The sizes of the ConGen step the training benches time (batch 128, K = 65536: the issue's), as options."""
+    """The sizes of the ConGen step the training benches time (batch 128, K = 65536), as options."""
     parser.add_argument("--student", default="minilm-l3")
     parser.add_argument("--batch", type=int, default=128)
     parser.add_argument("--queue-size", type=int, default=65536)

@@ -63,7 +63,7 @@ PLOT = ROOT / "docs" / "speed_quality.png"
 
 
 def result_records(uncommitted: bool = False) -> list[dict]:
-    """The result files README's tables are built from (``_file`` = path under results/); only those git tracks
+    """The result files the docs' tables are built from (``_file`` = path under results/); only those git tracks
     unless ``uncommitted`` (a run in progress elsewhere writes its files before they are committed)."""
     import subprocess
 

@@ -436,7 +436,7 @@ def main(argv: list[str] | None = None) -> dict:
     finally:
         shutil.rmtree(work, ignore_errors=True)
     gemm_during_run.append(measure_limit(args.threads, repeats=3, sizes=(2048,))["limit_gflops"])
-    # The limit is fp32 (bench/limit.py, as the issue defines it); a bf16 step is also judged against bf16's own peak.
+    # The limit is fp32 (bench/limit.py, the machine limit); a bf16 step is also judged against bf16's own peak.
     bf16_gflops = measure_limit(args.threads, repeats=3, sizes=(2048,), dtype=torch.bfloat16)["limit_gflops"]
     for figures in students.values():
         figures["train_step_bf16_limit_fraction"] = round(

@@ -4,6 +4,7 @@
     raydistill eval --model minilm-l6      7-STS (+ STS-B dev, MRPC AUC) of a bi- or cross-encoder
     raydistill tune --student bert-mini    Ray Tune search of lr, temperatures and queue size (docs/tune.md)
     raydistill run congen [--set ...]      a distillation job on its shipped config (= python jobs/congen.py)
+    raydistill ui                          the MLflow UI on the runs' store, with links to each training-runs view
 """
 
 from __future__ import annotations
@@ -88,6 +89,36 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
     run_job(args.job, args.job_args, prog=f"raydistill run {args.job}")
     return 0
+
+
+def _cmd_ui(args: argparse.Namespace) -> int:
+    """Starts ``mlflow ui`` on the store the jobs write to and prints the link to each experiment's training runs:
+    MLflow 3's UI otherwise opens an experiment on its GenAI pages, where no training run shows."""
+    import shutil
+
+    from raydistill.runtime.tracking import resolve_tracking_uri, training_runs_url
+
+    uri = resolve_tracking_uri(args.store)
+    url = f"http://{args.host}:{args.port}"
+    if args.store is None and uri.startswith("sqlite:///") and not os.path.exists(uri[len("sqlite:///"):]):
+        print(f"raydistill ui: no MLflow store at {uri} (run a job here first, or pass --store URI)", file=sys.stderr)
+        return 2
+    try:
+        from mlflow import MlflowClient
+
+        experiments = MlflowClient(tracking_uri=uri).search_experiments()
+    except Exception as err:  # noqa: BLE001 - the UI can still start; the links are a convenience
+        print(f"raydistill ui: could not list the experiments of {uri}: {err}", file=sys.stderr)
+        experiments = []
+    print(f"MLflow UI on {uri}: {url}")
+    for experiment in experiments:
+        print(f"  {experiment.name}: {training_runs_url(url, experiment.experiment_id)}")
+    if args.no_serve:
+        return 0
+    mlflow = shutil.which("mlflow") or os.path.join(os.path.dirname(sys.executable), "mlflow")
+    command = [mlflow, "ui", "--backend-store-uri", uri, "--host", args.host, "--port", str(args.port)]
+    sys.stdout.flush()  # the links before the server's own log, also when stdout is a file
+    os.execv(mlflow, command)  # the server replaces this process: Ctrl-C and kill reach it, nothing is orphaned
 
 
 def _cmd_tune(args: argparse.Namespace) -> int:
@@ -219,7 +250,7 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=f"jobs (also python jobs/<job>.py in a checkout; add --help for their options and config fields):\n"
                f"{jobs}", formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="{models,eval,tune,run}")
+    sub = parser.add_subparsers(dest="command", required=True)
 
     models = sub.add_parser("models", help="list model presets and where they resolve offline")
     models.add_argument("--json", action="store_true", help="machine-readable output")
@@ -239,6 +270,16 @@ def build_parser() -> argparse.ArgumentParser:
 
     _add_tune_parser(sub)
     _add_run_parser(sub)
+
+    ui = sub.add_parser("ui", help="start the MLflow UI on the jobs' store and print each experiment's runs link",
+                        description="Start `mlflow ui` on the store the jobs write to. Prints, per experiment, the "
+                                    "link that opens its training runs (MLflow 3 otherwise opens its GenAI pages).")
+    ui.add_argument("--store", help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI, else "
+                                    "sqlite:///$PWD/mlflow.db, as the jobs use)")
+    ui.add_argument("--host", default="127.0.0.1")
+    ui.add_argument("--port", type=_positive_int, default=5000)
+    ui.add_argument("--no-serve", action="store_true", help="print the links only")
+    ui.set_defaults(func=_cmd_ui)
     return parser
 
 

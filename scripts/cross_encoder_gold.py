@@ -4,7 +4,7 @@
     python scripts/cross_encoder_gold.py LR BATCH EPOCHS MODEL gold|bi [MAX_LENGTH] [HEAD]
 
 HEAD: classifier (default, the paper's) | segment_cosine. results/diag-cross-encoder-gold.json and
-results/diag-cross-encoder-head.json record the runs README cites."""
+results/diag-cross-encoder-head.json record the runs docs/trans-encoder.md cites."""
 import sys
 import tempfile
 import time

@@ -1,5 +1,5 @@
 #!/bin/bash
-# Real-model fault case (issue 8): the ConGen job's driver is SIGKILLed mid-run (past its step-50 checkpoint) and the
+# Real-model fault case: the ConGen job's driver is SIGKILLed mid-run (past its step-50 checkpoint) and the
 # same command is run again; it must resume from the checkpoint and end within seed noise of the uninterrupted run
 # (results/congen-minilm-l3-mpnet-base.json, same config and seed).
 #   bash scripts/fault_driver_kill.sh            # logs in /tmp/fault1.log, /tmp/fault2.log

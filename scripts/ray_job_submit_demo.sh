@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs a distillation job the cluster way, against a local head: `ray start --head`, `ray job submit` of
 # jobs/congen.py (a small ConGen run: minilm-l3 <- minilm-l6, 512 captions, one epoch), `ray stop`. The whole
-# output is what docs/ray-job-submit.log holds; README's "On a Ray cluster" section shows the commands.
+# output is what docs/ray-job-submit.log holds; docs/cluster.md shows the commands.
 #
 #   bash scripts/ray_job_submit_demo.sh [OUT_DIR] > /tmp/submit.log 2>&1    # OUT_DIR (default /tmp/submit)
 #

@@ -1,10 +1,11 @@
-"""Regenerate the README tables from the committed result files.
+"""Regenerate the tables of README.md and docs/{results,trans-encoder,benchmarks,cluster}.md from committed files.
 
-Every number in README comes from a file under results/; this script is the only writer of the regions between
-`<!-- table:NAME -->` and `<!-- /table:NAME -->`. Run it after committing new results:
+Every number in those pages comes from a file under results/ (or, for the config comparison, from the shipped job
+configs); this script is the only writer of the regions between `<!-- table:NAME -->` and `<!-- /table:NAME -->`.
+Run it after committing new results:
 
-    python scripts/readme_tables.py            # rewrite README.md in place
-    python scripts/readme_tables.py --check    # exit 1 if README is stale (used by the tests)
+    python scripts/readme_tables.py            # rewrite the pages in place
+    python scripts/readme_tables.py --check    # exit 1 if a page is stale (used by the tests)
 """
 
 from __future__ import annotations
@@ -152,8 +153,8 @@ def distill_table(records: list[dict]) -> str:
     return "\n".join(lines)
 
 
-# The issue's retention targets: the best distilled student of each size as a share of its teacher's 7-STS average
-# (the seed papers' own retention: ConGen 99.1 % at 17M, 99.0 % at 11M; SCT 97.5 % at 4M).
+# Retention targets: the best distilled student of each size as a share of its teacher's 7-STS average (the seed
+# papers' own retention: ConGen 99.1 % at 17M, 99.0 % at 11M; SCT 97.5 % at 4M).
 RETENTION_TARGETS = {"minilm-l3": 99.5, "bert-mini": 99.0, "bert-tiny": 97.5}
 
 
@@ -363,31 +364,167 @@ def bench_table(records: list[dict], bench: dict[str, dict] | None = None) -> st
     return "\n".join(lines)
 
 
-TABLES = {"baselines": baselines_table, "distill": distill_table, "targets": targets_table, "tune": tune_table,
-          "tune_trials": tune_trials_table, "tenc": tenc_table, "tenc_compare": tenc_compare_table,
-          "bench": bench_table}
+def _encode_rates(results_dir: Path = ROOT / "results") -> dict[str, float]:
+    """Preset -> encode sentences/s from bench/inference.py, every model encoded the same way (length-sorted)."""
+    path = results_dir / "bench-inference.json"
+    if not path.is_file():
+        return {}
+    record = json.loads(path.read_text())
+    return {m["name"]: m["sentences_per_s"]["sorted"] for m in record.get("models", [])
+            if m.get("kind") == "preset" and m.get("sentences_per_s", {}).get("sorted")}
 
 
-def render(readme: str, records: list[dict]) -> str:
-    for name, make in TABLES.items():
+FRONT_PAGE_SIZES = ("minilm-l3", "bert-mini", "bert-tiny")
+
+
+def best_students_table(records: list[dict], rates: dict[str, float] | None = None) -> str:
+    """The front page's table: per student size, the distilled run with the best 7-STS average (any method, any
+    bi-encoder teacher), its share of that teacher's average and how much faster it encodes than the teacher."""
+    rates = _encode_rates() if rates is None else rates
+    teachers = {r["model"]: r for r in records if r["kind"] == "baseline"}
+    lines = ["| student | params (M) | 7-STS before | best distilled (method ← teacher) | 7-STS | % of teacher "
+             "| encodes × faster than teacher | result file |", "|---|---|---|---|---|---|---|---|"]
+    for student in FRONT_PAGE_SIZES:
+        runs = [r for r in records if r["kind"] in ("distill", "tune") and r["model"] == student
+                and r.get("teacher") in teachers]
+        if not runs:
+            continue
+        best = max(runs, key=lambda r: r["scores"]["avg"])
+        teacher = teachers[best["teacher"]]
+        start = teachers.get(student)
+        speed = (f"{rates[student] / rates[best['teacher']]:.1f} ×"
+                 if student in rates and best["teacher"] in rates else "–")
+        lines.append("| " + " | ".join([
+            f"`{student}`", f"{best['params_m']:.1f}", f"{start['scores']['avg']:.2f}" if start else "–",
+            f"{best.get('method', '?')} ← `{best['teacher']}` ({teacher['scores']['avg']:.2f})",
+            f"**{best['scores']['avg']:.2f}**", f"{100 * best['scores']['avg'] / teacher['scores']['avg']:.1f}",
+            speed, f"[{best['_file']}](results/{best['_file']})"]) + " |")
+    return "\n".join(lines)
+
+
+def tenc_main_table(records: list[dict]) -> str:
+    """The main job's outcome: the self-vs-mutual comparison, for the cross-encoder head the shipped config uses."""
+    import yaml
+
+    head = yaml.safe_load((ROOT / "raydistill" / "configs" / "mutual_tenc.yaml").read_text())["cross"].get("head")
+    lines = tenc_compare_table(records).splitlines()
+    return "\n".join(lines[:2] + [line for line in lines[2:] if line.startswith(f"| {head or 'classifier'} |")])
+
+
+def _flat(data, prefix: str = "") -> dict:
+    if isinstance(data, dict):
+        out = {}
+        for key, value in data.items():
+            out.update(_flat(value, f"{prefix}{key}."))
+        return out
+    return {prefix[:-1]: data}
+
+
+def _effective_config(path: Path) -> dict:
+    """A shipped config as the job sees it: the file over the dataclass defaults."""
+    sys.path.insert(0, str(ROOT))
+    from raydistill.runtime.config import JobConfig
+    from raydistill.runtime.tenc import TencConfig
+
+    return (TencConfig if "tenc" in path.name else JobConfig).from_yaml(path).to_dict()
+
+
+def gpu_configs_table(records: list[dict] | None = None) -> str:
+    """What each shipped ``<job>-gpu.yaml`` changes against the CPU config of the same job, ``resources`` (and the
+    run directory, which only keeps the two runs apart) aside; both read as the job reads them, defaults filled in."""
+    configs = ROOT / "raydistill" / "configs"
+    lines = ["| GPU config | CPU config | fields that differ, besides `resources` (CPU → GPU) |", "|---|---|---|"]
+    for gpu in sorted(configs.glob("*-gpu.yaml")):
+        cpu = configs / gpu.name.replace("-gpu", "")
+        if not cpu.is_file():
+            continue
+        a, b = _flat(_effective_config(cpu)), _flat(_effective_config(gpu))
+        keys = sorted(k for k in a.keys() | b.keys()
+                      if not k.startswith("resources.") and k != "run_dir" and a.get(k) != b.get(k))
+
+        def show(value) -> str:
+            if isinstance(value, list) and value and all(isinstance(v, dict) and "name" in v for v in value):
+                value = [v["name"] for v in value]  # model families: their names say which models
+            return json.dumps(value) if isinstance(value, (list, dict, type(None), bool)) else str(value)
+
+        changes = "; ".join(f"`{k}` {show(a.get(k))} → {show(b.get(k))}" for k in keys)
+        lines.append(f"| `{gpu.name}` | `{cpu.name}` | {changes or 'none'} |")
+    return "\n".join(lines)
+
+
+# The committed output of the main job, else of a ConGen job: what the front page shows a job printing.
+JOB_LOGS = ("docs/mutual_tenc-run.log", "docs/congen-run.log")
+
+
+def job_log_excerpt(records: list[dict] | None = None, head: int = 5, tail: int = 4) -> str:
+    """The command and the first and last lines a job printed, from the first committed log of ``JOB_LOGS``."""
+    for name in JOB_LOGS:
+        path = ROOT / name
+        if path.is_file():
+            lines = [line.rstrip() for line in path.read_text().splitlines() if line and not line.startswith("#")]
+            shown = lines if len(lines) <= head + tail else lines[:head] + ["..."] + lines[-tail:]
+            return "\n".join([f"The whole output: [{name}]({name}).", "", "```text", *shown, "```"])
+    return "(no job log committed under docs/)"
+
+
+def reliability_summary(records: list[dict] | None = None) -> str:
+    """Cases tried, faults survived, steps lost, from docs/reliability.json (scripts/reliability_table.py)."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    from reliability_table import summary_lines
+
+    rows = json.loads((ROOT / "docs" / "reliability.json").read_text())["rows"]
+    return "\n".join(summary_lines(rows))
+
+
+# Which tables live in which page. README keeps the front-page table; the long ones have their own pages.
+PAGES = {
+    "README.md": {"best_students": best_students_table, "tenc_main": tenc_main_table, "job_log": job_log_excerpt,
+                  "reliability_summary": reliability_summary},
+    "docs/results.md": {"baselines": baselines_table, "distill": distill_table, "targets": targets_table,
+                        "tune": tune_table, "tune_trials": tune_trials_table},
+    "docs/trans-encoder.md": {"tenc": tenc_table, "tenc_compare": tenc_compare_table},
+    "docs/benchmarks.md": {"bench": bench_table},
+    "docs/cluster.md": {"gpu_configs": gpu_configs_table},
+}
+
+
+def _link_prefix(page: str) -> str:
+    """Links to results/ are written from the repository root; a page under docs/ needs ../ in front."""
+    return "../" * page.count("/")
+
+
+def render(text: str, records: list[dict], tables: dict | None = None, page: str = "README.md") -> str:
+    prefix = _link_prefix(page)
+    for name, make in (tables if tables is not None else PAGES[page]).items():
         pattern = re.compile(rf"(<!-- table:{name} -->\n).*?(<!-- /table:{name} -->)", re.S)
-        readme = pattern.sub(lambda m: m.group(1) + make(records) + "\n" + m.group(2), readme)
-    return readme
+        body = make(records)
+        if prefix:
+            body = body.replace("](results/", f"]({prefix}results/")
+        text = pattern.sub(lambda m: m.group(1) + body + "\n" + m.group(2), text)
+    return text
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--check", action="store_true", help="fail if README.md is not what the results say")
+    parser.add_argument("--check", action="store_true", help="fail if a page is not what the results say")
     args = parser.parse_args()
-    readme_path = ROOT / "README.md"
-    current = readme_path.read_text()
-    updated = render(current, load_results())
-    if args.check:
-        if updated != current:
-            print("README.md tables are stale: run python scripts/readme_tables.py", file=sys.stderr)
+    records = load_results()
+    stale = []
+    for page, tables in PAGES.items():
+        path = ROOT / page
+        current = path.read_text()
+        missing = [name for name in tables if f"<!-- table:{name} -->" not in current]
+        if missing:
+            print(f"{page}: no region for table(s) {', '.join(missing)}", file=sys.stderr)
             return 1
-        return 0
-    readme_path.write_text(updated)
+        updated = render(current, records, tables, page)
+        if updated != current:
+            stale.append(page)
+            if not args.check:
+                path.write_text(updated)
+    if args.check and stale:
+        print(f"stale tables in {', '.join(stale)}: run python scripts/readme_tables.py", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -8,6 +8,11 @@ hand. A test module joins with ``pytest_plugins = ["tests.reliability_log"]`` an
     .venv/bin/python -m pytest -q tests/test_bad_input.py tests/test_cli_args.py tests/test_checkpoint.py
     .venv/bin/python scripts/reliability_table.py            # rewrite docs/reliability.md
     .venv/bin/python scripts/reliability_table.py --check    # exit 1 if docs/reliability.md is stale
+    .venv/bin/python scripts/reliability_table.py --summary  # the counts docs/results.md's reliability section quotes
+
+The counts: cases tried (rows, by outcome), faults survived (rows of the "fault" area that passed: an injected fault
+after which the job finished, or stopped cleanly and resumably), and steps lost (the ``lost_steps`` each fault row
+records: optimiser steps trained again after the resume).
 """
 
 from __future__ import annotations
@@ -34,9 +39,13 @@ AREAS = {
            "any model starts, with the allowed values.",
     "output dir": "Output directories that cannot be written, or a disk without room.",
     "checkpoint": "Checkpoints: atomic writes (temporary directory, then rename) with a manifest (git SHA, config "
-                  "hash, step); a checkpoint of another config is refused.",
+                  "hash, corpus content hash, step, and each file's size and sha256). Loading runs no code from the "
+                  "run dir, a damaged checkpoint is named and skipped, one job holds a run dir at a time, and a "
+                  "resume that would train something else is refused before Ray starts.",
+    "training": "Numerical faults inside a training step: what stops the run, and what is never checkpointed.",
     "fault": "Faults injected for real under local Ray (actors killed with ray.kill or SIGKILL, the driver killed "
-             "and the job restarted): what each run did and how much progress it lost.",
+             "or sent SIGTERM and the job restarted, a learner frozen, teacher-cache parts damaged): what each run "
+             "did and how much progress it lost.",
 }
 INTRO = """# Reliability: what each bad input and fault does
 
@@ -95,6 +104,27 @@ def _test_cell(row: dict) -> str:
     return f"[{_cell(name)}](../{file}) {mark}"
 
 
+def summary_lines(rows: list[dict]) -> list[str]:
+    """Cases tried, faults survived, steps lost: one markdown bullet each."""
+    outcomes = Counter(row.get("outcome", "unknown") for row in rows)
+    areas = {row["area"] for row in rows}
+    outcome_text = ", ".join(f"{count} {outcome}" for outcome, count in sorted(outcomes.items()))
+    faults = [row for row in rows if row["area"] == "fault"]
+    survived = [row for row in faults if row.get("outcome") == "passed"]
+    lost = [int(row["details"]["lost_steps"]) for row in faults
+            if isinstance(row.get("details"), dict) and "lost_steps" in row["details"]]
+    if lost:
+        steps = (f"- Steps lost: {sum(lost)} optimiser steps trained again in total over the {len(lost)} faults that "
+                 f"interrupt training, at most {max(lost)} for one (a checkpoint interval bounds it); {lost.count(0)} "
+                 "lost none")
+    else:
+        steps = "- Steps lost: no fault row records lost_steps"
+    return [f"- Cases tried: {len(rows)} in {len(areas)} areas ({outcome_text})",
+            f"- Faults survived: {len(survived)} of {len(faults)} faults injected for real: the job finished, or "
+            "stopped cleanly with a message saying how to resume",
+            steps]
+
+
 def render(rows: list[dict]) -> str:
     by_area: dict[str, list[dict]] = {}
     for row in rows:
@@ -103,7 +133,8 @@ def render(rows: list[dict]) -> str:
     outcomes = Counter(row.get("outcome", "unknown") for row in rows)
     summary = ", ".join(f"{count} {outcome}" for outcome, count in sorted(outcomes.items()))
     test_files = " ".join(dict.fromkeys(row["test"].partition("::")[0] for row in rows))
-    parts = [INTRO.format(test_files=test_files), f"{len(rows)} cases in {len(areas)} areas ({summary}).\n"]
+    parts = [INTRO.format(test_files=test_files), f"{len(rows)} cases in {len(areas)} areas ({summary}).\n",
+             "\n".join(summary_lines(rows)[1:]) + "\n"]  # the cases-tried count is the line above
     for area in areas:
         parts.append(f"## {area[0].upper()}{area[1:]}\n")
         if area in AREAS:
@@ -123,8 +154,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", type=Path, default=DEFAULT_JSON, help=f"the test log (default {DEFAULT_JSON})")
     parser.add_argument("--out", type=Path, default=DEFAULT_MD, help=f"the markdown to write (default {DEFAULT_MD})")
     parser.add_argument("--check", action="store_true", help="exit 1 if --out differs from what would be written")
+    parser.add_argument("--summary", action="store_true",
+                        help="print the counts (cases tried, faults survived, steps lost) and write nothing")
     args = parser.parse_args(argv)
-    text = render(load_rows(args.json))
+    rows = load_rows(args.json)
+    if args.summary:
+        print("\n".join(summary_lines(rows)))
+        return 0
+    text = render(rows)
     if args.check:
         current = args.out.read_text(encoding="utf-8") if args.out.is_file() else ""
         if current != text:

@@ -49,13 +49,21 @@ def teacher_dir(tmp_path_factory, real_sentences) -> Path:
 
 
 def write_caption_pairs(path: Path, rows: int = ROWS) -> Path:
-    """``rows`` lines ``{"sentence1": caption 1, "sentence2": caption 2}`` of the first Flickr30k images."""
-    from raydistill.data import load_dataset
+    """``rows`` lines ``{"sentence1": caption 1, "sentence2": caption 2}`` of the first Flickr30k images.
 
+    Images with a caption that is also an evaluation sentence are skipped: a ``file:`` corpus drops such pairs, and
+    the tests count on exactly ``rows`` training rows.
+    """
+    from raydistill.data import load_dataset
+    from raydistill.data.corpus import evaluation_key, evaluation_keys
+
+    evaluation = evaluation_keys()
     lines = []
     for group in load_dataset("flickr_captions"):
         if len(lines) == rows:
             break
+        if evaluation_key(group.captions[0]) in evaluation or evaluation_key(group.captions[1]) in evaluation:
+            continue
         lines.append(json.dumps({"sentence1": group.captions[0], "sentence2": group.captions[1]}))
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
     return path
@@ -109,6 +117,13 @@ class RunLog:
         rows = sorted((row for row in self.history if "batch_crc32" in row), key=lambda row: row["step"])
         return [row["batch_crc32"] for row in rows]
 
+    def batches_by_rank(self, learners: int) -> list[list[int]]:
+        """Per learner rank, the crc32 of each step's batch, in step order (gathered into rank 0's history)."""
+        rows = sorted((row for row in self.history if "loss" in row), key=lambda row: row["step"])
+        if learners == 1:
+            return [[row["batch_crc32"] for row in rows]]
+        return [[row["batch_crc32_by_rank"][rank] for row in rows] for rank in range(learners)]
+
 
 def final_history(run_dir: Path) -> list[dict[str, Any]]:
     latest = ckpt.latest_checkpoint(run_dir)
@@ -117,8 +132,8 @@ def final_history(run_dir: Path) -> list[dict[str, Any]]:
     return list(state["learner"]["history"])
 
 
-def expected_batches(cfg: JobConfig, learners: int = 1) -> list[int]:
-    """crc32 of the row ids of the batches an uninterrupted run trains on (rank 0's when several learners)."""
+def expected_batches(cfg: JobConfig, learners: int = 1, rank: int = 0) -> list[int]:
+    """crc32 of the row ids of the batches an uninterrupted run trains on (learner ``rank``'s when several)."""
     import zlib
 
     from raydistill.runtime.pipeline import load_training_texts
@@ -127,7 +142,7 @@ def expected_batches(cfg: JobConfig, learners: int = 1) -> list[int]:
     out = []
     for epoch in range(cfg.train.epochs):
         order = np.random.default_rng([int(cfg.seed), epoch]).permutation(rows)  # TrainingData.epoch_order
-        for b in range(0, (rows // cfg.train.batch_size) // learners * learners, learners):
+        for b in range(rank, (rows // cfg.train.batch_size) // learners * learners, learners):
             idx = order[b * cfg.train.batch_size:(b + 1) * cfg.train.batch_size]
             out.append(zlib.crc32(np.ascontiguousarray(idx, dtype=np.int64).tobytes()))
     return out

@@ -1,4 +1,4 @@
-"""One local Ray per pytest session (a Ray start costs ~9 s here; ../shared/notes/ray.md §6).
+"""One local Ray per pytest session (a Ray start costs ~9 s here; docs/runtime.md, Ray behaviour).
 
 Use it with ``from tests.ray_fixtures import ray_session`` (or ``pytest_plugins = ["tests.ray_fixtures"]``) and mark
 the tests ``@pytest.mark.ray``. Importing the fixture into several modules gives pytest several fixture definitions;

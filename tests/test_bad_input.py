@@ -1,6 +1,6 @@
 """Bad input, tried for real: a corpus of malformed files, the same mistakes given to a whole job, and a fuzz.
 
-The contract (issue 8, point 1): every bad input ends in one of two documented outcomes,
+The contract: every bad input ends in one of two documented outcomes,
   * a ``DataError`` naming the file, the line and the field, raised before any training starts (a job reads every
     file it will use in ``JobConfig.validate``, before Ray or any model), or
   * a skip that is counted, logged and recorded in MLflow (``input.*`` params of the job's run);
@@ -369,7 +369,8 @@ def test_job_counts_what_it_skips_in_the_log_and_mlflow(ray_session, tmp_path, t
     params = MlflowClient(tracking_uri=tracking_uri).get_run(record["mlflow_run_id"]).data.params
     counts = {key[len("input."):]: params[key] for key in params if key.startswith("input.")}
     assert counts == {"blank_lines": "2", "duplicates_dropped": "3", "subsampled_out": "0", "long_texts": "1",
-                      "texts_with_control_chars": "1", "rows": "42"}
+                      "texts_with_control_chars": "1", "rows": "42",
+                      "evaluation_sentences_removed": "0"}
     warnings = [r.getMessage() for r in caplog.records if "training corpus" in r.getMessage()]
     assert len(warnings) == 1 and "duplicates_dropped 3" in warnings[0] and "long_texts 1" in warnings[0]
     logged = warnings[0]

@@ -138,7 +138,8 @@ def test_unreadable_manifest_names_the_file(tmp_path, reliability):
     (path / ckpt.MANIFEST).write_text("{not json")
     with pytest.raises(ckpt.CheckpointError, match="manifest.json:1"):
         ckpt.read_manifest(path)
-    data = json.loads(json.dumps({"files": ["missing.pt"], "config_hash": cfg.config_hash()}))
+    data = {"format": ckpt.FORMAT, "files": [{"name": "missing.pt", "size": 1, "sha256": "0" * 64}],
+            "config_hash": cfg.config_hash()}
     (path / ckpt.MANIFEST).write_text(json.dumps(data))
     with pytest.raises(ckpt.CheckpointError, match="missing.pt") as caught:
         ckpt.load_checkpoint(path, config=cfg)
@@ -248,3 +249,261 @@ def test_disk_full_while_writing_a_checkpoint(tmp_path, reliability):
                        "capped at 300 kB per file (RLIMIT_FSIZE: a real EFBIG from the kernel)",
                        did="CheckpointError saying so; the half-written directory removed; the previous checkpoint "
                            "loads", message=message, lost="the steps since the previous checkpoint")
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Loading never executes code; damaged files are named and skipped
+
+
+def write_manifest(path: Path, manifest: dict) -> None:
+    (path / ckpt.MANIFEST).write_text(json.dumps(manifest), encoding="utf-8")
+
+
+def file_entry(file: Path, name: str | None = None) -> dict:
+    import hashlib
+
+    return {"name": name or file.name, "size": file.stat().st_size,
+            "sha256": hashlib.sha256(file.read_bytes()).hexdigest()}
+
+
+class WritesMarkerWhenUnpickled:
+    """A pickle payload: unpickling it runs ``exec``, which creates the marker file."""
+
+    def __init__(self, marker: Path):
+        self.marker = marker
+
+    def __reduce__(self):
+        return exec, (f"open({str(self.marker)!r}, 'w').write('unpickled')",)
+
+
+def test_crafted_manifest_or_pickle_payload_is_refused_before_unpickling(tmp_path, reliability):
+    cfg = make_config()
+    run_dir = tmp_path / "run"
+    path = ckpt.save_checkpoint(run_dir, step=4, epoch=0, batch_in_epoch=4, config=cfg,
+                                state={"student": {"w": torch.ones(3)}})
+    manifest = ckpt.read_manifest(path)
+    marker = tmp_path / "code-ran"
+    payload = tmp_path / "payload.pt"
+    torch.save({"w": WritesMarkerWhenUnpickled(marker)}, payload)
+    assert not marker.exists()
+    messages = {}
+
+    # 1. A name that climbs out of the checkpoint directory to a file the attacker controls.
+    outside = tmp_path / "evil.pt"
+    outside.write_bytes(payload.read_bytes())
+    write_manifest(path, {**manifest, "files": [file_entry(outside, "../../../evil.pt")]})
+    with pytest.raises(ckpt.CheckpointError, match=r"refused file name '\.\./\.\./\.\./evil\.pt'") as caught:
+        ckpt.load_checkpoint(path, config=cfg)
+    messages["dotdot"] = str(caught.value)
+
+    # 2. An absolute name.
+    write_manifest(path, {**manifest, "files": [file_entry(outside, str(outside))]})
+    with pytest.raises(ckpt.CheckpointError, match="refused file name") as caught:
+        ckpt.load_checkpoint(path, config=cfg)
+    messages["absolute"] = str(caught.value)
+
+    # 3. A pickle payload under a legitimate name, with a manifest whose size and sha256 match it (whoever can write
+    #    the run dir can rewrite both): weights_only loading refuses the object instead of running it.
+    (path / "student.pt").write_bytes(payload.read_bytes())
+    write_manifest(path, {**manifest, "files": [file_entry(path / "student.pt")]})
+    with pytest.raises(ckpt.CheckpointError, match="student.pt: refused: holds objects other than tensors") as caught:
+        ckpt.load_checkpoint(path, config=cfg)
+    messages["payload"] = str(caught.value)
+
+    assert not marker.exists(), "loading the checkpoint ran code from it"
+    # The payload is live: a plain (unsafe) load does run it, so the test above could have failed.
+    torch.load(payload, weights_only=False)
+    assert marker.read_text() == "unpickled"
+    reliability.record(
+        "checkpoint", "checkpoint-pickle-refused",
+        input="a manifest naming ../../../evil.pt; one naming an absolute path; student.pt replaced by a pickle whose "
+              "unpickling runs exec (manifest size and sha256 rewritten to match)",
+        did="refused each with CheckpointError before anything was unpickled: file names must be plain <name>.pt "
+            "inside the checkpoint; files load with torch.load(weights_only=True), which refuses the object; the "
+            "payload's code never ran",
+        message=messages["dotdot"] + " / " + messages["payload"], lost="nothing: the run dir is left as it was")
+
+
+def test_truncated_or_altered_file_is_named_and_the_resume_falls_back(tmp_path, reliability):
+    cfg = make_config()
+    for step in (5, 10):
+        ckpt.save_checkpoint(tmp_path, step=step, epoch=0, batch_in_epoch=step, config=cfg, keep_last=3,
+                             state={"student": {"w": torch.full((1000,), float(step))}, "optimizer": {"m": step}})
+    newest = ckpt.checkpoint_root(tmp_path) / "step-0000010"
+
+    student = newest / "student.pt"
+    original = student.read_bytes()
+    student.write_bytes(original[: len(original) // 2])  # a copy cut short, a disk that filled up
+    with pytest.raises(ckpt.CheckpointError) as truncated:
+        ckpt.load_checkpoint(newest, config=cfg)
+    assert str(truncated.value).startswith(f"{student}: truncated: {len(original) // 2} bytes, the manifest says "
+                                           f"{len(original)}")
+
+    altered = bytearray(original)
+    altered[-100] ^= 0xFF  # same size, one byte flipped
+    student.write_bytes(bytes(altered))
+    with pytest.raises(ckpt.CheckpointError, match="student.pt: content altered") as changed:
+        ckpt.load_checkpoint(newest, config=cfg)
+
+    reports: list[str] = []
+    path, manifest = ckpt.latest_good_checkpoint(tmp_path, report=reports.append)
+    assert path == ckpt.checkpoint_root(tmp_path) / "step-0000005" and manifest["step"] == 5
+    assert reports == [f"checkpoint damaged: {student}: content altered: its sha256 differs from the manifest's; "
+                       "falling back to the previous good checkpoint step-0000005"]
+    _, state = ckpt.load_checkpoint(path, config=cfg)
+    assert torch.equal(state["student"]["w"], torch.full((1000,), 5.0))
+
+    # With no good checkpoint left the resume stops instead of silently starting over on top of them.
+    (path / "optimizer.pt").write_bytes(b"")
+    with pytest.raises(ckpt.CheckpointError, match="no checkpoint can be loaded"):
+        ckpt.latest_good_checkpoint(tmp_path, report=reports.append)
+    reliability.record(
+        "checkpoint", "checkpoint-truncated-fallback",
+        input="the newest checkpoint's student.pt cut to half its size; then the same file with one byte flipped",
+        did="the manifest's size and sha256 per file caught both; CheckpointError named the file; the resume "
+            "(latest_good_checkpoint, used by LearnerGroup) fell back to the previous checkpoint and said so",
+        message=str(truncated.value) + " / " + reports[0],
+        lost="the steps between the previous checkpoint and the damaged one")
+
+
+def test_crash_between_the_renames_of_a_resave_leaves_a_loadable_checkpoint(tmp_path, reliability):
+    script = textwrap.dedent(f"""
+        import os, sys, torch
+        sys.path.insert(0, {str(REPO)!r})
+        from raydistill.runtime import checkpoint as ckpt
+        from raydistill.runtime.config import JobConfig
+
+        cfg = JobConfig.from_dict({{"method": "congen", "student": "bert-tiny", "teacher": "minilm-l6",
+                                    "train": {{"lr": 5e-4}}}})
+        run_dir = {str(tmp_path)!r}
+        ckpt.save_checkpoint(run_dir, step=5, epoch=0, batch_in_epoch=5, config=cfg,
+                             state={{"student": {{"w": torch.ones(10)}}}})
+        ckpt._between_resave_renames = lambda: os._exit(9)   # the process dies after the 1st rename
+        ckpt.save_checkpoint(run_dir, step=5, epoch=0, batch_in_epoch=5, config=cfg,
+                             state={{"student": {{"w": torch.full((10,), 2.0)}}}})
+        print("not reached")
+    """)
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 9, proc.stderr
+    root = ckpt.checkpoint_root(tmp_path)
+    leftovers = sorted(p.name for p in root.iterdir())
+    assert "step-0000005" not in leftovers and any(".old-" in name for name in leftovers), leftovers
+
+    cfg = make_config()
+    latest = ckpt.latest_checkpoint(tmp_path)
+    assert latest is not None and latest.name.startswith("step-0000005.old-")
+    manifest, state = ckpt.load_checkpoint(latest, config=cfg)
+    assert manifest["step"] == 5 and torch.equal(state["student"]["w"], torch.ones(10))
+
+    # The next save puts the step back under its own name and clears the dead writer's leftovers.
+    ckpt.save_checkpoint(tmp_path, step=6, epoch=0, batch_in_epoch=6, config=cfg, state={"s": {}})
+    assert sorted(p.name for p in root.iterdir()) == ["step-0000005", "step-0000006"]
+    reliability.record(
+        "checkpoint", "resave-crash-safe",
+        input="a same-step re-save of step 5 killed (os._exit) between moving the old directory aside and renaming "
+              "the new one into place",
+        did="list_checkpoints listed the moved-aside step-0000005.old-<pid> (it has its manifest), which loads and "
+            "verifies; the next save renamed it back to step-0000005 and removed the dead writer's temporary directory",
+        lost="nothing: the step's previous checkpoint is intact")
+
+
+def test_a_second_job_on_a_locked_run_dir_is_refused_and_a_stale_lock_is_taken_over(tmp_path, no_ray_start,
+                                                                                     reliability):
+    import socket
+
+    from raydistill.runtime.distill import run_distillation
+
+    cfg = JobConfig.from_dict(job_dict(tmp_path))
+    run_dir = cfg.resolved_run_dir()
+    holder = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
+        import sys, time
+        sys.path.insert(0, {str(REPO)!r})
+        from raydistill.runtime.checkpoint import RunDirLock
+        RunDirLock({str(run_dir)!r}).acquire()
+        print("locked", flush=True)
+        time.sleep(600)
+    """)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        with pytest.raises(ckpt.RunDirLockedError) as caught:
+            run_distillation(cfg, results_dir=tmp_path / "results")
+        refused = str(caught.value)
+        assert f"host {socket.gethostname()}, pid {holder.pid}," in refused
+        assert not (run_dir / "config.yaml").exists()
+    finally:
+        holder.kill()
+        holder.wait(timeout=60)
+
+    # The holder was SIGKILLed: its lock file still names it, but the kernel dropped its flock.
+    assert f'"pid": {holder.pid}' in (run_dir / ckpt.LOCK_FILE).read_text()
+    reports: list[str] = []
+    lock = ckpt.RunDirLock(run_dir).acquire(report=reports.append)
+    try:
+        assert reports == [f"{run_dir}: taking over the stale lock of host {socket.gethostname()} pid {holder.pid} "
+                           f"(since {reports[0].split('(since ')[1].split(')')[0]}): that process is gone"]
+        assert f'"pid": {os.getpid()}' in (run_dir / ckpt.LOCK_FILE).read_text()
+    finally:
+        lock.release()
+    assert (run_dir / ckpt.LOCK_FILE).read_text() == ""  # released cleanly: nothing to take over next time
+    reliability.record(
+        "checkpoint", "run-dir-locked",
+        input="a job started on a run dir whose lock another live process holds; then that process SIGKILLed and "
+              "the run dir locked again",
+        did="the second job was refused (RunDirLockedError) naming the holder's host and pid, before Ray started "
+            "and without touching config.yaml; after the holder died its stale lock was taken over, and the log "
+            "said so", message=refused + " / " + reports[0], lost="nothing")
+
+
+def test_resume_with_another_lr_corpus_content_or_learner_count_is_refused_before_ray(tmp_path, no_ray_start,
+                                                                                      monkeypatch, reliability):
+    from raydistill.runtime import pipeline
+    from raydistill.runtime.distill import run_distillation
+    from raydistill.runtime.methods import with_method_defaults
+
+    def teacher_pass(*args, **kwargs):
+        raise AssertionError("the job built its training data (the teacher pass) before refusing the checkpoint")
+
+    monkeypatch.setattr(pipeline, "build_training_data", teacher_pass)
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("".join(f"sentence number {i} about a dog on the beach\n" for i in range(64)))
+    # As run_distillation sees it (the method's defaults filled in), so that lr is the only difference below.
+    written_by = with_method_defaults(JobConfig.from_dict(job_dict(tmp_path, train={"lr": 5e-4}, data={
+        "corpus": f"file:{corpus}", "views": {"control": "none", "generalize": "delete:0.1"}})))
+    run_dir = written_by.resolved_run_dir()
+    ckpt.save_checkpoint(run_dir, step=5, epoch=0, batch_in_epoch=5, config=written_by, state={"s": {}},
+                         extra={"world_size": 1})
+    written_by.to_yaml(run_dir / "config.yaml")
+    config_yaml = (run_dir / "config.yaml").read_bytes()
+    messages = {}
+
+    changed_lr = written_by.with_overrides(["train.lr=1e-4"])
+    with pytest.raises(ckpt.CheckpointMismatchError) as caught:
+        run_distillation(changed_lr, results_dir=tmp_path / "results")
+    messages["lr"] = str(caught.value)
+    assert "differing keys: train.lr: checkpoint 0.0005, this run 0.0001" in messages["lr"]
+
+    corpus.write_text(corpus.read_text().replace("dog", "cat"))  # same path, same config, other sentences
+    with pytest.raises(ckpt.CheckpointMismatchError) as caught:
+        run_distillation(written_by, results_dir=tmp_path / "results")
+    messages["corpus"] = str(caught.value)
+    assert "differing keys: data.corpus (file content): checkpoint sha256 " in messages["corpus"]
+    corpus.write_text(corpus.read_text().replace("cat", "dog"))
+
+    two_learners = written_by.with_overrides(["resources.learner.num_learners=2"])
+    with pytest.raises(ckpt.CheckpointMismatchError) as caught:
+        run_distillation(two_learners, results_dir=tmp_path / "results")
+    messages["learners"] = str(caught.value)
+    assert "trained with 1 learner(s); this run asks for 2" in messages["learners"]
+    assert "resume with resources.learner.num_learners=1" in messages["learners"]
+
+    assert (run_dir / "config.yaml").read_bytes() == config_yaml
+    assert ckpt.check_resume(run_dir, written_by, world_size=1) == ckpt.latest_checkpoint(run_dir)
+    reliability.record(
+        "checkpoint", "resume-config-changed-before-ray",
+        input="a run dir with a checkpoint, resumed with train.lr 1e-4 instead of 5e-4; with the corpus file edited "
+              "under the same path; with resources.learner.num_learners 2 instead of 1",
+        did="each refused (CheckpointMismatchError) listing the differing keys (the corpus by its sha256), before "
+            "Ray started and before the teacher pass, with config.yaml untouched. A different learner count is "
+            "refused: it changes the steps per epoch, the total steps and the LR schedule",
+        message=messages["lr"] + " / " + messages["corpus"] + " / " + messages["learners"],
+        lost="nothing: the checkpoint and config.yaml are left as they were")

@@ -1,5 +1,5 @@
 """raydistill.data: every bad input names its file, line and field; gzip and $RAYDISTILL_DATA are transparent;
-the bundled benchmark files are complete (row counts of ../shared/README.md)."""
+the bundled benchmark files are complete (the row counts of the source sets)."""
 
 from __future__ import annotations
 
@@ -287,7 +287,7 @@ def test_load_dataset_is_cached_and_immutable(monkeypatch):
     assert isinstance(first, tuple)
 
 
-EXPECTED_ROWS = {  # ../shared/README.md
+EXPECTED_ROWS = {  # rows of each source set as published
     "sts12": 3108, "sts13": 1500, "sts14": 3750, "sts15": 3000, "sts16": 1186,
     "stsb_train": 5749, "stsb_dev": 1500, "stsb_test": 1379,
     "sick_train": 4500, "sick_trial": 500, "sick_test": 4927,

@@ -1,4 +1,4 @@
-"""Determinism (issue 8, point 4): the same seed and config give the same pseudo-labels and the same final scores.
+"""Determinism: the same seed and config give the same pseudo-labels and the same final scores.
 
 Measured here, on this machine, under the real Ray runtime with tiny models:
   * a ConGen job run twice with one seed: the same batches, the same loss at every step, the same final STS-B dev;
@@ -20,7 +20,7 @@ from tests.ray_fixtures import ray_session  # noqa: F401 - the session-wide Ray 
 pytest_plugins = ["tests.reliability_log"]
 pytestmark = pytest.mark.ray
 
-SCORE_TOLERANCE = 0.05  # issue 8: "the same final scores to ±0.05"
+SCORE_TOLERANCE = 0.05  # the contract: "the same final scores to ±0.05"
 
 
 def max_loss_difference(first, second) -> float:

@@ -14,6 +14,7 @@ import pytest
 
 from raydistill.runtime import dvbert_teachers as dv
 from raydistill.runtime.config import ConfigError, JobConfig
+from tests.ray_fixtures import ray_session  # noqa: F401 - the session-wide Ray fixture
 
 PAIRS = 36
 
@@ -25,8 +26,8 @@ def home(tmp_path, monkeypatch) -> Path:
 
 
 def small_training(**overrides) -> dv.TeacherTraining:
-    return dv.TeacherTraining.from_dict({"epochs": 1, "lr": 1e-3, "batch_size": 6, "max_length": 32, "folds": 3,
-                                         "head": "segments", **overrides})
+    return dv.TeacherTraining.from_dict({"epochs": 2, "lr": 1e-3, "batch_size": 6, "max_length": 32, "folds": 3,
+                                         "head": "aligned", "finetune": False, **overrides})
 
 
 def test_fold_assignment_is_balanced_seeded_and_covers_every_pair():
@@ -37,43 +38,49 @@ def test_fold_assignment_is_balanced_seeded_and_covers_every_pair():
 
 
 def test_teacher_training_refuses_settings_that_cannot_give_out_of_fold_labels():
-    for bad in ({"folds": 1}, {"head": "pooler"}, {"min_accuracy": 1.5}, {"precision": "fp16"}, {"heldout": 0.1}):
+    for bad in ({"folds": 1}, {"head": "pooler"}, {"min_accuracy": 1.5}, {"precision": "fp16"}, {"heldout": 0.1},
+                {"head_hidden": -1}, {"finetune": "no"}):
         with pytest.raises(ValueError):
             dv.TeacherTraining.from_dict(bad)
 
 
-def test_each_pair_is_labelled_only_by_fold_models_that_did_not_train_on_it(tiny_models, home, monkeypatch):
+@pytest.mark.parametrize("finetune", [False, True], ids=["frozen", "finetuned"])
+def test_each_pair_is_labelled_only_by_fold_models_that_did_not_train_on_it(tiny_models, home, monkeypatch,
+                                                                            finetune):
     columns = dv.nli_pairs(PAIRS, seed=3)
     calls = []
-    real = dv.train_nli_teacher_fold
+    name = "_finetune_fold" if finetune else "_fit_head"
+    real = getattr(dv, name)
 
-    def recording(model, cols, train_rows, label_rows, *args):
-        info = real(model, cols, train_rows, label_rows, *args)
-        calls.append((model, set(train_rows.tolist()), label_rows.tolist(), info["probs"]))
-        return info
+    rows_at = 2 if finetune else 3  # (teacher, columns, train_rows, ...) / (head, features, gold, train_rows, ...)
 
-    monkeypatch.setattr(dv, "train_nli_teacher_fold", recording)
+    def recording(*args):
+        probs, stats = real(*args)
+        train_rows, label_rows = args[rows_at], args[rows_at + 1]
+        calls.append((set(train_rows.tolist()), label_rows.tolist(), probs))
+        return probs, stats
+
+    monkeypatch.setattr(dv, name, recording)
     teachers = [str(tiny_models["bert"]), str(tiny_models["mpnet"])]
-    training = small_training()
+    training = small_training(finetune=finetune, epochs=1 if finetune else 2)
     infos = dv.ensure_nli_teachers(teachers, columns, training)
 
     assert len(calls) == len(teachers) * training.folds
     fold = dv.fold_assignment(PAIRS, training.folds, training.seed)
-    for info in infos:
-        own = [c for c in calls if c[0] == info["model"]]
-        labelled = sorted(row for c in own for row in c[2])
-        assert labelled == list(range(PAIRS))  # every pair labelled exactly once per teacher
-        for _, trained_on, labelled_rows, probs in own:
-            assert not trained_on & set(labelled_rows)  # never by a model that trained on it
-            assert len({int(fold[r]) for r in labelled_rows}) == 1  # one fold per model
-            assert trained_on | set(labelled_rows) == set(range(PAIRS))  # trained on all the other folds
+    for t, info in enumerate(infos):
+        own = calls[t * training.folds:(t + 1) * training.folds]  # in-process: teacher by teacher, fold by fold
+        assert sorted(row for c in own for row in c[1]) == list(range(PAIRS))  # each pair labelled once
+        for f, (trained_on, labelled_rows, probs) in enumerate(own):
+            assert set(labelled_rows) == set(np.flatnonzero(fold == f).tolist())  # model f labels fold f ...
+            assert trained_on == set(np.flatnonzero(fold != f).tolist())  # ... and trained on all the others
             np.testing.assert_allclose(info["oof_probs"][labelled_rows], probs)
+            saved = np.load(Path(info["dir"]) / f"fold-{f}" / "rows.npz")
+            assert set(saved["train_rows"].tolist()) == trained_on
         gold = columns["label"]
         assert info["heldout_accuracy"] == pytest.approx(float((info["oof_probs"].argmax(1) == gold).mean()))
         assert len(info["fold_accuracy"]) == training.folds and not info["cached"]
-        saved = json.loads((Path(info["dir"]) / "teacher_info.json").read_text())
-        assert saved["heldout_accuracy"] == pytest.approx(info["heldout_accuracy"])
-        assert (Path(info["dir"]) / "fold-0" / "nli_head.pt").is_file()
+        saved_info = json.loads((Path(info["dir"]) / "teacher_info.json").read_text())
+        assert saved_info["heldout_accuracy"] == pytest.approx(info["heldout_accuracy"])
 
     soft, stats = dv.out_of_fold_soft_labels(infos, columns["label"])
     np.testing.assert_allclose(soft, (infos[0]["oof_probs"] + infos[1]["oof_probs"]) / 2, rtol=1e-6)
@@ -81,13 +88,13 @@ def test_each_pair_is_labelled_only_by_fold_models_that_did_not_train_on_it(tiny
     assert set(stats["teacher_accuracy"]) == set(teachers)
 
     # A saved fold model reloads and predicts what it predicted when it was trained.
-    model_dir = Path(infos[0]["dir"]) / "fold-1"
     rows = np.flatnonzero(fold == 1)
-    reloaded = dv._predict(dv.NLITeacher.load(model_dir), columns, rows, "cpu", "fp32")
-    np.testing.assert_allclose(reloaded, infos[0]["oof_probs"][rows], atol=1e-5)
+    reloaded = dv._encode_rows(dv.load_teacher(Path(infos[0]["dir"]) / "fold-1"), columns, rows, "cpu", "fp32",
+                               pooled_only=False)
+    np.testing.assert_allclose(reloaded, infos[0]["oof_probs"][rows], atol=1e-4)
 
     calls.clear()
-    again = dv.ensure_nli_teachers(teachers, columns, training)  # cached: no fold is retrained
+    again = dv.ensure_nli_teachers(teachers, columns, training)  # cached: nothing is retrained
     assert calls == [] and all(info["cached"] for info in again)
     np.testing.assert_array_equal(again[1]["oof_probs"], infos[1]["oof_probs"])
 
@@ -114,14 +121,31 @@ def dvbert_config(student: Path, teachers: list[Path], root: Path, min_accuracy:
         "data": {"max_sentences": 24, "max_length": 32},
         "train": {"batch_size": 8, "lr": 1e-3, "epochs": 1, "eval_every": 100, "checkpoint_every": 100},
         "extra": {"teachers": [str(t) for t in teachers],
-                  "teacher_training": {"epochs": 1, "lr": 1e-3, "batch_size": 8, "max_length": 32, "folds": 2,
-                                       "max_pairs": 32, "min_accuracy": min_accuracy},
+                  "teacher_training": {"epochs": 2, "lr": 1e-3, "batch_size": 8, "max_length": 32, "folds": 2,
+                                       "finetune": False, "head": "aligned", "max_pairs": 32,
+                                       "min_accuracy": min_accuracy},
                   "stage2": {"train": {"batch_size": 8, "epochs": 1, "max_steps": 3, "eval_every": 100,
                                        "checkpoint_every": 100}}},
         "resources": {"num_cpus": 2, "teacher": {"num_actors": 1, "num_cpus": 1, "threads": 1},
                       "learner": {"num_learners": 0, "num_cpus": 1, "threads": 1}},
         "tracking": {"enabled": False},
     })
+
+
+def test_dvbert_data_refuses_weak_teachers_and_hands_their_accuracy_to_the_result(tiny_models, home, tmp_path):
+    from raydistill.runtime.methods import _dvbert_data, with_method_defaults
+
+    teachers = [tiny_models["bert"], tiny_models["mpnet"]]
+    strict = with_method_defaults(dvbert_config(tiny_models["bert"], teachers, tmp_path, 0.99)).validate()
+    with pytest.raises(dv.TeacherAccuracyError, match="held-out NLI accuracy"):
+        _dvbert_data(strict, tmp_path / "strict")
+
+    lenient = with_method_defaults(dvbert_config(tiny_models["bert"], teachers, tmp_path, 0.0)).validate()
+    data = _dvbert_data(lenient, tmp_path / "lenient")  # the same teachers, from the cache
+    assert data.num_rows == 24  # data.max_sentences of the 32 labelled pairs
+    stats = data.cache_stats
+    assert all(info["cached"] for info in stats["dvbert_teachers"]) and stats["teacher_pairs"] == 32
+    assert set(stats["teacher_accuracy"]) == {str(t) for t in teachers}
 
 
 @pytest.mark.ray
@@ -147,5 +171,3 @@ def test_dvbert_job_records_teacher_accuracy_and_refuses_weak_teachers_before_th
               for info in (json.loads(p.read_text()) for p in (home / "dvbert-teachers").glob("*/teacher_info.json"))}
     assert accuracy == {model: pytest.approx(value, abs=1e-4) for model, value in cached.items()}
 
-
-from tests.ray_fixtures import ray_session  # noqa: E402, F401 - the session-wide Ray fixture

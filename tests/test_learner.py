@@ -238,6 +238,31 @@ def test_group_in_process_fits_resumes_at_the_end_and_keeps_the_best(tiny_bert, 
     assert summary2["best_stsb_dev"] == summary["best_stsb_dev"]
 
 
+def test_group_starts_the_queue_from_teacher_vectors_of_sampled_training_rows(tiny_bert, tiny_teacher,
+                                                                           teacher_vectors, paraphrases, tmp_path,
+                                                                           capsys):
+    """loss.queue_init teacher (ConGen's default): before step 1 the queue holds the cached teacher vectors of K
+    training rows drawn with the job seed, with those rows' group ids; a resumed run keeps its checkpoint's queue."""
+    control, generalize = paraphrases
+    groups = np.arange(len(control)) // 2  # pairs of rows share a group, as two captions of one image
+    data = ArrayData({"idx": np.arange(len(control)), "group": groups, "text_control": control,
+                      "text_generalize": generalize, "teacher_control": teacher_vectors}, seed=0)
+    cfg = congen_config(tiny_bert, tiny_teacher, tmp_path).with_overrides(["loss.queue_size=32"]).validate()
+    assert with_method_defaults(cfg).loss["queue_init"] == "teacher"
+    group = LearnerGroup(cfg, get_method("congen"), run_dir=tmp_path, teacher_dim=TEACHER_DIM)
+    group._start_and_resume(data, total=4)
+    queue = group._learners.learners[0].loss_module.queue
+    rows = queue.rows().numpy()  # [32, 48]
+    assert len(queue) == 32
+    matches = np.argmax(rows @ teacher_vectors.T, axis=1)  # each queue row is one training row's teacher vector
+    np.testing.assert_allclose(rows, teacher_vectors[matches], atol=1e-6)
+    assert len(set(matches.tolist())) == 32
+    assert queue.row_groups().tolist() == groups[matches].tolist()
+    assert "queue_init teacher: 1 queue(s) of K=32 start from the teacher vectors of 32 training sentences" in \
+        capsys.readouterr().out
+    group.shutdown()
+
+
 def test_group_fits_a_least_squares_projection_before_the_first_step(tiny_bert, tiny_teacher, teacher_vectors,
                                                                      paraphrases, tmp_path, capsys):
     """student_projection_init least_squares: on a fresh start the group fits the student's new projection to the

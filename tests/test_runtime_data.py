@@ -39,6 +39,7 @@ def test_teacher_pass_runs_once_then_only_on_misses(ray_session, teacher_spec, i
     from raydistill.runtime import embedding_cache
 
     monkeypatch.setattr(embedding_cache, "_APPEND_EVERY_ROWS", 64)  # save as blocks stream in, not only at the end
+    monkeypatch.setattr(embedding_cache, "_ROWS_PER_TEACHER_CALL", 64)  # several teacher calls, each saved
     texts = real_sentences[:240]
     # Duplicates and a shuffled order: rows must come back in input order, each unique sentence encoded once.
     order = np.random.default_rng(0).permutation(len(texts))
@@ -46,7 +47,7 @@ def test_teacher_pass_runs_once_then_only_on_misses(ray_session, teacher_spec, i
     first, stats = ensure_teacher_embeddings(requested, "a", teacher_spec, cache_root)
     assert (stats["hits"], stats["misses"], stats["teacher_forward_sentences"]) == (0, 240, 240)
     assert first.shape == (256, in_process_teacher.dim) and first.dtype == np.float32
-    assert len(list((cache_root / teacher_spec.identity()).glob("part-*.parquet"))) >= 2
+    assert len(list((cache_root / teacher_spec.identity()).glob("part-*.npy"))) >= 2
     expected = in_process_teacher.encode(requested)
     np.testing.assert_allclose(first, expected, atol=1e-5)
     np.testing.assert_allclose(np.linalg.norm(first, axis=1), 1.0, atol=1e-5)  # the cache stores normalised rows

@@ -165,3 +165,22 @@ def test_experiments_are_marked_as_model_training(mlflow_dir):
     with Tracker(TrackingConfig(tracking_uri=uri, experiment="raydistill-kind-chosen")) as tracker:
         assert tracker.active, tracker.failed_reason
     assert client.get_experiment(chosen).tags[EXPERIMENT_KIND_TAG] == "genai_development"  # a user's choice stays
+
+
+def test_raydistill_ui_prints_the_training_runs_link_of_each_experiment(mlflow_dir, capsys):
+    """MLflow 3.17's UI ignores the kind tag when it picks a landing page (a browser-global GenAI / "Model training"
+    switch decides, GenAI by default); its ``workflowType`` URL parameter opens the runs table whatever the switch
+    says, so that is the link ``raydistill ui`` prints."""
+    from mlflow import MlflowClient
+
+    from raydistill.cli import main
+    from raydistill.runtime.tracking import training_runs_url
+
+    uri = f"sqlite:///{mlflow_dir}/mlflow.db"
+    with Tracker(TrackingConfig(tracking_uri=uri, experiment="raydistill-ui")) as tracker:
+        assert tracker.active, tracker.failed_reason
+    experiment = MlflowClient(tracking_uri=uri).get_experiment_by_name("raydistill-ui")
+    assert main(["ui", "--store", uri, "--port", "5077", "--no-serve"]) == 0
+    link = training_runs_url("http://127.0.0.1:5077", experiment.experiment_id)
+    assert link == f"http://127.0.0.1:5077/#/experiments/{experiment.experiment_id}?workflowType=machine_learning"
+    assert f"raydistill-ui: {link}" in capsys.readouterr().out

@@ -21,7 +21,7 @@ config is validated, before any teacher pass.
 
     corpus = read_corpus("mixed")          # Corpus: texts, sources, caption_groups, groups (partner texts), stats
     mixed_corpus_counts()                  # {"flickr30k_captions": 153161, "nli_dev": 36058, ...}
-    python -m raydistill.data.corpus       # the per-source table of docs/data.md
+    python -m raydistill.data.corpus       # the per-source table (--update docs/data.md rewrites it there)
 """
 
 from __future__ import annotations
@@ -409,5 +409,21 @@ def _check_not_emptied(path: Path, read: int, kept: list, what: str) -> None:
                         reason="empty_file")
 
 
+TABLE_START, TABLE_END = "<!-- mixed-corpus-table -->", "<!-- /mixed-corpus-table -->"
+
+
+def update_doc(path: str | Path) -> None:
+    """Replace the table between the ``<!-- mixed-corpus-table -->`` markers of ``path`` with a fresh one."""
+    path = Path(path)
+    text = path.read_text(encoding="utf-8")
+    start, end = text.index(TABLE_START) + len(TABLE_START), text.index(TABLE_END)
+    path.write_text(f"{text[:start]}\n{mixed_corpus_table()}\n{text[end:]}", encoding="utf-8")
+
+
 if __name__ == "__main__":
-    print(mixed_corpus_table())
+    import sys
+
+    if sys.argv[1:2] == ["--update"]:  # python -m raydistill.data.corpus --update docs/data.md
+        update_doc(sys.argv[2])
+    else:
+        print(mixed_corpus_table())

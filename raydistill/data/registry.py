@@ -1,7 +1,7 @@
 """The named data sets of the project: where each file lives, what its lines hold, and a cached loader.
 
 Files resolve through `data_path`: ``$RAYDISTILL_DATA/<relpath>`` when that variable is set and the file exists
-there (a user's fresher or larger copy, e.g. ``RAYDISTILL_DATA=../shared/data``), else the gzip'd copy bundled in
+there (a user's fresher or larger copy, e.g. ``RAYDISTILL_DATA=/srv/raydistill-data``), else the gzip'd copy bundled in
 the package (``raydistill/data/bundled/<relpath>.gz``), so every command works offline on a fresh install.
 
 `load_dataset` validates the whole file and caches the records in-process: the 7-STS evaluation, STS-B dev

@@ -1,4 +1,4 @@
-"""Evaluation: 7-STS Spearman (bi- or cross-encoder), paraphrase ROC AUC, and the result files behind the README.
+"""Evaluation: 7-STS Spearman (bi- or cross-encoder), paraphrase ROC AUC, and the result files behind the README and docs.
 
     from raydistill.evaluation import evaluate_sts, STS7
     scores = evaluate_sts(model)            # {"sts12": .., ..., "sickr": .., "stsb_dev": .., "avg": ..}, x 100

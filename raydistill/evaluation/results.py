@@ -1,4 +1,4 @@
-"""Result files: the committed JSON records behind every number in the README.
+"""Result files: the committed JSON records behind every number in the README and docs.
 
 `write_result` adds provenance (git commit, UTC date, the exact command), validates against
 ``raydistill/schemas/result.schema.json`` (JSON Schema draft 2020-12) and writes atomically, so a results/ file is
@@ -109,8 +109,8 @@ def git_sha(project_dir: str = str(PROJECT_DIR)) -> str:
     """``git rev-parse HEAD`` of the project checkout, + ``-dirty`` when its code differs from HEAD; ``"unknown"``
     without git, a commit, or a checkout (an installed wheel).
 
-    Only code counts (the package, jobs, configs, bench, scripts): a run is reproducible from HEAD while results or
-    docs are uncommitted, and is not when the code that produced it is. Cached: the first call of a process, i.e.
+    Only code counts (the package with its configs, jobs, bench, scripts): a run is reproducible from HEAD while
+    results or docs are uncommitted, and is not when the code that produced it is. Cached: the first call of a process, i.e.
     the code it imported.
     """
     try:
@@ -126,7 +126,7 @@ def git_sha(project_dir: str = str(PROJECT_DIR)) -> str:
     return sha + ("-dirty" if diff.returncode == 1 else "")
 
 
-_CODE_PATHS = ("raydistill", "jobs", "configs", "bench", "scripts")
+_CODE_PATHS = ("raydistill", "jobs", "bench", "scripts")  # the job configs ship inside raydistill/
 
 
 def default_command(argv: list[str] | None = None) -> str:

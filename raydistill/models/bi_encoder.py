@@ -219,7 +219,7 @@ def init_projection(layer: nn.Linear, mode: str = "default") -> None:
     from all-MiniLM-L6-v2) then starts distillation from its own quality instead of from a random projection of
     it. A deviation from the authors' code, off by default. Measured for ConGen minilm-l3 <- mpnet-base (lr 1e-4,
     6,000 captions): 7-STS 71.69 with it vs 71.73 without — the random projection is not why ConGen lowers that
-    student (README, distillation results).
+    student (docs/results.md, distillation results).
     """
     if mode not in PROJECTION_INITS:
         raise ValueError(f"projection_init must be one of {PROJECTION_INITS}, got {mode!r}")

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from raydistill.objectives.base import LossOutput, check_dim, check_same_rows, frozen, take, validate_temperature
-from raydistill.objectives.functional import MASKED_LOGIT, soft_cross_entropy
+from raydistill.objectives.functional import MASKED_LOGIT, same_group_in_batch, soft_cross_entropy
 from raydistill.objectives.queue import InstanceQueue
 
 __all__ = ["CKDLoss", "LearnableScale"]
@@ -157,11 +157,7 @@ class CKDLoss(nn.Module):
 
     def _same_group_mask(self, groups: Tensor, block: int) -> Tensor:
         """[B, C] bool: key j of logit block ``block`` (0: the batch, 1: the queue) shares row i's group."""
-        if block == 1:
-            return self.queue.same_group(groups)
-        groups = groups.to(torch.long)
-        same = (groups[:, None] == groups[None, :]) & (groups[:, None] >= 0)
-        return same.fill_diagonal_(False)  # the row's own teacher vector is its positive
+        return self.queue.same_group(groups) if block == 1 else same_group_in_batch(groups)
 
     @staticmethod
     def _masked(logits: Tensor, mask: Tensor) -> Tensor:

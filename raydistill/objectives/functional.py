@@ -31,11 +31,18 @@ import torch
 from torch import Tensor
 
 __all__ = ["MASKED_LOGIT", "Workspace", "block_logsumexp", "mask_same_group_", "query_soft_cross_entropy",
-           "row_chunks", "rowwise_dot", "soft_cross_entropy", "softmax_blocks_"]
+           "row_chunks", "rowwise_dot", "same_group_in_batch", "soft_cross_entropy", "softmax_blocks_"]
 
 # A candidate removed from a row's softmax. Finite on purpose: exp(MASKED_LOGIT − max) is exactly 0 in fp32 and
 # bf16, so the target p is 0 there and the CE's Σ p·z adds 0·MASKED_LOGIT = 0 (with −inf it would add NaN).
 MASKED_LOGIT = -1.0e4
+
+
+def same_group_in_batch(row_groups: Tensor) -> Tensor:
+    """[B, B] bool: row j of the batch shares row i's group (ids ≥ 0), j ≠ i (a row's own key is its positive)."""
+    row_groups = row_groups.to(dtype=torch.long)
+    same = (row_groups[:, None] == row_groups[None, :]) & (row_groups[:, None] >= 0)
+    return same.fill_diagonal_(False)
 
 
 def mask_same_group_(queue_logits: Tensor | None, batch_logits: Tensor | None, queue_same: Tensor | None,
@@ -49,14 +56,12 @@ def mask_same_group_(queue_logits: Tensor | None, batch_logits: Tensor | None, q
     sibling's own teacher vector among the negatives asks the student to push apart what that sibling's own row
     pulls together (the sibling is also a training row).
     """
-    row_groups = row_groups.to(dtype=torch.long)
     rows = row_groups.shape[0]
     if queue_logits is not None and queue_same is not None and queue_logits.shape[1] > 0 and bool(queue_same.any()):
         views = queue_logits.shape[0] // rows
         queue_logits.view(views, rows, -1).masked_fill_(queue_same.to(queue_logits.device)[None], MASKED_LOGIT)
     if batch_logits is not None:
-        same = (row_groups[:, None] == row_groups[None, :]) & (row_groups[:, None] >= 0)
-        same.fill_diagonal_(False)
+        same = same_group_in_batch(row_groups)
         if bool(same.any()):
             views = batch_logits.shape[0] // rows
             batch_logits.view(views, rows, rows).masked_fill_(same.to(batch_logits.device)[None], MASKED_LOGIT)

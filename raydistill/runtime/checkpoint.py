@@ -5,23 +5,35 @@ the best model's weights, DistilCSE saves a bare state_dict (docs/methods.md, wh
 of CPU therefore meant starting over. Here a checkpoint holds everything the next step depends on:
 
     <run_dir>/checkpoints/step-0000200/
-        manifest.json        {step, epoch, batch_in_epoch, config_hash, config, git_sha, raydistill_version, created,
-                              files, extra}
+        manifest.json        {format, step, epoch, batch_in_epoch, config_hash, config, data_fingerprint, git_sha,
+                              raydistill_version, created, files: [{name, size, sha256}], extra}
         student.pt           student state_dict (incl. the projection layer)
         loss.pt              loss-module state (SCT projector, learnable temperature, instance queues)
         optimizer.pt         AdamW moments
         scheduler.pt         LR schedule position
-        rng.pt               python / numpy / torch RNG states (dropout masks after resume are the ones a run
-                             without the crash would have drawn)
+        rng.pt               python / numpy / torch RNG states as tensors and plain lists (dropout masks after
+                             resume are the ones a run without the crash would have drawn)
+
+Loading never runs code from the run dir: every file is read with ``torch.load(weights_only=True)`` (tensors and plain
+containers only; a pickled object is refused), and before anything is read the manifest's file names must be plain
+``<name>.pt`` names inside the checkpoint directory (no ``../``, no absolute path, no symlink) and each file's size and
+sha256 must match the manifest. A truncated or altered file is named in the error, and ``latest_good_checkpoint``
+falls back to the previous checkpoint, saying which one it skipped and why. The per-file (name, size, sha256) list is
+the part of the manifest that stays when checkpoints move to another store: it describes any directory of files.
 
 Atomicity: the directory is written as ``step-XXXXXXX.tmp-<pid>`` (every file fsync'ed, ``manifest.json`` last) and
 then ``os.replace``d to its final name. A crash at any point leaves either the complete new checkpoint or none, and
 the previous checkpoints untouched; half-written ``.tmp-*`` directories are never read and are swept by the next
-save. Only the newest ``keep_last`` step checkpoints are kept.
+save (only those whose writer process is gone). Re-saving a step that exists moves the old directory to
+``step-XXXXXXX.old-<pid>`` and the new one into place: a crash between those two renames leaves the old directory,
+which ``list_checkpoints`` still lists (and the next save renames back), so a loadable checkpoint of that step always
+exists. Only the newest ``keep_last`` step checkpoints are kept.
 
 A checkpoint is refused when the config that wrote it hashes differently (``JobConfig.config_hash``, which ignores
-fields that do not change training: resources, tracking, eval cadence, run/cache dirs). The message names both
-hashes and the differing keys, because silently resuming a run with another learning rate or teacher corrupts it.
+fields that do not change training: resources, tracking, eval cadence, run/cache dirs), or when the content of a
+``file:`` corpus changed since (``data_fingerprint``: its sha256, because the config names only the path). The message
+names both hashes and the differing keys, because silently resuming a run with another learning rate, teacher or
+corpus corrupts it. ``check_resume`` runs this check in the driver before Ray starts or ``config.yaml`` is written.
 
 Output directories fail early: ``check_output_dir`` (run by ``JobConfig.validate`` for run_dir and the embedding
 cache, before Ray or any model starts) refuses a directory that cannot be created or written, or whose filesystem
@@ -33,6 +45,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import errno
+import hashlib
 import json
 import logging
 import os
@@ -54,18 +67,31 @@ __all__ = [
     "list_checkpoints",
     "latest_checkpoint",
     "read_manifest",
+    "verify_checkpoint",
+    "latest_good_checkpoint",
+    "check_resume",
+    "data_fingerprint",
     "check_compatible",
     "checkpoint_root",
     "OutputDirError",
     "check_output_dir",
+    "RunDirLock",
+    "RunDirLockedError",
+    "LOCK_FILE",
     "MIN_FREE_BYTES",
 ]
 
 log = logging.getLogger(__name__)
 
 MANIFEST = "manifest.json"
+# Manifests with a (name, size, sha256) entry per file and weights_only-loadable files. Older checkpoints held
+# pickled numpy/python objects, which a safe loader cannot read.
+FORMAT = 2
 _STEP_DIR = re.compile(r"^step-(\d{7,})$")
 _TMP_DIR = re.compile(r"^step-\d{7,}\.tmp-(\d+)$")
+_OLD_DIR = re.compile(r"^step-(\d{7,})\.old-(\d+)$")
+_FILE_NAME = re.compile(r"^[A-Za-z0-9_\-]+\.pt$")
+_HASH_CHUNK = 4 * 2**20
 # Below this a run cannot keep even one checkpoint of a small student (weights + AdamW moments + queue: tens to
 # hundreds of MB), so it is refused up front rather than after the first checkpoint interval.
 MIN_FREE_BYTES = 256 * 2**20
@@ -78,6 +104,10 @@ class CheckpointError(RuntimeError):
 
 class CheckpointMismatchError(CheckpointError):
     """The checkpoint was written by a config that trains something else."""
+
+
+class RunDirLockedError(CheckpointError):
+    """Another live job holds the run dir."""
 
 
 class OutputDirError(CheckpointError):
@@ -115,6 +145,79 @@ def check_output_dir(path: str | os.PathLike, *, min_free_bytes: int = MIN_FREE_
         raise OutputDirError(f"{path}: only {free / 2**20:.0f} MiB free on its filesystem; a run needs at least "
                              f"{min_free_bytes / 2**20:.0f} MiB for its checkpoints")
     return path
+
+
+LOCK_FILE = ".raydistill.lock"
+
+
+class RunDirLock:
+    """One job per run dir: an exclusive ``flock`` on ``<run_dir>/.raydistill.lock``, which names its holder.
+
+    The kernel drops a flock when its process dies, however it dies (SIGKILL, OOM), so a lock whose holder is gone is
+    free without any clean-up; its file still names the dead holder, and the job that takes it over says so. The file
+    is emptied on release, not removed: removing it would let a third job lock a new file while a second one holds
+    the old, unlinked one.
+    """
+
+    def __init__(self, run_dir: str | os.PathLike):
+        self.path = Path(run_dir) / LOCK_FILE
+        self._fd: int | None = None
+
+    def acquire(self, report=None) -> "RunDirLock":
+        import fcntl
+        import socket
+
+        report = report or log.warning
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            os.close(fd)
+            if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                raise
+            holder = _read_holder(self.path)
+            raise RunDirLockedError(
+                f"{self.path.parent} is in use by another job (host {holder.get('host', '?')}, pid "
+                f"{holder.get('pid', '?')}, since {holder.get('started', '?')}); wait for it to end, stop it, or "
+                "give this job another run_dir") from None
+        previous = _read_holder(self.path)
+        if previous:
+            report(f"{self.path.parent}: taking over the stale lock of host {previous.get('host', '?')} pid "
+                   f"{previous.get('pid', '?')} (since {previous.get('started', '?')}): that process is gone")
+        me = {"host": socket.gethostname(), "pid": os.getpid(),
+              "started": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")}
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, json.dumps(me).encode(), 0)
+        os.fsync(fd)
+        self._fd = fd
+        return self
+
+    def release(self) -> None:
+        if self._fd is None:
+            return
+        import fcntl
+
+        try:
+            os.ftruncate(self._fd, 0)  # an empty file: released cleanly, nothing to take over
+            fcntl.flock(self._fd, fcntl.LOCK_UN)
+        finally:
+            os.close(self._fd)
+            self._fd = None
+
+    def __enter__(self) -> "RunDirLock":
+        return self.acquire() if self._fd is None else self
+
+    def __exit__(self, *exc) -> None:
+        self.release()
+
+
+def _read_holder(path: Path) -> dict[str, Any]:
+    try:
+        text = path.read_text(encoding="utf-8").strip()
+        return json.loads(text) if text else {}
+    except (OSError, json.JSONDecodeError):
+        return {"host": "?", "pid": "? (unreadable lock file)"}
 
 
 def checkpoint_root(run_dir: str | os.PathLike) -> Path:
@@ -156,13 +259,15 @@ def save_checkpoint(run_dir: str | os.PathLike, *, step: int, epoch: int, batch_
                 torch.save(obj, fh)
                 fh.flush()
                 os.fsync(fh.fileno())
-            files.append(path.name)
+            files.append({"name": path.name, "size": path.stat().st_size, "sha256": _sha256(path)})
         manifest = {
+            "format": FORMAT,
             "step": int(step),
             "epoch": int(epoch),
             "batch_in_epoch": int(batch_in_epoch),
             "config_hash": config.config_hash(),
             "config": config.to_dict(),
+            "data_fingerprint": data_fingerprint(config),
             "git_sha": git_sha(),
             "raydistill_version": raydistill.__version__,
             "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
@@ -184,9 +289,11 @@ def save_checkpoint(run_dir: str | os.PathLike, *, step: int, epoch: int, batch_
 
     if final.exists():
         # Same step written again (a resumed run re-reaching a step): move the old one aside first, because
-        # os.replace cannot replace a non-empty directory.
+        # os.replace cannot replace a non-empty directory. Between the two renames only the .old- directory
+        # exists; list_checkpoints lists it in that state, so a crash here still leaves this step loadable.
         old = root / f"{final.name}.old-{os.getpid()}"
         os.replace(final, old)
+        _between_resave_renames()
         os.replace(tmp, final)
         shutil.rmtree(old, ignore_errors=True)
     else:
@@ -210,6 +317,62 @@ def _write_failure(run_dir, root: Path, tmp: Path, final: Path, exc: BaseExcepti
                                f"on the filesystem){kept}. Free space and re-run with the same run_dir to resume.")
     reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
     return CheckpointError(f"{root}: cannot write {final.name} ({reason}){kept}")
+
+
+def _between_resave_renames() -> None:
+    """Nothing; tests replace it to crash a process exactly between the two renames of a same-step re-save."""
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while chunk := fh.read(_HASH_CHUNK):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+_SHA256_BY_FILE_STATE: dict[tuple[str, int, int], str] = {}
+
+
+def _file_sha256_memo(path: Path) -> str:
+    """sha256 of a file, computed once per (path, size, mtime) in this process: every checkpoint records the
+    corpus fingerprint, and re-reading a large corpus at each checkpoint would stall training."""
+    stat = path.stat()
+    key = (str(path.resolve()), stat.st_size, stat.st_mtime_ns)
+    if key not in _SHA256_BY_FILE_STATE:
+        _SHA256_BY_FILE_STATE[key] = _sha256(path)
+    return _SHA256_BY_FILE_STATE[key]
+
+
+def data_fingerprint(config) -> dict[str, str]:
+    """sha256 of the content of each training file the config names by path (``data.corpus: file:...``).
+
+    The config hash covers the path only; an edited corpus under the same name would otherwise resume a run on
+    other data. Named corpora ship with the package and are covered by its version. A directory corpus hashes its
+    files' relative names and contents. Empty when nothing is read from a user file (or it cannot be read: the
+    config check reports that with the file's name).
+    """
+    corpus = getattr(getattr(config, "data", None), "corpus", None)
+    if not isinstance(corpus, str) or not corpus.startswith("file:"):
+        return {}
+    from raydistill.data.corpus import parse_corpus_spec
+
+    try:
+        path = parse_corpus_spec(corpus).path
+    except ValueError:
+        return {}
+    digest = hashlib.sha256()
+    try:
+        if path.is_dir():
+            for file in sorted(p for p in path.rglob("*") if p.is_file()):
+                digest.update(str(file.relative_to(path)).encode() + b"\0" + _sha256(file).encode())
+        elif path.is_file():
+            digest.update(_file_sha256_memo(path).encode())
+        else:
+            return {}
+    except OSError:
+        return {}
+    return {"data.corpus": digest.hexdigest()}
 
 
 def _fsync_dir(path: Path) -> None:
@@ -236,13 +399,27 @@ def _pid_alive(pid: int) -> bool:
 
 
 def _sweep_stale_tmp(root: Path) -> None:
-    """Remove half-written checkpoints of processes that are gone (a crash mid-write)."""
-    for path in root.iterdir():
-        match = _TMP_DIR.match(path.name)
-        if match and (int(match.group(1)) == os.getpid() or not _pid_alive(int(match.group(1)))):
+    """Tidy what writers that are gone left behind; directories of a live writer (another job) are not touched.
+
+    Half-written ``.tmp-<pid>`` directories are removed. An ``.old-<pid>`` directory is a step moved aside by a
+    same-step re-save: if the writer died before the new directory took its place, it is the only copy of that
+    step and is renamed back; otherwise it is a leftover and removed.
+    """
+    for path in sorted(root.iterdir()):
+        tmp = _TMP_DIR.match(path.name)
+        if tmp and (int(tmp.group(1)) == os.getpid() or not _pid_alive(int(tmp.group(1)))):
             log.info("removing incomplete checkpoint %s (its writer died mid-write)", path)
             shutil.rmtree(path, ignore_errors=True)
-        elif ".old-" in path.name and path.is_dir():
+    for path in sorted(root.iterdir()):
+        old = _OLD_DIR.match(path.name)
+        if not old or (int(old.group(2)) != os.getpid() and _pid_alive(int(old.group(2)))):
+            continue
+        final = root / f"step-{old.group(1)}"
+        if not final.exists() and (path / MANIFEST).is_file():
+            log.warning("restoring %s from %s (its writer died between the renames of a re-save)", final.name,
+                        path.name)
+            os.replace(path, final)
+        else:
             shutil.rmtree(path, ignore_errors=True)
 
 
@@ -256,16 +433,24 @@ def _prune(root: Path, keep_last: int) -> None:
 
 
 def list_checkpoints(run_dir: str | os.PathLike) -> list[Path]:
-    """Complete checkpoints (final name and a manifest), oldest first."""
+    """Complete checkpoints (a manifest), oldest first, one per step.
+
+    A step normally lives in ``step-XXXXXXX``; when that is missing but a ``step-XXXXXXX.old-<pid>`` with a manifest
+    exists (a re-save interrupted between its two renames), the old directory is that step's checkpoint.
+    """
     root = checkpoint_root(run_dir)
     if not root.is_dir():
         return []
-    found = []
-    for path in root.iterdir():
+    found: dict[int, Path] = {}
+    for path in sorted(root.iterdir()):
         match = _STEP_DIR.match(path.name)
         if match and (path / MANIFEST).is_file():
-            found.append((int(match.group(1)), path))
-    return [path for _, path in sorted(found)]
+            found[int(match.group(1))] = path
+    for path in sorted(root.iterdir()):
+        match = _OLD_DIR.match(path.name)
+        if match and int(match.group(1)) not in found and (path / MANIFEST).is_file():
+            found[int(match.group(1))] = path
+    return [found[step] for step in sorted(found)]
 
 
 def latest_checkpoint(run_dir: str | os.PathLike) -> Path | None:
@@ -283,39 +468,138 @@ def read_manifest(path: str | os.PathLike) -> dict[str, Any]:
         raise CheckpointError(f"{path / MANIFEST}:{exc.lineno}: unreadable manifest: {exc.msg}") from None
 
 
+def verify_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
+    """The manifest of ``path`` once every file it lists is a plain name inside ``path`` with the recorded size and
+    sha256; CheckpointError naming the file otherwise. Reads bytes only: nothing is unpickled."""
+    path = Path(path)
+    manifest = read_manifest(path)
+    if manifest.get("format") != FORMAT or not isinstance(manifest.get("files"), list):
+        raise CheckpointError(f"{path}: written by an older raydistill (checkpoint format {manifest.get('format', 1)},"
+                              f" this version reads {FORMAT}: files with sizes and sha256, no pickled objects); "
+                              "start this run in a new run_dir")
+    for entry in manifest["files"]:
+        name = entry.get("name") if isinstance(entry, dict) else entry
+        # Checked before the path is touched: a name like ../x.pt or /abs.pt would read outside the checkpoint.
+        if not isinstance(name, str) or not _FILE_NAME.fullmatch(name):
+            raise CheckpointError(f"{path / MANIFEST}: refused file name {name!r}: a checkpoint file must be a plain "
+                                  "<name>.pt inside the checkpoint directory")
+        if not isinstance(entry, dict) or not isinstance(entry.get("size"), int) or \
+                not isinstance(entry.get("sha256"), str):
+            raise CheckpointError(f"{path / MANIFEST}: {name} has no size and sha256; the file cannot be verified")
+        file = path / name
+        if file.is_symlink():
+            raise CheckpointError(f"{file}: a symlink; refused (it could point outside the checkpoint)")
+        if not file.is_file():
+            raise CheckpointError(f"{path}: manifest lists {name} but the file is missing")
+        size = file.stat().st_size
+        if size != entry["size"]:
+            kind = "truncated" if size < entry["size"] else "longer than written"
+            raise CheckpointError(f"{file}: {kind}: {size} bytes, the manifest says {entry['size']}")
+        if _sha256(file) != entry["sha256"]:
+            raise CheckpointError(f"{file}: content altered: its sha256 differs from the manifest's")
+    return manifest
+
+
+def latest_good_checkpoint(run_dir: str | os.PathLike, report=None) -> tuple[Path | None, dict[str, Any] | None]:
+    """The newest checkpoint that verifies, and its manifest; ``(None, None)`` when the run dir has none.
+
+    A damaged newer checkpoint is skipped and ``report(message)`` (default: a log warning) says which one, why and
+    which checkpoint is used instead. Raises CheckpointError when checkpoints exist but none verifies: starting
+    over silently would overwrite them.
+    """
+    report = report or log.warning
+    found = list_checkpoints(run_dir)
+    problems = []
+    for path in reversed(found):
+        try:
+            manifest = verify_checkpoint(path)
+        except CheckpointError as exc:
+            problems.append(str(exc))
+            continue
+        for problem in problems:
+            report(f"checkpoint damaged: {problem}; falling back to the previous good checkpoint {path.name}")
+        return path, manifest
+    if problems:
+        raise CheckpointError(f"{checkpoint_root(run_dir)}: no checkpoint can be loaded: " + "; ".join(problems)
+                              + ". Move the checkpoints directory aside to start this run over.")
+    return None, None
+
+
 def check_compatible(manifest: dict[str, Any], config, path: str | os.PathLike = "checkpoint") -> None:
-    """Raise CheckpointMismatchError naming both hashes and the differing keys if ``config`` trains something else."""
+    """Raise CheckpointMismatchError naming both hashes and the differing keys if ``config`` trains something else
+    (another config, or the same corpus path with other content)."""
     mine = config.config_hash()
     theirs = manifest.get("config_hash")
-    if theirs == mine:
+    stored_data = manifest.get("data_fingerprint") or {}
+    my_data = data_fingerprint(config) if stored_data else {}
+    changed_data = sorted(key for key in stored_data if stored_data.get(key) != my_data.get(key))
+    if theirs == mine and not changed_data:
         return
     stored = manifest.get("config") or {}
-    keys = config.diff_keys(stored) if stored else []
+    keys = config.diff_keys(stored) if stored and theirs != mine else []
     details = []
     flat_stored, flat_mine = _flatten(stored), _flatten(config.to_dict())
     for key in keys[:12]:
         details.append(f"{key}: checkpoint {flat_stored.get(key, '<absent>')!r}, this run {flat_mine.get(key, '<absent>')!r}")
     more = f" (+{len(keys) - 12} more)" if len(keys) > 12 else ""
+    for key in changed_data:
+        details.append(f"{key} (file content): checkpoint sha256 {str(stored_data[key])[:16]}, this run "
+                       f"{str(my_data.get(key, '<unreadable>'))[:16]}")
+    if theirs != mine and not keys:
+        details.append("unknown (the manifest has no config)")
     raise CheckpointMismatchError(
         f"{path} was written by a different config (hash {theirs}, this run {mine}); differing keys: "
-        + ("; ".join(details) if details else "unknown (the manifest has no config)") + more
-        + ". Resume with the original config, or give this run another run_dir.")
+        + "; ".join(details) + more
+        + ". Resume with the original config and data, or give this run another run_dir.")
+
+
+def check_resume(run_dir: str | os.PathLike, config, world_size: int | None = None) -> Path | None:
+    """Refuse, before anything starts, to resume ``run_dir`` with a config that trains something else.
+
+    Reads manifests only (the newest checkpoint whose manifest parses). ``world_size``: the learners this run will
+    use; a checkpoint trained with another count is refused, because the number of learners sets the steps of an
+    epoch (one step consumes one batch per learner), hence the total steps and the LR schedule the checkpoint's
+    optimiser and scheduler are part-way through. Returns the checkpoint that will be resumed, or None.
+    """
+    for path in reversed(list_checkpoints(run_dir)):
+        try:
+            manifest = read_manifest(path)
+        except CheckpointError:
+            continue  # a damaged manifest: the resume falls back past it, and says so
+        check_compatible(manifest, config, path)
+        written_with = (manifest.get("extra") or {}).get("world_size")
+        if world_size is not None and written_with is not None and int(written_with) != int(world_size):
+            raise CheckpointMismatchError(
+                f"{path} was trained with {written_with} learner(s); this run asks for {world_size} "
+                f"(resources.learner.num_learners). The learner count sets the steps per epoch, hence the total "
+                f"steps and the LR schedule the checkpoint is part-way through, so it is not changed mid-run: "
+                f"resume with resources.learner.num_learners={written_with} (0 or 1 for one learner), or give this "
+                f"run another run_dir.")
+        return path
+    return None
 
 
 def load_checkpoint(path: str | os.PathLike, config=None, map_location: str | torch.device = "cpu",
                     ) -> tuple[dict[str, Any], dict[str, Any]]:
-    """``(manifest, state)`` of a complete checkpoint; refuses one written by another config (when given)."""
+    """``(manifest, state)`` of a complete, verified checkpoint; refuses one written by another config (when given).
+
+    Files are loaded with ``weights_only=True``: tensors and plain containers only, never arbitrary objects.
+    """
+    import pickle
+
     path = Path(path)
-    manifest = read_manifest(path)
+    manifest = verify_checkpoint(path)
     if config is not None:
         check_compatible(manifest, config, path)
     state = {}
-    for name in manifest.get("files", []):
-        file = path / name
-        if not file.is_file():
-            raise CheckpointError(f"{path}: manifest lists {name} but the file is missing")
-        # weights_only=False: RNG states are numpy/python objects; these files are our own, never downloaded.
-        state[file.stem] = torch.load(file, map_location=map_location, weights_only=False)
+    for entry in manifest["files"]:
+        file = path / entry["name"]
+        try:
+            state[file.stem] = torch.load(file, map_location=map_location, weights_only=True)
+        except pickle.UnpicklingError as exc:
+            first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise CheckpointError(f"{file}: refused: holds objects other than tensors and plain containers, "
+                                  f"which loading would execute ({first_line})") from None
     return manifest, state
 
 

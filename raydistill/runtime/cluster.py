@@ -84,7 +84,8 @@ def configure_data_context(cfg: JobConfig | None = None) -> None:
     """Ray Data defaults: no progress bars in CI; never schedule Data work on the CPUs the learner/queue actors hold.
 
     ``exclude_resources`` makes Ray Data plan with what the long-lived actors leave over, so its tasks and the
-    teacher pool neither wait for those CPUs nor take them (../shared/notes/ray.md §2: actors on every CPU hang Data).
+    teacher pool neither wait for those CPUs nor take them (actors on every CPU hang Data: docs/runtime.md,
+    Ray behaviour).
     """
     from ray.data import DataContext, ExecutionResources
 

@@ -2,8 +2,9 @@
 
 A distillation job is described by one YAML file. Everything that changes *what is trained* lives in
 ``method``/``student``/``teacher``/``data``/``train``/``loss``/``extra``; everything that changes only *where and how
-fast* it runs lives in ``resources`` and ``tracking``. That split is what ``config_hash()`` relies on: a checkpoint
-written on a laptop resumes on a GPU cluster because the two configs differ only in ``resources``.
+fast* it runs lives in ``resources`` and ``tracking``. That split is what ``config_hash()`` relies on: a run
+checkpointed on a laptop resumes on a GPU cluster when only ``resources`` (and ``tracking``) change. The shipped
+``*-gpu.yaml`` configs also change scale knobs (data, epochs, batch), so they are other runs, not the same one moved.
 
 Parsing is strict. A typo such as ``train.learning_rate`` is an error that names the file, the line, the field and
 the closest valid name, because a silently ignored key would train with the default and waste a run.
@@ -92,7 +93,7 @@ class ResourcesConfig:
     learner: LearnerResources = field(default_factory=LearnerResources)
     queue: RoleResources = field(default_factory=lambda: RoleResources(num_cpus=0))
     # CPUs that actors must leave to Ray Data: with every CPU held by actors, Data's tasks never get scheduled and
-    # the job hangs (measured, ../shared/notes/ray.md §2; ray-project/ray#44687).
+    # the job hangs (measured, docs/runtime.md, Ray behaviour; ray-project/ray#44687).
     data_max_cpus: float = 0.5
 
 
@@ -127,8 +128,9 @@ class TrainConfig:
     # "fp32", or "bf16": the student's forward and backward under torch.autocast(bfloat16), and ConGen's
     # products against the queue (teacher and student logits, the student's gradient) in bf16; weights, optimiser
     # state, the queue and every softmax stay fp32. On a CPU with AVX512-BF16 (or AMX) bf16 matrix products run
-    # 2-4x faster than fp32; on CUDA it is the usual mixed precision. bench/train_step.py measures the speed;
-    # committed ConGen runs the 7-STS cost (README, "The training step").
+    # 2-4x faster than fp32; on a CPU without them (AVX2 only) torch emulates bf16 products, tens of times slower
+    # than fp32, and the learner warns. On CUDA it is the usual mixed precision. bench/train_step.py measures the
+    # speed; committed ConGen runs the 7-STS cost (docs/benchmarks.md).
     precision: str = "fp32"
 
 

@@ -47,6 +47,7 @@ FIELD_MEANINGS = {
     "run_name": "MLflow run name (null: generated)",
     "shuffle": "shuffle the training rows every epoch",
     "threads": "torch intra-op threads of each actor of this role",
+    "precision": "teacher only: auto, fp32 or bf16 (auto: bf16 where the CPU or GPU multiplies bf16 natively)",
     "data.max_sentences": "training sentences read from the corpus (null: all)",
     "data.teacher_max_length": "teacher tokens per sentence",
     "test_sets": "sets of the final 7-STS evaluation",
@@ -76,24 +77,34 @@ MAPPING_MEANINGS = {
 @lru_cache(maxsize=None)
 def field_comments(cls: type) -> dict[str, str]:
     """Field name -> its comment in ``cls``'s source: the comment on the field's own line, else the comment lines
-    right above it. Fields without either are absent."""
+    right above it (or above the run of fields it belongs to; such a shared comment starts with NUL). Fields
+    without either are absent."""
     try:
         source = textwrap.dedent(inspect.getsource(cls))
     except (OSError, TypeError):  # no source (a frozen build): the fallbacks still answer
         return {}
     names = {f.name for f in dataclasses.fields(cls)}
     comments: dict[str, str] = {}
-    pending: list[str] = []  # comment lines seen since the last code line
+    pending: list[str] = []  # the comment block above the current run of fields
     line_comment: dict[int, str] = {}
     field_line: dict[str, int] = {}
     for token in tokenize.generate_tokens(io.StringIO(source).readline):
         if token.type == tokenize.COMMENT:
             line_comment[token.start[0]] = token.string.lstrip("#").strip()
-    lines = source.splitlines()
-    for number, text in enumerate(lines, start=1):
+    previous_was_comment = False
+    block_start = 0
+    for number, text in enumerate(source.splitlines(), start=1):
         stripped = text.strip()
         if stripped.startswith("#"):
+            if not previous_was_comment:
+                pending = []  # a new block
+                block_start = number
             pending.append(line_comment.get(number, stripped.lstrip("#").strip()))
+            previous_was_comment = True
+            continue
+        previous_was_comment = False
+        if not stripped:
+            pending = []  # a blank line ends what a comment block describes
             continue
         name = stripped.split(":", 1)[0].strip() if ":" in stripped else ""
         if name in names and name not in field_line and text.startswith("    ") and not text.startswith("     "):
@@ -101,9 +112,11 @@ def field_comments(cls: type) -> dict[str, str]:
             own = line_comment.get(number)
             if own:
                 comments[name] = own
-            elif pending:
-                comments[name] = " ".join(pending)
-        pending = [] if stripped else pending
+            elif pending:  # a block above a run of fields describes each of them ("max_tokens ... and precision")
+                shared = any(line_no > block_start for line_no in field_line.values() if line_no != number)
+                comments[name] = ("\0" if shared else "") + " ".join(pending)
+        else:
+            pending = []
     return comments
 
 
@@ -136,13 +149,16 @@ def _nested_dataclass(hint: Any) -> tuple[type | None, bool]:
 
 
 def _meaning(path: str, name: str, comments: dict[str, str]) -> str | None:
-    if name in comments:
-        return _one_line(comments[name])
+    """The field's own comment, else a ``FIELD_MEANINGS`` entry, else a comment block it shares with the fields
+    above it (marked with a leading NUL by ``field_comments``)."""
+    comment = comments.get(name)
+    if comment and not comment.startswith("\0"):
+        return _one_line(comment)
     generic = path.replace("[]", "")
     for key in sorted(FIELD_MEANINGS, key=len, reverse=True):
         if path == key or path.endswith("." + key) or generic == key or generic.endswith("." + key):
             return FIELD_MEANINGS[key]
-    return None
+    return _one_line(comment[1:]) if comment else None
 
 
 def config_field_rows(cls: type, prefix: str = "") -> list[tuple[str, str | None]]:

@@ -1,6 +1,8 @@
 """``run_distillation(cfg)``: one distillation job from config to committed result file.
 
     validate the config (before Ray or any model starts; a typo costs a second, not a teacher pass)
+    → lock the run dir (one job per run dir) and refuse to resume a checkpoint of another config, corpus content or
+      learner count (before config.yaml is rewritten, Ray starts or the teacher runs)
     → init Ray (join RAY_ADDRESS / the running session, else a local Ray with resources.num_cpus)
     → per stage: training data (stage 1 of teacher methods: the teacher pass through the embedding cache, hits and
       misses logged) → LearnerGroup.fit (dev every train.eval_every steps, checkpoints, resume, restarts)
@@ -11,6 +13,10 @@ method/teacher/student/taus/K/lr/batch/seed/git SHA/config hash/corpus size and 
 every step's loss parts, lr, sentences/s, STS-B dev at each evaluation, the final 7-STS; artifacts = the final model
 directory, the result JSON, the learning curve and the STS-B dev scatter plot. Multi-stage methods log their stages
 on one step axis (stage 2 continues where stage 1 ended) with ``stage`` as a metric.
+
+SIGTERM (a preempted node, ``kill``, Slurm's time limit) does not kill the job mid-step: the learners finish the step
+in flight, checkpoint at that step boundary, the MLflow run ends KILLED and ``PreemptedError`` is raised (the job
+scripts exit with status 143); the same command with the same run_dir resumes at that step.
 """
 
 from __future__ import annotations
@@ -21,6 +27,8 @@ import logging
 import os
 import resource
 import shutil
+import signal
+import threading
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -88,16 +96,72 @@ def run_distillation(cfg: JobConfig, *, results_dir: str | os.PathLike | None = 
     metrics, step)`` after every optimiser step and ``("eval", {"stsb_dev", "best_stsb_dev"}, step)`` after every
     dev evaluation; steps count over all stages. ``raydistill.runtime.tune`` reports to Ray Tune from it.
     """
-    from raydistill.evaluation.results import git_sha
-    from raydistill.runtime.checkpoint import OutputDirError, check_output_dir
-    from raydistill.runtime.cluster import check_resources, init_ray, warn_if_outputs_are_ephemeral
+    from raydistill.runtime.checkpoint import RunDirLock
     from raydistill.runtime.methods import stage_plan, with_method_defaults
-    from raydistill.runtime.tracking import Tracker
 
     started, cpu_started = time.time(), _cpu_seconds()
     cfg = with_method_defaults(cfg).validate()
     stages = stage_plan(cfg)  # validates every stage's config too, before Ray starts
     run_dir = cfg.resolved_run_dir()
+    lock = RunDirLock(run_dir).acquire(report=lambda message: print(f"[{cfg.method}] {message}", flush=True))
+    sigterm = _StopOnSigterm()
+    try:
+        _refuse_incompatible_checkpoints(stages)
+        return _run_locked(cfg, stages, run_dir, results_dir, result_path, command, evaluate, tracker, progress,
+                           started, cpu_started, sigterm)
+    finally:
+        sigterm.restore()
+        lock.release()
+
+
+def _refuse_incompatible_checkpoints(stages) -> None:
+    """Every stage's newest checkpoint must come from this config, this corpus content and this learner count;
+    checked from the manifests alone, so a refusal costs no Ray start, no teacher pass and leaves config.yaml as the
+    checkpoint's run wrote it."""
+    from raydistill.runtime.checkpoint import check_resume
+
+    for stage in stages:
+        check_resume(stage.run_dir, stage.cfg, max(1, int(stage.cfg.resources.learner.num_learners)))
+
+
+class _StopOnSigterm:
+    """While the job trains, SIGTERM asks the learners to checkpoint at the next step boundary and stop.
+
+    Installed after Ray starts, because ``ray.init`` installs its own SIGTERM handler (exit at once); the previous
+    handler is put back when the job ends. Only the main thread can install signal handlers (a Tune trial runs jobs
+    in other threads; those keep the default behaviour)."""
+
+    def __init__(self):
+        self._previous = None
+
+    def install(self) -> None:
+        from raydistill.runtime.learner_group import clear_stop_request, request_stop
+
+        clear_stop_request()
+        if threading.current_thread() is threading.main_thread():
+            self._previous = signal.signal(signal.SIGTERM, lambda signum, frame: request_stop())
+
+    def restore(self) -> None:
+        from raydistill.runtime.learner_group import clear_stop_request
+
+        if self._previous is not None:
+            signal.signal(signal.SIGTERM, self._previous)
+            self._previous = None
+        clear_stop_request()
+
+
+def _run_locked(cfg, stages, run_dir: Path, results_dir, result_path, command, evaluate, tracker, progress,
+                started: float, cpu_started: float, sigterm: _StopOnSigterm) -> dict[str, Any]:
+    from raydistill.evaluation.results import git_sha
+    from raydistill.runtime.checkpoint import OutputDirError, check_output_dir
+    from raydistill.runtime.cluster import (
+        check_resources,
+        init_ray,
+        warn_if_outputs_are_ephemeral,
+    )
+    from raydistill.runtime.learner_group import PreemptedError
+    from raydistill.runtime.tracking import Tracker
+
     run_dir.mkdir(parents=True, exist_ok=True)
     cfg.to_yaml(run_dir / "config.yaml")
     results_dir = results_dir or "results"
@@ -113,6 +177,7 @@ def run_distillation(cfg: JobConfig, *, results_dir: str | os.PathLike | None = 
         command = default_command()
 
     init_ray(cfg)
+    sigterm.install()
     check_resources(cfg)
     sha = git_sha()  # cached: the result record written at the end carries the same
     run_name = cfg.tracking.run_name or run_dir.name
@@ -133,7 +198,12 @@ def run_distillation(cfg: JobConfig, *, results_dir: str | os.PathLike | None = 
         init_model: str | None = None
         step_offset = 0
         for stage in stages:
-            summary, data_info = _run_stage(stage, tracker, init_model, step_offset, history, progress)
+            try:
+                summary, data_info = _run_stage(stage, tracker, init_model, step_offset, history, progress)
+            except PreemptedError:
+                if own_tracker:
+                    tracker.end("KILLED")  # stopped from outside, not failed: the run resumes from its checkpoint
+                raise
             if stage.index == 1:
                 cache_info = data_info
             stage_summaries.append({k: v for k, v in summary.items() if k != "history"} | {"data": data_info})

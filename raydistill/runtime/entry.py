@@ -5,7 +5,8 @@ config file, by default the one shipped in the package (``raydistill/configs/<jo
 from a checkout (``python jobs/congen.py``) and from an installed wheel (``raydistill run congen``). ``--help``
 lists every config field with its value in that default config and its meaning. Errors the user can fix (a config
 field, a data file line, a model that is not installed, a checkpoint from another config) end the process with one
-message and exit status 2, never a traceback.
+message and exit status 2, never a traceback; so does a learner or cluster that stops answering (the message says
+how to resume). A job stopped by SIGTERM checkpoints at the next step boundary and exits with status 143.
 """
 
 from __future__ import annotations
@@ -34,17 +35,21 @@ def _user_errors() -> tuple[type[BaseException], ...]:
     from raydistill.models.registry import ModelNotAvailableError
     from raydistill.runtime.checkpoint import CheckpointError
     from raydistill.runtime.config import ConfigError
+    from raydistill.runtime.learner_group import LearnerUnresponsiveError
 
     return (ConfigError, DataError, ModelNotAvailableError, CheckpointError, AugmentationError,
-            WordNetUnavailableError)
+            WordNetUnavailableError, LearnerUnresponsiveError)
 
 
 USER_ERRORS = _user_errors()
+# 128 + SIGTERM, what a shell reports for a process the signal ended: schedulers read it as "preempted, requeue".
+PREEMPTED_EXIT_STATUS = 143
 
 
 def exit_with_user_error(exc: BaseException) -> NoReturn:
     kind = {"ConfigError": "config error", "ResourceError": "resource error", "DataError": "data error",
-            "ModelNotAvailableError": "model not available"}.get(type(exc).__name__, type(exc).__name__)
+            "ModelNotAvailableError": "model not available", "LearnerUnresponsiveError": "cluster error",
+            }.get(type(exc).__name__, type(exc).__name__)
     print(f"{kind}: {exc}", file=sys.stderr)
     sys.exit(2)
 
@@ -80,9 +85,9 @@ def _job_parser(job: str, doc: str | None, prog: str | None, config_cls: type) -
     parser.add_argument("--config", default=str(default), metavar="FILE|NAME",
                         help=f"a YAML job config, or the name of a shipped one ({', '.join(_shipped_for(job))}); "
                              f"default: the shipped {default.name}")
+    example = "cross.lr=3e-5" if job == "mutual_tenc" else "train.lr=1e-4"
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                        help=f"any config field below, e.g. --set {'cross.lr=3e-5' if job == 'mutual_tenc' else 'train.lr=1e-4'}"
-                             " (repeatable)")
+                        help=f"any config field below, e.g. --set {example} (repeatable)")
     return parser
 
 
@@ -97,11 +102,16 @@ def distill_job_main(method: str, doc: str | None, argv: list[str] | None = None
     parser.add_argument("--results-dir", default="results", help="where <method>-<student>-<teacher>.json goes")
     args = parser.parse_args(argv)
     overrides = args.overrides + ([f"run_dir={args.run_dir}"] if args.run_dir else [])
+    from raydistill.runtime.learner_group import PreemptedError
+
     try:
         cfg = JobConfig.from_yaml(resolve_config(args.config), overrides)
         record = run_distillation(cfg, results_dir=args.results_dir)
     except USER_ERRORS as exc:
         exit_with_user_error(exc)
+    except PreemptedError as exc:
+        print(f"preempted: {exc}", file=sys.stderr)
+        sys.exit(PREEMPTED_EXIT_STATUS)
     print(record["result_path"])
     return record
 

@@ -170,6 +170,13 @@ class DistillLearner:
         self.best = _Best()
         self.history: list[dict[str, Any]] = []
         self.bucket_tokens = _bucket_tokens(cfg, self.device)
+        if cfg.train.precision == "bf16" and self.device.type == "cpu":
+            from raydistill.runtime.teacher import bf16_support
+
+            fast, why = bf16_support()
+            if not fast:  # emulated bf16 products run tens of times slower than fp32 (AVX2-only CPUs)
+                log.warning("%s: train.precision bf16 on a CPU without hardware bf16 (%s): expect steps many times "
+                            "slower than fp32; set train.precision=fp32", self.spec.name, why)
 
     # ------------------------------------------------------------------------------------------------------------
     # Data-parallel set-up (N learner actors)
@@ -210,6 +217,15 @@ class DistillLearner:
         return [p.data for p in self._trainable()] + \
             [b for b in self.student.buffers() if b.dtype.is_floating_point]
 
+    def _named_trainable(self) -> list[tuple[str, nn.Parameter]]:
+        named, seen = [], set()
+        for prefix, module in (("student", self.student), ("loss", self.loss_module)):
+            for name, param in module.named_parameters():
+                if param.requires_grad and id(param) not in seen:
+                    seen.add(id(param))
+                    named.append((f"{prefix}.{name}", param))
+        return named
+
     def _trainable(self) -> list[nn.Parameter]:
         params, seen = [], set()
         for module in (self.student, self.loss_module):
@@ -249,6 +265,7 @@ class DistillLearner:
         from raydistill.runtime.methods import StepContext
 
         started = time.perf_counter()
+        _check_teacher_vectors(batch, self.step + 1, self.spec.name)
         self.student.train()
         self.loss_module.train()
         ctx = StepContext(student=self.student, loss=self.loss_module, device=self.device, step=self.step,
@@ -273,6 +290,15 @@ class DistillLearner:
             grad_norm = torch.nn.utils.clip_grad_norm_(params, self.cfg.train.grad_clip)
         else:
             grad_norm = torch.norm(torch.stack([p.grad.norm() for p in params if p.grad is not None]))
+        if not torch.isfinite(grad_norm):
+            # A finite loss can still give inf/NaN gradients (an overflow in backward); clipping would spread the
+            # NaN into every weight. Stop before the optimiser step: the weights and checkpoints stay finite.
+            bad = [name for name, param in self._named_trainable()
+                   if param.grad is not None and not bool(torch.isfinite(param.grad).all())]
+            raise FloatingPointError(f"{self.spec.name}: gradient norm is {float(grad_norm)} at step {self.step + 1} "
+                                     f"(loss {float(loss.detach()):.6g}; non-finite gradients in "
+                                     f"{', '.join(bad[:5]) or 'the all-reduced gradients'}); the weights were not "
+                                     "updated. Lower train.lr, or check the inputs of this step")
         lr = self.optimizer.param_groups[0]["lr"]
         self.optimizer.step()
         self.scheduler.step()
@@ -287,8 +313,16 @@ class DistillLearner:
         row = {"step": self.step, **metrics}
         if "idx" in batch:
             # Which rows this step trained on, kept in the checkpointed history: a resumed run can be checked for
-            # replayed or skipped batches (tests/test_faults.py).
+            # replayed or skipped batches (tests/test_faults.py). Only rank 0 writes checkpoints, so with several
+            # learners every rank's crc is gathered into rank 0's row.
             row["batch_crc32"] = zlib.crc32(np.ascontiguousarray(batch["idx"], dtype=np.int64).tobytes())
+            if self._process_group:
+                import torch.distributed as dist
+
+                crcs = torch.zeros(self.world_size, dtype=torch.int64)
+                crcs[self.rank] = row["batch_crc32"]
+                dist.all_reduce(crcs)
+                row["batch_crc32_by_rank"] = [int(c) for c in crcs]
         self.history.append(row)
         return metrics
 
@@ -376,7 +410,9 @@ class DistillLearner:
     # Checkpoints
 
     def state_dict(self) -> dict[str, Any]:
-        rng = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+        # Tensors and plain lists only: checkpoints are loaded with torch.load(weights_only=True), which refuses
+        # pickled numpy or python objects.
+        rng = _rng_state()
         if torch.cuda.is_available() and self.device.type == "cuda":
             rng["cuda"] = torch.cuda.get_rng_state(self.device)
         return {
@@ -400,9 +436,7 @@ class DistillLearner:
         self.history = list(learner.get("history", []))
         rng = state.get("rng")
         if rng is not None:
-            random.setstate(rng["python"])
-            np.random.set_state(rng["numpy"])
-            torch.set_rng_state(rng["torch"])
+            _set_rng_state(rng)
             if "cuda" in rng and self.device.type == "cuda":
                 torch.cuda.set_rng_state(rng["cuda"], self.device)
             if self.rank:
@@ -414,6 +448,12 @@ class DistillLearner:
         """Atomic checkpoint of everything the next step depends on (rank 0 writes; others return None)."""
         if self.rank != 0:
             return None
+        bad = [name for name, tensor in self.student.state_dict().items()
+               if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all())]
+        if bad:
+            # Never let a resume start from broken weights; the previous checkpoints stay the newest.
+            raise FloatingPointError(f"{self.spec.name}: not checkpointing step {self.step}: non-finite student "
+                                     f"weights in {', '.join(bad[:5])}")
         path = ckpt.save_checkpoint(run_dir or self.run_dir, step=self.step, epoch=epoch,
                                     batch_in_epoch=batch_in_epoch, config=self.cfg, state=self.state_dict(),
                                     keep_last=self.cfg.train.keep_last, extra=extra)
@@ -489,6 +529,43 @@ def _bucket_tokens(cfg: JobConfig, device: torch.device) -> int | None:
     if configured is not None:
         return int(configured) or None
     return CPU_TRAIN_BUCKET_TOKENS if device.type == "cpu" else None
+
+
+def _check_teacher_vectors(batch: dict[str, np.ndarray], step: int, method: str) -> None:
+    """A NaN/inf teacher vector would train the student towards NaN; stop at the step that would read it."""
+    for name, column in batch.items():
+        if not name.startswith("teacher"):
+            continue
+        try:
+            values = np.stack(column) if isinstance(column, np.ndarray) and column.dtype == object else \
+                np.asarray(column)
+        except (ValueError, TypeError):  # ragged or non-numeric: not vectors
+            continue
+        if values.dtype.kind == "f" and len(values) and not np.isfinite(values).all():
+            rows = np.flatnonzero(~np.isfinite(values.reshape(len(values), -1)).all(axis=1))
+            raise FloatingPointError(f"{method}: non-finite teacher vectors in column {name} at step {step} "
+                                     f"({len(rows)} of {len(values)} rows, first at row {int(rows[0])}); the run "
+                                     "stopped before training on them. Re-run to resume: the teacher cache "
+                                     "recomputes non-finite vectors it holds")
+
+
+def _rng_state() -> dict[str, Any]:
+    """python / numpy / torch RNG states as tensors and plain lists (loadable with weights_only=True)."""
+    version, internal, gauss = random.getstate()
+    name, keys, pos, has_gauss, cached_gaussian = np.random.get_state()
+    return {"python": [int(version), torch.tensor(internal, dtype=torch.int64), gauss],
+            "numpy": {"name": str(name), "keys": torch.from_numpy(keys.astype(np.int64)), "pos": int(pos),
+                      "has_gauss": int(has_gauss), "cached_gaussian": float(cached_gaussian)},
+            "torch": torch.get_rng_state()}
+
+
+def _set_rng_state(rng: dict[str, Any]) -> None:
+    version, internal, gauss = rng["python"]
+    random.setstate((int(version), tuple(int(v) for v in internal.tolist()), gauss))
+    numpy_state = rng["numpy"]
+    np.random.set_state((numpy_state["name"], numpy_state["keys"].numpy().astype(np.uint32), numpy_state["pos"],
+                         numpy_state["has_gauss"], numpy_state["cached_gaussian"]))
+    torch.set_rng_state(rng["torch"])
 
 
 def _seed_everything(seed: int) -> None:

@@ -11,7 +11,14 @@ sees the teacher vectors of every learner's batches, as a single learner with an
 Fault tolerance: the group checkpoints every ``train.checkpoint_every`` steps (atomic, see checkpoint.py). If a
 learner actor dies (node lost, OOM, ``ray.kill``), the group starts new actors, loads the latest checkpoint and
 continues from its data position; after ``extra.max_restarts`` (default 3) failures it gives up. A job that is
-simply started again with the same ``run_dir`` resumes the same way.
+simply started again with the same ``run_dir`` resumes the same way, from the newest checkpoint that verifies (a
+damaged newer one is skipped, and the log says so). Every call to a learner actor waits at most
+``extra.learner_timeout_s`` (default ``LEARNER_TIMEOUT_S``): a worker that stops answering, or a cluster that is
+gone, ends the job with ``LearnerUnresponsiveError`` saying how to resume, instead of blocking (starting the actors
+may take up to ``LEARNER_START_TIMEOUT_S``, as they may wait for resources and load the student).
+
+Preemption: ``request_stop()`` (the SIGTERM handler of ``run_distillation``) makes the group finish the step in
+flight, checkpoint at that step boundary and raise ``PreemptedError``; the resumed job redoes no step.
 
 Progress goes to stdout, one line per ``extra.log_every`` steps (default: about 50 lines per run) or 30 s:
 
@@ -24,6 +31,7 @@ import logging
 import math
 import os
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -33,9 +41,41 @@ import numpy as np
 from raydistill.runtime import checkpoint as ckpt
 from raydistill.runtime.config import JobConfig
 
-__all__ = ["LearnerGroup", "ArrayData", "FitSummary"]
+__all__ = ["LearnerGroup", "ArrayData", "FitSummary", "PreemptedError", "LearnerUnresponsiveError",
+           "request_stop", "LEARNER_TIMEOUT_S"]
 
 log = logging.getLogger(__name__)
+
+# How long the driver waits for any one learner call (a step, an evaluation, a checkpoint write) before it declares
+# the worker or the cluster lost. Generous for a CPU step of a base-size model; far from the hour a hung call could
+# block before.
+LEARNER_TIMEOUT_S = 600.0
+# Starting the actors may also wait for the cluster to free resources, then imports torch and loads the student, so
+# it gets at least this long (still bounded: a cluster that never schedules them ends the job the same way).
+LEARNER_START_TIMEOUT_S = 600.0
+
+_STOP_REQUESTED = threading.Event()
+
+
+def request_stop() -> None:
+    """Ask the running group to checkpoint at the next step boundary and stop (safe to call from a signal handler)."""
+    _STOP_REQUESTED.set()
+
+
+def clear_stop_request() -> None:
+    _STOP_REQUESTED.clear()
+
+
+class PreemptedError(RuntimeError):
+    """The job was asked to stop (SIGTERM) and stopped at a step boundary after writing a checkpoint."""
+
+    def __init__(self, message: str, step: int, checkpoint: str | None):
+        super().__init__(message)
+        self.step, self.checkpoint = step, checkpoint
+
+
+class LearnerUnresponsiveError(RuntimeError):
+    """A learner actor did not answer within ``extra.learner_timeout_s``: a hung worker or a lost Ray cluster."""
 
 MetricsCallback = Callable[[dict[str, float], int], None]
 
@@ -105,9 +145,12 @@ class _RemoteLearners:
         self.timeout_s = timeout_s
 
     def call_all(self, method: str, *args, **kwargs) -> list[Any]:
+        return self.call_all_within(self.timeout_s, method, *args, **kwargs)
+
+    def call_all_within(self, timeout_s: float | None, method: str, *args, **kwargs) -> list[Any]:
         import ray
 
-        return ray.get([getattr(a, method).remote(*args, **kwargs) for a in self.learners], timeout=self.timeout_s)
+        return ray.get([getattr(a, method).remote(*args, **kwargs) for a in self.learners], timeout=timeout_s)
 
     def call_rank0(self, method: str, *args, **kwargs) -> Any:
         import ray
@@ -155,7 +198,7 @@ class LearnerGroup:
         self.name = name or self.spec.name
         self.num_learners = int(cfg.resources.learner.num_learners)
         self.max_restarts = int(cfg.extra.get("max_restarts", 3))
-        self.call_timeout_s = cfg.extra.get("learner_timeout_s", 3600)
+        self.call_timeout_s = float(cfg.extra.get("learner_timeout_s") or LEARNER_TIMEOUT_S)
         self._learners: _LocalLearners | _RemoteLearners | None = None
         self._queue_actors: list = []
         self._best_cache: dict[str, float] = {}
@@ -188,13 +231,15 @@ class LearnerGroup:
         actors = [LearnerActor(self.cfg, name=self.actor_name(rank), rank=rank, world_size=self.num_learners,
                                queue_actors=queues, **kwargs) for rank in range(self.num_learners)]
         self._learners = _RemoteLearners(actors, self.call_timeout_s)
+        start_timeout_s = max(self.call_timeout_s, LEARNER_START_TIMEOUT_S)
         if self.num_learners > 1:
             import ray
 
-            addr, port = ray.get(actors[0].address.remote(), timeout=self.call_timeout_s)
-            self._learners.call_all("init_process_group", addr, port)
+            addr, port = ray.get(actors[0].address.remote(), timeout=start_timeout_s)
+            self._learners.call_all_within(start_timeout_s, "init_process_group", addr, port)
         else:
-            self._learners.call_all("ping")  # surface construction errors here, not at the first step
+            # surface construction errors here, not at the first step
+            self._learners.call_all_within(start_timeout_s, "ping")
 
     def _shared_queues(self) -> list | None:
         """SharedQueueActors for all learners when the method's queues hold teacher vectors and N > 1."""
@@ -241,28 +286,32 @@ class LearnerGroup:
         total = self.total_steps(data)
         if self.teacher_dim is None:
             self.teacher_dim = _teacher_dim_of(data, self.spec, self.cfg)
-        latest = ckpt.latest_checkpoint(self.run_dir)
-        if latest is not None:  # refuse another config's checkpoint here, before any actor starts
-            ckpt.check_compatible(ckpt.read_manifest(latest), self.cfg, latest)
-        position, resumed_from = self._start_and_resume(data, total)
-        while True:
-            try:
-                self._train_from(data, position, total, on_metrics, on_eval, started)
-                break
-            except Exception as exc:  # noqa: BLE001 - only actor deaths are retried; see _is_actor_death
-                if not _is_actor_death(exc) or self.restarts >= self.max_restarts:
-                    self.shutdown()
-                    raise
-                self.restarts += 1
-                print(f"[{self.name}] learner actor died ({type(exc).__name__}); restart {self.restarts}/"
-                      f"{self.max_restarts} from the latest checkpoint", flush=True)
-                self.shutdown()  # the dead actor's CPU time is lost; actor_cpu_s counts the survivors
-                position, resumed_from = self._start_and_resume(data, total)
-        history = self._learners.call_rank0("get_history")
-        best = self._learners.call_rank0("best_info")
-        final_step = self._learners.call_rank0("ping")
-        if isinstance(self._learners, _RemoteLearners):
-            self.actor_cpu_s += sum(self._learners.call_all("cpu_seconds"))
+        # Refuse another config's checkpoint (or another learner count) here, before any actor starts.
+        ckpt.check_resume(self.run_dir, self.cfg, self.world_size)
+        try:
+            position, resumed_from = self._start_and_resume(data, total)
+            while True:
+                try:
+                    self._train_from(data, position, total, on_metrics, on_eval, started)
+                    break
+                except Exception as exc:  # noqa: BLE001 - only actor deaths are retried; see _is_actor_death
+                    if not _is_actor_death(exc) or self.restarts >= self.max_restarts:
+                        raise
+                    self.restarts += 1
+                    print(f"[{self.name}] learner actor died ({type(exc).__name__}); restart {self.restarts}/"
+                          f"{self.max_restarts} from the latest checkpoint", flush=True)
+                    self.shutdown()  # the dead actor's CPU time is lost; actor_cpu_s counts the survivors
+                    position, resumed_from = self._start_and_resume(data, total)
+            history = self._learners.call_rank0("get_history")
+            best = self._learners.call_rank0("best_info")
+            final_step = self._learners.call_rank0("ping")
+            if isinstance(self._learners, _RemoteLearners):
+                self.actor_cpu_s += sum(self._learners.call_all("cpu_seconds"))
+        except Exception as exc:
+            self.shutdown()
+            if _is_timeout(exc):
+                raise self._unresponsive(exc) from exc
+            raise
         self.shutdown()
         return FitSummary(steps=final_step, total_steps=total, world_size=self.world_size,
                           best_step=best["best_step"], best_stsb_dev=best["best_stsb_dev"],
@@ -320,9 +369,22 @@ class LearnerGroup:
             print(f"[{self.name}] projection fitted to {len(texts)} teacher vectors ({views[0]} view) by least "
                   f"squares: mean cosine {fit:.3f} ({time.perf_counter() - started:.1f}s)", flush=True)
 
-    def _resume(self) -> tuple[tuple[int, int, int], int | None]:
-        """(step, epoch, batch_in_epoch) to continue from, and the checkpoint step resumed (None: fresh start)."""
+    def _unresponsive(self, exc: BaseException) -> LearnerUnresponsiveError:
         latest = ckpt.latest_checkpoint(self.run_dir)
+        where = f"checkpoint {latest.name}" if latest is not None else "the start (no checkpoint yet)"
+        return LearnerUnresponsiveError(
+            f"[{self.name}] a learner did not answer within {self.call_timeout_s:g} s (extra.learner_timeout_s): its "
+            f"worker hangs or the Ray cluster is lost ({type(exc).__name__}). The job stopped; to resume from "
+            f"{where}, run the same command again with run_dir {self.run_dir} once the cluster is healthy.")
+
+    def _resume(self) -> tuple[tuple[int, int, int], int | None]:
+        """(step, epoch, batch_in_epoch) to continue from, and the checkpoint step resumed (None: fresh start).
+
+        The newest checkpoint that verifies (sizes and sha256 of its files); a damaged newer one is skipped with a
+        line saying which, why, and what is used instead.
+        """
+        latest, _ = ckpt.latest_good_checkpoint(
+            self.run_dir, report=lambda message: print(f"[{self.name}] {message}", flush=True))
         self._evaluated_at = -1
         if latest is None:
             return (0, 0, 0), None
@@ -365,9 +427,12 @@ class LearnerGroup:
                 if step % train.eval_every == 0:
                     dev = self._evaluate(step, on_eval)
                     stop = self._early_stop()
-                if step % train.checkpoint_every == 0:
+                checkpointed = step % train.checkpoint_every == 0
+                if checkpointed:
                     self._checkpoint(epoch, batch_in_epoch)
                 progress.update(step, epoch, metrics, dev, self._best_cache, force=dev is not None)
+                if _STOP_REQUESTED.is_set():
+                    self._stop_for_preemption(step, epoch, batch_in_epoch, checkpointed)
                 if step >= total or stop:
                     epoch_finished = False
                     break
@@ -386,6 +451,16 @@ class LearnerGroup:
         if stop:
             print(f"[{self.name}] early stop at step {step}: {train.patience} evaluations without a new best",
                   flush=True)
+
+    def _stop_for_preemption(self, step: int, epoch: int, batch_in_epoch: int, checkpointed: bool) -> None:
+        if not checkpointed:
+            self._checkpoint(epoch, batch_in_epoch, extra={"preempted": True})
+        latest = ckpt.latest_checkpoint(self.run_dir)
+        message = (f"[{self.name}] stop requested (SIGTERM): stopped after step {step} with checkpoint "
+                   f"{latest.name if latest else '?'}; run the same command with run_dir {self.run_dir} to resume "
+                   f"at step {step} (no step is redone)")
+        print(message, flush=True)
+        raise PreemptedError(message, step, str(latest) if latest else None)
 
     def _early_stop(self) -> bool:
         return bool(self.cfg.train.patience) and bool(self._learners.call_rank0("should_stop_now"))
@@ -413,6 +488,14 @@ def _merge_metrics(per_learner: list[dict[str, float]]) -> dict[str, float]:
     merged = {k: float(np.mean([m[k] for m in per_learner if k in m])) for k in keys}
     merged["learner_sentences_per_s"] = float(sum(m.get("sentences_per_s", 0.0) for m in per_learner))
     return merged
+
+
+def _is_timeout(exc: BaseException) -> bool:
+    try:
+        from ray.exceptions import GetTimeoutError
+    except ImportError:
+        return False
+    return isinstance(exc, GetTimeoutError)
 
 
 def _is_actor_death(exc: BaseException) -> bool:

@@ -3,7 +3,7 @@
 Queue-based distillation (ConGen, SCT-distillation, CKD) compares each batch with the K most recent teacher vectors.
 With N data-parallel learners, each should see the teacher vectors of *every* learner's batches, as one learner
 with an N-times larger batch would. Pulling the whole queue from an actor every step costs a K x d copy (201 ms for
-32768 x 768, ../shared/notes/ray.md §1); sending only what changed costs 8 ms. So:
+32768 x 768, docs/runtime.md, Ray behaviour); sending only what changed costs 8 ms. So:
 
 - ``SharedInstanceQueue`` (plain) holds the authoritative ``objectives.InstanceQueue``, a ``version`` (pushes so
   far) and a log of the recent pushes, enough to replay the newest K rows.

@@ -164,7 +164,7 @@ class TencResources:
     bi: RoleResources = field(default_factory=lambda: RoleResources(num_cpus=0.25, threads=1, batch_size=128))
     cross: RoleResources = field(default_factory=lambda: RoleResources(num_cpus=0.25, threads=1, batch_size=64))
     # CPUs the actors must leave to Ray Data (the Parquet writes): with every CPU reserved its tasks never run
-    # (measured hang, ../shared/notes/ray.md §2).
+    # (measured hang, docs/runtime.md, Ray behaviour).
     data_max_cpus: float = 1.0
 
 
@@ -210,7 +210,7 @@ class TencConfig:
     _lines: dict[str, int] = field(default_factory=dict, repr=False, compare=False)
 
     # ------------------------------------------------------------------------------------------------------------
-    # Construction (R1's strict builder: unknown keys are errors naming file, line and the closest valid name)
+    # Construction (config.py's strict builder: unknown keys are errors naming file, line and the closest valid name)
 
     @classmethod
     def from_dict(cls, d: dict[str, Any], *, source: str | None = None,
@@ -1139,7 +1139,7 @@ def _label_stats(per_family: dict[str, np.ndarray], averaged: np.ndarray) -> dic
 
 
 def start_ray(cfg: TencConfig):
-    """R1's ``init_ray`` (joins ``RAY_ADDRESS`` / an initialised Ray, else a local one with the config's CPUs),
+    """``cluster.init_ray`` (joins ``RAY_ADDRESS`` / an initialised Ray, else a local one with the config's CPUs),
     then Ray Data is told which CPUs the learner actors hold so its Parquet tasks plan around them.
 
     Returns a function that restores the previous Ray Data settings."""

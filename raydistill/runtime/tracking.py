@@ -7,7 +7,7 @@ the runtime itself, remain the record of truth.
 
 URIs: ``cfg.tracking_uri`` if set, else ``$MLFLOW_TRACKING_URI``, else ``sqlite:///<cwd>/mlflow.db`` as an absolute
 path (MLflow >= 3.14 puts the file store in maintenance mode, and Ray Tune trials chdir into their own directory, so
-a relative default would scatter databases; ../shared/notes/ray.md §4). A relative sqlite path is made absolute the
+a relative default would scatter databases; docs/runtime.md, Ray behaviour). A relative sqlite path is made absolute the
 same way. For a sqlite store the artifacts go next to the database (``<db dir>/mlartifacts``), never into the
 current directory. An ``http(s)://`` server is probed once with a short timeout first, so a dead server costs
 seconds instead of MLflow's default retries (7 with back-off) at every call.
@@ -27,7 +27,8 @@ from typing import Any, Mapping
 
 from raydistill.runtime.config import TrackingConfig
 
-__all__ = ["Tracker", "resolve_tracking_uri", "flatten_params", "EXPERIMENT_KIND_TAG", "TRAINING_EXPERIMENT_KIND"]
+__all__ = ["Tracker", "resolve_tracking_uri", "flatten_params", "EXPERIMENT_KIND_TAG", "TRAINING_EXPERIMENT_KIND",
+           "training_runs_url"]
 
 log = logging.getLogger(__name__)
 
@@ -36,11 +37,19 @@ _PARAMS_PER_BATCH = 100
 _METRICS_PER_BATCH = 1000
 _PROBE_TIMEOUT_S = 5.0
 
-# MLflow 3's UI treats an experiment without this tag as a GenAI one and opens it on "Traces"/"Token usage", where
-# a training run does not appear. The tag is how the UI itself records "Model training" when a user picks that
-# type, so raydistill's experiments carry it from the start (and an existing experiment without a kind gets it).
+# MLflow 3's UI opens an experiment of unknown kind on its GenAI pages ("Traces", "Token usage"), where a training
+# run does not appear. This tag is how the UI itself records "Model training" when a user picks that type, so
+# raydistill's experiments carry it from the start (and an existing experiment without a kind gets it). MLflow
+# 3.17's UI no longer reads it for the landing page: there the global GenAI / "Model training" switch decides, and
+# only the URL parameter of ``training_runs_url`` opens the runs table directly (checked in Chromium).
 EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
 TRAINING_EXPERIMENT_KIND = "custom_model_development"
+
+
+def training_runs_url(ui_url: str, experiment_id: str) -> str:
+    """The MLflow UI page of an experiment's training runs (the "Model training" view), whatever view the browser
+    last used."""
+    return f"{ui_url.rstrip('/')}/#/experiments/{experiment_id}?workflowType=machine_learning"
 
 
 def resolve_tracking_uri(configured: str | None = None) -> str:

@@ -844,7 +844,7 @@ def distill_trial(config: dict[str, Any], plan: dict[str, Any]) -> None:
 def trial_concurrency(settings: "SweepSettings", cluster_cpus: float, data_cpus: float = 1.0) -> int:
     """How many trials may run at once: their CPUs plus ``data_cpus`` left free for the Ray Data tasks every trial
     starts (from_arrow, iteration), which Ray schedules outside the trial's placement group. With every CPU held by
-    trials those tasks would wait forever (../shared/notes/ray.md §2)."""
+    trials those tasks would wait forever (docs/runtime.md, Ray behaviour)."""
     free = cluster_cpus - data_cpus
     if settings.num_cpus > free + 1e-9:
         raise SpaceError(

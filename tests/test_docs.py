@@ -1,0 +1,47 @@
+"""The front page and the docs stay true to the repository: generated tables match the result files, the README is
+a front page (not a report), and nothing points at planning labels or files outside the project."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_generated_tables_match_the_result_files():
+    check = subprocess.run([sys.executable, str(ROOT / "scripts" / "readme_tables.py"), "--check"],
+                           capture_output=True, text=True)
+    assert check.returncode == 0, check.stderr
+
+
+def test_readme_is_a_front_page():
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert len(text.splitlines()) <= 150
+    assert "bash scripts/setup.sh && .venv/bin/python jobs/mutual_tenc.py" in text
+    assert "bash scripts/setup.sh && .venv/bin/python -m pytest -q" in text  # what .ci/run runs
+    assert not re.search(r"\b[0-9a-f]{7,40}\b(?<![0-9]{7})", re.sub(r"<!-- table:job_log -->.*?<!-- /table:job_log -->",
+                                                                      "", text, flags=re.S)), "a commit hash"
+    for link in re.findall(r"\]\(((?:docs|results)/[^)#]+)\)", text):
+        assert (ROOT / link).exists(), f"README links {link}, which does not exist"
+
+
+# Labels of the project's planning, and paths outside the repository, have no meaning to a reader of the code.
+PLANNING = re.compile("|".join([r"\b[Ii]ssue \d+\b", r"\bR[12]\b(?!\w)", r"\b[Ss]ession \d+\b",
+                                r"\.\./" + "shared/"]))
+SCANNED = ("raydistill", "jobs", "bench", "scripts", "tests", "docs")
+SUFFIXES = {".py", ".md", ".yaml", ".sh", ".toml"}
+
+
+def test_no_planning_labels_or_outside_references():
+    hits = []
+    for top in SCANNED:
+        for path in (ROOT / top).rglob("*"):
+            if path.suffix not in SUFFIXES or path == Path(__file__).resolve() or "__pycache__" in path.parts:
+                continue
+            for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+                if PLANNING.search(line):
+                    hits.append(f"{path.relative_to(ROOT)}:{number}: {line.strip()[:100]}")
+    assert not hits, "\n".join(hits)

@@ -1,0 +1,83 @@
+"""docs/reliability.md is generated from docs/reliability.json, and every row names a test that still exists.
+
+Fails when the committed pair disagrees (the json was updated by a test run but the table was not regenerated, or
+the table was edited by hand), when a row's test function was renamed or removed (the row would describe a behaviour
+nothing checks any more), or when a case the docs promise is missing or did not pass."""
+
+from __future__ import annotations
+
+import ast
+import json
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "scripts"))
+import reliability_table  # noqa: E402
+
+# Cases the reliability docs promise by name (README's reliability section); each must have a passing row.
+PROMISED_CASES = (
+    "checkpoint-pickle-refused", "checkpoint-truncated-fallback", "resume-config-changed-before-ray",
+    "run-dir-locked", "resave-crash-safe", "sigterm-checkpoint", "nonfinite-grad", "ray-head-lost",
+    "driver-kill-exact", "queue-kill-all-ranks", "cache-rows-once",
+)
+
+
+@pytest.fixture(scope="module")
+def rows() -> list[dict]:
+    return reliability_table.load_rows(reliability_table.DEFAULT_JSON)
+
+
+def test_the_markdown_is_the_rendering_of_the_json(rows):
+    committed = reliability_table.DEFAULT_MD.read_text(encoding="utf-8")
+    assert committed == reliability_table.render(rows), (
+        "docs/reliability.md differs from what docs/reliability.json renders to: run "
+        "python scripts/reliability_table.py")
+
+
+def _test_functions(file: Path) -> set[str]:
+    tree = ast.parse(file.read_text(encoding="utf-8"))
+    return {node.name for node in ast.walk(tree)
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name.startswith("test")}
+
+
+def test_every_row_names_a_test_that_exists(rows):
+    missing = []
+    functions: dict[str, set[str]] = {}
+    for row in rows:
+        file, _, name = row["test"].partition("::")
+        path = ROOT / file
+        if not path.is_file():
+            missing.append(f"{row['test']} (no file {file})")
+            continue
+        if file not in functions:
+            functions[file] = _test_functions(path)
+        function = re.sub(r"\[.*\]$", "", name.split("::")[-1])  # parametrised ids: test_x[case] -> test_x
+        if function not in functions[file]:
+            missing.append(row["test"])
+    assert not missing, "rows of docs/reliability.json name tests that no longer exist: " + ", ".join(missing)
+
+
+def test_promised_cases_have_a_passing_row(rows):
+    outcomes: dict[str, list[str]] = {}
+    for row in rows:
+        outcomes.setdefault(row["case"], []).append(row.get("outcome", "unknown"))
+    problems = [f"{case}: {outcomes.get(case, 'no row')}" for case in PROMISED_CASES
+                if outcomes.get(case) is None or any(o != "passed" for o in outcomes[case])]
+    assert not problems, "reliability cases without a passing row: " + "; ".join(problems)
+
+
+def test_the_checks_catch_what_they_name(tmp_path, rows):
+    """The two checks above can fail: a stale table and a row of a vanished test are both caught."""
+    stale = reliability_table.render(rows).replace("passed", "PASSED", 1)
+    assert stale != reliability_table.render(rows)
+    json_path, md_path = tmp_path / "r.json", tmp_path / "r.md"
+    json_path.write_text(json.dumps({"rows": rows}), encoding="utf-8")
+    md_path.write_text(stale, encoding="utf-8")
+    assert reliability_table.main(["--json", str(json_path), "--out", str(md_path), "--check"]) == 1
+    vanished = dict(rows[0], test=rows[0]["test"].split("::")[0] + "::test_that_was_renamed")
+    function = vanished["test"].split("::")[-1]
+    assert function not in _test_functions(ROOT / vanished["test"].split("::")[0])
