@@ -67,3 +67,41 @@ def tiny_models(tiny_model_builder) -> dict[str, Path]:
 @pytest.fixture(scope="session")
 def tiny_bert(tiny_model_builder) -> Path:
     return tiny_model_builder.get("bert")
+
+
+# The tiny ConGen set-up shared by the learner and resume-safety tests: real paraphrase pairs (STS-B train pairs scored
+# >= 4) as the two views, and the vectors of a tiny MPNet teacher of another width than the student.
+TEACHER_DIM = 48
+PARAPHRASE_ROWS = 64
+
+
+@pytest.fixture
+def one_thread():
+    # Tiny models gain nothing from a second thread, and on a busy 2-core box it makes them ~10x slower.
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)
+
+
+@pytest.fixture(scope="module")
+def paraphrases():
+    import numpy as np
+
+    from raydistill.data import load_dataset
+
+    pairs = [p for p in load_dataset("stsb_train") if p.score >= 4.0][:PARAPHRASE_ROWS]
+    return (np.array([p.sentence1 for p in pairs], dtype=object), np.array([p.sentence2 for p in pairs], dtype=object))
+
+
+@pytest.fixture(scope="module")
+def tiny_teacher(tmp_path_factory, real_sentences):
+    return make_tiny_model("mpnet", tmp_path_factory.mktemp("teacher48"), real_sentences, hidden=TEACHER_DIM,
+                           heads=4, intermediate=96, seed=3)
+
+
+@pytest.fixture(scope="module")
+def teacher_vectors(tiny_teacher, paraphrases):
+    from raydistill.models import BiEncoder
+
+    return BiEncoder.from_pretrained(str(tiny_teacher)).encode(list(paraphrases[0]), normalize=True)  # [N, 48]

@@ -18,42 +18,11 @@ from raydistill.runtime.config import JobConfig
 from raydistill.runtime.learner import DistillLearner, build_optimizer, linear_schedule
 from raydistill.runtime.learner_group import ArrayData, LearnerGroup
 from raydistill.runtime.methods import get_method, with_method_defaults
+from tests.conftest import TEACHER_DIM
 
-BATCH = 16
-TEACHER_DIM = 48
+BATCH = 16  # 4 batches of the 64 paraphrase rows (conftest)
 
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    # Tiny models gain nothing from a second thread, and on a busy 2-core box it makes them ~10x slower.
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
-
-
-@pytest.fixture(scope="module")
-def paraphrases() -> tuple[np.ndarray, np.ndarray]:
-    from raydistill.data import load_dataset
-
-    pairs = [p for p in load_dataset("stsb_train") if p.score >= 4.0][: 4 * BATCH]
-    return (np.array([p.sentence1 for p in pairs], dtype=object), np.array([p.sentence2 for p in pairs], dtype=object))
-
-
-@pytest.fixture(scope="module")
-def tiny_teacher(tmp_path_factory, real_sentences):
-    from tiny_models import make_tiny_model
-
-    return make_tiny_model("mpnet", tmp_path_factory.mktemp("teacher48"), real_sentences, hidden=TEACHER_DIM,
-                           heads=4, intermediate=96, seed=3)
-
-
-@pytest.fixture(scope="module")
-def teacher_vectors(tiny_teacher, paraphrases) -> np.ndarray:
-    from raydistill.models import BiEncoder
-
-    teacher = BiEncoder.from_pretrained(str(tiny_teacher))
-    return teacher.encode(list(paraphrases[0]), normalize=True)  # [N, 48]
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def congen_config(student, teacher, run_dir, **train) -> JobConfig:

@@ -13,57 +13,16 @@ import pytest
 import torch
 
 from raydistill.runtime import checkpoint as ckpt
-from raydistill.runtime.config import JobConfig
 from raydistill.runtime.learner import DistillLearner
 from raydistill.runtime.learner_group import ArrayData, LearnerGroup, PreemptedError
-from raydistill.runtime.methods import get_method, with_method_defaults
+from raydistill.runtime.methods import get_method
 
 pytest_plugins = ["tests.reliability_log"]
 
-BATCH = 16
-TEACHER_DIM = 48
+# The tiny ConGen set-up of the learner tests (fixtures in conftest.py), not a copy of it.
+from tests.test_learner import BATCH, TEACHER_DIM, congen_config
 
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
-
-
-@pytest.fixture(scope="module")
-def paraphrases() -> tuple[np.ndarray, np.ndarray]:
-    from raydistill.data import load_dataset
-
-    pairs = [p for p in load_dataset("stsb_train") if p.score >= 4.0][: 4 * BATCH]
-    return (np.array([p.sentence1 for p in pairs], dtype=object), np.array([p.sentence2 for p in pairs], dtype=object))
-
-
-@pytest.fixture(scope="module")
-def tiny_teacher(tmp_path_factory, real_sentences):
-    from tiny_models import make_tiny_model
-
-    return make_tiny_model("mpnet", tmp_path_factory.mktemp("teacher48"), real_sentences, hidden=TEACHER_DIM,
-                           heads=4, intermediate=96, seed=3)
-
-
-@pytest.fixture(scope="module")
-def teacher_vectors(tiny_teacher, paraphrases) -> np.ndarray:
-    from raydistill.models import BiEncoder
-
-    return BiEncoder.from_pretrained(str(tiny_teacher)).encode(list(paraphrases[0]), normalize=True)  # [N, 48]
-
-
-def congen_config(student, teacher, run_dir, **train) -> JobConfig:
-    cfg = JobConfig.from_dict({
-        "method": "congen", "student": str(student), "teacher": str(teacher), "run_dir": str(run_dir),
-        "data": {"max_length": 32},
-        "train": {"batch_size": BATCH, "lr": 2e-3, "warmup_ratio": 0.0, "epochs": 1, **train},
-        "loss": {"queue_size": 64, "tau_teacher": 0.05, "tau_student": 0.07},
-        "tracking": {"enabled": False},
-    })
-    return with_method_defaults(cfg).validate()
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def congen_data(cfg, paraphrases, teacher_vectors) -> ArrayData:
