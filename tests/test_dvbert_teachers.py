@@ -61,6 +61,9 @@ def test_each_pair_is_labelled_only_by_fold_models_that_did_not_train_on_it(tiny
         return probs, stats
 
     monkeypatch.setattr(dv, name, recording)
+    # The recording wrapper lives in this process; an earlier test may have left Ray up, and Ray tasks would run
+    # the unwrapped function in workers. Fold-for-fold order is also what the assertions below index by.
+    monkeypatch.setattr(dv, "_run_parallel", lambda fn, calls, resources: [fn(*args) for args in calls])
     teachers = [str(tiny_models["bert"]), str(tiny_models["mpnet"])]
     training = small_training(finetune=finetune, epochs=1 if finetune else 2)
     infos = dv.ensure_nli_teachers(teachers, columns, training)
