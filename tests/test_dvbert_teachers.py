@@ -46,7 +46,7 @@ def test_teacher_training_refuses_settings_that_cannot_give_out_of_fold_labels()
 
 @pytest.mark.parametrize("finetune", [False, True], ids=["frozen", "finetuned"])
 def test_each_pair_is_labelled_only_by_fold_models_that_did_not_train_on_it(tiny_models, home, monkeypatch,
-                                                                            finetune):
+                                                                            finetune, capsys):
     columns = dv.nli_pairs(PAIRS, seed=3)
     calls = []
     name = "_finetune_fold" if finetune else "_fit_head"
@@ -69,6 +69,8 @@ def test_each_pair_is_labelled_only_by_fold_models_that_did_not_train_on_it(tiny
     infos = dv.ensure_nli_teachers(teachers, columns, training)
 
     assert len(calls) == len(teachers) * training.folds
+    if not finetune:  # the one long pass of a frozen teacher says how far it is
+        assert f"encoded {PAIRS}/{PAIRS} pairs" in capsys.readouterr().out
     fold = dv.fold_assignment(PAIRS, training.folds, training.seed)
     for t, info in enumerate(infos):
         own = calls[t * training.folds:(t + 1) * training.folds]  # in-process: teacher by teacher, fold by fold

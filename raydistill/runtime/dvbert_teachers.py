@@ -368,16 +368,22 @@ def _bucketed_batches(rows: np.ndarray, lengths: np.ndarray, batch_size: int, rn
     return [batches[i] for i in rng.permutation(len(batches))]
 
 
+# Rows between two progress lines of a teacher's encoding pass.
+_PROGRESS_EVERY_ROWS = 2048
+
+
 def _encode_rows(teacher, columns: dict[str, np.ndarray], rows: np.ndarray, device: str, precision: str,
-                 pooled_only: bool, batch_size: int = 64) -> np.ndarray:
+                 pooled_only: bool, batch_size: int = 64, progress: str | None = None) -> np.ndarray:
     """Pooled features [len(rows), D] (``pooled_only``) or class probabilities [len(rows), 3], in ``rows`` order,
-    float32, eval mode, no autograd, length-sorted batches."""
+    float32, eval mode, no autograd, length-sorted batches. ``progress``: a log prefix; the pass then reports its
+    rows done and rate about every ``_PROGRESS_EVERY_ROWS`` rows (tens of minutes for a whole NLI set on a CPU)."""
     import torch
 
     from raydistill.models.batching import inference, length_sorted_batches
 
     lengths = [len(columns["text_a"][r]) + len(columns["text_b"][r]) for r in rows]
     out = None
+    started, done, reported = time.perf_counter(), 0, 0
     with inference(teacher), _autocast(device, precision):
         for batch in length_sorted_batches(lengths, batch_size):
             picked = rows[batch]
@@ -388,6 +394,12 @@ def _encode_rows(teacher, columns: dict[str, np.ndarray], rows: np.ndarray, devi
             if out is None:
                 out = np.zeros((len(rows), values.shape[1]), dtype=np.float32)
             out[batch] = values
+            done += len(batch)
+            if progress and (done - reported >= _PROGRESS_EVERY_ROWS or done == len(rows)):
+                reported = done
+                seconds = time.perf_counter() - started
+                print(f"{progress} encoded {done}/{len(rows)} pairs ({done / max(seconds, 1e-9):.1f} pairs/s, "
+                      f"{seconds:.0f}s; longest first)", flush=True)
     return out
 
 
@@ -514,7 +526,7 @@ def train_nli_teacher(model: str, columns: dict[str, np.ndarray], fold: np.ndarr
             pooled = np.load(features_path)  # [N, D]
         else:
             pooled = _encode_rows(encoder, columns, np.arange(len(columns["label"])), device, cfg.precision,
-                                  pooled_only=True)  # [N, D]
+                                  pooled_only=True, progress=f"[dvbert-teacher {name}]")  # [N, D]
             print(f"[dvbert-teacher {name}] encoded {len(pooled)} pairs with the frozen transformer "
                   f"({time.perf_counter() - started:.0f}s)", flush=True)
             if features_path:
