@@ -158,10 +158,18 @@ def distill_table(records: list[dict]) -> str:
 RETENTION_TARGETS = {"minilm-l3": 99.5, "bert-mini": 99.0, "bert-tiny": 97.5}
 
 
+# Methods that are baselines to beat, not raydistill's students: never "the best distilled" of a size.
+BASELINE_METHODS = {"st-mse"}
+
+
+def _raydistill_students(records: list[dict]) -> list[dict]:
+    return [r for r in records if r["kind"] in ("distill", "tune") and r.get("method") not in BASELINE_METHODS]
+
+
 def targets_table(records: list[dict]) -> str:
     """Per student and bi-encoder teacher: the best distillation run against the retention target and SimCSE."""
     teachers = {r["model"]: r for r in records if r["kind"] == "baseline"}
-    distilled = [r for r in records if r["kind"] in ("distill", "tune") and r.get("teacher") in teachers
+    distilled = [r for r in _raydistill_students(records) if r.get("teacher") in teachers
                  and r["model"] in RETENTION_TARGETS]
     simcse = _simcse_averages(records)
     best: dict[tuple[str, str], dict] = {}
@@ -385,8 +393,7 @@ def best_students_table(records: list[dict], rates: dict[str, float] | None = No
     lines = ["| student | params (M) | 7-STS before | best distilled (method ← teacher) | 7-STS | % of teacher "
              "| encodes × faster than teacher | result file |", "|---|---|---|---|---|---|---|---|"]
     for student in FRONT_PAGE_SIZES:
-        runs = [r for r in records if r["kind"] in ("distill", "tune") and r["model"] == student
-                and r.get("teacher") in teachers]
+        runs = [r for r in _raydistill_students(records) if r["model"] == student and r.get("teacher") in teachers]
         if not runs:
             continue
         best = max(runs, key=lambda r: r["scores"]["avg"])

@@ -474,12 +474,16 @@ def register_validator(method: str, fn: Callable[[JobConfig], Any] | None = None
 
 
 def _load_method_validators() -> None:
-    # methods.py registers itself on import; importing here means validate() works from any entry point.
-    try:
-        import raydistill.runtime.methods  # noqa: F401
-    except ImportError as exc:
-        if exc.name not in ("raydistill.runtime.methods",):
-            raise
+    # methods.py and st_mse.py (sentence-transformers' recipe, a job outside the method registry) register
+    # themselves on import; importing here means validate() works from any entry point.
+    import importlib
+
+    for module in ("raydistill.runtime.methods", "raydistill.runtime.st_mse"):
+        try:
+            importlib.import_module(module)
+        except ImportError as exc:
+            if exc.name != module:
+                raise
 
 
 def raydistill_home() -> Path:

@@ -23,7 +23,7 @@ __all__ = ["field_comments", "config_field_rows", "config_fields_help", "FIELD_M
 
 # Fields of the config dataclasses whose source carries no comment (dotted path suffixes; the longest match wins).
 FIELD_MEANINGS = {
-    "method": "distillation method (congen, sct, sct-distill, distilcse, dvbert, simcse)",
+    "method": "distillation method (congen, sct, sct-distill, distilcse, dvbert, simcse, st-mse)",
     "student": "student model: a preset of `raydistill models` or a local model directory",
     "teacher": "teacher model: a preset or a local model directory (null: no teacher)",
     "seed": "seed of sampling, shuffling, augmentation and initialisation",
@@ -68,6 +68,9 @@ MAPPING_MEANINGS = {
     "loss.tau": "temperature of the contrastive loss",
     "loss.temperature": "temperature of the contrastive loss",
     "loss.learnable_temperature": "learn the temperature with the student",
+    "loss.reduction": "st-mse, student narrower than the teacher: pca (teacher's vectors reduced) or dense (student "
+                      "widened)",
+    "loss.pca_sentences": "st-mse: teacher vectors (first training rows) the PCA reduction is fitted on",
     "extra.stage2": "overrides of the second stage (supervised SimCSE on NLI triplets / STS-B fine-tuning)",
     "extra.teachers": "the NLI cross-encoder teachers (presets) fine-tuned before the student",
     "extra.teacher_training": "how the NLI cross-encoder teachers are fine-tuned (pairs, epochs, lr)",

@@ -97,10 +97,13 @@ def run_distillation(cfg: JobConfig, *, results_dir: str | os.PathLike | None = 
     dev evaluation; steps count over all stages. ``raydistill.runtime.tune`` reports to Ray Tune from it.
     """
     from raydistill.runtime.checkpoint import RunDirLock
-    from raydistill.runtime.methods import stage_plan, with_method_defaults
+    from raydistill.runtime.methods import METHODS, stage_plan, with_method_defaults
 
     started, cpu_started = time.time(), _cpu_seconds()
     cfg = with_method_defaults(cfg).validate()
+    if cfg.method not in METHODS:  # a valid method that another job runs (st-mse: jobs/st_mse.py)
+        raise cfg._error("method", f"{cfg.method!r} is not trained by this job; run jobs/{cfg.method.replace('-', '_')}"
+                                   f".py (raydistill run {cfg.method.replace('-', '_')})")
     stages = stage_plan(cfg)  # validates every stage's config too, before Ray starts
     run_dir = cfg.resolved_run_dir()
     lock = RunDirLock(run_dir).acquire(report=lambda message: print(f"[{cfg.method}] {message}", flush=True))

@@ -15,7 +15,8 @@ import argparse
 import sys
 from typing import NoReturn
 
-__all__ = ["USER_ERRORS", "JOBS", "exit_with_user_error", "distill_job_main", "tenc_job_main", "run_job"]
+__all__ = ["USER_ERRORS", "JOBS", "exit_with_user_error", "distill_job_main", "st_mse_job_main", "tenc_job_main",
+           "run_job"]
 
 # Job name -> what it does (one line; ``raydistill --help`` and ``raydistill run --help`` print these). Each job's
 # default config is the shipped ``configs/<name>.yaml``.
@@ -26,6 +27,7 @@ JOBS = {
     "distilcse": "DistilCSE: CKD distillation on unlabeled text, then supervised SimCSE on NLI triplets",
     "dvbert": "DvBERT: NLI cross-encoder teachers, a teacher-annealed siamese student, then STS-B",
     "simcse": "unsupervised SimCSE: the no-teacher baseline every distilled student must beat",
+    "st_mse": "sentence-transformers' own distillation recipe (MSELoss to the teacher's vectors): the library baseline",
 }
 
 
@@ -91,14 +93,20 @@ def _job_parser(job: str, doc: str | None, prog: str | None, config_cls: type) -
     return parser
 
 
-def distill_job_main(method: str, doc: str | None, argv: list[str] | None = None, prog: str | None = None) -> dict:
-    """``python jobs/<method>.py [--config FILE] [--set key=value ...] [--run-dir DIR] [--results-dir DIR]``."""
+def distill_job_main(method: str, doc: str | None, argv: list[str] | None = None, prog: str | None = None,
+                     runner=None, run_dir_help: str = "checkpoints and best model (a re-run with the same dir resumes)"
+                     ) -> dict:
+    """``python jobs/<method>.py [--config FILE] [--set key=value ...] [--run-dir DIR] [--results-dir DIR]``.
+
+    ``runner(cfg, results_dir=...)`` trains and records the job (default ``run_distillation``)."""
     from raydistill.runtime.config import JobConfig
     from raydistill.runtime.distill import run_distillation
     from raydistill.shipped import resolve_config
 
+    runner = runner or run_distillation
+
     parser = _job_parser(method, doc, prog, JobConfig)
-    parser.add_argument("--run-dir", help="checkpoints and best model (a re-run with the same dir resumes)")
+    parser.add_argument("--run-dir", help=run_dir_help)
     parser.add_argument("--results-dir", default="results", help="where <method>-<student>-<teacher>.json goes")
     args = parser.parse_args(argv)
     overrides = args.overrides + ([f"run_dir={args.run_dir}"] if args.run_dir else [])
@@ -106,7 +114,7 @@ def distill_job_main(method: str, doc: str | None, argv: list[str] | None = None
 
     try:
         cfg = JobConfig.from_yaml(resolve_config(args.config), overrides)
-        record = run_distillation(cfg, results_dir=args.results_dir)
+        record = runner(cfg, results_dir=args.results_dir)
     except USER_ERRORS as exc:
         exit_with_user_error(exc)
     except PreemptedError as exc:
@@ -114,6 +122,14 @@ def distill_job_main(method: str, doc: str | None, argv: list[str] | None = None
         sys.exit(PREEMPTED_EXIT_STATUS)
     print(record["result_path"])
     return record
+
+
+def st_mse_job_main(doc: str | None, argv: list[str] | None = None, prog: str | None = None) -> dict:
+    """``python jobs/st_mse.py``: the distillation jobs' options, trained by sentence-transformers' recipe."""
+    from raydistill.runtime.st_mse import run_st_mse
+
+    return distill_job_main("st_mse", doc, argv, prog, runner=run_st_mse,
+                            run_dir_help="the final model, plots and config (no checkpoints: a re-run starts again)")
 
 
 def _max_length_overrides(text: str) -> list[str]:
@@ -163,4 +179,6 @@ def run_job(job: str, argv: list[str] | None = None, prog: str | None = None) ->
     """Run one of ``JOBS`` with its command-line arguments (``raydistill run <job> ...``)."""
     if job == "mutual_tenc":
         return tenc_job_main(None, argv, prog)
+    if job == "st_mse":
+        return st_mse_job_main(None, argv, prog)
     return distill_job_main(job, None, argv, prog)
