@@ -3,12 +3,15 @@
     python jobs/mutual_tenc.py                                    # shipped mutual_tenc.yaml: 2 families, CPU scale
     python jobs/mutual_tenc.py --pairs 500 --cycles 1 --run-dir runs/tenc-quick
     python jobs/mutual_tenc.py --config self_tenc --mode self
+    python jobs/mutual_tenc.py --config mutual_tenc-qqp           # unlabeled QQP pairs; ROC AUC on the same pairs
     ray job submit --working-dir . -- python jobs/mutual_tenc.py --config mutual_tenc-gpu
 
-Standalone it starts a local Ray; under `ray job submit` it joins the cluster (RAY_ADDRESS). A re-run with the same
---run-dir resumes after the last completed stage. Under `ray job submit`, relative output paths resolve against
-$RAYDISTILL_OUTPUT_ROOT (pass it with --runtime-env-json '{"env_vars": {"RAYDISTILL_OUTPUT_ROOT": "'$PWD'"}}'),
-because the job runs in a temporary copy of the working directory.
+It ends with, per family and encoder, the start, the best model by STS-B dev (the start is a candidate) and whether
+training improved on the start; <run dir>/summary.json holds the same. Standalone it starts a local Ray; under
+`ray job submit` it joins the cluster (RAY_ADDRESS). A re-run with the same --run-dir resumes after the last
+completed stage. Under `ray job submit`, relative output paths resolve against $RAYDISTILL_OUTPUT_ROOT (pass it with
+--runtime-env-json '{"env_vars": {"RAYDISTILL_OUTPUT_ROOT": "'$PWD'"}}'), because the job runs in a temporary copy
+of the working directory.
 """
 
 import sys

@@ -273,20 +273,24 @@ def tenc_table(records: list[dict]) -> str:
 
 
 def tenc_compare_table(records: list[dict]) -> str:
-    """Self vs mutual, per family: the 7-STS average of the starting bi-encoder and of each run's best-dev trained
-    bi- and cross-encoder (model selection on STS-B dev over cycles >= 1, as the paper), with the cycle it came from."""
+    from raydistill.runtime.pairs import PAIR_CLASSIFICATION_SOURCES
+
+    """Self vs mutual, per family, on the STS pair sets: the 7-STS average of the starting bi-encoder and of each
+    run's best-dev bi- and cross-encoder, with the cycle it came from. Selection is the job's: STS-B dev over cycles
+    0..N for the bi-encoder (0 = the start, kept when no trained cycle beats it), 1..N for the cross-encoder; ties go
+    to the earlier cycle. Runs on other pair sets (QQP, MRPC) are left out: their scores are AUCs."""
     # (mode, pairs, cross head) -> (family, enc|start) -> record
     runs: dict[tuple[str, str, str], dict[tuple[str, str], dict]] = {}
-    for r in records:
-        if r["kind"] != "mutual_tenc" or r.get("extra", {}).get("family") == "ensemble":
-            continue
+    tenc = [r for r in records if r["kind"] == "mutual_tenc" and r.get("extra", {}).get("family") != "ensemble"
+            and r.get("training", {}).get("pairs_source") not in PAIR_CLASSIFICATION_SOURCES]
+    for r in sorted(tenc, key=lambda r: r.get("training", {}).get("cycle") or 0):  # ties: the earlier cycle
         training, family = r.get("training", {}), r["extra"]["family"]
         key = (training.get("mode", "?"), str(training.get("pairs", "?")), cross_head(r))
         cycle = training.get("cycle") or 0
-        slot = (family, "start" if cycle == 0 else r.get("encoder", "bi"))
-        best = runs.setdefault(key, {}).get(slot)
-        if best is None or r["scores"].get("stsb_dev", -1e9) > best["scores"].get("stsb_dev", -1e9):
-            runs[key][slot] = r
+        for slot in ([(family, "start"), (family, "bi")] if cycle == 0 else [(family, r.get("encoder", "bi"))]):
+            best = runs.setdefault(key, {}).get(slot)
+            if best is None or r["scores"].get("stsb_dev", -1e9) > best["scores"].get("stsb_dev", -1e9):
+                runs[key][slot] = r
     families = sorted({family for slots in runs.values() for family, _ in slots})
     lines = ["| cross head | family | pairs | start bi | self: best bi (cycle) | mutual: best bi (cycle) "
              "| self: best cross (cycle) | mutual: best cross (cycle) |", "|---|---|---|---|---|---|---|---|"]

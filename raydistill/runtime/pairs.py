@@ -8,6 +8,9 @@ unlabeled *pairs* with a bi-encoder and a cross-encoder. Which pairs is a choice
   their gold labels). Scores from such a run are transductive and every result file says so.
 * ``inductive``: the training splits only (STS-B train + SICK train); test and dev pairs are never seen.
 * ``file:<path>``: a JSON Lines file of ``sentence1``/``sentence2`` rows (scores, if present, are ignored).
+* ``qqp`` / ``mrpc`` (the paper's pair-classification tasks): the pairs of QQP dev, or of MRPC train + validation,
+  without their 0/1 paraphrase labels. Transductive by design: the models learn on exactly the pairs they are then
+  scored on, and the labels come back only in `gold_pair_labels`, for the job's ROC AUC, never for training.
 
 Pairs are deduplicated as unordered pairs: the authors dedupe by the concatenation ``s1 + s2`` (order-sensitive),
 but every label here is symmetric (the bi-encoder's cosine is, and the cross-encoder's is averaged over both
@@ -24,9 +27,11 @@ from pathlib import Path
 import numpy as np
 
 __all__ = [
+    "PAIR_CLASSIFICATION_SOURCES",
     "PAIR_SOURCES",
     "PairSet",
     "build_pair_set",
+    "gold_pair_labels",
     "pair_sets_of",
 ]
 
@@ -38,7 +43,12 @@ PAIR_SOURCES: dict[str, tuple[str, ...]] = {
         "sick_train", "sick_trial", "sick_test",
     ),
     "inductive": ("stsb_train", "sick_train"),
+    "qqp": ("qqp_dev",),
+    "mrpc": ("mrpc_train", "mrpc_val"),
 }
+# Sources whose pairs carry a gold 0/1 paraphrase label: trained on like any other source (the label is dropped in
+# `build_pair_set`), evaluated by the ROC AUC of each model's pair scores against it (`gold_pair_labels`).
+PAIR_CLASSIFICATION_SOURCES = ("qqp", "mrpc")
 
 
 @dataclass(frozen=True)
@@ -64,7 +74,8 @@ class PairSet:
 
     @property
     def transductive(self) -> bool:
-        """True when evaluation pairs (STS12-16, STS-B dev/test, SICK trial/test) may be in the pool."""
+        """True when evaluation pairs may be in the pool: STS12-16, STS-B dev/test, SICK trial/test (``transductive``,
+        and any ``file:``, which may hold anything), or the very pairs the AUC is measured on (``qqp``, ``mrpc``)."""
         return self.source != "inductive"
 
     def pairs(self) -> list[tuple[str, str]]:
@@ -94,7 +105,8 @@ def pair_sets_of(source: str) -> tuple[str, ...]:
 def build_pair_set(source: str = "transductive", max_pairs: int | None = None, seed: int = 1000) -> PairSet:
     """The deduplicated pool of ``source``, subsampled to ``max_pairs`` (seeded, without replacement).
 
-    Gold scores are dropped here, at the only place pairs enter the job, so no later stage can train on them.
+    Gold scores and labels are dropped here, at the only place pairs enter the job, so no later stage can train on
+    them.
     """
     from raydistill.data import load_dataset, read_pairs
 
@@ -109,8 +121,7 @@ def build_pair_set(source: str = "transductive", max_pairs: int | None = None, s
     second: list[str] = []
     for pairs in records:
         for pair in pairs:
-            key = (pair.sentence1, pair.sentence2) if pair.sentence1 <= pair.sentence2 else (
-                pair.sentence2, pair.sentence1)
+            key = _unordered(pair.sentence1, pair.sentence2)
             if key in seen:
                 continue
             seen.add(key)
@@ -134,6 +145,31 @@ def build_pair_set(source: str = "transductive", max_pairs: int | None = None, s
         source=source,
         pool_size=pool_size,
     )
+
+
+def gold_pair_labels(pair_set: PairSet) -> np.ndarray:
+    """The gold 0/1 paraphrase label of every pair of a ``qqp`` / ``mrpc`` pair set, [N] int64 in pair-set order.
+
+    For evaluation only: the job calls it in the driver to score pair predictions, and nothing it returns reaches a
+    learner. A pair listed twice (in either order) keeps the label of its first listing, the listing whose sentence
+    order `build_pair_set` kept.
+    """
+    from raydistill.data import load_dataset
+
+    if pair_set.source not in PAIR_CLASSIFICATION_SOURCES:
+        raise ValueError(f"pair source {pair_set.source!r} has no gold pair labels; only "
+                         f"{', '.join(PAIR_CLASSIFICATION_SOURCES)} do")
+    label_of: dict[tuple[str, str], int] = {}
+    for name in pair_sets_of(pair_set.source):
+        for pair in load_dataset(name):
+            label_of.setdefault(_unordered(pair.sentence1, pair.sentence2), int(pair.label))
+    return np.array([label_of[_unordered(a, b)] for a, b in zip(pair_set.sentence1, pair_set.sentence2)],
+                    dtype=np.int64)
+
+
+def _unordered(first: str, second: str) -> tuple[str, str]:
+    """The key under which ``(a, b)`` and ``(b, a)`` are one pair."""
+    return (first, second) if first <= second else (second, first)
 
 
 def _fingerprint(pair_id: np.ndarray, sentence1, sentence2) -> str:

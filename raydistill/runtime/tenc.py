@@ -31,12 +31,30 @@ Run directory (everything a resume or an inspection needs):
                                                           score_<family> per family, score (the average)
     <run_dir>/models/cycle=<k>/<bi|cross>/<family>/       the stage's best-dev model (cycle 0 = start checkpoints)
     <run_dir>/eval/cycle=<k>/<bi|cross>/<family>.npz      per-pair test predictions (ensembles are computed from these)
+    <run_dir>/eval/cycle=<k>/<bi|cross>/<family>-pairs.npy the model's score of every training pair (qqp, mrpc)
     <run_dir>/best/<family>/<bi|cross>                    the best-dev model over all cycles (a copy)
+    <run_dir>/summary.json                                start, best and whether training improved, per family
+    <run_dir>/plots/dev_by_cycle.png                      every family's dev score per cycle (MLflow parent artifact)
 
 A restarted job with the same config skips every completed stage and reuses its Parquet and models; ``cycles``
 may grow between runs (a 3-cycle run continues to 5). Results go to ``results_dir`` as result-schema JSON: one per
 family, encoder and cycle (``eval.test_cycles: all``; cycle 0 = the starting bi-encoders) or for cycle 0 and each
-family's best-dev models only (``best``), plus the ensembles of the families (mean of their predictions).
+family's best-dev models only (``best``), plus the ensembles of the families (mean of their predictions), and a
+copy of ``summary.json``.
+
+Model selection (``_finish``) is on the dev set (STS-B dev) and includes the start: the bi-encoder candidates are
+cycles 0..N, where cycle 0 is the starting checkpoint, so a run whose training never beats its start keeps the start
+and says so. The cross-encoder candidates are cycles 1..N: before cycle 1 there is no cross-encoder, only the
+checkpoint with a new, untrained head, whose score means nothing; the best cross-encoder is instead compared with
+the starting bi-encoder. The job's last lines and ``summary.json`` state, per family, the start, the best (cycle) and
+whether training improved on the start.
+
+Pair classification (``pairs.source: qqp`` or ``mrpc``, the paper's binary tasks): the job learns on the unlabeled
+pairs of QQP dev, or of MRPC train + validation, and scores every evaluated bi- and cross-encoder (at least the
+start and the best-dev ones) by the ROC AUC x 100 of its pair scores (bi: cosine; cross: symmetrised sigmoid) against
+the gold 0/1 labels of those same pairs. Transductive by design; the labels are read in the driver for this score
+only (``pairs.gold_pair_labels``), never handed to a learner. Model selection stays on STS-B dev, a set apart from
+the pairs and their labels, so the AUC never chooses a model; result files carry the AUC in ``extra.pair_auc``.
 """
 
 from __future__ import annotations
@@ -83,6 +101,7 @@ __all__ = [
     "stage_key",
     "run_trans_encoder",
     "read_label_set",
+    "plot_dev_by_cycle",
 ]
 
 log = logging.getLogger(__name__)
@@ -140,7 +159,7 @@ class StageConfig:
 
 @dataclass
 class PairsConfig:
-    source: str = "transductive"  # "transductive" | "inductive" | "file:<path.jsonl>"  (see pairs.py)
+    source: str = "transductive"  # "transductive" | "inductive" | "qqp" | "mrpc" | "file:<path.jsonl>" (pairs.py)
     max_pairs: int | None = None  # seeded subsample of the deduplicated pool
     seed: int | None = None  # None = the job's seed
 
@@ -664,6 +683,8 @@ class TransEncoderJob:
         self.tracker = None
         self.children: dict[tuple[str, str], Any] = {}
         self.step_offsets: dict[tuple[str, str], int] = {}
+        self.gold_labels: np.ndarray | None = None  # qqp / mrpc: each pair's 0/1 label, for the AUC only
+        self.dev_points_logged: set[tuple[str, str, int]] = set()  # (family, kind, cycle) on the parent run
 
     # ------------------------------------------------------------------------------------------------------------
     # Paths
@@ -676,6 +697,9 @@ class TransEncoderJob:
 
     def eval_file(self, cycle: int, kind: str, family: str) -> Path:
         return self.run_dir / "eval" / f"cycle={cycle}" / kind / f"{family}.npz"
+
+    def pair_scores_file(self, cycle: int, kind: str, family: str) -> Path:
+        return self.run_dir / "eval" / f"cycle={cycle}" / kind / f"{family}-pairs.npy"
 
     def start_checkpoint(self, kind: str, family: str) -> str:
         from raydistill.models import resolve_model
@@ -704,12 +728,18 @@ class TransEncoderJob:
         import ray
 
         from raydistill.runtime.cluster import warn_if_outputs_are_ephemeral
-        from raydistill.runtime.pairs import build_pair_set
+        from raydistill.runtime.pairs import PAIR_CLASSIFICATION_SOURCES, build_pair_set, gold_pair_labels
         from raydistill.runtime.tracking import Tracker
 
         cfg = self.cfg
         pair_set = build_pair_set(cfg.pairs.source, cfg.pairs.max_pairs, cfg.pairs_seed())
         self.pair_set = pair_set
+        if pair_set.source in PAIR_CLASSIFICATION_SOURCES:
+            # Kept in the driver for the AUC; the actors get the label-free pair set only.
+            self.gold_labels = gold_pair_labels(pair_set)
+            if len(np.unique(self.gold_labels)) < 2:  # found now, not after the first stage
+                raise ConfigError(f"pairs: the {len(pair_set)} {pair_set.source} pairs sampled hold one class only, "
+                                  "and the ROC AUC needs both; raise pairs.max_pairs or change pairs.seed")
         self.state = RunState.open(self.run_dir, cfg, pair_set.fingerprint, len(pair_set))
         self._say(f"Trans-Encoder {cfg.mode} distillation: families {', '.join(self.families)}; {len(pair_set):,} "
                   f"{cfg.pairs.source} pairs (pool {pair_set.pool_size:,}); {cfg.cycles} cycle(s), init {cfg.init}; "
@@ -765,8 +795,35 @@ class TransEncoderJob:
         key = stage_key(1, "bi2cross")
         if key not in self.state.labels and key not in self.state.stages:
             self._label(families, 1, "bi2cross")
+        starts = {f: 0 for f in self.families}
         if self.cfg.eval.test_cycles != "none":
-            self._evaluate(families, "bi", {f: 0 for f in self.families}, name="cycle0")
+            self._evaluate(families, "bi", starts, name="cycle0")
+        else:
+            self._evaluate_pair_auc(families, "bi", starts, name="cycle0")
+        self._measure_start_dev(families)
+        self._log_dev_curves()
+
+    def _measure_start_dev(self, families: _Families) -> None:
+        """The dev score of each starting bi-encoder: the cycle-0 candidate of model selection. Taken from its
+        cycle-0 evaluation when there is one, else measured by its actor (as every stage measures its models)."""
+        import ray
+
+        start_dev = self.state.data.setdefault("start_dev", {})
+        dev_set = self.cfg.eval.dev_set
+        for f in self.families:
+            scores = self.state.evaluations.get(f"cycle=0/bi/{f}", {}).get("scores", {})
+            if f not in start_dev and dev_set in scores:
+                start_dev[f] = scores[dev_set]
+        todo = [f for f in self.families if f not in start_dev]
+        if todo:
+            refs = [families.ensure_loaded(f, "bi", self.trained_model(0, "bi", f), 0) for f in todo]
+            ray.get([r for r in refs if r is not None])
+            for f, score in zip(todo, ray.get([families.actor(f, "bi").dev_score.remote() for f in todo])):
+                start_dev[f] = float(score)
+        self.state.save()
+        self._say("starting bi-encoders on " + dev_set + ": "
+                  + ", ".join(f"{f} {start_dev[f]:.2f}" for f in self.families) + " (the cycle-0 candidates of "
+                  "model selection)")
 
     # ------------------------------------------------------------------------------------------------------------
 
@@ -819,6 +876,7 @@ class TransEncoderJob:
         }
         self.state.save()
         self._track_stage(cycle, stage, summaries)
+        self._log_dev_curves()
         self._say(f"[{key}] complete in {wall_s:.0f} s: "
                   + ", ".join(f"{f} {kind} dev {s['best_dev']:.2f} ({s['steps']} steps, {s['wall_s']:.0f} s)"
                               for f, s in summaries.items()))
@@ -876,6 +934,7 @@ class TransEncoderJob:
         files per model, and one for the ensemble (mean of the families' predictions) named ``name``."""
         import ray
 
+        self._evaluate_pair_auc(families, kind, cycles, name)  # before the result files, which carry it
         sets = list(dict.fromkeys(list(self.cfg.eval.test_sets) + [self.cfg.eval.dev_set]))
         todo = [f for f, c in cycles.items() if f"cycle={c}/{kind}/{f}" not in self.state.evaluations]
         if todo:
@@ -903,6 +962,65 @@ class TransEncoderJob:
         recorded = self.state.evaluations.get(f"{name}/{kind}/ensemble", {})
         if len(cycles) > 1 and recorded.get("members") != dict(cycles):
             self._write_ensemble(kind, cycles, name)
+
+    def _evaluate_pair_auc(self, families: _Families, kind: str, cycles: dict[str, int], name: str) -> None:
+        """qqp / mrpc sources: ROC AUC x 100 of each family's ``kind`` model of ``cycles[family]`` (and of their
+        ensemble, the mean of their scores) on the job's own pairs against the gold labels. A model's pair scores
+        are the labels it handed on when it made some (read from the Parquet), else its actor scores the pairs."""
+        import ray
+
+        from raydistill.evaluation import roc_auc
+        from raydistill.objectives.trans_encoder import average_pseudo_labels
+
+        if self.gold_labels is None:
+            return
+        records = self.state.data.setdefault("pair_auc", {})
+        todo = [f for f, c in cycles.items() if f"cycle={c}/{kind}/{f}" not in records]
+        scores = {f: self._handed_on_scores(kind, cycles[f], f) for f in todo}
+        ask = [f for f in todo if scores[f] is None]
+        if ask:
+            refs = [families.ensure_loaded(f, kind, self.trained_model(cycles[f], kind, f), cycles[f]) for f in ask]
+            ray.get([r for r in refs if r is not None])
+            scores.update(zip(ask, ray.get([families.actor(f, kind).predict_pairs.remote() for f in ask])))
+        for f in todo:
+            cycle = cycles[f]
+            path = self.pair_scores_file(cycle, kind, f)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            np.save(path, np.asarray(scores[f], dtype=np.float32))
+            auc = roc_auc(scores[f], self.gold_labels) * 100.0
+            records[f"cycle={cycle}/{kind}/{f}"] = {"auc": auc, "pair_scores": str(path)}
+            self.state.save()
+            self._say(f"[cycle {cycle}] {f}/{kind}: {self.cfg.pairs.source} ROC AUC {auc:.2f} on the "
+                      f"{len(self.pair_set):,} pairs it learned from (transductive)")
+            if self.tracker is not None:
+                self.tracker.log_metrics({f"pair_auc/{f}/{kind}": auc}, step=cycle)
+        ensemble_key = f"{name}/{kind}/ensemble"
+        if len(cycles) > 1 and records.get(ensemble_key, {}).get("members") != dict(cycles):
+            mean = average_pseudo_labels([np.load(records[f"cycle={c}/{kind}/{f}"]["pair_scores"])
+                                          for f, c in cycles.items()])
+            records[ensemble_key] = {"auc": roc_auc(mean, self.gold_labels) * 100.0, "members": dict(cycles)}
+            self.state.save()
+
+    def _handed_on_scores(self, kind: str, cycle: int, family: str) -> np.ndarray | None:
+        """The labels that ``family``'s ``kind`` model of ``cycle`` gave the pairs, if it labelled a stage: the
+        bi-encoder of cycle k labels cycle k+1's bi2cross stage, the cross-encoder of cycle k cycle k's cross2bi."""
+        labelled_cycle, stage = (cycle + 1, "bi2cross") if kind == "bi" else (cycle, "cross2bi")
+        if stage_key(labelled_cycle, stage) not in self.state.labels:
+            return None
+        return self._read_labels(labelled_cycle, stage)[f"score_{family}"]
+
+    def _pair_auc_extra(self, key: str) -> dict[str, Any] | None:
+        """``extra.pair_auc`` of a result file: the AUC recorded under ``key`` and what it was measured on."""
+        from raydistill.runtime.pairs import pair_sets_of
+
+        record = self.state.data.get("pair_auc", {}).get(key)
+        if record is None:
+            return None
+        return {"auc": round(float(record["auc"]), 2), "source": self.cfg.pairs.source,
+                "sets": list(pair_sets_of(self.cfg.pairs.source)), "pairs": len(self.pair_set),
+                "transductive": True, "labels_used_for_training": False,
+                "metric": "ROC AUC x 100 of the pair scores (bi: cosine; cross: mean sigmoid over both orders) "
+                          "against the gold 0/1 labels of the pairs the job learned from"}
 
     def _write_ensemble(self, kind: str, cycles: dict[str, int], name: str) -> None:
         from raydistill.objectives.trans_encoder import average_pseudo_labels
@@ -948,12 +1066,14 @@ class TransEncoderJob:
             model_dir = None
             extra.update(family="ensemble", members={f: {"cycle": c, "model_dir": self.trained_model(c, kind, f)}
                                                      for f, c in members.items()})
+            pair_auc = self._pair_auc_extra(f"{name}/{kind}/ensemble")
             training["cycle"] = next(iter(members.values())) if len(set(members.values())) == 1 else None
             file_name = f"ensemble-{kind}-{name}.json"
         else:
             model = self._model_name(family, kind)
             model_dir = self.trained_model(cycle, kind, family)
             extra.update(family=family, cycle=cycle)
+            pair_auc = self._pair_auc_extra(f"cycle={cycle}/{kind}/{family}")
             training["cycle"] = cycle
             stage = "bi2cross" if kind == "cross" else "cross2bi"
             stage_info = self.state.stages.get(stage_key(cycle, stage), {}).get("families", {}).get(family, {})
@@ -962,6 +1082,8 @@ class TransEncoderJob:
                                 stage_best_dev=round(float(stage_info.get("best_dev")), 2),
                                 stage_wall_s=round(float(stage_info.get("wall_s", 0)), 1))
             file_name = f"{family}-{kind}-cycle{cycle}.json"
+        if pair_auc is not None:
+            extra["pair_auc"] = pair_auc
         fields = dict(
             kind="mutual_tenc", method=cfg.method, model=model, encoder=kind, teacher=None,
             params_m=round(float(params_m), 3), scores={k: round(float(v), 2) for k, v in scores.items()},
@@ -982,14 +1104,30 @@ class TransEncoderJob:
     # ------------------------------------------------------------------------------------------------------------
 
     def _finish(self, families: _Families) -> dict[str, Any]:
-        """Best bi- and cross-encoder of each family over all cycles (by STS-B dev), their evaluation, a summary."""
+        """Best bi- and cross-encoder of each family by the dev set, their evaluation, the summary and the verdict.
+
+        Candidates of the bi-encoder: cycles 0..N, cycle 0 being the starting checkpoint (its dev score measured at
+        cycle 0), so a run whose training never beats its start keeps the start: ``best/<family>/bi`` is then the
+        start checkpoint, saved as the job used it (max length, pooling), and the verdict says training did not
+        improve on it. Candidates of the cross-encoder: cycles 1..N. Before cycle 1 there is no cross-encoder, only
+        the checkpoint with a new, untrained head, whose score would mean nothing; the best cross-encoder's "start"
+        is the starting bi-encoder, and the verdict compares it with that. Ties go to the earlier cycle.
+        """
+        import ray
+
         best: dict[str, dict[str, Any]] = {f: {} for f in self.families}
         for kind in ("bi", "cross"):
             stage = STAGE_TRAINED_IN[kind]
             for f in self.families:
                 candidates = [(self.state.stages[stage_key(c, stage)]["families"][f]["best_dev"], c)
                               for c in range(1, self.cfg.cycles + 1)]
+                if kind == "bi":
+                    candidates.insert(0, (self.state.data["start_dev"][f], 0))
                 dev, cycle = max(candidates, key=lambda item: (item[0], -item[1]))  # ties: the earlier cycle
+                if cycle == 0 and not self.model_dir(0, kind, f).is_dir():
+                    ref = families.ensure_loaded(f, kind, self.trained_model(0, kind, f), 0)
+                    ray.get([r for r in [ref] if r is not None])
+                    ray.get(families.actor(f, kind).save.remote(str(self.model_dir(0, kind, f))))
                 target = self.run_dir / "best" / f / kind
                 tmp = target.with_name(f"{kind}.tmp-{os.getpid()}")
                 shutil.rmtree(tmp, ignore_errors=True)
@@ -997,35 +1135,147 @@ class TransEncoderJob:
                 shutil.rmtree(target, ignore_errors=True)
                 os.replace(tmp, target)
                 best[f][kind] = {"cycle": cycle, "best_dev": dev, "model_dir": str(target)}
+            chosen = {f: best[f][kind]["cycle"] for f in self.families}
             if self.cfg.eval.test_cycles != "none":
-                # Already evaluated with test_cycles "all"; then only the ensemble of the best models is new.
-                self._evaluate(families, kind, {f: best[f][kind]["cycle"] for f in self.families}, name="best")
+                # Already evaluated with test_cycles "all" (and cycle 0 always); then only the ensemble is new.
+                self._evaluate(families, kind, chosen, name="best")
                 for f in self.families:
-                    best[f][kind]["scores"] = self.state.evaluations[
-                        f"cycle={best[f][kind]['cycle']}/{kind}/{f}"]["scores"]
+                    best[f][kind]["scores"] = self.state.evaluations[f"cycle={chosen[f]}/{kind}/{f}"]["scores"]
+            else:
+                self._evaluate_pair_auc(families, kind, chosen, name="best")
+        by_family = self._outcome(best)
+        dev_set = self.cfg.eval.dev_set
         summary = {
             "run_name": self.run_name, "run_dir": str(self.run_dir), "results_dir": str(self.results_dir),
             "mode": self.cfg.mode, "families": self.families, "pairs": len(self.pair_set),
+            "pairs_source": self.cfg.pairs.source,
             "transductive": self.pair_set.transductive, "cycles": self.cfg.cycles, "init": self.cfg.init,
             "best": best,
+            "by_family": by_family,
+            "score_unit": "7-STS average: Spearman x 100 of the model's similarity against gold on STS12-16, STS-B "
+                          f"test and SICK-R test, averaged; *_{dev_set}: Spearman x 100 on {dev_set}",
+            "selection": {"dev_set": dev_set,
+                          "bi_candidates": f"cycles 0..{self.cfg.cycles} (0 = the starting checkpoint)",
+                          "cross_candidates": f"cycles 1..{self.cfg.cycles} (no cross-encoder exists before cycle "
+                                              "1; the best one is compared with the starting bi-encoder)",
+                          "ties": "the earlier cycle"},
+            "pair_classification": self._pair_classification_note(),
             "stage_wall_s": {k: round(v["wall_s"], 1) for k, v in self.state.stages.items()},
             "wall_s": round(time.perf_counter() - self.started, 1),
             "mlflow_run_id": self.tracker.run_id if self.tracker else None,
         }
         summary_path = self.run_dir / "summary.json"
         summary_path.write_text(json.dumps(summary, indent=2, default=_json_default) + "\n", encoding="utf-8")
+        self.results_dir.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(summary_path, self.results_dir / "summary.json")
         self.tracker.log_artifact(summary_path)
         self.tracker.log_artifact(self.state.path)
         for f in self.families:
             for kind in ("bi", "cross"):
                 self.tracker.log_metrics({f"best/{f}/{kind}/stsb_dev": best[f][kind]["best_dev"],
                                           f"best/{f}/{kind}/cycle": best[f][kind]["cycle"]})
+            self.tracker.log_metrics({f"improved/{f}": int(by_family[f]["improved"])})
+        self._log_dev_curves()
+        try:
+            png = plot_dev_by_cycle(self._dev_curves(), self.run_dir / "plots" / "dev_by_cycle.png", dev_set,
+                                    title=f"{self.cfg.mode}: best {dev_set} of each stage, per cycle")
+            self.tracker.log_artifact(png, "plots")
+        except Exception as exc:  # noqa: BLE001 - a plot must never stop a run
+            log.warning("dev-by-cycle plot failed: %s", exc)
         self._say("best models (by STS-B dev): " + "; ".join(
             f"{f}/{kind} cycle {b['cycle']} dev {b['best_dev']:.2f}"
             + (f" 7-STS {b['scores']['avg']:.2f}" if "avg" in b.get("scores", {}) else "")
             for f, kinds in best.items() for kind, b in kinds.items()))
         self._say(f"done in {summary['wall_s']:.0f} s; results in {self.results_dir}")
+        for line in self._verdict_lines(by_family):
+            self._say(line)
         return summary
+
+    def _outcome(self, best: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+        """Per family: the start's and the best models' 7-STS averages (null, with the reason, without test
+        evaluation), their cycles and dev scores, whether training improved on the start and, with qqp / mrpc pairs,
+        the AUCs. Scores rounded to 2 decimals, as in the result files, and compared as rounded."""
+        dev_set = self.cfg.eval.dev_set
+        tested = self.cfg.eval.test_cycles != "none"
+        start_dev = self.state.data["start_dev"]
+        auc = self.state.data.get("pair_auc", {})
+        outcome: dict[str, dict[str, Any]] = {}
+
+        def avg(scores: dict[str, float]) -> float | None:
+            return round(float(scores["avg"]), 2) if tested and "avg" in scores else None
+
+        for f in self.families:
+            bi, cross = best[f]["bi"], best[f]["cross"]
+            start_scores = self.state.evaluations.get(f"cycle=0/bi/{f}", {}).get("scores", {})
+            row: dict[str, Any] = {
+                "start_bi": avg(start_scores), "best_bi": avg(bi.get("scores", {})),
+                "best_cross": avg(cross.get("scores", {})),
+                "start_bi_cycle": 0, "best_bi_cycle": bi["cycle"], "best_cross_cycle": cross["cycle"],
+                f"start_bi_{dev_set}": round(float(start_dev[f]), 2),
+                f"best_bi_{dev_set}": round(float(bi["best_dev"]), 2),
+                f"best_cross_{dev_set}": round(float(cross["best_dev"]), 2),
+            }
+            if row["start_bi"] is not None and row["best_bi"] is not None and row["best_cross"] is not None:
+                row["improved"] = bi["cycle"] > 0 and row["best_bi"] > row["start_bi"]
+                row["improved_on"] = "7-STS average of the best-dev bi-encoder against the start's"
+                row["cross_beats_start_bi"] = row["best_cross"] > row["start_bi"]
+            else:
+                # A trained cycle is selected only when its dev score beats the start's (ties keep the start).
+                row["improved"] = bi["cycle"] > 0
+                row["improved_on"] = f"{dev_set} (no 7-STS scores)"
+                row["cross_beats_start_bi"] = row[f"best_cross_{dev_set}"] > row[f"start_bi_{dev_set}"]
+                row["scores_missing"] = ("eval.test_cycles is none: no model was evaluated on the 7 STS sets, so "
+                                         "start_bi, best_bi and best_cross are null; rerun the same command with "
+                                         "--set eval.test_cycles=best to evaluate (completed stages are reused)")
+            if self.gold_labels is not None:
+                row["start_bi_auc"] = _rounded(auc.get(f"cycle=0/bi/{f}", {}).get("auc"))
+                row["best_bi_auc"] = _rounded(auc.get(f"cycle={bi['cycle']}/bi/{f}", {}).get("auc"))
+                row["best_cross_auc"] = _rounded(auc.get(f"cycle={cross['cycle']}/cross/{f}", {}).get("auc"))
+            outcome[f] = row
+        return outcome
+
+    def _pair_classification_note(self) -> dict[str, Any] | None:
+        """What the AUCs of a qqp / mrpc run were measured on, for the summary (None for the STS sources)."""
+        if self.gold_labels is None:
+            return None
+        from raydistill.runtime.pairs import pair_sets_of
+
+        return {"source": self.cfg.pairs.source, "sets": list(pair_sets_of(self.cfg.pairs.source)),
+                "pairs": len(self.pair_set), "positives": int(self.gold_labels.sum()), "transductive": True,
+                "labels_used_for_training": False,
+                "metric": "ROC AUC x 100 of each model's pair scores (bi: cosine; cross: mean sigmoid over both "
+                          "orders) against the gold 0/1 labels of the very pairs the job learned from, unlabeled",
+                "selection": f"{self.cfg.eval.dev_set}, apart from these pairs and their labels"}
+
+    def _verdict_lines(self, by_family: dict[str, dict[str, Any]]) -> list[str]:
+        """The job's last words: per family and encoder, the start, the best (cycle) and whether training improved
+        on the start; 7-STS averages, or dev scores when there was no test evaluation."""
+        dev_set = self.cfg.eval.dev_set
+        lines = []
+        for f, row in by_family.items():
+            on_dev = row["start_bi"] is None or row["best_bi"] is None or row["best_cross"] is None
+            start, best_bi, best_cross = ((row[f"start_bi_{dev_set}"], row[f"best_bi_{dev_set}"],
+                                           row[f"best_cross_{dev_set}"]) if on_dev
+                                          else (row["start_bi"], row["best_bi"], row["best_cross"]))
+            unit = f" ({dev_set}; eval.test_cycles none, so no 7-STS)" if on_dev else ""
+            if row["improved"]:
+                verdict = f"training improved on the start ({best_bi - start:+.2f})"
+            else:
+                verdict = "training did NOT improve on the start"
+                if row["best_bi_cycle"] > 0:  # dev chose a trained cycle whose 7-STS is not above the start's
+                    verdict += (f" ({dev_set} rose {row[f'start_bi_{dev_set}']:.2f} -> "
+                                f"{row[f'best_bi_{dev_set}']:.2f}, which selected cycle {row['best_bi_cycle']})")
+            lines.append(f"{f} bi{unit}: start {start:.2f}, best {best_bi:.2f} (cycle {row['best_bi_cycle']}) "
+                         f"— {verdict}")
+            beats = "beats" if row["cross_beats_start_bi"] else "does NOT beat"
+            lines.append(f"{f} cross{unit}: start bi {start:.2f}, best {best_cross:.2f} "
+                         f"(cycle {row['best_cross_cycle']}) — the best cross-encoder {beats} the start bi-encoder")
+            if "start_bi_auc" in row:
+                lines.append(f"{f} {self.cfg.pairs.source} ROC AUC (transductive, on the {len(self.pair_set):,} "
+                             f"pairs learned from): start bi {_fmt(row['start_bi_auc'])}, best bi "
+                             f"{_fmt(row['best_bi_auc'])} (cycle {row['best_bi_cycle']}), best cross "
+                             f"{_fmt(row['best_cross_auc'])} (cycle {row['best_cross_cycle']})")
+        return lines
 
     # ------------------------------------------------------------------------------------------------------------
     # Tracking: one parent run; a child per family and encoder (stage), metrics per cycle with the cycle as step
@@ -1067,6 +1317,36 @@ class TransEncoderJob:
         self.tracker.log_metrics({f"stage_wall_s/{stage}": self.state.stages[stage_key(cycle, stage)]["wall_s"]},
                                  step=cycle)
 
+    def _dev_curves(self) -> dict[tuple[str, str], list[tuple[int, float]]]:
+        """(family, bi|cross) -> [(cycle, dev score)] so far: the starting bi-encoder at cycle 0, then the best-dev
+        model of each completed stage (a cross-encoder first exists at cycle 1)."""
+        curves: dict[tuple[str, str], list[tuple[int, float]]] = {}
+        start_dev = self.state.data.get("start_dev", {})
+        for f in self.families:
+            if f in start_dev:
+                curves[(f, "bi")] = [(0, float(start_dev[f]))]
+        for cycle in range(1, self.cfg.cycles + 1):
+            for stage in STAGES:
+                completed = self.state.stages.get(stage_key(cycle, stage))
+                if completed is None:
+                    continue
+                for f in self.families:
+                    curves.setdefault((f, STAGE_TRAINS[stage]), []).append(
+                        (cycle, float(completed["families"][f]["best_dev"])))
+        return curves
+
+    def _log_dev_curves(self) -> None:
+        """Parent-run metrics ``dev/<family>/<bi|cross>`` with the cycle as step, so MLflow's chart of the parent
+        overlays every family's per-cycle dev curve; each point once per job run (a resumed run logs the stages
+        of earlier runs too: it is a new MLflow run)."""
+        if self.tracker is None:
+            return
+        for (f, kind), points in self._dev_curves().items():
+            for cycle, dev in points:
+                if (f, kind, cycle) not in self.dev_points_logged:
+                    self.tracker.log_metrics({f"dev/{f}/{kind}": dev}, step=cycle)
+                    self.dev_points_logged.add((f, kind, cycle))
+
     def _track_eval(self, family: str, kind: str, step: int, scores: dict[str, float], name: str | None) -> None:
         if self.tracker is None:
             return
@@ -1105,6 +1385,44 @@ class TransEncoderJob:
 
     def _say(self, message: str) -> None:
         print(f"[tenc] {message}", flush=True)
+
+
+def plot_dev_by_cycle(curves: dict[tuple[str, str], list[tuple[int, float]]], path: str | os.PathLike,
+                      dev_set: str = "stsb_dev", title: str | None = None) -> Path:
+    """One chart of every family's dev score per cycle: bi-encoders solid (from cycle 0, the start), cross-encoders
+    dashed in the same family's colour. ``curves``: (family, "bi" | "cross") -> [(cycle, score)]."""
+    from raydistill.runtime.plots import _pyplot, _save
+
+    if not any(curves.values()):
+        raise ValueError("plot_dev_by_cycle: no dev score to plot")
+    plt = _pyplot()
+    colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    families = list(dict.fromkeys(family for family, _ in curves))
+    fig, ax = plt.subplots(figsize=(7, 4), dpi=110)
+    for i, family in enumerate(families):
+        for kind, style, marker in (("bi", "-", "o"), ("cross", "--", "s")):
+            points = sorted(curves.get((family, kind), []))
+            if points:
+                cycles, scores = zip(*points)
+                ax.plot(cycles, scores, linestyle=style, marker=marker, color=colours[i % len(colours)],
+                        label=f"{family} {kind}")
+    last = max(cycle for points in curves.values() for cycle, _ in points)
+    ax.set_xticks(range(last + 1))
+    ax.set_xlabel("cycle (0 = the starting checkpoint)")
+    ax.set_ylabel(f"{dev_set} Spearman x 100")
+    ax.set_title(title or f"{dev_set} per cycle")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    return _save(fig, plt, path)
+
+
+def _rounded(value: float | None) -> float | None:
+    return None if value is None else round(float(value), 2)
+
+
+def _fmt(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.2f}"
 
 
 def scores_from_predictions(predictions: dict[str, np.ndarray]) -> dict[str, float]:

@@ -191,6 +191,11 @@ class StageLearner:
     def fingerprint(self) -> str:
         return encoder_fingerprint(self._require_model())
 
+    def save(self, out_dir: str) -> str:
+        """Save the model held now as the job uses it (its max length and pooling), e.g. a start checkpoint that
+        model selection kept; returns the directory."""
+        return str(save_model_atomically(self._require_model(), out_dir))
+
     def _require_model(self) -> nn.Module:
         if self.model is None:
             raise RuntimeError(f"{self.family}/{self.kind}: no model loaded; call load() first")

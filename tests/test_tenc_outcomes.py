@@ -1,0 +1,221 @@
+"""What a Trans-Encoder job reports at its end: model selection that includes the start, the per-family verdict and
+summary.json, the transductive pair-classification runs on QQP / MRPC pairs with their ROC AUC, and the per-cycle
+dev curves on the MLflow parent run.
+
+The run uses the tiny random BERT and MPNet checkpoints of conftest on 40 QQP dev pairs, one cycle of 3 steps per
+stage; every number the job reports is recomputed here from the models it saved.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import shutil
+
+import numpy as np
+import pytest
+
+from raydistill.runtime.config import ConfigError
+from raydistill.runtime.pairs import PAIR_SOURCES, build_pair_set, gold_pair_labels
+from raydistill.runtime.tenc import plot_dev_by_cycle, read_label_set, run_trans_encoder, stage_key
+from tests.ray_fixtures import ray_session  # noqa: F401  (session-scoped Ray fixture)
+from tests.test_mutual_tenc import bi_cosines, cross_scores, fingerprint_of, read_state, tiny_config
+
+QQP_PAIRS = 40
+QQP_SEED = 7
+
+
+def auc_x100(scores, labels) -> float:
+    """The reference ROC AUC x 100: scikit-learn's where installed, else the pairwise definition."""
+    scores, labels = np.asarray(scores, dtype=np.float64), np.asarray(labels)
+    try:
+        from sklearn.metrics import roc_auc_score
+    except ImportError:
+        positives, negatives = scores[labels == 1], scores[labels == 0]
+        wins = (positives[:, None] > negatives[None, :]).sum() + 0.5 * (positives[:, None] == negatives[None, :]).sum()
+        return 100.0 * wins / (len(positives) * len(negatives))
+    return 100.0 * roc_auc_score(labels, scores)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# No Ray
+
+
+def test_qqp_and_mrpc_sources_are_the_bundled_pairs_without_their_labels(tmp_path, monkeypatch):
+    from dataclasses import fields
+
+    from raydistill.data import load_dataset
+
+    assert PAIR_SOURCES["qqp"] == ("qqp_dev",) and PAIR_SOURCES["mrpc"] == ("mrpc_train", "mrpc_val")
+    qqp = build_pair_set("qqp")
+    bundled = load_dataset("qqp_dev")
+    assert qqp.pool_size == len(bundled) and qqp.transductive
+    assert qqp.pairs() == [(p.sentence1, p.sentence2) for p in bundled]  # no QQP dev pair repeats
+    mrpc = build_pair_set("mrpc")
+    listed = {frozenset((p.sentence1, p.sentence2)) for name in PAIR_SOURCES["mrpc"] for p in load_dataset(name)}
+    assert {frozenset(p) for p in mrpc.pairs()} == listed and mrpc.pool_size == len(listed)
+    # What the learners get holds sentences and ids only: no field for a label or a score
+    assert {f.name for f in fields(qqp)} == {"pair_id", "sentence1", "sentence2", "source", "pool_size",
+                                             "fingerprint"}
+
+    # The gold labels are each pair's own, in pair-set order (a subsample keeps its pairs' labels)
+    sample = build_pair_set("qqp", max_pairs=300, seed=QQP_SEED)
+    label_of = {(p.sentence1, p.sentence2): p.label for p in bundled}
+    gold = gold_pair_labels(sample)
+    assert gold.tolist() == [label_of[pair] for pair in sample.pairs()] and 0 < gold.mean() < 1
+
+    # Every label flipped (a user's copy of the data under $RAYDISTILL_DATA): the pairs the job trains on are
+    # bit-identical, only the labels read back for the AUC change
+    flipped_dir = tmp_path / "data" / "para"
+    flipped_dir.mkdir(parents=True)
+    with gzip.open(flipped_dir / "qqp-dev.jsonl.gz", "wt", encoding="utf-8") as stream:
+        for p in bundled:
+            stream.write(json.dumps({"sentence1": p.sentence1, "sentence2": p.sentence2, "label": 1 - p.label}) + "\n")
+    monkeypatch.setenv("RAYDISTILL_DATA", str(tmp_path / "data"))
+    flipped = build_pair_set("qqp", max_pairs=300, seed=QQP_SEED)
+    assert flipped.fingerprint == sample.fingerprint
+    assert gold_pair_labels(flipped).tolist() == (1 - gold).tolist()
+
+    with pytest.raises(ValueError, match="no gold pair labels"):
+        gold_pair_labels(build_pair_set("inductive", max_pairs=5))
+
+
+def test_pair_classification_sources_validate_by_name(tiny_models, tmp_path):
+    for source in ("qqp", "mrpc"):
+        tiny_config(tiny_models, tmp_path, pairs={"source": source, "max_pairs": 10}).validate()
+    with pytest.raises(ConfigError, match=r"pairs\.source.*did you mean 'qqp'"):
+        tiny_config(tiny_models, tmp_path, pairs={"source": "qqq"}).validate()
+    from raydistill.runtime.tenc import TencConfig
+    from raydistill.shipped import resolve_config
+
+    shipped = TencConfig.from_yaml(resolve_config("mutual_tenc-qqp")).validate()
+    assert shipped.pairs.source == "qqp" and shipped.eval.dev_set == "stsb_dev"
+    assert shipped.eval.test_cycles != "none"  # its result files need the 7-STS scores beside the AUC
+    # a sample of one class has no AUC: refused before Ray starts or anything is written
+    with pytest.raises(ConfigError, match="one class only"):
+        run_trans_encoder(tiny_config(tiny_models, tmp_path, pairs={"source": "qqp", "max_pairs": 1}))
+    assert not (tmp_path / "run").exists()
+
+
+def test_dev_by_cycle_plot_draws_every_family_and_encoder(tmp_path):
+    curves = {("minilm-l3", "bi"): [(0, 83.97), (1, 83.11), (2, 82.27)], ("minilm-l3", "cross"): [(1, 81.55)],
+              ("bert-small", "bi"): [(0, 78.31), (1, 80.90)], ("bert-small", "cross"): [(1, 78.74), (2, 78.62)]}
+    png = plot_dev_by_cycle(curves, tmp_path / "plots" / "dev.png")
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    with pytest.raises(ValueError, match="no dev score"):
+        plot_dev_by_cycle({}, tmp_path / "empty.png")
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Ray run
+
+
+@pytest.mark.ray
+def test_qqp_run_reports_transductive_auc_selection_with_the_start_and_dev_curves(ray_session, tiny_models,
+                                                                                  tmp_path, capsys):
+    from mlflow import MlflowClient
+
+    from raydistill.evaluation import validate_result_file
+
+    tracking_uri = f"sqlite:///{tmp_path}/mlflow.db"
+    cross = {"batch_size": 8, "lr": 1e-3, "epochs": 1, "max_steps": 3, "max_length": 32, "eval_every": 2,
+             "head": "segment_cosine"}
+    settings = dict(pairs={"source": "qqp", "max_pairs": QQP_PAIRS, "seed": QQP_SEED}, cross=cross,
+                    eval={"test_cycles": "best"},
+                    tracking={"enabled": True, "tracking_uri": tracking_uri, "experiment": "tenc-outcomes"})
+    summary = run_trans_encoder(tiny_config(tiny_models, tmp_path, **settings))
+    printed = capsys.readouterr().out
+    run_dir, results = tmp_path / "run", tmp_path / "results"
+    state = read_state(run_dir)
+    pair_set = build_pair_set("qqp", QQP_PAIRS, QQP_SEED)
+    pairs, gold = pair_set.pairs(), gold_pair_labels(pair_set)
+    assert 0 < gold.sum() < len(gold)
+
+    # Training saw the pairs only: the first labels are the starting bi-encoders' cosines, the tables hold no gold
+    bi_labels = read_label_set(run_dir / "labels" / "cycle=1" / "stage=bi2cross")
+    assert set(bi_labels.columns) == {"pair_id", "sentence1", "sentence2", "score_bert", "score_mpnet", "score"}
+    for family in ("bert", "mpnet"):
+        np.testing.assert_allclose(bi_labels[f"score_{family}"], bi_cosines(tiny_models[family], pairs), atol=2e-4)
+
+    # Selection: the bi-encoder's candidates are the start (cycle 0, its dev measured at cycle 0) and cycle 1
+    for family in ("bert", "mpnet"):
+        start_dev = state["start_dev"][family]
+        trained_dev = state["stages"][stage_key(1, "cross2bi")]["families"][family]["best_dev"]
+        assert start_dev == pytest.approx(state["evaluations"][f"cycle=0/bi/{family}"]["scores"]["stsb_dev"])
+        assert summary["best"][family]["bi"]["cycle"] == (1 if trained_dev > start_dev else 0)
+        assert summary["best"][family]["cross"]["cycle"] == 1  # no cross-encoder before cycle 1
+
+    # summary.json: per family start / best / cycles / improved, the same file in the run and the results dir
+    on_disk = json.loads((run_dir / "summary.json").read_text())
+    assert json.loads((results / "summary.json").read_text()) == on_disk
+    assert on_disk["transductive"] is True and on_disk["pair_classification"]["labels_used_for_training"] is False
+    records = {p.name: validate_result_file(p) for p in results.glob("*.json") if p.name != "summary.json"}
+    for family in ("bert", "mpnet"):
+        row = on_disk["by_family"][family]
+        best_bi, best_cross = row["best_bi_cycle"], row["best_cross_cycle"]
+        assert row["start_bi_cycle"] == 0 and best_cross == 1
+        assert row["start_bi"] == records[f"{family}-bi-cycle0.json"]["scores"]["avg"]
+        assert row["best_bi"] == records[f"{family}-bi-cycle{best_bi}.json"]["scores"]["avg"]
+        assert row["best_cross"] == records[f"{family}-cross-cycle{best_cross}.json"]["scores"]["avg"]
+        assert row["improved"] == (best_bi > 0 and row["best_bi"] > row["start_bi"])
+        assert row["cross_beats_start_bi"] == (row["best_cross"] > row["start_bi"])
+        verdict = "training improved on the start" if row["improved"] else "training did NOT improve on the start"
+        assert (f"{family} bi: start {row['start_bi']:.2f}, best {row['best_bi']:.2f} (cycle {best_bi}) — "
+                f"{verdict}") in printed
+
+        # AUC: the job's pair scores are the saved models' own (recomputed here), and its AUC of them against the
+        # gold labels of the same pairs is scikit-learn's
+        start_scores = np.load(run_dir / "eval" / "cycle=0" / "bi" / f"{family}-pairs.npy")
+        cross_dir = run_dir / "models" / "cycle=1" / "cross" / family
+        best_cross_scores = np.load(run_dir / "eval" / "cycle=1" / "cross" / f"{family}-pairs.npy")
+        np.testing.assert_allclose(start_scores, bi_cosines(tiny_models[family], pairs), atol=2e-4)
+        np.testing.assert_allclose(best_cross_scores, cross_scores(cross_dir, pairs), atol=2e-4)
+        assert row["start_bi_auc"] == pytest.approx(auc_x100(start_scores, gold), abs=0.006)
+        assert row["best_cross_auc"] == pytest.approx(auc_x100(best_cross_scores, gold), abs=0.006)
+        start_record = records[f"{family}-bi-cycle0.json"]
+        assert start_record["extra"]["pair_auc"]["auc"] == row["start_bi_auc"]
+        assert start_record["extra"]["pair_auc"]["transductive"] is True
+        assert start_record["extra"]["pair_auc"]["pairs"] == QQP_PAIRS
+        assert start_record["training"]["transductive"] is True and start_record["training"]["pairs_source"] == "qqp"
+        assert records[f"{family}-cross-cycle1.json"]["extra"]["pair_auc"]["auc"] == row["best_cross_auc"]
+        assert f"{family} qqp ROC AUC (transductive" in printed
+    mean_cross = np.mean([np.load(run_dir / "eval" / "cycle=1" / "cross" / f"{family}-pairs.npy")
+                          for family in ("bert", "mpnet")], axis=0)
+    assert records["ensemble-cross-best.json"]["extra"]["pair_auc"]["auc"] == pytest.approx(
+        auc_x100(mean_cross, gold), abs=0.006)
+
+    # MLflow parent: every family's dev per cycle (cycle 0 = the start for bi), and the chart of them all
+    client = MlflowClient(tracking_uri=tracking_uri)
+    parent_id = summary["mlflow_run_id"]
+    for family in ("bert", "mpnet"):
+        bi_curve = client.get_metric_history(parent_id, f"dev/{family}/bi")
+        cross_curve = client.get_metric_history(parent_id, f"dev/{family}/cross")
+        assert [(m.step, round(m.value, 4)) for m in bi_curve] == [
+            (0, round(state["start_dev"][family], 4)),
+            (1, round(state["stages"][stage_key(1, "cross2bi")]["families"][family]["best_dev"], 4))]
+        assert [(m.step, round(m.value, 4)) for m in cross_curve] == [
+            (1, round(state["stages"][stage_key(1, "bi2cross")]["families"][family]["best_dev"], 4))]
+    assert {a.path for a in client.list_artifacts(parent_id, "plots")} == {"plots/dev_by_cycle.png"}
+    assert (run_dir / "plots" / "dev_by_cycle.png").is_file()
+
+    # Training that never beats its start on dev keeps the start. The same run again, with the trained
+    # bi-encoders' recorded dev scores lowered below their starts (as a harmful cycle would leave them): model
+    # selection, done afresh at every run's end, picks cycle 0, best/<family>/bi is the start checkpoint saved as
+    # the job used it, and the verdict says training did not improve.
+    stage = state["stages"][stage_key(1, "cross2bi")]
+    for family in ("bert", "mpnet"):
+        stage["families"][family]["best_dev"] = state["start_dev"][family] - 1.0
+    (run_dir / "state.json").write_text(json.dumps(state, indent=2))
+    shutil.rmtree(results)
+    again = run_trans_encoder(tiny_config(tiny_models, tmp_path, **settings))
+    printed = capsys.readouterr().out
+    for family in ("bert", "mpnet"):
+        row = again["by_family"][family]
+        assert row["best_bi_cycle"] == 0 and row["improved"] is False and row["best_bi"] == row["start_bi"]
+        assert (f"{family} bi: start {row['start_bi']:.2f}, best {row['start_bi']:.2f} (cycle 0) — training did "
+                "NOT improve on the start") in printed
+        best_dir = run_dir / "best" / family / "bi"
+        assert fingerprint_of(best_dir, "bi") == fingerprint_of(tiny_models[family], "bi")
+        assert json.loads((best_dir / "sentence_bert_config.json").read_text())["max_seq_length"] == 32
+    assert (results / "ensemble-bi-best.json").is_file()
+    assert json.loads((results / "summary.json").read_text())["by_family"] == again["by_family"]

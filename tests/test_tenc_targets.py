@@ -1,0 +1,109 @@
+"""scripts/tenc_targets.py on synthetic result files: which runs it reads, which models it takes as best, which
+targets it calls met, missed or missing, and that it never fills in a number it did not find."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "scripts" / "tenc_targets.py"
+STS7 = ("sts12", "sts13", "sts14", "sts15", "sts16", "stsb", "sickr")
+
+
+def run_names() -> dict[str, str]:
+    sys.path.insert(0, str(ROOT / "scripts"))
+    try:
+        from tenc_targets import run_names as names
+    finally:
+        sys.path.remove(str(ROOT / "scripts"))
+    return {key: value["run_name"] for key, value in names().items()}
+
+
+def write_record(results: Path, run_name: str, family: str, encoder: str, cycle: int, avg: float, dev: float,
+                 wall_s: float = 100.0, auc: float | None = None) -> None:
+    extra = {"run_name": run_name, "family": family, "cycle": cycle}
+    if auc is not None:
+        extra["pair_auc"] = {"auc": auc, "source": "qqp", "transductive": True}
+    record = {"kind": "mutual_tenc", "method": "tenc-mutual", "model": family, "encoder": encoder, "params_m": 1.0,
+              "scores": {**{name: avg for name in STS7}, "avg": avg, "stsb_dev": dev}, "extra": extra,
+              "training": {"cycle": cycle, "mode": "self" if "-self-" in run_name else "mutual"},
+              "wall_s": wall_s, "command": "python jobs/mutual_tenc.py", "git_sha": "abc", "date": "2026-01-01"}
+    path = results / run_name / f"{family}-{encoder}-cycle{cycle}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(record))
+
+
+def targets_of(results: Path) -> dict:
+    out = results / "targets.json"
+    done = subprocess.run([sys.executable, str(SCRIPT), "--results-dir", str(results), "--out", str(out)],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    return json.loads(out.read_text())
+
+
+def test_targets_from_synthetic_result_files(tmp_path):
+    names = run_names()
+    results = tmp_path / "results"
+    mutual, twin, qqp = names["mutual"], names["self"], names["qqp"]
+    # minilm-l3, mutual: cycle 1 has the best dev (85.0), so it is the best bi-encoder although cycle 2 has the
+    # higher 7-STS; the cross-encoder of cycle 2 has the best dev
+    write_record(results, mutual, "minilm-l3", "bi", 0, avg=75.0, dev=84.0)
+    write_record(results, mutual, "minilm-l3", "bi", 1, avg=76.5, dev=85.0)
+    write_record(results, mutual, "minilm-l3", "bi", 2, avg=77.0, dev=84.5, wall_s=3400.0)
+    write_record(results, mutual, "minilm-l3", "cross", 1, avg=74.0, dev=80.0)
+    write_record(results, mutual, "minilm-l3", "cross", 2, avg=76.0, dev=82.0)
+    # bert-small, mutual: training made dev worse, so the start (cycle 0) stays the best bi-encoder
+    write_record(results, mutual, "bert-small", "bi", 0, avg=68.0, dev=78.0)
+    write_record(results, mutual, "bert-small", "bi", 1, avg=70.0, dev=77.0)
+    write_record(results, mutual, "bert-small", "cross", 1, avg=69.0, dev=79.0)
+    # the self twin
+    write_record(results, twin, "minilm-l3", "bi", 0, avg=75.0, dev=84.0)
+    write_record(results, twin, "minilm-l3", "bi", 1, avg=76.0, dev=84.5)
+    write_record(results, twin, "bert-small", "bi", 0, avg=68.0, dev=78.0)
+    # QQP: minilm-l3 only; its best-dev cross-encoder (cycle 1) has AUC 83
+    write_record(results, qqp, "minilm-l3", "bi", 0, avg=74.0, dev=83.0, auc=80.0)
+    write_record(results, qqp, "minilm-l3", "cross", 1, avg=72.0, dev=70.0, auc=83.0)
+    write_record(results, qqp, "minilm-l3", "cross", 2, avg=73.0, dev=69.0, auc=90.0)
+    # a run of another config and a stale targets file are not read as any of the three runs
+    write_record(results, "tenc-mutual-minilm-l3+bert-small-p500-00000000", "minilm-l3", "bi", 1, avg=99.0, dev=99.0)
+    (results / "targets.json").write_text(json.dumps({"families": {"minilm-l3": {"start_bi": 1.0}}}))
+
+    targets = targets_of(results)
+    minilm, bert = targets["families"]["minilm-l3"], targets["families"]["bert-small"]
+    assert (minilm["start_bi"], minilm["mutual_best_bi"], minilm["mutual_best_bi_cycle"]) == (75.0, 76.5, 1)
+    assert (minilm["self_best_bi"], minilm["mutual_best_cross"], minilm["mutual_best_cross_cycle"]) == (76.0, 76.0, 2)
+    assert (minilm["qqp_start_auc"], minilm["qqp_best_cross_auc"], minilm["qqp_best_cross_cycle"]) == (80.0, 83.0, 1)
+    assert {name: t["status"] for name, t in minilm["targets"].items()} == {
+        "mutual_gain": "met", "mutual_vs_self": "met", "cross_vs_start": "met", "qqp_cross_auc_gain": "met"}
+    assert minilm["missing"] == []
+
+    assert (bert["start_bi"], bert["mutual_best_bi"], bert["mutual_best_bi_cycle"]) == (68.0, 68.0, 0)
+    assert bert["self_best_bi"] == 68.0 and bert["mutual_best_cross"] == 69.0
+    assert bert["qqp_start_auc"] is None and bert["qqp_best_cross_auc"] is None  # never invented
+    assert {name: t["status"] for name, t in bert["targets"].items()} == {
+        "mutual_gain": "missed", "mutual_vs_self": "met", "cross_vs_start": "met", "qqp_cross_auc_gain": "missing"}
+    assert "neither training improved" in bert["targets"]["mutual_vs_self"]["note"]
+    assert bert["targets"]["mutual_gain"]["needed"] == 69.0
+    assert any(qqp in note and "bert-small-bi-cycle0" in note for note in bert["missing"])
+    assert all(run in (mutual, twin, qqp) for run in (d["run_name"] for d in targets["runs"].values()))
+
+    # wall time: no summary.json, so the last result file's (3400 s); with one, the whole job's
+    assert targets["default_wall_s"] == 3400.0 and targets["default_wall"]["status"] == "met"
+    summary = {"run_name": mutual, "by_family": {}, "wall_s": 3700.0}
+    (results / mutual / "summary.json").write_text(json.dumps(summary))
+    targets = targets_of(results)
+    assert targets["default_wall_s"] == 3700.0 and targets["default_wall"]["status"] == "missed"
+    assert targets["runs"]["mutual"]["summary_json"] is True
+
+
+def test_targets_without_any_run_are_all_missing(tmp_path):
+    targets = targets_of(tmp_path / "empty")
+    for row in targets["families"].values():
+        assert {t["status"] for t in row["targets"].values()} == {"missing"}
+        assert row["start_bi"] is None and row["mutual_best_bi"] is None and row["qqp_start_auc"] is None
+        assert row["missing"]
+    assert targets["default_wall_s"] is None and targets["default_wall"]["status"] == "missing"
+    assert all("missing" in run for run in targets["runs"].values())
