@@ -21,6 +21,8 @@ from raydistill.runtime.tenc import plot_dev_by_cycle, read_label_set, run_trans
 from tests.ray_fixtures import ray_session  # noqa: F401  (session-scoped Ray fixture)
 from tests.test_mutual_tenc import bi_cosines, cross_scores, fingerprint_of, read_state, tiny_config
 
+pytest_plugins = ["tests.reliability_log"]
+
 QQP_PAIRS = 40
 QQP_SEED = 7
 
@@ -95,6 +97,25 @@ def test_pair_classification_sources_validate_by_name(tiny_models, tmp_path):
     with pytest.raises(ConfigError, match="one class only"):
         run_trans_encoder(tiny_config(tiny_models, tmp_path, pairs={"source": "qqp", "max_pairs": 1}))
     assert not (tmp_path / "run").exists()
+
+
+def test_a_second_job_on_a_run_dir_in_use_is_refused_before_it_reads_or_writes_anything(tiny_models, tmp_path,
+                                                                                       reliability):
+    import os
+
+    from raydistill.runtime.checkpoint import RunDirLock, RunDirLockedError
+
+    cfg = tiny_config(tiny_models, tmp_path)
+    run_dir = cfg.validate().resolved_run_dir()
+    with RunDirLock(run_dir):  # the first job
+        with pytest.raises(RunDirLockedError, match=f"in use by another job .*pid {os.getpid()}") as caught:
+            run_trans_encoder(cfg)
+    assert sorted(p.name for p in run_dir.iterdir()) == [".raydistill.lock"]  # no state.json, labels or models
+    reliability.record(
+        "checkpoint", "tenc-run-dir-locked",
+        input="a Trans-Encoder job started on a run dir whose lock another job holds",
+        did="refused (RunDirLockedError) naming the holder's host and pid, before reading the run state or starting "
+            "Ray; the run dir holds nothing but the lock file", message=str(caught.value), lost="nothing")
 
 
 def test_dev_by_cycle_plot_draws_every_family_and_encoder(tmp_path):

@@ -725,21 +725,32 @@ class TransEncoderJob:
     # ------------------------------------------------------------------------------------------------------------
 
     def run(self) -> dict[str, Any]:
+        """The job, holding the run dir's lock: a second job on the same run dir is refused before it reads the
+        run state or starts Ray (two jobs would interleave stages and overwrite each other's labels and models)."""
+        from raydistill.runtime.checkpoint import RunDirLock
+        from raydistill.runtime.pairs import PAIR_CLASSIFICATION_SOURCES, build_pair_set, gold_pair_labels
+
+        cfg = self.cfg
+        self.pair_set = build_pair_set(cfg.pairs.source, cfg.pairs.max_pairs, cfg.pairs_seed())
+        if self.pair_set.source in PAIR_CLASSIFICATION_SOURCES:
+            # Kept in the driver for the AUC; the actors get the label-free pair set only.
+            self.gold_labels = gold_pair_labels(self.pair_set)
+            if len(np.unique(self.gold_labels)) < 2:  # found now, before anything is written
+                raise ConfigError(f"pairs: the {len(self.pair_set)} {self.pair_set.source} pairs sampled hold one "
+                                  "class only, and the ROC AUC needs both; raise pairs.max_pairs or change pairs.seed")
+        lock = RunDirLock(self.run_dir).acquire(report=self._say)
+        try:
+            return self._run_locked()
+        finally:
+            lock.release()
+
+    def _run_locked(self) -> dict[str, Any]:
         import ray
 
         from raydistill.runtime.cluster import warn_if_outputs_are_ephemeral
-        from raydistill.runtime.pairs import PAIR_CLASSIFICATION_SOURCES, build_pair_set, gold_pair_labels
         from raydistill.runtime.tracking import Tracker
 
-        cfg = self.cfg
-        pair_set = build_pair_set(cfg.pairs.source, cfg.pairs.max_pairs, cfg.pairs_seed())
-        self.pair_set = pair_set
-        if pair_set.source in PAIR_CLASSIFICATION_SOURCES:
-            # Kept in the driver for the AUC; the actors get the label-free pair set only.
-            self.gold_labels = gold_pair_labels(pair_set)
-            if len(np.unique(self.gold_labels)) < 2:  # found now, not after the first stage
-                raise ConfigError(f"pairs: the {len(pair_set)} {pair_set.source} pairs sampled hold one class only, "
-                                  "and the ROC AUC needs both; raise pairs.max_pairs or change pairs.seed")
+        cfg, pair_set = self.cfg, self.pair_set
         self.state = RunState.open(self.run_dir, cfg, pair_set.fingerprint, len(pair_set))
         self._say(f"Trans-Encoder {cfg.mode} distillation: families {', '.join(self.families)}; {len(pair_set):,} "
                   f"{cfg.pairs.source} pairs (pool {pair_set.pool_size:,}); {cfg.cycles} cycle(s), init {cfg.init}; "
