@@ -537,6 +537,21 @@ def test_average_pseudo_labels_is_the_plain_mean():
         average_pseudo_labels([])
 
 
+def test_dev_weighted_labels_lean_on_the_family_that_is_better_on_dev():
+    from raydistill.objectives.trans_encoder import dev_weights
+
+    weights = dev_weights([84.0, 80.0], temperature=2.0)
+    np.testing.assert_allclose(weights, [np.e**2 / (np.e**2 + 1), 1 / (np.e**2 + 1)])  # 4 dev points at T = 2
+    np.testing.assert_allclose(dev_weights([84.0, 80.0], temperature=1e6), [0.5, 0.5], atol=1e-5)  # large T: plain mean
+    np.testing.assert_allclose(average_pseudo_labels([[0.0, 1.0], [1.0, 1.0]], weights=[3.0, 1.0]), [0.25, 1.0])
+    np.testing.assert_allclose(average_pseudo_labels([[0.1, 0.5], [0.3, 0.9]], weights=[1.0, 1.0]), [0.2, 0.7])
+    for bad in ([1.0], [-1.0, 2.0], [0.0, 0.0], [np.nan, 1.0]):
+        with pytest.raises(ValueError, match="non-negative weights"):
+            average_pseudo_labels([[0.1], [0.2]], weights=bad)
+    with pytest.raises(ValueError, match="temperature"):
+        dev_weights([80.0, 70.0], temperature=0.0)
+
+
 def test_losses_import_without_ray():
     import subprocess
     import sys

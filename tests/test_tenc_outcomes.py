@@ -118,6 +118,41 @@ def test_a_second_job_on_a_run_dir_in_use_is_refused_before_it_reads_or_writes_a
             "Ray; the run dir holds nothing but the lock file", message=str(caught.value), lost="nothing")
 
 
+def test_label_weighting_is_validated_by_name_and_needs_mutual_mode(tiny_models, tmp_path):
+    with pytest.raises(ConfigError, match=r"label_weighting.*did you mean 'dev'"):
+        tiny_config(tiny_models, tmp_path, label_weighting="deb").validate()
+    with pytest.raises(ConfigError, match=r"label_weighting.*only mode mutual"):
+        tiny_config(tiny_models, tmp_path, mode="self", label_weighting="dev").validate()
+    with pytest.raises(ConfigError, match=r"label_weight_temperature.*> 0"):
+        tiny_config(tiny_models, tmp_path, label_weight_temperature=0).validate()
+    plain = tiny_config(tiny_models, tmp_path)
+    assert tiny_config(tiny_models, tmp_path, label_weighting="mean").config_hash() == plain.config_hash()
+    assert tiny_config(tiny_models, tmp_path, label_weighting="dev").config_hash() != plain.config_hash()
+
+
+def test_dev_weighted_labels_are_the_families_labels_weighted_by_their_labellers_dev(ray_session, tiny_models,
+                                                                                      tmp_path):
+    from raydistill.objectives.trans_encoder import dev_weights
+
+    cfg = tiny_config(tiny_models, tmp_path, label_weighting="dev", label_weight_temperature=0.5, cycles=2,
+                      stop_after_stage=stage_key(2, "bi2cross"))
+    run_trans_encoder(cfg)
+    state = json.loads((tmp_path / "run" / "state.json").read_text())
+    families = ["bert", "mpnet"]
+    labellers_dev = {  # who labelled each stage: the starts, cycle 1's cross-encoders, cycle 1's bi-encoders
+        stage_key(1, "bi2cross"): [state["start_dev"][f] for f in families],
+        stage_key(1, "cross2bi"): [state["stages"][stage_key(1, "bi2cross")]["families"][f]["best_dev"]
+                                   for f in families],
+        stage_key(2, "bi2cross"): [state["stages"][stage_key(1, "cross2bi")]["families"][f]["best_dev"]
+                                   for f in families]}
+    for key, dev in labellers_dev.items():
+        weights = dev_weights(dev, temperature=0.5)
+        assert [state["labels"][key]["weights"][f] for f in families] == pytest.approx(weights.tolist())
+        table = read_label_set(tmp_path / "run" / "labels" / key)
+        np.testing.assert_allclose(table["score"], weights[0] * table["score_bert"] + weights[1] * table["score_mpnet"],
+                                   rtol=1e-5, atol=1e-6)
+
+
 def test_dev_by_cycle_plot_draws_every_family_and_encoder(tmp_path):
     curves = {("minilm-l3", "bi"): [(0, 83.97), (1, 83.11), (2, 82.27)], ("minilm-l3", "cross"): [(1, 81.55)],
               ("bert-small", "bi"): [(0, 78.31), (1, 80.90)], ("bert-small", "cross"): [(1, 78.74), (2, 78.62)]}

@@ -31,14 +31,18 @@ from raydistill.objectives.pairs import CosineMSELoss
 __all__ = [
     "DEFAULT_LABEL_SCALING",
     "LABEL_SCALINGS",
+    "LABEL_WEIGHTINGS",
     "CosineMSELoss",
     "SoftBCELoss",
     "average_pseudo_labels",
     "cosine_to_target",
+    "dev_weights",
 ]
 
 LABEL_SCALINGS = ("clip", "affine", "raw")
 DEFAULT_LABEL_SCALING = "clip"
+# How mutual distillation combines the families' labels: "mean" (the authors'), or "dev" (dev_weights).
+LABEL_WEIGHTINGS = ("mean", "dev")
 
 ArrayLike = TypeVar("ArrayLike", np.ndarray, Tensor, float)
 
@@ -68,17 +72,36 @@ def cosine_to_target(cosines: ArrayLike, mode: str = DEFAULT_LABEL_SCALING) -> A
     return min(1.0, max(0.0, float(cosines)))
 
 
-def average_pseudo_labels(labels: Sequence[np.ndarray | Sequence[float]]) -> np.ndarray:
-    """Mutual distillation: the plain mean of several models' pseudo-labels for the same pairs (the authors
-    average the two bi-encoders' cosines, then the two cross-encoders' probabilities; no per-model
-    normalisation). ``labels``: one array [N] per model, same N and pair order."""
+def average_pseudo_labels(labels: Sequence[np.ndarray | Sequence[float]],
+                          weights: Sequence[float] | None = None) -> np.ndarray:
+    """Mutual distillation: the mean of several models' pseudo-labels for the same pairs. ``labels``: one array [N]
+    per model, same N and pair order. Without ``weights`` the plain mean, as the authors do (the two bi-encoders'
+    cosines, then the two cross-encoders' probabilities; no per-model normalisation); with them, the mean weighted
+    by ``weights`` (non-negative, one per model, normalised here; ``dev_weights`` makes them)."""
     if len(labels) == 0:
         raise ValueError("average_pseudo_labels: no label arrays given")
     arrays = [np.asarray(a, dtype=np.float64) for a in labels]
     shapes = {a.shape for a in arrays}
     if len(shapes) != 1:
         raise ValueError(f"average_pseudo_labels: label arrays must have one shape, got {sorted(shapes)}")
-    return np.mean(np.stack(arrays), axis=0)
+    if weights is None:
+        return np.mean(np.stack(arrays), axis=0)
+    w = np.asarray(weights, dtype=np.float64)  # [M]
+    if w.shape != (len(arrays),) or not np.all(np.isfinite(w)) or np.any(w < 0) or w.sum() <= 0:
+        raise ValueError(f"average_pseudo_labels: need {len(arrays)} finite non-negative weights with a positive "
+                         f"sum, got {list(w)}")
+    return np.tensordot(w / w.sum(), np.stack(arrays), axes=1)  # [N]
+
+
+def dev_weights(dev_scores: Sequence[float], temperature: float) -> np.ndarray:
+    r"""Label weights from each labelling model's dev score (Spearman x 100 on a labelled dev set):
+    :math:`w_m = \mathrm{softmax}_m(\mathrm{dev}_m / T)`. ``temperature`` T is in dev points: at T = 2 a family
+    4 points better on dev gets e² ≈ 7.4 times the weight; a large T tends to the plain mean."""
+    if temperature <= 0:
+        raise ValueError(f"dev_weights: temperature must be > 0, got {temperature}")
+    z = np.asarray(dev_scores, dtype=np.float64) / temperature  # [M]
+    z = np.exp(z - z.max())
+    return z / z.sum()
 
 
 class SoftBCELoss(nn.Module):

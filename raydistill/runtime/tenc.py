@@ -212,6 +212,10 @@ class TencConfig:
     # bi cosine -> cross-encoder BCE target (objectives.trans_encoder.cosine_to_target): "clip" (default; the
     # authors' raw cosine wherever it is >= 0, 0 below), "affine" ((c + 1) / 2) or "raw" (the authors' code).
     label_scaling: str = "clip"
+    # mutual mode: how the families' labels are combined (objectives.trans_encoder): "mean" (the authors' plain
+    # mean) or "dev" (weights softmax(dev / label_weight_temperature) from each labelling model's dev score).
+    label_weighting: str = "mean"
+    label_weight_temperature: float = 2.0  # in dev points: at 2, 4 points better on dev weighs e^2 (7.4x) more
     seed: int = 1000
     pairs: PairsConfig = field(default_factory=PairsConfig)
     bi: StageConfig = field(default_factory=_paper_bi_stage)
@@ -351,6 +355,17 @@ class TencConfig:
         if self.label_scaling not in LABEL_SCALINGS:
             raise err("label_scaling", f"{self.label_scaling!r}{_suggest(self.label_scaling, LABEL_SCALINGS)} "
                                        f"is not one of {', '.join(LABEL_SCALINGS)}")
+        from raydistill.objectives.trans_encoder import LABEL_WEIGHTINGS
+
+        if self.label_weighting not in LABEL_WEIGHTINGS:
+            raise err("label_weighting", f"{self.label_weighting!r}{_suggest(self.label_weighting, LABEL_WEIGHTINGS)}"
+                                         f" is not one of {', '.join(LABEL_WEIGHTINGS)}")
+        if self.label_weighting == "dev" and self.mode != "mutual":
+            raise err("label_weighting", "'dev' weighs the families' labels against each other, which only mode "
+                                         "mutual combines; use mean with mode self")
+        if not (isinstance(self.label_weight_temperature, (int, float)) and self.label_weight_temperature > 0):
+            raise err("label_weight_temperature", f"must be a number > 0 (dev points), got "
+                                                  f"{self.label_weight_temperature!r}")
 
         source = self.pairs.source
         if source.startswith("file:"):
@@ -447,7 +462,8 @@ TENC_HASH_EXCLUDE = ("cycles", "eval", "run_dir", "run_name", "results_dir", "re
                      "stop_after_stage", "bi.eval_every", "cross.eval_every", "bi.amp", "cross.amp")
 # Fields added after run directories existed, and the values that hash as if they were absent: a null head is the
 # classifier, so runs from before ``head`` existed keep their directories.
-TENC_HASHED_ONLY_WHEN_SET = {"bi.head": (None, "classifier"), "cross.head": (None, "classifier")}
+TENC_HASHED_ONLY_WHEN_SET = {"bi.head": (None, "classifier"), "cross.head": (None, "classifier"),
+                             "label_weighting": ("mean",), "label_weight_temperature": (2.0,)}
 
 
 def _hashed(plain: dict[str, Any]) -> dict[str, Any]:
@@ -877,7 +893,10 @@ class TransEncoderJob:
             summaries[f]["init"] = inits[f]
             summaries[f]["target_column"] = target_columns[f]
         if label_refs:
-            self._record_labels(next_cycle, next_stage, dict(zip(self.families, ray.get(label_refs))))
+            weights = (self._label_weights(next_cycle, next_stage, {f: float(summaries[f]["best_dev"])
+                                                                     for f in self.families})
+                       if self._weights_by_dev() else None)
+            self._record_labels(next_cycle, next_stage, dict(zip(self.families, ray.get(label_refs))), weights)
 
         wall_s = time.perf_counter() - stage_started
         self.state.stages[key] = {
@@ -904,7 +923,31 @@ class TransEncoderJob:
         self._say(f"[{stage_key(cycle, stage)}] labelling the pairs with the {kind}-encoders of cycle "
                   f"{labeller_cycle}")
         labels = ray.get([families.actor(f, kind).predict_pairs.remote() for f in self.families])
-        self._record_labels(cycle, stage, dict(zip(self.families, labels)))
+        weights = (self._label_weights(cycle, stage, self._labeller_dev(families, labeller_cycle, kind))
+                   if self._weights_by_dev() else None)
+        self._record_labels(cycle, stage, dict(zip(self.families, labels)), weights)
+
+    def _weights_by_dev(self) -> bool:
+        return self.cfg.mode == "mutual" and self.cfg.label_weighting == "dev"
+
+    def _label_weights(self, cycle: int, stage: str, dev: dict[str, float]) -> dict[str, float]:
+        """Each family's weight in the stage's mean label, from its labelling model's dev score (dev_weights)."""
+        from raydistill.objectives.trans_encoder import dev_weights
+
+        weights = dict(zip(self.families, dev_weights([dev[f] for f in self.families],
+                                                      self.cfg.label_weight_temperature).tolist()))
+        self._say(f"[{stage_key(cycle, stage)}] label weights from {self.cfg.eval.dev_set}: " + ", ".join(
+            f"{f} {weights[f]:.3f} (dev {dev[f]:.2f})" for f in self.families))
+        return weights
+
+    def _labeller_dev(self, families: _Families, labeller_cycle: int, kind: str) -> dict[str, float]:
+        """Each family's dev score of its ``kind`` model of ``labeller_cycle``: the starting bi-encoder's at cycle 0,
+        else the best dev of the stage that trained it (the model the stage handed on)."""
+        if labeller_cycle == 0:
+            self._measure_start_dev(families)
+            return {f: float(self.state.data["start_dev"][f]) for f in self.families}
+        trained_in = self.state.stages[stage_key(labeller_cycle, STAGE_TRAINED_IN[kind])]
+        return {f: float(trained_in["families"][f]["best_dev"]) for f in self.families}
 
     def _read_labels(self, cycle: int, stage: str) -> dict[str, np.ndarray]:
         """The score columns of the stage's Parquet, checked row by row against the job's pair set."""
@@ -920,16 +963,22 @@ class TransEncoderJob:
         return {column: frame[column].to_numpy(dtype=np.float32) for column in frame.columns
                 if column.startswith("score")}
 
-    def _record_labels(self, cycle: int, stage: str, per_family: dict[str, np.ndarray]) -> None:
+    def _record_labels(self, cycle: int, stage: str, per_family: dict[str, np.ndarray],
+                       weights: dict[str, float] | None = None) -> None:
+        """The label table of a stage: each family's labels and their mean (weighted by ``weights`` when given),
+        which mutual mode trains every family on."""
         from raydistill.objectives.trans_encoder import average_pseudo_labels
 
-        averaged = np.asarray(average_pseudo_labels([per_family[f] for f in self.families]), dtype=np.float32)
+        averaged = np.asarray(average_pseudo_labels([per_family[f] for f in self.families],
+                                                    None if weights is None else [weights[f] for f in self.families]),
+                              dtype=np.float32)
         directory = self.labels_dir(cycle, stage)
         started = time.perf_counter()
         rows = write_label_set(directory, self.pair_set, per_family, averaged)
         key = stage_key(cycle, stage)
         stats = _label_stats(per_family, averaged)
-        self.state.labels[key] = {"path": str(directory), "rows": rows, "written": _now(), **stats}
+        self.state.labels[key] = {"path": str(directory), "rows": rows, "written": _now(), **stats,
+                                  **({"weights": weights} if weights is not None else {})}
         self.state.save()
         self._say(f"[{key}] wrote {rows:,} labels to {directory} in {time.perf_counter() - started:.1f} s "
                   f"(mean {stats['mean']:.3f}, std {stats['std']:.3f}"
@@ -1064,6 +1113,7 @@ class TransEncoderJob:
             "mode": cfg.mode,
             "init": cfg.init,
             "label_scaling": cfg.label_scaling,
+            "label_weighting": cfg.label_weighting,
             "cycles": cfg.cycles,
             "families": {f.name: {"bi": f.bi, "cross": f.cross_start} for f in cfg.families},
             "bi": dataclasses.asdict(cfg.bi),
@@ -1378,6 +1428,7 @@ class TransEncoderJob:
                                fingerprint=pair_set.fingerprint)
         params["transductive"] = pair_set.transductive
         params["label_scaling"] = self.cfg.label_scaling
+        params["label_weighting"] = self.cfg.label_weighting
         return params
 
     def _poolings(self) -> dict[str, str | None]:
