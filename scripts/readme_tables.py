@@ -160,10 +160,14 @@ RETENTION_TARGETS = {"minilm-l3": 99.5, "bert-mini": 99.0, "bert-tiny": 97.5}
 
 # Methods that are baselines to beat, not raydistill's students: never "the best distilled" of a size.
 BASELINE_METHODS = {"st-mse"}
+# Stages trained on gold STS similarity labels (DvBERT's STS-B-train stage): a student that learned the task from its
+# labels is not a distilled one, so it is listed with every run but never ranked as the best distilled student.
+STS_LABEL_STAGES = {"sts-cosine"}
 
 
 def _raydistill_students(records: list[dict]) -> list[dict]:
-    return [r for r in records if r["kind"] in ("distill", "tune") and r.get("method") not in BASELINE_METHODS]
+    return [r for r in records if r["kind"] in ("distill", "tune") and r.get("method") not in BASELINE_METHODS
+            and not any(stage.get("method") in STS_LABEL_STAGES for stage in r.get("training", {}).get("stages") or [])]
 
 
 def targets_table(records: list[dict]) -> str:
