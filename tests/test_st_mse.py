@@ -13,26 +13,19 @@ import numpy as np
 import pytest
 
 from raydistill.runtime.config import ConfigError, JobConfig
+from tests.conftest import TEACHER_DIM  # the width of conftest's tiny_teacher
 
 pytest.importorskip("sentence_transformers")
 pytest.importorskip("accelerate", reason="sentence-transformers' trainer needs accelerate: pip install '.[test]'")
 
 ROWS, BATCH, EPOCHS = 160, 16, 2
-STUDENT_DIM, TEACHER_DIM = 32, 48
+STUDENT_DIM = 32
 
 
 @pytest.fixture(autouse=True)
 def one_thread(one_thread):
     # tiny models on a busy 2-core box are several times slower with 2 threads
     yield
-
-
-@pytest.fixture(scope="module")
-def teacher_dir(tmp_path_factory, real_sentences):
-    from tiny_models import make_tiny_model
-
-    return make_tiny_model("mpnet", tmp_path_factory.mktemp("teacher48"), real_sentences, hidden=TEACHER_DIM,
-                           heads=4, intermediate=96, seed=3)
 
 
 @pytest.fixture(scope="module")
@@ -65,7 +58,7 @@ def job_config(student, teacher, workspace, run_name: str, **loss) -> JobConfig:
                                         ({"teacher": None}, "teacher"),
                                         ({"loss": {"pca_sentence": 10}}, "loss.pca_sentence")],
                          ids=["unknown reduction", "missing teacher", "misspelt loss key"])
-def test_a_bad_config_is_refused_naming_the_field_before_any_model_loads(bad, field, tiny_bert, teacher_dir,
+def test_a_bad_config_is_refused_naming_the_field_before_any_model_loads(bad, field, tiny_bert, tiny_teacher,
                                                                         workspace, monkeypatch):
     from raydistill.runtime import st_mse
 
@@ -75,7 +68,7 @@ def test_a_bad_config_is_refused_naming_the_field_before_any_model_loads(bad, fi
     monkeypatch.setattr(st_mse, "build_student", must_not_run)
     monkeypatch.setattr("raydistill.runtime.embedding_cache.ensure_teacher_embeddings", must_not_run)
     monkeypatch.setattr("raydistill.runtime.teacher.TeacherEncoder.__init__", must_not_run)
-    plain = job_config(tiny_bert, teacher_dir, workspace, "refused").to_dict()
+    plain = job_config(tiny_bert, tiny_teacher, workspace, "refused").to_dict()
     for key, value in bad.items():
         plain[key] = value
     cfg = JobConfig.from_dict(plain)
@@ -182,7 +175,7 @@ def mse_loss_calls(monkeypatch):
     return calls
 
 
-def test_job_trains_with_sentence_transformers_mse_and_writes_a_valid_result(tiny_bert, teacher_dir, workspace,
+def test_job_trains_with_sentence_transformers_mse_and_writes_a_valid_result(tiny_bert, tiny_teacher, workspace,
                                                                              mse_loss_calls, capsys):
     from mlflow import MlflowClient
 
@@ -191,14 +184,14 @@ def test_job_trains_with_sentence_transformers_mse_and_writes_a_valid_result(tin
     from raydistill.runtime.st_mse import run_st_mse
 
     results_dir = workspace["root"] / "results"
-    record = run_st_mse(job_config(tiny_bert, teacher_dir, workspace, "pca"), results_dir=results_dir,
+    record = run_st_mse(job_config(tiny_bert, tiny_teacher, workspace, "pca"), results_dir=results_dir,
                         command="pytest tests/test_st_mse.py", teacher_in_process=True)
 
-    result_path = results_dir / f"st-mse-{tiny_bert.name}-{teacher_dir.name}.json"
+    result_path = results_dir / f"st-mse-{tiny_bert.name}-{tiny_teacher.name}.json"
     assert record["result_path"] == str(result_path)
     validate_result_file(result_path)
     saved = json.loads(result_path.read_text())
-    assert saved["method"] == "st-mse" and saved["kind"] == "distill" and saved["teacher"] == teacher_dir.name
+    assert saved["method"] == "st-mse" and saved["kind"] == "distill" and saved["teacher"] == tiny_teacher.name
     assert saved["wall_s"] > 0 and saved["command"] == "pytest tests/test_st_mse.py"
     assert saved["git_sha"] and saved["date"]
     assert set(saved["scores"]) >= {"sts12", "sickr", "avg", "stsb_dev"}
@@ -234,12 +227,12 @@ def test_job_trains_with_sentence_transformers_mse_and_writes_a_valid_result(tin
     assert f"step {steps}/{steps}" in out and "teacher cache: 0 hits" in out and "7-STS avg" in out
 
 
-def test_dense_reduction_widens_the_student_and_reuses_the_teacher_pass(tiny_bert, teacher_dir, workspace,
+def test_dense_reduction_widens_the_student_and_reuses_the_teacher_pass(tiny_bert, tiny_teacher, workspace,
                                                                         mse_loss_calls):
     from raydistill.models import BiEncoder
     from raydistill.runtime.st_mse import run_st_mse
 
-    cfg = job_config(tiny_bert, teacher_dir, workspace, "dense", reduction="dense")
+    cfg = job_config(tiny_bert, tiny_teacher, workspace, "dense", reduction="dense")
     record = run_st_mse(cfg, result_path=workspace["root"] / "results" / "dense.json", teacher_in_process=True)
 
     training = record["training"]
