@@ -17,7 +17,8 @@ import pytest
 
 from raydistill.runtime.config import ConfigError
 from raydistill.runtime.pairs import PAIR_SOURCES, build_pair_set, gold_pair_labels
-from raydistill.runtime.tenc import plot_dev_by_cycle, read_label_set, run_trans_encoder, stage_key
+from raydistill.runtime.plots import plot_dev_by_cycle
+from raydistill.runtime.tenc import read_label_set, run_trans_encoder, stage_key
 from tests.ray_fixtures import ray_session  # noqa: F401  (session-scoped Ray fixture)
 from tests.test_mutual_tenc import bi_cosines, cross_scores, fingerprint_of, read_state, tiny_config
 

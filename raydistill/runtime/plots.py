@@ -1,6 +1,7 @@
-"""The two pictures a run leaves behind: its learning curve and how its best model scores STS-B dev.
+"""The pictures a run leaves behind: its learning curve, how its best model scores STS-B dev, and (Trans-Encoder)
+every family's dev score per cycle.
 
-Both use matplotlib's Agg backend (no display on a training box) and are logged as MLflow artifacts by the runtime.
+All use matplotlib's Agg backend (no display on a training box) and are logged as MLflow artifacts by the runtime.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from typing import Sequence
 
 import numpy as np
 
-__all__ = ["plot_learning_curve", "plot_dev_scatter"]
+__all__ = ["plot_learning_curve", "plot_dev_scatter", "plot_dev_by_cycle"]
 
 
 def _pyplot():
@@ -74,6 +75,34 @@ def plot_dev_scatter(gold: Sequence[float], predicted: Sequence[float], path: st
     ax.set_ylabel("predicted similarity")
     ax.set_title(f"{title}: Spearman {rho:.2f} (n={len(gold_arr)})")
     ax.grid(alpha=0.3)
+    fig.tight_layout()
+    return _save(fig, plt, path)
+
+
+def plot_dev_by_cycle(curves: dict[tuple[str, str], list[tuple[int, float]]], path: str | os.PathLike,
+                      dev_set: str = "stsb_dev", title: str | None = None) -> Path:
+    """One chart of every family's dev score per cycle: bi-encoders solid (from cycle 0, the start), cross-encoders
+    dashed in the same family's colour. ``curves``: (family, "bi" | "cross") -> [(cycle, score)]."""
+    if not any(curves.values()):
+        raise ValueError("plot_dev_by_cycle: no dev score to plot")
+    plt = _pyplot()
+    colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    families = list(dict.fromkeys(family for family, _ in curves))
+    fig, ax = plt.subplots(figsize=(7, 4), dpi=110)
+    for i, family in enumerate(families):
+        for kind, style, marker in (("bi", "-", "o"), ("cross", "--", "s")):
+            points = sorted(curves.get((family, kind), []))
+            if points:
+                cycles, scores = zip(*points)
+                ax.plot(cycles, scores, linestyle=style, marker=marker, color=colours[i % len(colours)],
+                        label=f"{family} {kind}")
+    last = max(cycle for points in curves.values() for cycle, _ in points)
+    ax.set_xticks(range(last + 1))
+    ax.set_xlabel("cycle (0 = the starting checkpoint)")
+    ax.set_ylabel(f"{dev_set} Spearman x 100")
+    ax.set_title(title or f"{dev_set} per cycle")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
     fig.tight_layout()
     return _save(fig, plt, path)
 

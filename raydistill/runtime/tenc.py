@@ -101,7 +101,6 @@ __all__ = [
     "stage_key",
     "run_trans_encoder",
     "read_label_set",
-    "plot_dev_by_cycle",
 ]
 
 log = logging.getLogger(__name__)
@@ -1238,6 +1237,8 @@ class TransEncoderJob:
             self.tracker.log_metrics({f"improved/{f}": int(by_family[f]["improved"])})
         self._log_dev_curves()
         try:
+            from raydistill.runtime.plots import plot_dev_by_cycle
+
             png = plot_dev_by_cycle(self._dev_curves(), self.run_dir / "plots" / "dev_by_cycle.png", dev_set,
                                     title=f"{self.cfg.mode}: best {dev_set} of each stage, per cycle")
             self.tracker.log_artifact(png, "plots")
@@ -1447,36 +1448,6 @@ class TransEncoderJob:
 
     def _say(self, message: str) -> None:
         print(f"[tenc] {message}", flush=True)
-
-
-def plot_dev_by_cycle(curves: dict[tuple[str, str], list[tuple[int, float]]], path: str | os.PathLike,
-                      dev_set: str = "stsb_dev", title: str | None = None) -> Path:
-    """One chart of every family's dev score per cycle: bi-encoders solid (from cycle 0, the start), cross-encoders
-    dashed in the same family's colour. ``curves``: (family, "bi" | "cross") -> [(cycle, score)]."""
-    from raydistill.runtime.plots import _pyplot, _save
-
-    if not any(curves.values()):
-        raise ValueError("plot_dev_by_cycle: no dev score to plot")
-    plt = _pyplot()
-    colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-    families = list(dict.fromkeys(family for family, _ in curves))
-    fig, ax = plt.subplots(figsize=(7, 4), dpi=110)
-    for i, family in enumerate(families):
-        for kind, style, marker in (("bi", "-", "o"), ("cross", "--", "s")):
-            points = sorted(curves.get((family, kind), []))
-            if points:
-                cycles, scores = zip(*points)
-                ax.plot(cycles, scores, linestyle=style, marker=marker, color=colours[i % len(colours)],
-                        label=f"{family} {kind}")
-    last = max(cycle for points in curves.values() for cycle, _ in points)
-    ax.set_xticks(range(last + 1))
-    ax.set_xlabel("cycle (0 = the starting checkpoint)")
-    ax.set_ylabel(f"{dev_set} Spearman x 100")
-    ax.set_title(title or f"{dev_set} per cycle")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    return _save(fig, plt, path)
 
 
 def _rounded(value: float | None) -> float | None:
