@@ -254,7 +254,7 @@ def cross_head(record: dict) -> str:
 def tenc_table(records: list[dict]) -> str:
     """One block per Trans-Encoder run: each family's bi/cross encoder at start (cycle 0) and at its best-dev cycle,
     and the ensembles of the families. Runs with the configs' current cross head (segment_cosine) first."""
-    rows = [r for r in records if r["kind"] == "mutual_tenc"]
+    rows = [r for r in records if r["kind"] == "mutual_tenc" and "pair_auc" not in r.get("extra", {})]
     rows.sort(key=lambda r: (cross_head(r) != "segment_cosine", r.get("extra", {}).get("run_name", ""),
                              r.get("extra", {}).get("family") == "ensemble",
                              r.get("extra", {}).get("family", ""), r.get("encoder", "bi"),
@@ -273,6 +273,27 @@ def tenc_table(records: list[dict]) -> str:
             extra.get("family", "–"), r.get("encoder", "bi"), "best" if cycle is None else str(cycle),
             *[f"{scores[name]:.2f}" for name in STS7], f"**{scores['avg']:.2f}**",
             f"{dev:.2f}" if dev is not None else "–", f"[{r['_file']}](results/{r['_file']})"]) + " |")
+    return "\n".join(lines)
+
+
+def tenc_pair_auc_table(records: list[dict]) -> str:
+    """Trans-Encoder runs on pair-classification sets (QQP, MRPC): each model's ROC AUC x 100 on the run's own pairs
+    (transductive), beside its 7-STS average and STS-B dev, which picks the best models."""
+    rows = [r for r in records if r["kind"] == "mutual_tenc" and "pair_auc" in r.get("extra", {})]
+    rows.sort(key=lambda r: (r["extra"].get("run_name", ""), r["extra"].get("family") == "ensemble",
+                             r["extra"].get("family", ""), r.get("encoder", "bi"),
+                             r.get("training", {}).get("cycle") or 0))
+    lines = ["| run | set | pairs | family | enc | cycle | ROC AUC | 7-STS avg | STS-B dev | result file |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        extra, training, scores = r["extra"], r.get("training", {}), r["scores"]
+        cycle = training.get("cycle")
+        lines.append("| " + " | ".join([
+            extra.get("run_name", "–"), extra["pair_auc"].get("source", "–"), str(extra["pair_auc"].get("pairs", "–")),
+            extra.get("family", "–"), r.get("encoder", "bi"), "best" if not isinstance(cycle, int) else str(cycle),
+            f"**{extra['pair_auc']['auc']:.2f}**", f"{scores['avg']:.2f}",
+            f"{scores['stsb_dev']:.2f}" if scores.get("stsb_dev") is not None else "–",
+            f"[{r['_file']}](results/{r['_file']})"]) + " |")
     return "\n".join(lines)
 
 
@@ -497,7 +518,8 @@ PAGES = {
                   "reliability_summary": reliability_summary},
     "docs/results.md": {"baselines": baselines_table, "distill": distill_table, "targets": targets_table,
                         "tune": tune_table, "tune_trials": tune_trials_table},
-    "docs/trans-encoder.md": {"tenc": tenc_table, "tenc_compare": tenc_compare_table},
+    "docs/trans-encoder.md": {"tenc": tenc_table, "tenc_compare": tenc_compare_table,
+                              "tenc_pair_auc": tenc_pair_auc_table},
     "docs/benchmarks.md": {"bench": bench_table},
     "docs/cluster.md": {"gpu_configs": gpu_configs_table},
 }
