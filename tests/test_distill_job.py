@@ -21,22 +21,9 @@ ROWS, BATCH, STEPS = 160, 16, 20
 
 
 @pytest.fixture(autouse=True)
-def one_thread():
+def one_thread(one_thread):
     # The driver runs the final evaluation; tiny models on a busy 2-core box are ~10x slower with 2 threads.
-    import torch
-
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
     yield
-    torch.set_num_threads(previous)
-
-
-@pytest.fixture(scope="module")
-def teacher_dir(tmp_path_factory, real_sentences):
-    from tiny_models import make_tiny_model
-
-    return make_tiny_model("mpnet", tmp_path_factory.mktemp("teacher48"), real_sentences, hidden=48, heads=4,
-                           intermediate=96, seed=3)
 
 
 @pytest.fixture(scope="module")
@@ -60,14 +47,14 @@ def job_config(student, teacher, workspace, run_name: str) -> JobConfig:
     })
 
 
-def test_congen_job_writes_result_tracks_mlflow_and_caches_the_teacher(ray_session, tiny_bert, teacher_dir,
+def test_congen_job_writes_result_tracks_mlflow_and_caches_the_teacher(ray_session, tiny_bert, tiny_teacher,
                                                                         workspace, capsys):
     from mlflow import MlflowClient
 
     from raydistill.evaluation import validate_result_file
     from raydistill.runtime.distill import run_distillation
 
-    cfg = job_config(tiny_bert, teacher_dir, workspace, "first")
+    cfg = job_config(tiny_bert, tiny_teacher, workspace, "first")
     result_path = workspace["root"] / "results" / "congen-tiny.json"
     record = run_distillation(cfg, result_path=result_path, command="pytest tests/test_distill_job.py")
 
@@ -105,12 +92,12 @@ def test_congen_job_writes_result_tracks_mlflow_and_caches_the_teacher(ray_sessi
     assert plots == {"plots/learning_curve.png", "plots/stsb_dev_scatter.png"}
 
 
-def test_second_job_hits_the_cache_and_survives_a_killed_learner(ray_session, tiny_bert, teacher_dir, workspace):
+def test_second_job_hits_the_cache_and_survives_a_killed_learner(ray_session, tiny_bert, tiny_teacher, workspace):
     import ray
 
     from raydistill.runtime.distill import run_distillation
 
-    cfg = job_config(tiny_bert, teacher_dir, workspace, "second")
+    cfg = job_config(tiny_bert, tiny_teacher, workspace, "second")
     run_dir = workspace["root"] / "second"
     killed: dict[str, object] = {}
 
@@ -143,7 +130,7 @@ def test_second_job_hits_the_cache_and_survives_a_killed_learner(ray_session, ti
     assert manifest["step"] == STEPS and manifest["extra"]["restarts"] == 1 and manifest["extra"]["finished"]
 
 
-def test_two_learners_average_gradients_and_share_the_teacher_queue(ray_session, tiny_bert, teacher_dir, tmp_path):
+def test_two_learners_average_gradients_and_share_the_teacher_queue(ray_session, tiny_bert, tiny_teacher, tmp_path):
     """Two learner actors on different batches: identical weights after every step (all-reduced gradients), and
     each learner's queue holds the other's teacher vectors too (a private queue would hold only its own)."""
     import numpy as np
@@ -155,14 +142,14 @@ def test_two_learners_average_gradients_and_share_the_teacher_queue(ray_session,
     from tiny_models import load_real_sentences
 
     cfg = with_method_defaults(JobConfig.from_dict({
-        "method": "ckd", "student": str(tiny_bert), "teacher": str(teacher_dir), "run_dir": str(tmp_path),
+        "method": "ckd", "student": str(tiny_bert), "teacher": str(tiny_teacher), "run_dir": str(tmp_path),
         "train": {"batch_size": BATCH, "lr": 1e-3}, "loss": {"queue_size": 64},
         "resources": {"learner": {"num_learners": 2, "num_cpus": 0.5, "threads": 1}},
         "tracking": {"enabled": False},
     })).validate()
     spec = get_method("ckd")
     sentences = np.array(load_real_sentences(n_captions=64, n_stsb=0)[:4 * BATCH], dtype=object)
-    teacher_vectors = BiEncoder.from_pretrained(str(teacher_dir)).encode(list(sentences), normalize=True)
+    teacher_vectors = BiEncoder.from_pretrained(str(tiny_teacher)).encode(list(sentences), normalize=True)
     batches = [{"idx": np.arange(i, i + BATCH), "text_a": sentences[i:i + BATCH],
                 "teacher_a": teacher_vectors[i:i + BATCH]} for i in range(0, len(sentences), BATCH)]
 

@@ -51,14 +51,9 @@ RESTART_LINE = "learner actor died"
 
 
 @pytest.fixture(autouse=True)
-def one_thread():
+def one_thread(one_thread):
     # The driver evaluates STS-B dev only in-process learners; keep it from competing with the actors.
-    import torch
-
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
     yield
-    torch.set_num_threads(previous)
 
 
 @pytest.fixture(scope="module")

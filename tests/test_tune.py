@@ -49,21 +49,8 @@ class InterruptAt(Callback):
 
 
 @pytest.fixture(autouse=True)
-def one_thread():
-    import torch
-
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
+def one_thread(one_thread):
     yield
-    torch.set_num_threads(previous)
-
-
-@pytest.fixture(scope="module")
-def teacher_dir(tmp_path_factory, real_sentences):
-    from tiny_models import make_tiny_model
-
-    return make_tiny_model("mpnet", tmp_path_factory.mktemp("tune-teacher"), real_sentences, hidden=48, heads=4,
-                           intermediate=96, seed=3)
 
 
 def write_space(path, student, teacher, root, lrs=LRS, tau_teacher=None):
@@ -93,12 +80,12 @@ def write_space(path, student, teacher, root, lrs=LRS, tau_teacher=None):
 
 
 @pytest.fixture(scope="module")
-def sweep(tmp_path_factory, ray_session, tiny_bert, teacher_dir):  # noqa: F811 - the fixture
+def sweep(tmp_path_factory, ray_session, tiny_bert, tiny_teacher):  # noqa: F811 - the fixture
     from raydistill.runtime.tune import plan_sweep, run_sweep
 
     root = tmp_path_factory.mktemp("tune")
-    space = write_space(root / "tiny.yaml", tiny_bert, teacher_dir, root)
-    plan = plan_sweep(str(tiny_bert), "congen", str(teacher_dir), space_file=space, sweep_dir=root / "sweep",
+    space = write_space(root / "tiny.yaml", tiny_bert, tiny_teacher, root)
+    plan = plan_sweep(str(tiny_bert), "congen", str(tiny_teacher), space_file=space, sweep_dir=root / "sweep",
                       experiment="test-tune", evaluate_sets=("sts13",), results_dir=root / "results",
                       command="pytest tests/test_tune.py")
     InterruptAt.armed = True
@@ -147,13 +134,13 @@ def test_asha_stops_the_wrecked_trial_early_and_the_nan_trial_fails(sweep):
 
 
 @pytest.mark.ray
-def test_time_budget_ends_the_sweep_and_says_so(tmp_path, ray_session, tiny_bert, teacher_dir):  # noqa: F811
+def test_time_budget_ends_the_sweep_and_says_so(tmp_path, ray_session, tiny_bert, tiny_teacher):  # noqa: F811
     """--time-budget: Tune stops the sweep when the budget is spent; trials not run are not reported as run, and
     the summary says the budget, not an interruption, ended it."""
     from raydistill.runtime.tune import plan_sweep, run_sweep
 
-    space = write_space(tmp_path / "tiny.yaml", tiny_bert, teacher_dir, tmp_path, lrs=[1e-3, 2e-3, 3e-3, 4e-3])
-    plan = plan_sweep(str(tiny_bert), "congen", str(teacher_dir), space_file=space, sweep_dir=tmp_path / "sweep",
+    space = write_space(tmp_path / "tiny.yaml", tiny_bert, tiny_teacher, tmp_path, lrs=[1e-3, 2e-3, 3e-3, 4e-3])
+    plan = plan_sweep(str(tiny_bert), "congen", str(tiny_teacher), space_file=space, sweep_dir=tmp_path / "sweep",
                       settings={"time_budget_s": 1}, experiment="test-tune-budget", evaluate_sets=(),
                       results_dir=tmp_path / "results", command="pytest tests/test_tune.py")
     summary = run_sweep(plan, verbose=0)
@@ -248,20 +235,20 @@ def test_list_shows_every_space_file(capsys):
     assert "congen (4 keys)" in out
 
 
-def test_space_errors_name_file_line_and_field(tmp_path, tiny_bert, teacher_dir):
+def test_space_errors_name_file_line_and_field(tmp_path, tiny_bert, tiny_teacher):
     from raydistill.runtime.tune import SpaceError, plan_sweep
 
-    space = write_space(tmp_path / "bad.yaml", tiny_bert, teacher_dir, tmp_path, lrs=[1e-3],
+    space = write_space(tmp_path / "bad.yaml", tiny_bert, tiny_teacher, tmp_path, lrs=[1e-3],
                         tau_teacher=[0.05, 0.0])
     line = next(i for i, text in enumerate(space.read_text().splitlines(), 1) if "loss.tau_teacher" in text)
     with pytest.raises(SpaceError, match=rf"bad.yaml:{line}: field 'methods.congen.space.loss.tau_teacher': "
                                          r"loss.tau_teacher=0.0: .*> 0"):
-        plan_sweep(str(tiny_bert), "congen", str(teacher_dir), space_file=space, sweep_dir=tmp_path / "s")
+        plan_sweep(str(tiny_bert), "congen", str(tiny_teacher), space_file=space, sweep_dir=tmp_path / "s")
     # Values given on the command line are checked the same way.
-    space = write_space(tmp_path / "ok.yaml", tiny_bert, teacher_dir, tmp_path, lrs=[1e-3])
+    space = write_space(tmp_path / "ok.yaml", tiny_bert, tiny_teacher, tmp_path, lrs=[1e-3])
     with pytest.raises(SpaceError, match=r"command-line search values: loss.queue_size=8: .*smaller than "
                                          r"train.batch_size"):
-        plan_sweep(str(tiny_bert), "congen", str(teacher_dir), space_file=space, sweep_dir=tmp_path / "s",
+        plan_sweep(str(tiny_bert), "congen", str(tiny_teacher), space_file=space, sweep_dir=tmp_path / "s",
                    param_values={"loss.queue_size": [64, 8]})
     # A default point of every shipped space file is a valid job.
     plan = plan_sweep("bert-mini", "congen", space_file=None, sweep_dir=tmp_path / "s2")
