@@ -1,4 +1,5 @@
-"""Trans-Encoder self-/mutual distillation job: config, pair sets, and real two-family runs under Ray.
+"""Trans-Encoder self-/mutual distillation job: config, pair sets, label sets read by the learners, and real
+two-family runs under Ray.
 
 The runs use the tiny random BERT and MPNet checkpoints of conftest (two families of different architectures),
 a few dozen real STS-B/SICK training pairs and a few optimiser steps per stage, so a whole cycle takes seconds.
@@ -12,13 +13,28 @@ import os
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pyarrow.parquet as pq
 import pytest
 
+from raydistill.runtime import tenc_job
+from raydistill.runtime.cluster import ResourceError, actor_reservation, check_resources
 from raydistill.runtime.config import ConfigError
 from raydistill.runtime.pairs import build_pair_set
-from raydistill.runtime.tenc import TencConfig, read_label_set, run_trans_encoder, stage_key
-from raydistill.runtime.tenc_learners import SymmetricCrossScorer, encoder_fingerprint, labels_digest
+from raydistill.runtime.tenc import (
+    TencConfig,
+    read_label_set,
+    run_trans_encoder,
+    stage_key,
+)
+from raydistill.runtime.tenc_labels import write_label_set
+from raydistill.runtime.tenc_learners import (
+    BiEncoderLearner,
+    SymmetricCrossScorer,
+    encoder_fingerprint,
+    labels_digest,
+    stage_seed,
+)
 from tests.ray_fixtures import ray_session  # noqa: F401  (session-scoped Ray fixture)
 
 NUM_PAIRS = 36
@@ -118,6 +134,15 @@ def test_config_defaults_are_the_paper_and_errors_name_the_field(tiny_models, tm
         tiny_config(tiny_models, tmp_path, bi={**base.to_dict()["bi"], "head": "segment_cosine"}).validate()
 
 
+def test_the_cluster_checks_the_families_actors_as_it_checks_any_jobs_roles(tiny_models, tmp_path):
+    cfg = tiny_config(tiny_models, tmp_path)  # 2 families x (0.25 + 0.25) CPU, 1 CPU left to Ray Data
+    assert (actor_reservation(cfg).cpus, actor_reservation(cfg).gpus) == (1.0, 0.0)
+    check_resources(cfg, {"CPU": 2})
+    with pytest.raises(ResourceError, match=r"2 families x \(bi 0\.25 \+ cross 0\.25\) CPU \+ Ray Data headroom 1 "
+                                            r"CPU = 2 CPU > 1: lower resources\.bi\.num_cpus"):
+        check_resources(cfg, {"CPU": 1})
+
+
 def test_pair_sets_are_deduplicated_unordered_subsampled_by_stable_id():
     inductive = build_pair_set("inductive")
     keys = {tuple(sorted(p)) for p in inductive.pairs()}
@@ -149,7 +174,7 @@ def test_cross_learner_trains_both_orders_on_scaled_bi_labels(tiny_bert):
     train = {"batch_size": 4, "max_length": 32}
     for scaling in ("clip", "affine", "raw"):
         learner = CrossEncoderLearner("bert", pair_set, train, label_scaling=scaling, threads=1)
-        first, second, targets = learner._examples(cosines)
+        first, second, targets = learner._examples(list(pair_set.sentence1), list(pair_set.sentence2), cosines)
         assert list(zip(first, second)) == pair_set.pairs() + pair_set.swapped_pairs()
         np.testing.assert_allclose(targets, np.tile(cosine_to_target(cosines, scaling), 2))
     assert targets[0] == pytest.approx(-0.4)  # raw keeps the authors' negative BCE target
@@ -167,11 +192,75 @@ def test_cross_learner_trains_both_orders_on_scaled_bi_labels(tiny_bert):
 
 
 @pytest.mark.ray
-def test_mutual_cycle_writes_averaged_parquet_labels_and_refreshes_models(ray_session, tiny_models, tmp_path):
+@pytest.mark.usefixtures("ray_session")
+def test_a_learner_reads_its_stage_rows_from_the_label_set_through_ray_data(tiny_bert, tmp_path, monkeypatch):
+    """A learner trains on the rows of the label set's Parquet, which it reads itself through Ray Data, visited in
+    the order its stage seed gives: the same in every run of the stage, so a rerun trains the same model."""
+    import ray
+
+    pair_set = build_pair_set("inductive", max_pairs=12, seed=1)
+    rng = np.random.default_rng(0)
+    scores = {"bert": rng.uniform(-1, 1, 12).astype(np.float32), "mpnet": rng.uniform(-1, 1, 12).astype(np.float32)}
+    labels_dir = tmp_path / "labels" / "cycle=1" / "stage=cross2bi"
+    write_label_set(labels_dir, pair_set, scores, (scores["bert"] + scores["mpnet"]) / 2)
+
+    reads = []
+    read_parquet = ray.data.read_parquet
+
+    def recorded_read(paths, **kwargs):
+        reads.append((paths, kwargs.get("columns")))
+        return read_parquet(paths, **kwargs)
+
+    monkeypatch.setattr(ray.data, "read_parquet", recorded_read)
+    train = {"batch_size": 5, "lr": 1e-3, "epochs": 2, "max_steps": None, "max_length": 32, "warmup_ratio": 0.0,
+             "weight_decay": 0.0, "grad_clip": 1.0, "eval_every": 100, "amp": False}
+
+    def stage(column: str) -> tuple[list[tuple[str, str, float]], dict]:
+        learner = BiEncoderLearner("bert", pair_set, train, threads=1)
+        learner.load(str(tiny_bert), cycle=1)
+        trained_on, batch_loss = [], learner._batch_loss
+
+        def recorded_batch(first, second, targets):
+            trained_on.extend(zip(first, second, targets.tolist()))
+            return batch_loss(first, second, targets)
+
+        learner._batch_loss = recorded_batch
+        summary = learner.fit(str(labels_dir), column, cycle=1, stage="cross2bi", out_dir=str(tmp_path / column))
+        return trained_on, summary
+
+    parquet = pq.read_table(labels_dir).to_pandas().sort_values("pair_id")
+    for column in ("score", "score_mpnet"):  # mutual: the mean; self: a family's own column
+        trained_on, summary = stage(column)
+        assert reads[-1] == (str(labels_dir), ["pair_id", "sentence1", "sentence2", column])
+        rows = list(zip(parquet["sentence1"], parquet["sentence2"], parquet[column]))
+        order = np.random.default_rng(stage_seed(1000, 1, "bi", "bert"))
+        expected = [rows[i] for _ in range(train["epochs"]) for i in order.permutation(len(rows))]
+        assert [(a, b) for a, b, _ in trained_on] == [(a, b) for a, b, _ in expected]
+        np.testing.assert_allclose([t for *_, t in trained_on], [t for *_, t in expected], rtol=1e-6)
+        assert summary["labels_dir"] == str(labels_dir) and summary["target_column"] == column
+        assert summary["labels_sha"] == labels_digest(parquet[column].to_numpy())
+
+    again, summary_again = stage("score_mpnet")
+    assert again == trained_on and summary_again["fingerprint"] == summary["fingerprint"]
+
+
+@pytest.mark.ray
+@pytest.mark.usefixtures("ray_session")
+def test_mutual_cycle_writes_averaged_parquet_labels_and_refreshes_models(tiny_models, tmp_path, monkeypatch):
+    import ray
+
     cfg = tiny_config(tiny_models, tmp_path, tracking={"enabled": True,
                                                        "tracking_uri": f"sqlite:///{tmp_path}/mlflow.db",
                                                        "experiment": "tenc-test"})
-    summary = run_trans_encoder(cfg)
+    with monkeypatch.context() as driver:
+        # Every way this process could read a label set fails: the learners, in their own processes, read theirs.
+        def no_label_reads_in_the_driver(*args, **kwargs):
+            raise AssertionError(f"the driver read a label set: {args[:1]}")
+
+        for module, name in ((ray.data, "read_parquet"), (pq, "read_table"), (pd, "read_parquet"),
+                             (tenc_job, "read_label_set")):
+            driver.setattr(module, name, no_label_reads_in_the_driver)
+        summary = run_trans_encoder(cfg)
     run_dir = Path(cfg.run_dir)
     pair_set = build_pair_set("inductive", NUM_PAIRS, 7)
     pairs = pair_set.pairs()
@@ -189,6 +278,11 @@ def test_mutual_cycle_writes_averaged_parquet_labels_and_refreshes_models(ray_se
         # mutual: the training target is the mean of the two families' labels
         np.testing.assert_allclose(frame["score"], (frame["score_bert"] + frame["score_mpnet"]) / 2, atol=1e-6)
         assert not np.allclose(frame["score_bert"], frame["score_mpnet"], atol=1e-3)
+        # ... which every learner of the stage read from this directory itself
+        for family in ("bert", "mpnet"):
+            trained = state["stages"][stage_key(1, stage)]["families"][family]
+            assert (trained["labels_dir"], trained["target_column"]) == (str(directory), "score")
+            assert trained["labels_sha"] == labels_digest(frame["score"].to_numpy())
 
     bi_labels = read_label_set(run_dir / "labels" / "cycle=1" / "stage=bi2cross")
     cross_labels = read_label_set(run_dir / "labels" / "cycle=1" / "stage=cross2bi")
@@ -238,13 +332,14 @@ def test_mutual_cycle_writes_averaged_parquet_labels_and_refreshes_models(ray_se
 
 
 @pytest.mark.ray
-def test_self_sequential_run_stopped_between_stages_resumes_the_weight_chain(ray_session, tiny_models, tmp_path):
+@pytest.mark.usefixtures("ray_session")
+def test_self_sequential_run_stopped_between_stages_resumes_the_weight_chain(tiny_models, tmp_path):
     """Self-distillation with sequential init, stopped after the first stage (as a crash there would) and rerun:
     completed work is reused, not redone, and every stage starts from the weights of the stage before it, also
     across the restart. Then the result files: 7-STS of cycle 0 and of the best models, and their ensembles."""
     cross = {"batch_size": 8, "lr": 1e-3, "epochs": 1, "max_steps": 3, "max_length": 32, "eval_every": 2,
              "head": "segment_cosine"}
-    settings = dict(mode="self", init="sequential", cycles=2, eval={"test_cycles": "best"}, cross=cross)
+    settings = {"mode": "self", "init": "sequential", "cycles": 2, "eval": {"test_cycles": "best"}, "cross": cross}
     stopped = run_trans_encoder(tiny_config(tiny_models, tmp_path, stop_after_stage=stage_key(1, "bi2cross"),
                                             **settings))
     run_dir = tmp_path / "run"
@@ -265,18 +360,19 @@ def test_self_sequential_run_stopped_between_stages_resumes_the_weight_chain(ray
     assert {p.name: p.stat().st_mtime_ns for p in cross_dir.iterdir()} == cross_files  # not retrained
     assert {p: p.stat().st_mtime_ns for p in (run_dir / "labels" / "cycle=1").rglob("*.parquet")} == label_files
 
+    def init_of(family, cycle, stage):
+        return stages[stage_key(cycle, stage)]["families"][family]["init"]["init_fingerprint"]
+
+    def saved(family, cycle, kind):
+        return fingerprint_of(run_dir / "models" / f"cycle={cycle}" / kind / family, kind)
+
     for family in ("bert", "mpnet"):
-        def init_of(cycle, stage):
-            return stages[stage_key(cycle, stage)]["families"][family]["init"]["init_fingerprint"]
-
-        def saved(cycle, kind):
-            return fingerprint_of(run_dir / "models" / f"cycle={cycle}" / kind / family, kind)
-
         original = fingerprint_of(tiny_models[family], "bi")
-        assert init_of(1, "bi2cross") == original  # cross_1 from the starting bi-encoder
-        assert init_of(1, "cross2bi") == saved(1, "cross") != original  # bi_1 from cross_1 (saved before the stop)
-        assert init_of(2, "bi2cross") == saved(1, "bi")  # cross_2 from bi_1
-        assert init_of(2, "cross2bi") == saved(2, "cross")  # bi_2 from cross_2
+        assert init_of(family, 1, "bi2cross") == original  # cross_1 from the starting bi-encoder
+        # bi_1 from cross_1 (saved before the stop)
+        assert init_of(family, 1, "cross2bi") == saved(family, 1, "cross") != original
+        assert init_of(family, 2, "bi2cross") == saved(family, 1, "bi")  # cross_2 from bi_1
+        assert init_of(family, 2, "cross2bi") == saved(family, 2, "cross")  # bi_2 from cross_2
 
         # self: each family learned its own labels, not the average
         for cycle, stage in ((1, "bi2cross"), (1, "cross2bi"), (2, "bi2cross"), (2, "cross2bi")):

@@ -20,7 +20,13 @@ from raydistill.runtime.pairs import PAIR_SOURCES, build_pair_set, gold_pair_lab
 from raydistill.runtime.plots import plot_dev_by_cycle
 from raydistill.runtime.tenc import read_label_set, run_trans_encoder, stage_key
 from tests.ray_fixtures import ray_session  # noqa: F401  (session-scoped Ray fixture)
-from tests.test_mutual_tenc import bi_cosines, cross_scores, fingerprint_of, read_state, tiny_config
+from tests.test_mutual_tenc import (
+    bi_cosines,
+    cross_scores,
+    fingerprint_of,
+    read_state,
+    tiny_config,
+)
 
 pytest_plugins = ["tests.reliability_log"]
 
@@ -101,16 +107,16 @@ def test_pair_classification_sources_validate_by_name(tiny_models, tmp_path):
 
 
 def test_a_second_job_on_a_run_dir_in_use_is_refused_before_it_reads_or_writes_anything(tiny_models, tmp_path,
-                                                                                       reliability):
+                                                                                        reliability):
     import os
 
     from raydistill.runtime.checkpoint import RunDirLock, RunDirLockedError
 
     cfg = tiny_config(tiny_models, tmp_path)
     run_dir = cfg.validate().resolved_run_dir()
-    with RunDirLock(run_dir):  # the first job
-        with pytest.raises(RunDirLockedError, match=f"in use by another job .*pid {os.getpid()}") as caught:
-            run_trans_encoder(cfg)
+    refused = pytest.raises(RunDirLockedError, match=f"in use by another job .*pid {os.getpid()}")
+    with RunDirLock(run_dir), refused as caught:  # the first job holds the lock
+        run_trans_encoder(cfg)
     assert sorted(p.name for p in run_dir.iterdir()) == [".raydistill.lock"]  # no state.json, labels or models
     reliability.record(
         "checkpoint", "tenc-run-dir-locked",
@@ -131,8 +137,8 @@ def test_label_weighting_is_validated_by_name_and_needs_mutual_mode(tiny_models,
     assert tiny_config(tiny_models, tmp_path, label_weighting="dev").config_hash() != plain.config_hash()
 
 
-def test_dev_weighted_labels_are_the_families_labels_weighted_by_their_labellers_dev(ray_session, tiny_models,
-                                                                                      tmp_path):
+@pytest.mark.usefixtures("ray_session")
+def test_dev_weighted_labels_are_the_families_labels_weighted_by_their_labellers_dev(tiny_models, tmp_path):
     from raydistill.objectives.trans_encoder import dev_weights
 
     # One cycle covers both ways labels are made: by the starts before training (their dev measured first), and by
@@ -168,8 +174,8 @@ def test_dev_by_cycle_plot_draws_every_family_and_encoder(tmp_path):
 
 
 @pytest.mark.ray
-def test_qqp_run_reports_transductive_auc_selection_with_the_start_and_dev_curves(ray_session, tiny_models,
-                                                                                  tmp_path, capsys):
+@pytest.mark.usefixtures("ray_session")
+def test_qqp_run_reports_transductive_auc_selection_with_the_start_and_dev_curves(tiny_models, tmp_path, capsys):
     from mlflow import MlflowClient
 
     from raydistill.evaluation import validate_result_file
@@ -177,9 +183,9 @@ def test_qqp_run_reports_transductive_auc_selection_with_the_start_and_dev_curve
     tracking_uri = f"sqlite:///{tmp_path}/mlflow.db"
     cross = {"batch_size": 8, "lr": 1e-3, "epochs": 1, "max_steps": 3, "max_length": 32, "eval_every": 2,
              "head": "segment_cosine"}
-    settings = dict(pairs={"source": "qqp", "max_pairs": QQP_PAIRS, "seed": QQP_SEED}, cross=cross,
-                    eval={"test_cycles": "best"},
-                    tracking={"enabled": True, "tracking_uri": tracking_uri, "experiment": "tenc-outcomes"})
+    settings = {"pairs": {"source": "qqp", "max_pairs": QQP_PAIRS, "seed": QQP_SEED}, "cross": cross,
+                    "eval": {"test_cycles": "best"},
+                    "tracking": {"enabled": True, "tracking_uri": tracking_uri, "experiment": "tenc-outcomes"}}
     summary = run_trans_encoder(tiny_config(tiny_models, tmp_path, **settings))
     printed = capsys.readouterr().out
     run_dir, results = tmp_path / "run", tmp_path / "results"

@@ -4,19 +4,34 @@ The same job script runs standalone (``python jobs/congen.py``: a private local 
 under ``ray job submit`` (the job supervisor sets ``RAY_ADDRESS``: connect, and take the cluster's resources as they
 are). Roles take resources from the config only, so moving to a GPU cluster changes the ``resources`` block and
 nothing else.
+
+A config here is a distillation ``JobConfig`` (learners and a shared queue) or any config whose ``resources`` have
+``num_cpus`` and ``data_max_cpus`` and which states its own long-lived actors with ``actor_reservation()`` (the
+Trans-Encoder's families: ``tenc_config.TencConfig``).
 """
 
 from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from raydistill.runtime.config import ConfigError, JobConfig
 
-__all__ = ["init_ray", "check_resources", "warn_if_outputs_are_ephemeral", "configure_data_context",
-           "prepare_worker_environment", "ResourceError", "WORKER_ENV"]
+__all__ = [
+    "WORKER_ENV",
+    "Reservation",
+    "ResourceError",
+    "actor_reservation",
+    "check_resources",
+    "configure_data_context",
+    "init_ray",
+    "prepare_worker_environment",
+    "warn_if_outputs_are_ephemeral",
+]
 
 log = logging.getLogger(__name__)
 
@@ -41,12 +56,41 @@ class ResourceError(ConfigError):
     """The configured roles cannot all be scheduled on the Ray cluster."""
 
 
-def init_ray(cfg: JobConfig | None = None, **init_kwargs: Any) -> None:
+@dataclass(frozen=True)
+class Reservation:
+    """The CPUs and GPUs a job's long-lived actors hold for its whole run, and the words an error explains them with."""
+
+    cpus: float
+    gpus: float
+    cpu_terms: str  # the sum behind ``cpus``: "learners 2 x 0.5 CPU + queue 0.5 CPU"
+    holders: str  # who asks for the GPUs: "learners and queue"
+    cpu_fix: str  # the fields that lower ``cpus``
+    gpu_fix: str  # the fields that lower ``gpus``
+
+
+def actor_reservation(cfg: Any) -> Reservation:
+    """What the config's long-lived actors hold: a JobConfig's learners and shared queue, or whatever another
+    config's ``actor_reservation()`` says (the Trans-Encoder's bi- and cross-encoder actors)."""
+    if not isinstance(cfg, JobConfig):
+        return cfg.actor_reservation()
+    r = cfg.resources
+    learners = r.learner.num_learners
+    return Reservation(
+        cpus=learners * r.learner.num_cpus + r.queue.num_cpus,
+        gpus=learners * r.learner.num_gpus + r.queue.num_gpus,
+        cpu_terms=f"learners {learners} x {r.learner.num_cpus:g} CPU + queue {r.queue.num_cpus:g} CPU",
+        holders="learners and queue",
+        cpu_fix="lower resources.learner.num_cpus / num_learners (fractions like 0.5 are fine)",
+        gpu_fix="set resources.learner.num_gpus: 0",
+    )
+
+
+def init_ray(cfg: Any = None, **init_kwargs: Any) -> Callable[[], None]:
     """Connect to the cluster in ``RAY_ADDRESS`` (or the one already initialised), else start a local Ray.
 
     A local Ray gets ``num_cpus`` from ``cfg.resources.num_cpus``; extra ``init_kwargs`` go to ``ray.init`` for it
     (tests pass ``object_store_memory`` and a short ``_temp_dir``). When connecting, no resources are passed: the
-    cluster has its own.
+    cluster has its own. Returns `configure_data_context`'s function that puts Ray Data's settings back.
     """
     import ray
 
@@ -61,7 +105,7 @@ def init_ray(cfg: JobConfig | None = None, **init_kwargs: Any) -> None:
         kwargs = {"address": "local", "include_dashboard": False, "num_cpus": num_cpus} | init_kwargs
         log.info("starting a local Ray (%s CPUs)", kwargs["num_cpus"])
         ray.init(**kwargs)
-    configure_data_context(cfg)
+    return configure_data_context(cfg)
 
 
 def prepare_worker_environment() -> None:
@@ -80,16 +124,27 @@ def prepare_worker_environment() -> None:
         os.environ["PYTHONPATH"] = os.pathsep.join([package_root, *paths])
 
 
-def configure_data_context(cfg: JobConfig | None = None) -> None:
-    """Ray Data defaults: no progress bars in CI; never schedule Data work on the CPUs the learner/queue actors hold.
+def configure_data_context(cfg: Any = None) -> Callable[[], None]:
+    """Ray Data defaults: no progress bars in CI; never schedule Data work on the CPUs the long-lived actors hold.
 
-    ``exclude_resources`` makes Ray Data plan with what the long-lived actors leave over, so its tasks and the
-    teacher pool neither wait for those CPUs nor take them (actors on every CPU hang Data: docs/runtime.md,
-    Ray behaviour).
+    ``exclude_resources`` makes Ray Data plan with what the long-lived actors (`actor_reservation`) leave over, so
+    its tasks and the teacher pool neither wait for those CPUs nor take them (actors on every CPU hang Data:
+    docs/runtime.md, Ray behaviour).
+
+    Returns a function that puts the settings back as they were: the DataContext is process-wide, and a job that
+    runs inside a longer process (tests, a notebook) should leave it as it found it.
     """
     from ray.data import DataContext, ExecutionResources
 
     ctx = DataContext.get_current()
+    options = ctx.execution_options
+    previous = (ctx.wait_for_min_actors_s, ctx.enable_progress_bars, ctx.print_on_execution_start,
+                options.exclude_resources)
+
+    def restore() -> None:
+        (ctx.wait_for_min_actors_s, ctx.enable_progress_bars, ctx.print_on_execution_start,
+         options.exclude_resources) = previous
+
     # An actor pool that cannot get its resources fails after this long instead of waiting forever (Ray's
     # default); -1 restores waiting forever, e.g. for an autoscaler that needs long to add GPU nodes.
     ctx.wait_for_min_actors_s = int(os.environ.get("RAYDISTILL_ACTOR_WAIT_S", "600"))
@@ -97,18 +152,12 @@ def configure_data_context(cfg: JobConfig | None = None) -> None:
         ctx.enable_progress_bars = False
         ctx.print_on_execution_start = False
     if cfg is not None:
-        held_cpus, held_gpus = _actor_reservation(cfg)
-        ctx.execution_options.exclude_resources = ExecutionResources(cpu=held_cpus, gpu=held_gpus)
+        held = actor_reservation(cfg)
+        options.exclude_resources = ExecutionResources(cpu=held.cpus, gpu=held.gpus)
+    return restore
 
 
-def _actor_reservation(cfg: JobConfig) -> tuple[float, float]:
-    r = cfg.resources
-    learner_cpus = r.learner.num_learners * r.learner.num_cpus
-    learner_gpus = r.learner.num_learners * r.learner.num_gpus
-    return learner_cpus + r.queue.num_cpus, learner_gpus + r.queue.num_gpus
-
-
-def check_resources(cfg: JobConfig, available: dict[str, float] | None = None) -> None:
+def check_resources(cfg: Any, available: dict[str, float] | None = None) -> None:
     """Raise ResourceError if the roles cannot be scheduled together, naming the fields to change.
 
     ``available``: cluster resources (``{"CPU": 2, "GPU": 0}``); by default the running cluster's, or the
@@ -120,17 +169,18 @@ def check_resources(cfg: JobConfig, available: dict[str, float] | None = None) -
         available = ray.cluster_resources() if ray.is_initialized() else {"CPU": cfg.resources.num_cpus}
     cpus, gpus = float(available.get("CPU", 0)), float(available.get("GPU", 0))
     r = cfg.resources
-    held_cpus, held_gpus = _actor_reservation(cfg)
+    held = actor_reservation(cfg)
+    held_cpus, held_gpus = held.cpus, held.gpus
     where = f"the Ray cluster has {cpus:g} CPU and {gpus:g} GPU"
     problems = []
     if held_cpus + r.data_max_cpus > cpus + 1e-9:
         problems.append(
-            f"learners {r.learner.num_learners} x {r.learner.num_cpus:g} CPU + queue {r.queue.num_cpus:g} CPU + "
-            f"Ray Data headroom {r.data_max_cpus:g} CPU = {held_cpus + r.data_max_cpus:g} CPU > {cpus:g}: lower "
-            "resources.learner.num_cpus / num_learners (fractions like 0.5 are fine)")
+            f"{held.cpu_terms} + Ray Data headroom {r.data_max_cpus:g} CPU = {held_cpus + r.data_max_cpus:g} CPU > "
+            f"{cpus:g}: {held.cpu_fix}")
     if held_gpus > gpus + 1e-9:
-        problems.append(f"learners and queue ask for {held_gpus:g} GPU; set resources.learner.num_gpus: 0")
-    if cfg.teacher is not None and cfg.data.teacher_views:
+        problems.append(f"{held.holders} ask for {held_gpus:g} GPU; {held.gpu_fix}")
+    # Only a distillation job has a teacher pool: Ray Data actors that come and go beside the long-lived ones.
+    if isinstance(cfg, JobConfig) and cfg.teacher is not None and cfg.data.teacher_views:
         teacher_cpus = r.teacher.num_actors * r.teacher.num_cpus
         teacher_gpus = r.teacher.num_actors * r.teacher.num_gpus
         if teacher_cpus > cpus - held_cpus + 1e-9:
@@ -157,7 +207,7 @@ def warn_if_outputs_are_ephemeral(outputs: dict[str, str | os.PathLike]) -> list
     ephemeral = []
     for name, location in outputs.items():
         text = str(location)
-        path = Path(text[len("sqlite:///"):] if text.startswith("sqlite:///") else text)
+        path = Path(text.removeprefix("sqlite:///"))
         if path.is_absolute() and path.resolve().is_relative_to(cwd):
             ephemeral.append(name)
     if ephemeral:

@@ -13,10 +13,11 @@ authors use the raw cosine). The cross-encoder's labels are the mean of both pai
 order only, but a cross-encoder is order-sensitive and the bi-encoder's cosine is not, so one order would hand the
 bi-encoder a label that depends on which sentence happened to come first (docs/methods.md, Trans-Encoder).
 
-Each learner is a plain class (no Ray): it holds one model, labels the job's unlabeled ``PairSet`` with it, trains
-on a label vector aligned with that set, selects the best STS-B dev checkpoint inside the stage (dev every
-``eval_every`` steps and at each epoch end, as the authors' ``fit`` does), and saves it. The Ray actors of
-``tenc.py`` are these classes behind ``ray.remote`` with resources from the config.
+Each learner is a plain class: it holds one model, labels the job's unlabeled ``PairSet`` with it, trains on the
+rows of a stage's label set, which it reads itself from the set's Parquet directory through Ray Data
+(``tenc_labels.read_training_rows``), selects the best STS-B dev checkpoint inside the stage (dev every
+``eval_every`` steps and at each epoch end, as the authors' ``fit`` does), and saves it. The Ray actors of the job
+(``tenc_job.py``) are these classes behind ``ray.remote`` with resources from the config.
 """
 
 from __future__ import annotations
@@ -36,12 +37,13 @@ import torch
 from torch import Tensor, nn
 
 from raydistill.runtime.pairs import PairSet
+from raydistill.runtime.tenc_labels import read_training_rows
 
 __all__ = [
     "BiEncoderLearner",
     "CrossEncoderLearner",
-    "SymmetricCrossScorer",
     "StageLearner",
+    "SymmetricCrossScorer",
     "encoder_fingerprint",
     "encoder_state",
     "labels_digest",
@@ -132,8 +134,8 @@ class StageLearner:
 
     Args:
         family: the family's name (columns ``score_<family>``, paths, progress lines).
-        pair_set: the job's unlabeled pairs; every label vector is aligned with it.
-        train: the stage's settings (``StageConfig`` of tenc.py as a dict): batch_size, lr, epochs, max_steps,
+        pair_set: the job's unlabeled pairs: what the learner labels, and what a label set must hold row by row.
+        train: the stage's settings (``tenc_config.StageConfig`` as a dict): batch_size, lr, epochs, max_steps,
             max_length, warmup_ratio, weight_decay, grad_clip, eval_every, amp, head (cross only).
         pooling: bi-encoder pooling (None = the start checkpoint's).
         label_scaling: the ``cosine_to_target`` mode that maps bi-encoder cosines to cross-encoder targets.
@@ -143,13 +145,15 @@ class StageLearner:
         inference_batch_size: batch size of labelling and evaluation passes.
         dev_set: the model-selection set (STS-B dev).
         log_every: steps between progress lines.
+        data_task_cpus: CPUs of the Ray Data task that reads a label set (within what the actors leave to Ray Data).
     """
 
     kind = "?"
 
     def __init__(self, family: str, pair_set: PairSet, train: dict[str, Any], *, pooling: str | None = None,
                  label_scaling: str = "clip", seed: int = 1000, threads: int | None = 1, device: str | None = None,
-                 inference_batch_size: int = 128, dev_set: str = "stsb_dev", log_every: int = 25):
+                 inference_batch_size: int = 128, dev_set: str = "stsb_dev", log_every: int = 25,
+                 data_task_cpus: float = 1.0):
         if threads:
             torch.set_num_threads(int(threads))
             try:
@@ -166,6 +170,7 @@ class StageLearner:
         self.inference_batch_size = int(inference_batch_size)
         self.dev_set = dev_set
         self.log_every = max(1, int(log_every))
+        self.data_task_cpus = float(data_task_cpus)
         self.model: nn.Module | None = None
         self.loss = self._new_loss()
         self.loaded_from: str | None = None
@@ -236,8 +241,9 @@ class StageLearner:
     # ------------------------------------------------------------------------------------------------------------
     # Training
 
-    def _examples(self, labels: np.ndarray) -> tuple[list[str], list[str], np.ndarray]:
-        """(first sentences, second sentences, targets) of the stage's training examples."""
+    def _examples(self, sentence1: list[str], sentence2: list[str],
+                  labels: np.ndarray) -> tuple[list[str], list[str], np.ndarray]:
+        """(first sentences, second sentences, targets) of the stage's training examples, from its labelled pairs."""
         raise NotImplementedError
 
     def _batch_loss(self, first: list[str], second: list[str], targets: Tensor) -> Tensor:
@@ -246,23 +252,33 @@ class StageLearner:
     def _new_loss(self) -> nn.Module:
         raise NotImplementedError
 
-    def fit(self, labels: np.ndarray, *, cycle: int, stage: str, out_dir: str) -> dict[str, Any]:
-        """Train on ``labels`` (aligned with the pair set), keep the best dev model, save it to ``out_dir``.
+    def training_rows(self, labels_dir: str, target_column: str) -> tuple[list[str], list[str], np.ndarray]:
+        """(sentence1, sentence2, label) of every pair of the label set in ``labels_dir``, read here through Ray
+        Data, in pair_id order; checked row by row against the job's pair set."""
+        rows = read_training_rows(labels_dir, target_column, task_cpus=self.data_task_cpus)
+        where = f"{self.family}/{self.kind}: {labels_dir}"
+        if len(rows) != len(self.pair_set) or not np.array_equal(rows["pair_id"].to_numpy(), self.pair_set.pair_id):
+            raise RuntimeError(f"{where}: the label set's pair_ids do not match the job's pair set ({len(rows)} rows "
+                               f"vs {len(self.pair_set)} pairs)")
+        labels = rows[target_column].to_numpy(dtype=np.float32)
+        if not np.isfinite(labels).all():
+            raise ValueError(f"{where}: column {target_column} contains NaN or inf")
+        return rows["sentence1"].tolist(), rows["sentence2"].tolist(), labels
+
+    def fit(self, labels_dir: str, target_column: str, *, cycle: int, stage: str, out_dir: str) -> dict[str, Any]:
+        """Train on column ``target_column`` of the label set in ``labels_dir``, keep the best dev model, save it to
+        ``out_dir``.
 
         Returns a summary: best dev score and step, steps, wall time, the learning history (rows with ``step`` and
-        ``loss`` or ``stsb_dev``) and where the model went. The model in memory afterwards is the best one.
+        ``loss`` or ``stsb_dev``), where the labels came from and where the model went. The model in memory
+        afterwards is the best one.
         """
         from raydistill.runtime.learner import build_optimizer, linear_schedule
 
         model = self._require_model()
-        labels = np.asarray(labels, dtype=np.float32)
-        if labels.shape != (len(self.pair_set),):
-            raise ValueError(f"{self.family}/{self.kind}: got {labels.shape[0] if labels.ndim else 0} labels for "
-                             f"{len(self.pair_set)} pairs")
-        if not np.isfinite(labels).all():
-            raise ValueError(f"{self.family}/{self.kind}: labels contain NaN or inf")
+        sentence1, sentence2, labels = self.training_rows(labels_dir, target_column)
         cfg = self.train_cfg
-        first, second, targets = self._examples(labels)
+        first, second, targets = self._examples(sentence1, sentence2, labels)
         batch_size = int(cfg["batch_size"])
         steps_per_epoch = math.ceil(len(targets) / batch_size)
         total_steps = steps_per_epoch * int(cfg["epochs"])
@@ -338,7 +354,8 @@ class StageLearner:
             "family": self.family, "kind": self.kind, "cycle": cycle, "stage": stage,
             "best_dev": best_score, "best_step": best_step, "steps": step, "examples": len(targets),
             "wall_s": wall_s, "history": history, "model_dir": str(model_dir), "init_from": self.loaded_from,
-            "fingerprint": encoder_fingerprint(model), "labels_sha": labels_digest(labels),
+            "fingerprint": encoder_fingerprint(model), "labels_dir": str(labels_dir), "target_column": target_column,
+            "labels_sha": labels_digest(labels),
         }
 
     def _say(self, message: str) -> None:
@@ -368,9 +385,10 @@ class BiEncoderLearner(StageLearner):
         cosines = np.einsum("nd,nd->n", first.astype(np.float64), second.astype(np.float64))  # [N]
         return np.clip(cosines, -1.0, 1.0).astype(np.float32)
 
-    def _examples(self, labels: np.ndarray) -> tuple[list[str], list[str], np.ndarray]:
+    def _examples(self, sentence1: list[str], sentence2: list[str],
+                  labels: np.ndarray) -> tuple[list[str], list[str], np.ndarray]:
         # The cosine is symmetric, so one order per pair is all there is to learn.
-        return list(self.pair_set.sentence1), list(self.pair_set.sentence2), labels.astype(np.float32)
+        return list(sentence1), list(sentence2), np.asarray(labels, dtype=np.float32)
 
     def _batch_loss(self, first: list[str], second: list[str], targets: Tensor) -> Tensor:
         model = self._require_model()
@@ -403,13 +421,14 @@ class CrossEncoderLearner(StageLearner):
     def predict_pairs(self) -> np.ndarray:
         return self.scorer().score(self.pair_set.pairs(), batch_size=self.inference_batch_size)
 
-    def _examples(self, labels: np.ndarray) -> tuple[list[str], list[str], np.ndarray]:
+    def _examples(self, sentence1: list[str], sentence2: list[str],
+                  labels: np.ndarray) -> tuple[list[str], list[str], np.ndarray]:
         from raydistill.objectives.trans_encoder import cosine_to_target
 
         targets = np.asarray(cosine_to_target(labels, self.label_scaling), dtype=np.float32)  # [N]
         # Both orders with the same target (the authors' bi -> cross stage does this too).
-        first = list(self.pair_set.sentence1) + list(self.pair_set.sentence2)
-        second = list(self.pair_set.sentence2) + list(self.pair_set.sentence1)
+        first = list(sentence1) + list(sentence2)
+        second = list(sentence2) + list(sentence1)
         return first, second, np.concatenate([targets, targets])
 
     def _batch_loss(self, first: list[str], second: list[str], targets: Tensor) -> Tensor:

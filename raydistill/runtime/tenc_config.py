@@ -1,0 +1,461 @@
+"""The Trans-Encoder job's configuration: its schema (``TencConfig`` and its sections), validation, and the names of
+a cycle's two stages.
+
+Defaults are the paper's training settings; ``configs/mutual_tenc*.yaml`` scale them to a machine. Parsing is
+``config.py``'s strict builder: an unknown key is an error naming the file, the line and the closest valid name.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from raydistill.runtime.cluster import Reservation
+from raydistill.runtime.config import (
+    ConfigError,
+    RoleResources,
+    TrackingConfig,
+    _build,
+    _drop_paths,
+    _flatten,
+    _parse_override,
+    _set_path,
+    _suggest,
+    _to_plain,
+    _where,
+    _yaml_key_lines,
+    paths_at_default,
+)
+from raydistill.runtime.pairs import PAIR_SOURCES
+
+__all__ = [
+    "STAGES",
+    "STAGE_LABELS",
+    "STAGE_TRAINED_IN",
+    "STAGE_TRAINS",
+    "STS7",
+    "TENC_HASH_EXCLUDE",
+    "FamilyConfig",
+    "PairsConfig",
+    "StageConfig",
+    "TencConfig",
+    "TencEvalConfig",
+    "TencResources",
+    "stage_key",
+]
+
+STS7 = ("sts12", "sts13", "sts14", "sts15", "sts16", "stsb", "sickr")
+# A cycle is two stages; each is named for the direction its labels flow.
+STAGES = ("bi2cross", "cross2bi")  # bi labels -> cross learns; cross labels -> bi learns
+STAGE_TRAINS = {"bi2cross": "cross", "cross2bi": "bi"}  # which encoder a stage trains
+STAGE_LABELS = {"bi2cross": "bi", "cross2bi": "cross"}  # which encoder labels a stage's pairs
+STAGE_TRAINED_IN = {"cross": "bi2cross", "bi": "cross2bi"}
+MODES = ("mutual", "self")
+INITS = ("refresh", "sequential")
+TEST_CYCLES = ("all", "best", "none")
+_FAMILY_NAME = re.compile(r"[a-z0-9][a-z0-9_.-]*")
+_STAGE_KEY = re.compile(r"cycle=(\d+)/stage=(" + "|".join(STAGES) + ")")
+
+
+def stage_key(cycle: int, stage: str) -> str:
+    """``cycle=<k>/stage=<bi2cross|cross2bi>``: how the run state, the label directories and ``stop_after_stage``
+    name a stage."""
+    return f"cycle={cycle}/stage={stage}"
+
+
+@dataclass
+class FamilyConfig:
+    """One model family: a bi-encoder and a cross-encoder built from the same pretrained encoder."""
+
+    name: str  # used in column names (score_<name>), paths and run names
+    bi: str  # preset name or local directory
+    cross: str | None = None  # start checkpoint of the cross-encoder; None = the bi checkpoint (new head)
+    pooling: str | None = None  # bi-encoder pooling; None = the checkpoint's own (mean for plain HF checkpoints)
+
+    @property
+    def cross_start(self) -> str:
+        return self.cross or self.bi
+
+
+@dataclass
+class StageConfig:
+    """Training of one encoder kind in every cycle (the bi- or the cross-encoder stage)."""
+
+    batch_size: int = 32
+    lr: float = 2e-5
+    epochs: int = 1
+    max_steps: int | None = None  # cap per stage (quick runs, tests)
+    max_length: int = 64
+    warmup_ratio: float = 0.1
+    weight_decay: float = 0.01
+    grad_clip: float = 1.0
+    eval_every: int = 200  # STS-B dev every N steps and at each epoch end; the best checkpoint is the stage's output
+    amp: bool = True  # bf16 autocast on CUDA only (the authors train with AMP); ignored on CPU
+    # Cross-encoder only (bi: leave null). "classifier": AutoModelForSequenceClassification's head on [CLS] (the
+    # paper's); "segment_cosine": scale · cos of the two sentences' mean token states in the joint encoding
+    # (models/cross_encoder.py). null = classifier.
+    head: str | None = None
+
+
+@dataclass
+class PairsConfig:
+    source: str = "transductive"  # "transductive" | "inductive" | "qqp" | "mrpc" | "file:<path.jsonl>" (pairs.py)
+    max_pairs: int | None = None  # seeded subsample of the deduplicated pool
+    seed: int | None = None  # None = the job's seed
+
+
+@dataclass
+class TencEvalConfig:
+    dev_set: str = "stsb_dev"  # model selection inside every stage
+    test_sets: list[str] = field(default_factory=lambda: list(STS7))
+    # "all": 7-STS of every family, encoder and cycle (+ cycle 0); "best": cycle 0 and the best-dev model of each
+    # family and encoder only; "none": no test evaluation (quick checks).
+    test_cycles: str = "all"
+
+
+@dataclass
+class TencResources:
+    """Per-role actor resources. Each family has one bi- and one cross-encoder actor; they never compute at the
+    same time, so on a small machine both may reserve a fraction of a CPU while running one thread each."""
+
+    num_cpus: float = 2  # only used when the job starts a local Ray
+    # batch_size of each role = sentences (bi) / pairs (cross) per forward pass when labelling and evaluating
+    bi: RoleResources = field(default_factory=lambda: RoleResources(num_cpus=0.25, threads=1, batch_size=128))
+    cross: RoleResources = field(default_factory=lambda: RoleResources(num_cpus=0.25, threads=1, batch_size=64))
+    # CPUs the actors must leave to Ray Data (the label sets' Parquet writes and the learners' reads of them): with
+    # every CPU reserved its tasks never run (measured hang, docs/runtime.md, Ray behaviour).
+    data_max_cpus: float = 1.0
+
+    @property
+    def data_task_cpus(self) -> float:
+        """CPUs each Ray Data task of the job asks for: at most one, and never more than the headroom, so a task
+        always fits in what the actors leave."""
+        return min(1.0, self.data_max_cpus)
+
+
+def _paper_bi_stage() -> StageConfig:
+    # docs/methods.md, Trans-Encoder: batch 128, 10 epochs, lr 5e-5, no warm-up, max_seq_length 32.
+    return StageConfig(batch_size=128, lr=5e-5, epochs=10, max_length=32, warmup_ratio=0.0)
+
+
+def _paper_cross_stage() -> StageConfig:
+    # docs/methods.md, Trans-Encoder: batch 32, 1 epoch, lr 2e-5, warm-up 10 %, max_length 64.
+    return StageConfig(batch_size=32, lr=2e-5, epochs=1, max_length=64, warmup_ratio=0.1)
+
+
+def _default_families() -> list[FamilyConfig]:
+    return [FamilyConfig(name="minilm-l3", bi="minilm-l3"), FamilyConfig(name="bert-small", bi="bert-small")]
+
+
+@dataclass
+class TencConfig:
+    """A Trans-Encoder job. Defaults are the paper's training settings; configs/*.yaml scale them to a machine."""
+
+    mode: str = "mutual"  # "mutual" (average the families' labels) | "self" (each family its own labels)
+    families: list[FamilyConfig] = field(default_factory=_default_families)
+    cycles: int = 3
+    init: str = "refresh"  # "refresh" | "sequential"
+    # bi cosine -> cross-encoder BCE target (objectives.trans_encoder.cosine_to_target): "clip" (default; the
+    # authors' raw cosine wherever it is >= 0, 0 below), "affine" ((c + 1) / 2) or "raw" (the authors' code).
+    label_scaling: str = "clip"
+    # mutual mode: how the families' labels are combined (objectives.trans_encoder): "mean" (the authors' plain
+    # mean) or "dev" (weights softmax(dev / label_weight_temperature) from each labelling model's dev score).
+    label_weighting: str = "mean"
+    label_weight_temperature: float = 2.0  # in dev points: at 2, 4 points better on dev weighs e^2 (7.4x) more
+    seed: int = 1000
+    pairs: PairsConfig = field(default_factory=PairsConfig)
+    bi: StageConfig = field(default_factory=_paper_bi_stage)
+    cross: StageConfig = field(default_factory=_paper_cross_stage)
+    eval: TencEvalConfig = field(default_factory=TencEvalConfig)
+    run_dir: str | None = None  # default runs/<run_name>
+    run_name: str | None = None  # default tenc-<mode>-<families>-<pairs>-<config hash> (see default_run_name)
+    results_dir: str | None = None  # default results/mutual_tenc/<run_name>
+    resources: TencResources = field(default_factory=TencResources)
+    tracking: TrackingConfig = field(default_factory=lambda: TrackingConfig(experiment="raydistill-tenc"))
+    # Tests only: stop cleanly once this stage ("cycle=1/stage=bi2cross") is complete, as a crash there would.
+    stop_after_stage: str | None = None
+
+    _source: str | None = field(default=None, repr=False, compare=False)
+    _lines: dict[str, int] = field(default_factory=dict, repr=False, compare=False)
+
+    # ------------------------------------------------------------------------------------------------------------
+    # Construction (config.py's strict builder: unknown keys are errors naming file, line and the closest valid name)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any], *, source: str | None = None,
+                  lines: dict[str, int] | None = None) -> TencConfig:
+        if not isinstance(d, dict):
+            raise ConfigError(_where(source, lines or {}, "") + f"a config must be a mapping, got {type(d).__name__}")
+        d = _expand_family_shorthand(d)
+        cfg = _build(cls, d, "", source, lines or {})
+        cfg._source, cfg._lines = source, dict(lines or {})
+        return cfg
+
+    @classmethod
+    def from_yaml(cls, path: str | os.PathLike, overrides: list[str] | None = None) -> TencConfig:
+        import yaml
+
+        path = Path(path)
+        if not path.is_file():
+            raise ConfigError(f"config file not found: {path}")
+        text = path.read_text(encoding="utf-8")
+        try:
+            data = yaml.safe_load(text) or {}
+            lines = _yaml_key_lines(text)
+        except yaml.YAMLError as err:
+            mark = getattr(err, "problem_mark", None)
+            line = f":{mark.line + 1}" if mark is not None else ""
+            raise ConfigError(f"{path}{line}: not valid YAML: {getattr(err, 'problem', err)}") from None
+        if not isinstance(data, dict):
+            raise ConfigError(f"{path}:1: a config file must be a mapping of fields, got {type(data).__name__}")
+        for item in overrides or []:
+            key, value = _parse_override(item)
+            _set_path(data, key, value, item)
+            lines[key] = 0
+        return cls.from_dict(data, source=str(path), lines=lines)
+
+    def with_overrides(self, overrides: list[str]) -> TencConfig:
+        data, lines = self.to_dict(), dict(self._lines)
+        for item in overrides:
+            key, value = _parse_override(item)
+            _set_path(data, key, value, item)
+            lines[key] = 0
+        return TencConfig.from_dict(data, source=self._source, lines=lines)
+
+    def to_dict(self) -> dict[str, Any]:
+        return _to_plain(self)
+
+    # ------------------------------------------------------------------------------------------------------------
+    # Identity and locations
+
+    def config_hash(self) -> str:
+        import hashlib
+
+        canonical = json.dumps(_hashed(self.to_dict()), sort_keys=True, separators=(",", ":"), default=str)
+        return hashlib.sha256(canonical.encode()).hexdigest()[:16]
+
+    def diff_keys(self, other: dict[str, Any]) -> list[str]:
+        mine, theirs = _flatten(_hashed(self.to_dict())), _flatten(_hashed(other))
+        return sorted(k for k in mine.keys() | theirs.keys() if mine.get(k, "<absent>") != theirs.get(k, "<absent>"))
+
+    @property
+    def method(self) -> str:
+        return f"tenc-{self.mode}"
+
+    def default_run_name(self) -> str:
+        """``tenc-<mode>-<family>+<family>-<pairs>-<config hash>``: runs that differ in anything that changes
+        training never share a directory, and rerunning the same command resumes the same one."""
+        pairs = "all" if self.pairs.max_pairs is None else f"p{self.pairs.max_pairs}"
+        return f"tenc-{self.mode}-{'+'.join(f.name for f in self.families)}-{pairs}-{self.config_hash()[:8]}"
+
+    def resolved_run_dir(self) -> Path:
+        if self.run_dir:
+            return _output_path(self.run_dir)
+        return _output_path(Path("runs") / (self.run_name or self.default_run_name()))
+
+    def resolved_run_name(self) -> str:
+        return self.run_name or self.resolved_run_dir().name
+
+    def resolved_results_dir(self) -> Path:
+        if self.results_dir:
+            return _output_path(self.results_dir)
+        return _output_path(Path("results") / "mutual_tenc" / self.resolved_run_name())
+
+    def pairs_seed(self) -> int:
+        return self.seed if self.pairs.seed is None else self.pairs.seed
+
+    # ------------------------------------------------------------------------------------------------------------
+    # Validation (before Ray starts)
+
+    def validate(self) -> TencConfig:
+        err = self._error
+        if self.mode not in MODES:
+            raise err("mode", f"{self.mode!r}{_suggest(self.mode, MODES)} is not one of {', '.join(MODES)}")
+        if not self.families:
+            raise err("families", "needs at least one model family")
+        if self.mode == "mutual" and len(self.families) < 2:
+            raise err("families", f"mutual distillation averages the labels of two or more families, got "
+                                  f"{len(self.families)}; add a family or use mode: self")
+        names = [f.name for f in self.families]
+        for i, family in enumerate(self.families):
+            where = f"families[{i}]"
+            if not _FAMILY_NAME.fullmatch(family.name or ""):
+                raise err(f"{where}.name", f"{family.name!r} must be lower-case letters, digits, '-', '_' or '.' "
+                                           "(it names Parquet columns and directories)")
+            if names.count(family.name) > 1:
+                raise err(f"{where}.name", f"family name {family.name!r} is used twice")
+            self._check_model(f"{where}.bi", family.bi)
+            if family.cross is not None:
+                self._check_model(f"{where}.cross", family.cross)
+                if self.init == "sequential" and family.cross != family.bi:
+                    raise err(f"{where}.cross", "init: sequential starts every cross-encoder from the preceding "
+                                                "bi-encoder's weights, so a separate cross checkpoint would be "
+                                                "unused; remove it or use init: refresh")
+            if family.pooling not in (None, "mean", "cls"):
+                raise err(f"{where}.pooling", f"{family.pooling!r} is not one of mean, cls (or null)")
+        if self.init not in INITS:
+            raise err("init", f"{self.init!r}{_suggest(self.init, INITS)} is not one of {', '.join(INITS)}")
+        _positive(err, "cycles", self.cycles)
+        from raydistill.objectives.trans_encoder import LABEL_SCALINGS
+
+        if self.label_scaling not in LABEL_SCALINGS:
+            raise err("label_scaling", f"{self.label_scaling!r}{_suggest(self.label_scaling, LABEL_SCALINGS)} "
+                                       f"is not one of {', '.join(LABEL_SCALINGS)}")
+        from raydistill.objectives.trans_encoder import LABEL_WEIGHTINGS
+
+        if self.label_weighting not in LABEL_WEIGHTINGS:
+            raise err("label_weighting", f"{self.label_weighting!r}{_suggest(self.label_weighting, LABEL_WEIGHTINGS)}"
+                                         f" is not one of {', '.join(LABEL_WEIGHTINGS)}")
+        if self.label_weighting == "dev" and self.mode != "mutual":
+            raise err("label_weighting", "'dev' weighs the families' labels against each other, which only mode "
+                                         "mutual combines; use mean with mode self")
+        if not (isinstance(self.label_weight_temperature, (int, float)) and self.label_weight_temperature > 0):
+            raise err("label_weight_temperature", f"must be a number > 0 (dev points), got "
+                                                  f"{self.label_weight_temperature!r}")
+
+        source = self.pairs.source
+        if source.startswith("file:"):
+            if not Path(source[len("file:"):]).expanduser().is_file():
+                raise err("pairs.source", f"pair file not found: {source[len('file:'):]}")
+        elif source not in PAIR_SOURCES:
+            raise err("pairs.source", f"{source!r}{_suggest(source, PAIR_SOURCES)} is not one of "
+                                      f"{', '.join(PAIR_SOURCES)} or file:<path>")
+        _positive(err, "pairs.max_pairs", self.pairs.max_pairs, allow_none=True)
+
+        for kind in ("bi", "cross"):
+            stage: StageConfig = getattr(self, kind)
+            for name in ("batch_size", "epochs", "max_length", "eval_every", "lr"):
+                _positive(err, f"{kind}.{name}", getattr(stage, name))
+            _positive(err, f"{kind}.max_steps", stage.max_steps, allow_none=True)
+            if not 0 <= stage.warmup_ratio < 1:
+                raise err(f"{kind}.warmup_ratio", f"{stage.warmup_ratio} must be in [0, 1)")
+            if stage.weight_decay < 0 or stage.grad_clip < 0:
+                raise err(f"{kind}.weight_decay" if stage.weight_decay < 0 else f"{kind}.grad_clip", "must be >= 0")
+            if stage.max_length < 8:
+                raise err(f"{kind}.max_length", f"{stage.max_length} tokens cannot hold a sentence (pair)")
+        from raydistill.models.cross_encoder import HEADS
+
+        if self.bi.head is not None:
+            raise err("bi.head", "the head is a cross-encoder setting (bi-encoders pool: families[i].pooling); "
+                                 "remove it")
+        if self.cross.head is not None and self.cross.head not in HEADS:
+            raise err("cross.head", f"{self.cross.head!r}{_suggest(self.cross.head, HEADS)} is not one of "
+                                    f"{', '.join(HEADS)}")
+
+        from raydistill.data import DATASETS
+        from raydistill.evaluation import STS_SETS
+
+        known_sets = list(STS_SETS) + [n for n, s in DATASETS.items() if s.kind == "scored_pairs"]
+        for i, name in enumerate([self.eval.dev_set] + list(self.eval.test_sets)):
+            path = "eval.dev_set" if i == 0 else f"eval.test_sets[{i - 1}]"
+            if name not in known_sets:
+                raise err(path, f"unknown STS set {name!r}{_suggest(name, known_sets)}")
+        if self.eval.test_cycles not in TEST_CYCLES:
+            raise err("eval.test_cycles", f"{self.eval.test_cycles!r} is not one of {', '.join(TEST_CYCLES)}")
+        if self.eval.test_cycles != "none" and not set(STS7) <= set(self.eval.test_sets):
+            raise err("eval.test_sets", f"result files need all of {', '.join(STS7)}; use eval.test_cycles: none "
+                                        "to skip test evaluation")
+
+        r = self.resources
+        _positive(err, "resources.num_cpus", r.num_cpus)
+        for role in ("bi", "cross"):
+            rr: RoleResources = getattr(r, role)
+            if rr.num_actors != 1:
+                raise err(f"resources.{role}.num_actors", "each family has exactly one actor per role; leave it at 1")
+            for name in ("num_cpus", "num_gpus"):
+                if getattr(rr, name) < 0:
+                    raise err(f"resources.{role}.{name}", f"{getattr(rr, name)} must be >= 0")
+            _positive(err, f"resources.{role}.threads", rr.threads)
+            _positive(err, f"resources.{role}.batch_size", rr.batch_size)
+        if r.data_max_cpus < 0.5:
+            raise err("resources.data_max_cpus", f"{r.data_max_cpus} is below 0.5: Ray Data needs CPU headroom or "
+                                                 "its Parquet writes hang (ray-project/ray#44687)")
+        if not self.tracking.experiment:
+            raise err("tracking.experiment", "must be a non-empty name")
+        if self.stop_after_stage is not None and not _STAGE_KEY.fullmatch(self.stop_after_stage):
+            raise err("stop_after_stage", f"{self.stop_after_stage!r}: expected cycle=<k>/stage=<bi2cross|cross2bi>")
+        return self
+
+    def actor_reservation(self) -> Reservation:
+        """What the job's actors hold while it runs (a bi- and a cross-encoder actor per family), for
+        ``cluster.check_resources`` and Ray Data's planning (``cluster.configure_data_context``)."""
+        n = len(self.families)
+        r = self.resources
+        return Reservation(
+            cpus=n * (r.bi.num_cpus + r.cross.num_cpus),
+            gpus=n * (r.bi.num_gpus + r.cross.num_gpus),
+            cpu_terms=f"{n} families x (bi {r.bi.num_cpus:g} + cross {r.cross.num_cpus:g}) CPU",
+            holders="the bi- and cross-encoder actors",
+            cpu_fix="lower resources.bi.num_cpus / resources.cross.num_cpus (fractions are fine: threads set the "
+                    "compute)",
+            gpu_fix="set resources.bi.num_gpus / resources.cross.num_gpus: 0",
+        )
+
+    def _check_model(self, path: str, name: str) -> None:
+        if not isinstance(name, str) or not name:
+            raise self._error(path, "must name a model preset or a local directory")
+        if Path(name).expanduser().is_dir():
+            return
+        if "/" in name or name.startswith((".", "~")):
+            raise self._error(path, f"model directory not found: {name}")
+        from raydistill.models.registry import PRESETS
+
+        if name not in PRESETS:
+            raise self._error(path, f"unknown model preset {name!r}{_suggest(name, PRESETS)}; presets: "
+                                    f"{', '.join(sorted(PRESETS))} (or a local model directory)")
+
+    def _error(self, path: str, message: str) -> ConfigError:
+        return ConfigError(_where(self._source, self._lines, path) + message)
+
+
+# Fields that do not change what a completed stage produced: a run may be resumed across them. ``cycles`` is here
+# so that a finished 3-cycle run can be extended to 5 by rerunning with cycles: 5.
+TENC_HASH_EXCLUDE = ("cycles", "eval", "run_dir", "run_name", "results_dir", "resources", "tracking",
+                     "stop_after_stage", "bi.eval_every", "cross.eval_every", "bi.amp", "cross.amp")
+# Fields added after run directories existed, and the values that hash as if they were absent: a null head is the
+# classifier, so runs from before ``head`` existed keep their directories.
+TENC_HASHED_ONLY_WHEN_SET = {"bi.head": (None, "classifier"), "cross.head": (None, "classifier"),
+                             "label_weighting": ("mean",), "label_weight_temperature": (2.0,)}
+
+
+def _hashed(plain: dict[str, Any]) -> dict[str, Any]:
+    """A config dict as the hash sees it (also a stored one, for diff_keys)."""
+    return _drop_paths(plain, TENC_HASH_EXCLUDE + paths_at_default(plain, TENC_HASHED_ONLY_WHEN_SET))
+
+
+def _expand_family_shorthand(d: dict[str, Any]) -> dict[str, Any]:
+    """``families: [minilm-l3, bert-small]`` means ``[{name: minilm-l3, bi: minilm-l3}, ...]``."""
+    families = d.get("families")
+    if isinstance(families, list):
+        d = dict(d)
+        d["families"] = [{"name": _family_name(item), "bi": item} if isinstance(item, str) else item
+                         for item in families]
+    return d
+
+
+def _family_name(model: str) -> str:
+    return re.sub(r"[^a-z0-9_.-]+", "-", Path(model.rstrip("/")).name.lower()).strip("-") or "model"
+
+
+def _positive(err, path: str, value, allow_none: bool = False) -> None:
+    if value is None and allow_none:
+        return
+    if value is None or isinstance(value, bool) or value <= 0:
+        raise err(path, f"must be > 0, got {value!r}")
+
+
+def _output_path(path: str | os.PathLike) -> Path:
+    """Relative output paths resolve against $RAYDISTILL_OUTPUT_ROOT when set, else the working directory.
+
+    Under ``ray job submit --working-dir .`` the job runs in a temporary copy of the project, so outputs written
+    relative to it would vanish with it; pass the project's absolute path in that variable (runtime_env env_vars).
+    """
+    path = Path(path).expanduser()
+    if path.is_absolute():
+        return path
+    root = os.environ.get("RAYDISTILL_OUTPUT_ROOT")
+    return (Path(root).expanduser() / path).resolve() if root else path.resolve()

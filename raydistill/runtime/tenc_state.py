@@ -1,0 +1,147 @@
+"""A Trans-Encoder run directory: where each file lives, and ``state.json``, the record of what is done.
+
+Stages are the unit of resume: a stage is recorded only once its models are saved and the next stage's labels
+written, so a restarted job with the same config skips every completed stage and reuses its files.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from raydistill.runtime.config import ConfigError
+from raydistill.runtime.tenc_config import STAGE_TRAINS, STAGES, TencConfig, stage_key
+
+__all__ = ["RunLayout", "RunState", "json_default", "now"]
+
+
+@dataclass(frozen=True)
+class RunLayout:
+    """The files of a run directory (``tenc.py`` lists them with what each holds)."""
+
+    root: Path
+
+    @property
+    def state_file(self) -> Path:
+        return self.root / "state.json"
+
+    @property
+    def summary_file(self) -> Path:
+        return self.root / "summary.json"
+
+    @property
+    def plots_dir(self) -> Path:
+        return self.root / "plots"
+
+    def labels_dir(self, cycle: int, stage: str) -> Path:
+        # Hive-style names: ray.data.read_parquet(<run_dir>/labels) reads every stage with cycle and stage columns.
+        return self.root / "labels" / f"cycle={cycle}" / f"stage={stage}"
+
+    def model_dir(self, cycle: int, kind: str, family: str) -> Path:
+        return self.root / "models" / f"cycle={cycle}" / kind / family
+
+    def best_dir(self, family: str, kind: str) -> Path:
+        return self.root / "best" / family / kind
+
+    def eval_file(self, cycle: int, kind: str, family: str) -> Path:
+        return self.root / "eval" / f"cycle={cycle}" / kind / f"{family}.npz"
+
+    def pair_scores_file(self, cycle: int, kind: str, family: str) -> Path:
+        return self.root / "eval" / f"cycle={cycle}" / kind / f"{family}-pairs.npy"
+
+
+class RunState:
+    """``<run_dir>/state.json``: what is done. Written atomically after every stage, label set and evaluation."""
+
+    def __init__(self, path: Path, data: dict[str, Any]):
+        self.path = path
+        self.data = data
+
+    @classmethod
+    def open(cls, run_dir: Path, cfg: TencConfig, pair_fingerprint: str, pair_count: int) -> RunState:
+        path = RunLayout(run_dir).state_file
+        if path.is_file():
+            try:
+                data = json.loads(path.read_text(encoding="utf-8"))
+            except json.JSONDecodeError as exc:
+                raise ConfigError(f"{path}:{exc.lineno}: the run state is not valid JSON ({exc.msg}); delete the "
+                                  "run directory or pass another --run-dir") from None
+            if data.get("config_hash") != cfg.config_hash():
+                differing = cfg.diff_keys(data.get("config", {}))
+                raise ConfigError(
+                    f"{path}: this run directory was written by another config (hash {data.get('config_hash')} vs "
+                    f"{cfg.config_hash()}; differing: {', '.join(differing) or '?'}). Resuming would mix two "
+                    "trainings: use another --run-dir, or delete this one to start over")
+            if data.get("pairs", {}).get("fingerprint") != pair_fingerprint:
+                raise ConfigError(f"{path}: the unlabeled pair set changed since this run started (fingerprint "
+                                  f"{data.get('pairs', {}).get('fingerprint')} vs {pair_fingerprint}); the data "
+                                  "files differ. Use another --run-dir")
+            data["config"] = cfg.to_dict()  # the excluded fields (cycles, eval, resources) may have changed
+            return cls(path, data)
+        data = {
+            "version": 1,
+            "config_hash": cfg.config_hash(),
+            "config": cfg.to_dict(),
+            "pairs": {"fingerprint": pair_fingerprint, "count": pair_count},
+            "labels": {},
+            "stages": {},
+            "evaluations": {},
+            "created": now(),
+        }
+        state = cls(path, data)
+        state.save()
+        return state
+
+    def save(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_name(f".{self.path.name}.tmp-{os.getpid()}")
+        tmp.write_text(json.dumps(self.data, indent=2, default=json_default) + "\n", encoding="utf-8")
+        os.replace(tmp, self.path)
+
+    @property
+    def labels(self) -> dict[str, Any]:
+        return self.data["labels"]
+
+    @property
+    def stages(self) -> dict[str, Any]:
+        return self.data["stages"]
+
+    @property
+    def evaluations(self) -> dict[str, Any]:
+        return self.data["evaluations"]
+
+    def dev_curves(self, families: list[str], cycles: int) -> dict[tuple[str, str], list[tuple[int, float]]]:
+        """(family, bi|cross) -> [(cycle, dev score)] so far: the starting bi-encoder at cycle 0, then the best-dev
+        model of each completed stage (a cross-encoder first exists at cycle 1)."""
+        curves: dict[tuple[str, str], list[tuple[int, float]]] = {}
+        start_dev = self.data.get("start_dev", {})
+        for f in families:
+            if f in start_dev:
+                curves[(f, "bi")] = [(0, float(start_dev[f]))]
+        for cycle in range(1, cycles + 1):
+            for stage in STAGES:
+                completed = self.stages.get(stage_key(cycle, stage))
+                if completed is None:
+                    continue
+                for f in families:
+                    curves.setdefault((f, STAGE_TRAINS[stage]), []).append(
+                        (cycle, float(completed["families"][f]["best_dev"])))
+        return curves
+
+
+def now() -> str:
+    return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+
+
+def json_default(value: Any):
+    if isinstance(value, (np.floating, np.integer)):
+        return value.item()
+    if isinstance(value, Path):
+        return str(value)
+    raise TypeError(f"not JSON serialisable: {type(value).__name__}")
