@@ -66,7 +66,8 @@ def main(argv: list[str] | None = None) -> dict:
 
     import ray
 
-    from raydistill.runtime.methods import get_method
+    from raydistill.methods import get_method
+    from raydistill.runtime.learner_group import make_shared_queues
 
     ray.init(num_cpus=args.threads, include_dashboard=False, logging_level="ERROR")
     clock = ClientClock()
@@ -78,7 +79,7 @@ def main(argv: list[str] | None = None) -> dict:
         columns["teacher_control"] = vectors
         dim = vectors.shape[1]
         local = RaydistillTrainer(cfg, columns, args.threads)
-        queues = get_method(cfg.method).make_shared_queues(cfg, teacher_dim=dim)
+        queues = make_shared_queues(get_method(cfg.method), cfg, teacher_dim=dim)
         shared = RaydistillTrainer(cfg, columns, args.threads, queue_actors=queues)
         steps: dict[str, list[float]] = {"local": [], "shared": []}
         traffic: list[float] = []

@@ -52,7 +52,7 @@ def main(argv: list[str] | None = None) -> dict:
     from raydistill.runtime import tune
     from raydistill.runtime.cluster import init_ray
     from raydistill.runtime.distill import run_distillation
-    from raydistill.runtime.methods import with_method_defaults
+    from raydistill.methods import with_method_defaults
 
     work = Path(tempfile.mkdtemp(prefix="bench-sweep-"))
     try:

@@ -89,7 +89,7 @@ def congen_config(student: str, args, run_dir: Path, bucket_tokens: int | None =
     """congen.yaml at the bench's sizes (batch, K, corpus slice, train.precision), tracking off; ``more``:
     further ``--set`` overrides."""
     from raydistill.runtime.config import JobConfig
-    from raydistill.runtime.methods import with_method_defaults
+    from raydistill.runtime.preflight import preflight
 
     overrides = [f"student={student}", f"teacher={TEACHER}", f"train.batch_size={args.batch}",
                  f"loss.queue_size={args.queue_size}", f"data.max_sentences={args.batch * (args.warmup + args.steps)}",
@@ -99,7 +99,7 @@ def congen_config(student: str, args, run_dir: Path, bucket_tokens: int | None =
     if bucket_tokens is not None:
         overrides.append(f"extra.bucket_tokens={bucket_tokens}")
     overrides.extend(more)
-    return with_method_defaults(JobConfig.from_yaml(CONFIG, overrides=overrides)).validate()
+    return preflight(JobConfig.from_yaml(CONFIG, overrides=overrides))
 
 
 def training_columns(cfg) -> dict[str, np.ndarray]:
@@ -144,7 +144,7 @@ class RaydistillTrainer:
 
     def __init__(self, cfg, columns: dict[str, np.ndarray], threads: int, queue_actors: list | None = None):
         from raydistill.runtime.learner import DistillLearner
-        from raydistill.runtime.learner_group import ArrayData
+        from raydistill.data.arrays import ArrayData
 
         self.data = ArrayData(columns, seed=cfg.seed)
         self.batch = cfg.train.batch_size

@@ -357,7 +357,7 @@ def _student(text: str) -> str:
 
 
 def _method(text: str) -> str:
-    from raydistill.runtime.methods import job_methods
+    from raydistill.methods import job_methods
 
     if text not in job_methods():
         raise argparse.ArgumentTypeError(f"unknown method {text!r}; choose from {', '.join(job_methods())}")

@@ -30,7 +30,7 @@ DEFAULT_MD = ROOT / "docs" / "reliability.md"
 # Sections in this order; an area not listed here (e.g. a new kind of fault) follows, alphabetically.
 AREAS = {
     "data file": "Malformed data files, read by the validated readers (raydistill.data). A job reads every file it "
-                 "will use (its corpus and the evaluation sets) in `JobConfig.validate`, before Ray or any model "
+                 "will use (its corpus and the evaluation sets) in its preflight (`raydistill.runtime.preflight`), before Ray or any model "
                  "starts, so each of these errors reaches the user in seconds.",
     "fuzz": "Property-based fuzzing (hypothesis) of every reader: any bytes give records or a `DataError` naming the "
             "file (and the line, for line-level problems), never another exception.",

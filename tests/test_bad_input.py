@@ -2,7 +2,7 @@
 
 The contract: every bad input ends in one of two documented outcomes,
   * a ``DataError`` naming the file, the line and the field, raised before any training starts (a job reads every
-    file it will use in ``JobConfig.validate``, before Ray or any model), or
+    file it will use in ``preflight``, before Ray or any model), or
   * a skip that is counted, logged and recorded in MLflow (``input.*`` params of the job's run);
 never a traceback from deep inside a tokenizer or Ray. Each case records what the system did through the
 ``reliability`` fixture; docs/reliability.md is generated from those records (scripts/reliability_table.py).
@@ -38,7 +38,7 @@ pytest_plugins = ["tests.reliability_log"]
 STS_SCALE = (0, 5)
 NLI_LABELS = {"entailment", "neutral", "contradiction"}
 GOOD = {"sentence1": "A man plays a guitar.", "sentence2": "A man is playing guitar.", "score": 4.2}
-REFUSED = "nothing: a job reads the file in JobConfig.validate and stops before Ray or any model starts"
+REFUSED = "nothing: a job reads the file in its preflight and stops before Ray or any model starts"
 FILE_LEVEL_REASONS = {"missing_file", "empty_file", "corrupt_file", "mixed_types"}
 
 

@@ -9,6 +9,7 @@ import torch
 from raydistill.models import BiEncoder
 from raydistill.models.batching import bucketed_forward, token_budget_batches
 from raydistill.models.speedups import use_reused_embedding_grad
+from raydistill.runtime.preflight import preflight
 from tiny_models import FAMILIES
 
 
@@ -75,13 +76,12 @@ def test_bucketed_forward_runs_one_call_when_the_batch_fits(tiny_bert, real_sent
 
 def _congen_config(student, run_dir, **extra):
     from raydistill.runtime.config import JobConfig
-    from raydistill.runtime.methods import with_method_defaults
 
-    return with_method_defaults(JobConfig.from_dict({
+    return preflight(JobConfig.from_dict({
         "method": "congen", "student": str(student), "teacher": str(student), "run_dir": str(run_dir),
         "data": {"max_length": 32}, "train": {"batch_size": 16, "lr": 1e-3, "warmup_ratio": 0.0},
         "loss": {"queue_size": 64}, "tracking": {"enabled": False}, "extra": extra,
-    })).validate()
+    }))
 
 
 def test_learner_buckets_the_student_forward_on_cpu(tiny_bert, real_sentences, tmp_path):

@@ -182,7 +182,7 @@ def test_unwritable_output_dir_fails_before_the_job_starts(tmp_path, field, no_r
     assert str(caught.value) == f"field '{field}': {blocker / 'sub'}: cannot create this directory: {blocker} is a file"
     assert not (tmp_path / "run").exists() and not (tmp_path / "results").exists()
     reliability.record("output dir", f"unwritable {field}", input=f"{field} below a regular file",
-                       did="run_distillation refused the config (ConfigError from JobConfig.validate)",
+                       did="run_distillation refused the config (ConfigError from preflight)",
                        message=str(caught.value), lost="nothing: no Ray, no model loaded")
 
 
@@ -209,7 +209,7 @@ def test_output_dir_checks(tmp_path, reliability):
         ckpt.check_output_dir(tmp_path, min_free_bytes=2**62)
     reliability.record("output dir", "not enough free disk at the start", input="a filesystem with less free space "
                        f"than the run needs (default threshold {ckpt.MIN_FREE_BYTES // 2**20} MiB; here 4 EiB asked)",
-                       did="refused by JobConfig.validate (check_output_dir)", message=str(caught.value),
+                       did="refused by preflight (check_output_dir)", message=str(caught.value),
                        lost="nothing: no Ray, no model loaded")
 
 
@@ -458,7 +458,7 @@ def test_resume_with_another_lr_corpus_content_or_learner_count_is_refused_befor
                                                                                       monkeypatch, reliability):
     from raydistill.runtime import pipeline
     from raydistill.runtime.distill import run_distillation
-    from raydistill.runtime.methods import with_method_defaults
+    from raydistill.methods import with_method_defaults
 
     def teacher_pass(*args, **kwargs):
         raise AssertionError("the job built its training data (the teacher pass) before refusing the checkpoint")

@@ -7,7 +7,8 @@ import textwrap
 import pytest
 
 from raydistill.runtime.cluster import ResourceError, check_resources
-from raydistill.runtime.config import ConfigError, JobConfig, register_validator
+from raydistill.runtime.config import ConfigError, JobConfig
+from raydistill.runtime.preflight import preflight
 
 CONGEN_YAML = """\
 method: congen
@@ -103,7 +104,7 @@ def test_wrong_types_and_bad_overrides_are_errors(tmp_path):
 
 
 def test_validate_accepts_a_good_config(congen_file):
-    assert JobConfig.from_yaml(congen_file).validate().method == "congen"
+    assert preflight(JobConfig.from_yaml(congen_file)).method == "congen"
 
 
 @pytest.mark.parametrize(
@@ -132,30 +133,30 @@ def test_validate_accepts_a_good_config(congen_file):
 def test_validate_rejects(congen_file, override, pattern):
     cfg = JobConfig.from_yaml(congen_file, overrides=[override])
     with pytest.raises(ConfigError, match=pattern):
-        cfg.validate()
+        preflight(cfg)
 
 
 def test_a_caption_view_of_a_corpus_without_captions_is_refused_naming_the_view(congen_file):
     cfg = JobConfig.from_yaml(congen_file, overrides=["data.corpus=nli", "data.views.generalize=caption"])
     with pytest.raises(ConfigError, match=r"field 'data\.views\.generalize': 'caption' shows another caption .* "
                                           r"corpus 'nli' has no caption groups"):
-        cfg.validate()
-    assert cfg.with_overrides(["data.corpus=flickr"]).validate().data.views["generalize"] == "caption"
+        preflight(cfg)
+    assert preflight(cfg.with_overrides(["data.corpus=flickr"])).data.views["generalize"] == "caption"
 
 
 def test_a_learned_ckd_scale_at_its_clamp_floor_is_refused_before_anything_starts(congen_file):
     cfg = JobConfig.from_yaml(congen_file, overrides=["method=ckd", "data.views={a: none}", "data.teacher_views=[a]",
                                                      "loss={queue_size: 4096, temperature: 1.0}"])
     with pytest.raises(ConfigError, match=r"field 'loss\.temperature': .*cannot start at its clamp bound"):
-        cfg.validate()
-    assert cfg.with_overrides(["loss={queue_size: 4096, temperature: 0.367879}"]).validate().method == "ckd"
+        preflight(cfg)
+    assert preflight(cfg.with_overrides(["loss={queue_size: 4096, temperature: 0.367879}"])).method == "ckd"
 
 
 def test_validate_error_points_at_the_line_of_the_file(tmp_path):
     text = CONGEN_YAML.replace("tau_teacher: 0.05", "tau_teacher: 0")
     path = _write(tmp_path / "tau.yaml", text)
     with pytest.raises(ConfigError) as err:
-        JobConfig.from_yaml(path).validate()
+        preflight(JobConfig.from_yaml(path))
     assert str(err.value).startswith(f"{path}:{_line_of(text, 'tau_teacher')}: field 'loss.tau_teacher'")
 
 
@@ -164,18 +165,18 @@ def test_unknown_preset_lists_the_presets(congen_file):
 
     cfg = JobConfig.from_yaml(congen_file, overrides=["student=bert-tiyn"])
     with pytest.raises(ConfigError) as err:
-        cfg.validate()
+        preflight(cfg)
     message = str(err.value)
     assert "field 'student'" in message and "did you mean 'bert-tiny'" in message
     assert all(name in message for name in PRESETS)
     with pytest.raises(ConfigError, match="field 'teacher': model directory not found: ./no/such/model"):
-        JobConfig.from_yaml(congen_file, overrides=["teacher=./no/such/model"]).validate()
+        preflight(JobConfig.from_yaml(congen_file, overrides=["teacher=./no/such/model"]))
 
 
 def test_model_directory_is_accepted(congen_file, tmp_path):
     (tmp_path / "my-model").mkdir()
     cfg = JobConfig.from_yaml(congen_file, overrides=[f"student={tmp_path / 'my-model'}"])
-    assert cfg.validate().student == str(tmp_path / "my-model")
+    assert preflight(cfg).student == str(tmp_path / "my-model")
 
 
 def test_missing_config_file_is_a_clear_error(congen_file):
@@ -185,23 +186,19 @@ def test_missing_config_file_is_a_clear_error(congen_file):
         JobConfig.from_yaml("/no/such/dir/x.yaml")
 
 
-def test_method_validator_hook(congen_file, monkeypatch):
-    from raydistill.runtime import config
-
-    config._load_method_validators()
-    monkeypatch.setattr(config, "_VALIDATORS", {k: list(v) for k, v in config._VALIDATORS.items()})  # undone after
-    def needs_two_views(cfg):
-        if len(cfg.data.views) < 2:
-            return ("data.views", "unit-test-method needs two views")
-        return None
-
-    register_validator("unit-test-method", needs_two_views)
-    cfg = JobConfig.from_yaml(congen_file, overrides=["method=unit-test-method"])
-    cfg.validate()
-    with pytest.raises(ConfigError, match=r"field 'data\.views': unit-test-method needs two views"):
-        cfg.with_overrides(["data.views={control: none}", "data.teacher_views=[control]"]).validate()
-    with pytest.raises(ConfigError, match=r"field 'method': unknown method 'unit-test-methd' \(did you mean"):
-        cfg.with_overrides(["method=unit-test-methd"]).validate()
+def test_validate_is_the_schema_only_and_preflight_checks_the_machine(congen_file, tmp_path):
+    """validate() reads no file and knows no method; preflight adds the method's rules, models and files."""
+    cfg = JobConfig.from_yaml(congen_file, overrides=["student=./no/such/model", "data.corpus=file:/no/such.txt",
+                                                     "method=congne"])
+    assert cfg.validate() is cfg
+    with pytest.raises(ConfigError, match=r"field 'method': unknown method 'congne' \(did you mean 'congen'\?\)"):
+        preflight(cfg)
+    with pytest.raises(ConfigError, match=r"field 'data\.views': method 'congen' reads the view\(s\) \['generalize'\]"):
+        preflight(cfg.with_overrides(["method=congen", "data.views={control: none}", "data.teacher_views=[control]"]))
+    with pytest.raises(ConfigError, match="field 'student': model directory not found: ./no/such/model"):
+        preflight(cfg.with_overrides(["method=congen"]))
+    with pytest.raises(ConfigError, match=r"field 'data\.corpus': training file not found: /no/such\.txt"):
+        preflight(cfg.with_overrides(["method=congen", "student=bert-tiny"]))
 
 
 def test_config_hash_is_stable_and_ignores_resources_and_tracking(congen_file):
@@ -297,6 +294,9 @@ def test_every_shipped_config_loads_and_validates(path):
     if "tenc" in path.name:
         cfg = TencConfig.from_yaml(path).validate()
         assert cfg.cross.head in (None, "classifier", "segment_cosine")
+    elif path.name.startswith("st_mse"):
+        from raydistill.runtime.st_mse import preflight_st_mse
+
+        preflight_st_mse(JobConfig.from_yaml(path, []))
     else:
-        cfg = JobConfig.from_yaml(path, [])
-        cfg.validate()
+        preflight(JobConfig.from_yaml(path, []))

@@ -19,6 +19,7 @@ from raydistill.data.corpus import (
     read_corpus,
 )
 from raydistill.runtime.config import ConfigError, JobConfig
+from raydistill.runtime.preflight import preflight
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -173,7 +174,7 @@ def _config(tmp_path: Path, corpus: str, student: Path) -> JobConfig:
 
 def test_unknown_corpus_is_refused_with_the_known_ones(tmp_path, tiny_bert):
     with pytest.raises(ConfigError, match=r"field 'data\.corpus': 'mixd' \(did you mean 'mixed'\?\); allowed: .*mixed"):
-        _config(tmp_path, "mixd", tiny_bert).validate()
+        preflight(_config(tmp_path, "mixd", tiny_bert))
 
 
 @pytest.mark.parametrize("case", ["empty", "all_evaluation", "missing_column", "csv_missing_column", "not_a_dataset",
@@ -207,7 +208,7 @@ def test_bad_user_corpus_is_named_at_validation(tmp_path, tiny_bert, case):
         path = tmp_path / "nowhere.jsonl"
         spec, expected = f"file:{path}#text", rf"training file not found: {path}"
     with pytest.raises(ConfigError, match=r"field 'data\.corpus': .*" + expected):
-        _config(tmp_path, spec, tiny_bert).validate()
+        preflight(_config(tmp_path, spec, tiny_bert))
     assert not (tmp_path / "run").exists()
 
 
@@ -215,7 +216,7 @@ def test_mixed_validates_and_feeds_the_training_rows(tmp_path, tiny_bert, mixed)
     from raydistill.runtime.config import DataConfig
     from raydistill.runtime.pipeline import load_training_texts
 
-    _config(tmp_path, "mixed", tiny_bert).validate()
+    preflight(_config(tmp_path, "mixed", tiny_bert))
     stats: dict = {}
     rows = load_training_texts(DataConfig(corpus="mixed", max_sentences=500, views={"a": "none", "b": "caption"}),
                                seed=0, stats=stats)

@@ -13,6 +13,7 @@ import pytest
 
 from raydistill.runtime import checkpoint as ckpt
 from raydistill.runtime.config import JobConfig
+from raydistill.runtime.preflight import preflight
 from tests.ray_fixtures import ray_session  # noqa: F401 - the session-wide Ray fixture
 
 pytestmark = pytest.mark.ray
@@ -137,23 +138,24 @@ def test_two_learners_average_gradients_and_share_the_teacher_queue(ray_session,
     import ray
 
     from raydistill.models import BiEncoder
+    from raydistill.methods import get_method
     from raydistill.runtime.learner import LearnerActor
-    from raydistill.runtime.methods import get_method, with_method_defaults
+    from raydistill.runtime.learner_group import make_shared_queues
     from tiny_models import load_real_sentences
 
-    cfg = with_method_defaults(JobConfig.from_dict({
+    cfg = preflight(JobConfig.from_dict({
         "method": "ckd", "student": str(tiny_bert), "teacher": str(tiny_teacher), "run_dir": str(tmp_path),
         "train": {"batch_size": BATCH, "lr": 1e-3}, "loss": {"queue_size": 64},
         "resources": {"learner": {"num_learners": 2, "num_cpus": 0.5, "threads": 1}},
         "tracking": {"enabled": False},
-    })).validate()
+    }))
     spec = get_method("ckd")
     sentences = np.array(load_real_sentences(n_captions=64, n_stsb=0)[:4 * BATCH], dtype=object)
     teacher_vectors = BiEncoder.from_pretrained(str(tiny_teacher)).encode(list(sentences), normalize=True)
     batches = [{"idx": np.arange(i, i + BATCH), "text_a": sentences[i:i + BATCH],
                 "teacher_a": teacher_vectors[i:i + BATCH]} for i in range(0, len(sentences), BATCH)]
 
-    queues = spec.make_shared_queues(cfg, teacher_dim=48)
+    queues = make_shared_queues(spec, cfg, teacher_dim=48)
     learners = [LearnerActor(cfg, rank=rank, world_size=2, total_steps=10, teacher_dim=48, run_dir=str(tmp_path),
                              queue_actors=queues) for rank in range(2)]
     try:

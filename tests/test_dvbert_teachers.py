@@ -14,6 +14,7 @@ import pytest
 
 from raydistill.runtime import dvbert_teachers as dv
 from raydistill.runtime.config import ConfigError, JobConfig
+from raydistill.runtime.preflight import preflight
 from tests.ray_fixtures import ray_session  # noqa: F401 - the session-wide Ray fixture
 
 PAIRS = 36
@@ -138,15 +139,16 @@ def dvbert_config(student: Path, teachers: list[Path], root: Path, min_accuracy:
 
 
 def test_dvbert_data_refuses_weak_teachers_and_hands_their_accuracy_to_the_result(tiny_models, home, tmp_path):
-    from raydistill.runtime.methods import _dvbert_data, with_method_defaults
+    from raydistill.methods import get_method
+    from raydistill.runtime.stage_data import build_stage_data
 
     teachers = [tiny_models["bert"], tiny_models["mpnet"]]
-    strict = with_method_defaults(dvbert_config(tiny_models["bert"], teachers, tmp_path, 0.99)).validate()
+    strict = preflight(dvbert_config(tiny_models["bert"], teachers, tmp_path, 0.99))
     with pytest.raises(dv.TeacherAccuracyError, match="held-out NLI accuracy"):
-        _dvbert_data(strict, tmp_path / "strict")
+        build_stage_data(strict, get_method("dvbert"))
 
-    lenient = with_method_defaults(dvbert_config(tiny_models["bert"], teachers, tmp_path, 0.0)).validate()
-    data = _dvbert_data(lenient, tmp_path / "lenient")  # the same teachers, from the cache
+    lenient = preflight(dvbert_config(tiny_models["bert"], teachers, tmp_path, 0.0))
+    data = build_stage_data(lenient, get_method("dvbert"))  # the same teachers, from the cache
     assert data.num_rows == 24  # data.max_sentences of the 32 labelled pairs
     stats = data.cache_stats
     assert all(info["cached"] for info in stats["dvbert_teachers"]) and stats["teacher_pairs"] == 32

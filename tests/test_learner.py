@@ -16,8 +16,10 @@ import torch
 from raydistill.runtime import checkpoint as ckpt
 from raydistill.runtime.config import JobConfig
 from raydistill.runtime.learner import DistillLearner, build_optimizer, linear_schedule
-from raydistill.runtime.learner_group import ArrayData, LearnerGroup
-from raydistill.runtime.methods import get_method, with_method_defaults
+from raydistill.data.arrays import ArrayData
+from raydistill.runtime.learner_group import LearnerGroup
+from raydistill.methods import get_method, with_method_defaults
+from raydistill.runtime.preflight import preflight
 from tests.conftest import TEACHER_DIM
 
 BATCH = 16  # 4 batches of the 64 paraphrase rows (conftest)
@@ -33,7 +35,7 @@ def congen_config(student, teacher, run_dir, **train) -> JobConfig:
         "loss": {"queue_size": 64, "tau_teacher": 0.05, "tau_student": 0.07},
         "tracking": {"enabled": False},
     })
-    return with_method_defaults(cfg).validate()
+    return preflight(cfg)
 
 
 def congen_batches(paraphrases, teacher_vectors) -> list[dict[str, np.ndarray]]:
@@ -92,13 +94,13 @@ def test_sct_self_supervised_reduces_loss(tiny_bert, paraphrases, tmp_path):
     step to step. With the paper's temperatures it still falls steadily; the first step is left out because its
     queue holds the random init vectors (K = one batch: real reference vectors from step 2 on). The projector (a
     part of the loss module, not of the saved model) must be trained too."""
-    cfg = with_method_defaults(JobConfig.from_dict({
+    cfg = preflight(JobConfig.from_dict({
         "method": "sct", "student": str(tiny_bert), "run_dir": str(tmp_path),
         "data": {"views": {"a": "none", "b": "caption"}, "max_length": 32},
         "train": {"batch_size": BATCH, "lr": 1e-4, "warmup_ratio": 0.0},
         "loss": {"queue_size": BATCH, "tau_teacher": 0.02, "tau_student": 0.03},
         "tracking": {"enabled": False},
-    })).validate()
+    }))
     a, b = paraphrases
     batches = [{"idx": np.arange(i, i + BATCH), "text_a": a[i:i + BATCH], "text_b": b[i:i + BATCH]}
                for i in range(0, len(a), BATCH)]
@@ -216,7 +218,7 @@ def test_group_starts_the_queue_from_teacher_vectors_of_sampled_training_rows(ti
     groups = np.arange(len(control)) // 2  # pairs of rows share a group, as two captions of one image
     data = ArrayData({"idx": np.arange(len(control)), "group": groups, "text_control": control,
                       "text_generalize": generalize, "teacher_control": teacher_vectors}, seed=0)
-    cfg = congen_config(tiny_bert, tiny_teacher, tmp_path).with_overrides(["loss.queue_size=32"]).validate()
+    cfg = preflight(congen_config(tiny_bert, tiny_teacher, tmp_path).with_overrides(["loss.queue_size=32"]))
     assert with_method_defaults(cfg).loss["queue_init"] == "teacher"
     group = LearnerGroup(cfg, get_method("congen"), run_dir=tmp_path, teacher_dim=TEACHER_DIM)
     group._start_and_resume(data, total=4)
@@ -249,9 +251,9 @@ def test_group_fits_a_least_squares_projection_before_the_first_step(tiny_bert, 
         return float(np.mean(np.sum(vectors * teacher_vectors, axis=1)))
 
     default_cfg = congen_config(tiny_bert, tiny_teacher, tmp_path / "default")
-    lsq_cfg = JobConfig.from_dict({**default_cfg.to_dict(), "student_projection_init": "least_squares",
+    lsq_cfg = preflight(JobConfig.from_dict({**default_cfg.to_dict(), "student_projection_init": "least_squares",
                                    "run_dir": str(tmp_path / "lsq"), "train": {**default_cfg.to_dict()["train"],
-                                                                               "lr": 1e-9}}).validate()
+                                                                               "lr": 1e-9}}))
     group = LearnerGroup(lsq_cfg, get_method("congen"), run_dir=tmp_path / "lsq", teacher_dim=TEACHER_DIM)
     group.fit(data)
     out = capsys.readouterr().out

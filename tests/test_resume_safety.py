@@ -14,8 +14,9 @@ import torch
 
 from raydistill.runtime import checkpoint as ckpt
 from raydistill.runtime.learner import DistillLearner
-from raydistill.runtime.learner_group import ArrayData, LearnerGroup, PreemptedError
-from raydistill.runtime.methods import get_method
+from raydistill.data.arrays import ArrayData
+from raydistill.runtime.learner_group import LearnerGroup, PreemptedError
+from raydistill.methods import get_method
 
 pytest_plugins = ["tests.reliability_log"]
 

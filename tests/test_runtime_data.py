@@ -86,6 +86,28 @@ def test_teacher_actor_encodes_like_the_in_process_teacher(ray_session, teacher_
         actor.kill()
 
 
+def test_a_training_pass_caches_every_vector_and_batches_read_them_back(teacher_spec, in_process_teacher,
+                                                                        real_sentences, tmp_path):
+    """return_vectors=False gathers no vector (a job's batches read theirs from the cache); TeacherVectors gives
+    each batch its rows' vectors and refuses, naming the cache, a sentence that has none."""
+    from raydistill.runtime.embedding_cache import TeacherVectors
+
+    texts = real_sentences[:48]
+    nothing, stats = ensure_teacher_embeddings(texts, "a", teacher_spec, tmp_path, in_process=True,
+                                               return_vectors=False)
+    assert nothing is None and (stats["hits"], stats["misses"]) == (0, 48)
+    nothing, stats = ensure_teacher_embeddings(texts, "a", teacher_spec, tmp_path, in_process=True,
+                                               return_vectors=False)
+    assert nothing is None and (stats["hits"], stats["misses"], stats["teacher_forward_sentences"]) == (48, 0, 0)
+
+    vectors = TeacherVectors(tmp_path, teacher_spec.identity())
+    batch = [texts[7], texts[3], texts[40]]
+    np.testing.assert_allclose(vectors(batch), in_process_teacher.encode(batch), atol=1e-5)
+    assert vectors.dim == in_process_teacher.dim
+    with pytest.raises(RuntimeError, match=rf"embedding cache {tmp_path}.*1 of 2 sentences of this batch have no"):
+        vectors([texts[0], "a sentence the teacher never saw"])
+
+
 def test_cache_is_keyed_by_teacher_identity(tiny_models, tmp_path, real_sentences, in_process_teacher):
     bert = str(tiny_models["bert"])
     base = teacher_identity(bert, max_length=32)
@@ -226,7 +248,10 @@ def test_training_data_stream_is_deterministic_and_resumable(ray_session, tmp_pa
     assert data.num_rows == 200 and data.teacher_dim == 32
     assert (data.cache_stats["hits"], data.cache_stats["misses"], data.cache_stats["teacher_forward_sentences"]) \
         == (200, 0, 0)
-    assert set(data.dataset.columns()) == {"idx", "group", "text_control", "text_generalize", "teacher_control"}
+    # The teacher's vectors are no column: neither the dataset nor the local copy holds them whole; each batch
+    # reads its own rows' vectors from the memory-mapped cache.
+    assert set(data.dataset.columns()) == {"idx", "group", "text_control", "text_generalize"}
+    assert not any(name.startswith("teacher_") for name in data.columns())
 
     epoch0 = _iterate_epoch(data, 0, 32)
     assert len(epoch0) == data.num_batches(32) == 6  # 200 // 32, last partial batch dropped
@@ -251,7 +276,9 @@ def test_training_data_stream_is_deterministic_and_resumable(ray_session, tmp_pa
     # A copy sent to another process (pickled without its local columns) reads the same batches from the dataset.
     import pickle
 
-    clone = pickle.loads(pickle.dumps(data))
+    pickled = pickle.dumps(data)
+    assert len(pickled) < 32 * 200 * 4  # less than the 200 rows' vectors alone: it carries the cache's location
+    clone = pickle.loads(pickled)
     assert clone._columns is None
     assert [b["idx"].tolist() for b in _iterate_epoch(clone, 0, 32)] == [b["idx"].tolist() for b in epoch0]
     np.testing.assert_array_equal(_iterate_epoch(clone, 0, 32)[0]["teacher_control"], batch["teacher_control"])

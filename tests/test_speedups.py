@@ -15,6 +15,7 @@ from raydistill.models import BiEncoder
 from raydistill.models import speedups
 from raydistill.models.speedups import (FastDropout, fast_dropout, use_fast_attention_dropout, use_fast_dropout,
                                         use_reused_embedding_grad)
+from raydistill.runtime.preflight import preflight
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -143,13 +144,12 @@ def test_cpu_learner_applies_the_speedups_and_saves_a_plain_model(tiny_bert, rea
 
     from raydistill.runtime.config import JobConfig
     from raydistill.runtime.learner import DistillLearner
-    from raydistill.runtime.methods import with_method_defaults
 
-    cfg = with_method_defaults(JobConfig.from_dict({
+    cfg = preflight(JobConfig.from_dict({
         "method": "simcse", "student": str(tiny_bert), "run_dir": str(tmp_path / "run"),
         "data": {"max_length": 32}, "train": {"batch_size": 8, "lr": 1e-3, "warmup_ratio": 0.0},
         "tracking": {"enabled": False},
-    })).validate()
+    }))
     learner = DistillLearner(cfg, total_steps=4)
     student = learner.student
     assert all(type(m) is FastDropout for m in student.modules() if isinstance(m, nn.Dropout))
@@ -169,7 +169,7 @@ def test_cpu_learner_applies_the_speedups_and_saves_a_plain_model(tiny_bert, rea
 
 def test_encode_views_is_one_forward_that_splits_back(tiny_bert, real_sentences):
     """StepContext.encode_views: both views in one student call, each view's rows as encode gives them."""
-    from raydistill.runtime.methods import StepContext
+    from raydistill.methods import StepContext
 
     student = BiEncoder.from_pretrained(tiny_bert, projection_dim=24).eval()  # no dropout: comparable
     ctx = StepContext(student=student, loss=nn.Identity(), device=torch.device("cpu"), step=0, total_steps=1,

@@ -22,6 +22,7 @@ import pytest
 import yaml
 
 from raydistill.cli import main as cli_main
+from raydistill.runtime.preflight import preflight
 from tests.ray_fixtures import ray_session  # noqa: F401 - the session-wide Ray fixture
 
 ROWS, BATCH, EVAL_EVERY = 128, 16, 2  # 8 steps, dev evaluations at steps 2, 4, 6, 8
@@ -202,7 +203,7 @@ def test_best_trial_is_exported_as_a_model_and_a_job_config(sweep):
     model = BiEncoder.from_pretrained(best["model_dir"])
     assert model.encode(["a dog runs"], normalize=True).shape == (1, 48)  # projected to the teacher's width
     assert os.path.isfile(os.path.join(best["model_dir"], "modules.json"))
-    cfg = JobConfig.from_yaml(best["config_path"]).validate()
+    cfg = preflight(JobConfig.from_yaml(best["config_path"]))
     assert cfg.train.lr == best["params"]["train.lr"] and cfg.run_dir is None
     assert cfg.resources.learner.num_learners == 0 and cfg.data.max_sentences == ROWS
     assert set(best["scores"]) == {"sts13"}  # evaluate_sets of the plan
@@ -214,7 +215,7 @@ def test_cli_rejects_bad_arguments_at_parse_time(capsys):
         (["tune", "--student", "bert-mini", "--queue-size", "1024,-5"], "queue size K must be a positive integer"),
         (["tune", "--student", "bert-mini", "--tau-teacher", "0"], "expected a number > 0"),
         (["tune", "--student", "bert-mini", "--tau-student", "0.05,-0.1"], "expected a number > 0"),
-        (["tune", "--student", "bert-mini", "--method", "congenn"], "choose from congen"),
+        (["tune", "--student", "bert-mini", "--method", "congenn"], "choose from ckd, congen"),
         (["tune", "--student", "bert-mini", "--time-budget", "soon"], "duration"),
     ]:
         with pytest.raises(SystemExit) as exc:

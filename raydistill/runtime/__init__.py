@@ -1,4 +1,5 @@
-"""The Ray layer of raydistill: config, cluster, teacher / queue / learner actors, data pipeline, tracking.
+"""The Ray layer of raydistill: config and preflight, cluster, teacher / queue / learner actors, data pipeline,
+tracking.
 
 Names are imported on first use, so ``import raydistill.runtime`` stays cheap (Ray, MLflow and matplotlib are heavy
 imports that a config check or a CLI ``--help`` should not pay for).
@@ -14,7 +15,7 @@ _EXPORTS = {
     # config.py
     "ConfigError": "config", "JobConfig": "config", "DataConfig": "config", "TrainConfig": "config",
     "ResourcesConfig": "config", "RoleResources": "config", "LearnerResources": "config",
-    "TrackingConfig": "config", "register_validator": "config",
+    "TrackingConfig": "config",
     # cluster.py
     "init_ray": "cluster", "check_resources": "cluster", "ResourceError": "cluster",
     # teacher.py
@@ -22,6 +23,7 @@ _EXPORTS = {
     "teacher_identity": "teacher",
     # embedding_cache.py
     "EmbeddingCache": "embedding_cache", "ensure_teacher_embeddings": "embedding_cache",
+    "TeacherVectors": "embedding_cache",
     # queue_actor.py
     "SharedInstanceQueue": "queue_actor", "SharedQueueActor": "queue_actor", "QueueClient": "queue_actor",
     "create_shared_queue": "queue_actor",

@@ -35,7 +35,7 @@ fields that do not change training: resources, tracking, eval cadence, run/cache
 names both hashes and the differing keys, because silently resuming a run with another learning rate, teacher or
 corpus corrupts it. ``check_resume`` runs this check in the driver before Ray starts or ``config.yaml`` is written.
 
-Output directories fail early: ``check_output_dir`` (run by ``JobConfig.validate`` for run_dir and the embedding
+Output directories fail early: ``check_output_dir`` (run by ``preflight`` for run_dir and the embedding
 cache, before Ray or any model starts) refuses a directory that cannot be created or written, or whose filesystem
 has less than ``MIN_FREE_BYTES`` free. A disk that fills up later makes ``save_checkpoint`` raise
 ``CheckpointError`` saying so; the half-written directory is removed and the previous checkpoints stay loadable.

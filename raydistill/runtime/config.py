@@ -8,14 +8,14 @@ checkpointed on a laptop resumes on a GPU cluster when only ``resources`` (and `
 
 Parsing is strict. A typo such as ``train.learning_rate`` is an error that names the file, the line, the field and
 the closest valid name, because a silently ignored key would train with the default and waste a run.
-``validate()`` adds the semantic checks (queue size against batch size, temperatures, model names, data files)
-and runs them before any Ray actor exists, so a bad config fails in a second instead of after the teacher pass.
-Last, it reads every data file the job will read (the corpus, the evaluation sets; a bad line is named with its
-file, line and field) and checks that run_dir and the embedding cache can be written: a typo in a data file or an
-unwritable output directory must not cost the hour of training before the first checkpoint or the final eval.
+``validate()`` adds the semantic checks of the schema itself (ranges, allowed values, views against teacher views,
+queue size against batch size). It is pure: it reads no file, model or cluster. The method's own rules are
+``raydistill.methods.validate_method``, and ``raydistill.runtime.preflight.preflight`` adds, explicitly, what
+touches the machine (models, data files, writable output directories) before any Ray actor exists, so a bad
+config fails in a second instead of after the teacher pass.
 
     cfg = JobConfig.from_yaml("configs/congen.yaml", overrides=["train.lr=1e-4", "loss.queue_size=16384"])
-    cfg.validate()
+    cfg.validate()             # the schema; preflight(cfg) checks models, files and directories
     cfg.config_hash()          # stable across processes; ignores resources/tracking/eval cadence/run_dir
 """
 
@@ -32,7 +32,7 @@ import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Union
+from typing import Any, Union
 
 import yaml
 
@@ -45,7 +45,6 @@ __all__ = [
     "TrainConfig",
     "TrackingConfig",
     "JobConfig",
-    "register_validator",
     "raydistill_home",
     "DEFAULT_HASH_EXCLUDE",
 ]
@@ -281,17 +280,11 @@ class JobConfig:
     # Validation
 
     def validate(self) -> "JobConfig":
-        """Semantic checks; raises ConfigError with the field path and the allowed values. Returns self."""
+        """The schema's semantic checks; raises ConfigError with the field path and the allowed values. Returns
+        self. Pure: no file, model or cluster is touched."""
         err = self._error
         if not self.method:
             raise err("method", "must name a distillation method")
-        _load_method_validators()
-        if _VALIDATORS and self.method not in _VALIDATORS:
-            raise err("method", f"unknown method {self.method!r}{_suggest(self.method, _VALIDATORS)}; "
-                                f"known: {', '.join(sorted(_VALIDATORS))}")
-        self._check_model("student", self.student)
-        if self.teacher is not None:
-            self._check_model("teacher", self.teacher)
         if self.student_pooling not in _POOLINGS:
             raise err("student_pooling", f"{self.student_pooling!r} is not one of {', '.join(_POOLINGS)}")
         if self.student_projection_init not in _PROJECTION_INITS:
@@ -302,11 +295,12 @@ class JobConfig:
 
         d = self.data
         if d.corpus.startswith("file:"):
-            from raydistill.data.corpus import corpus_spec_problem
+            from raydistill.data.corpus import parse_corpus_spec
 
-            corpus_problem = corpus_spec_problem(d.corpus)
-            if corpus_problem:
-                raise err("data.corpus", corpus_problem)
+            try:  # the spec's form only; whether the file exists and parses is preflight's
+                parse_corpus_spec(d.corpus)
+            except ValueError as exc:
+                raise err("data.corpus", str(exc)) from None
         elif d.corpus not in _CORPORA:
             raise err("data.corpus", f"{d.corpus!r}{_suggest(d.corpus, _CORPORA)}; allowed: "
                                      f"{', '.join(_CORPORA)} or file:<path>")
@@ -367,46 +361,7 @@ class JobConfig:
         if not self.tracking.experiment:
             raise err("tracking.experiment", "must be a non-empty name")
 
-        for fn in _VALIDATORS.get(self.method, []):
-            problem = fn(self)
-            if problem:  # validators may raise ConfigError themselves or return a message / (path, message)
-                path, message = problem if isinstance(problem, tuple) else ("loss", problem)
-                raise err(path, message)
-        self._check_output_dirs()
-        self._check_inputs()
         return self
-
-    def _check_output_dirs(self) -> None:
-        from raydistill.runtime.checkpoint import OutputDirError, check_output_dir
-
-        checks = [("run_dir", self.resolved_run_dir())]
-        if self.data.teacher_views:
-            checks.append(("cache_dir", self.resolved_cache_dir()))
-        for path, directory in checks:
-            try:
-                check_output_dir(directory)
-            except OutputDirError as exc:
-                raise self._error(path, str(exc)) from exc
-
-    def _check_inputs(self) -> None:
-        from raydistill.data import DATA_ENV, DataError
-        from raydistill.runtime.pipeline import check_job_inputs
-
-        try:
-            check_job_inputs(self)
-        except DataError as exc:
-            corpus = self.data.corpus
-            if corpus.startswith("file:"):
-                from raydistill.data.corpus import parse_corpus_spec
-
-                corpus_path = parse_corpus_spec(corpus).path.resolve()
-                if Path(exc.path).resolve().is_relative_to(corpus_path):
-                    raise self._error("data.corpus", f"bad training data: {exc}") from exc
-            elif exc.path == corpus:  # a named corpus with nothing to train on (raydistill.data.corpus)
-                raise self._error("data.corpus", f"bad training data: {exc}") from exc
-            override = os.environ.get(DATA_ENV)
-            where = f" (${DATA_ENV}={override})" if override else ""
-            raise ConfigError(f"a data set this job reads is bad{where}: {exc}") from exc
 
     def _check_loss(self) -> None:
         err = self._error
@@ -427,33 +382,10 @@ class JobConfig:
             raise err("loss.queue_size", f"K={queue_size} is smaller than train.batch_size={self.train.batch_size}: "
                                          "the FIFO queue must hold at least one batch (use 0 for no queue)")
 
-    def _check_model(self, field_name: str, name: str) -> None:
-        if not isinstance(name, str) or not name:
-            raise self._error(field_name, "must name a model preset or a local directory")
-        if Path(name).expanduser().is_dir():
-            return
-        from raydistill.models.registry import PRESETS, ModelNotAvailableError, resolve_model
-
-        if name in PRESETS:
-            return  # resolved (maybe derived, once) when the model is loaded, not while validating
-        if name.startswith((".", "/", "~")) or name.count("/") != 1:
-            if "/" in name or name.startswith((".", "~")):
-                raise self._error(field_name, f"model directory not found: {name}")
-            raise self._error(field_name, f"unknown model preset {name!r}{_suggest(name, PRESETS)}; presets: "
-                                          f"{', '.join(sorted(PRESETS))} (or a local model directory)")
-        try:  # "org/name": only usable when the local Hugging Face cache holds it (never downloaded)
-            resolve_model(name)
-        except ModelNotAvailableError as exc:
-            raise self._error(field_name, str(exc)) from None
-
     def _error(self, path: str, message: str) -> ConfigError:
         return ConfigError(_where(self._source, self._lines, path) + message)
 
 
-# ----------------------------------------------------------------------------------------------------------------
-# Method validators (filled by raydistill.runtime.methods)
-
-_VALIDATORS: dict[str, list[Callable[[JobConfig], Any]]] = {}
 _POOLINGS = ("mean", "cls")
 # raydistill.models.bi_encoder.PROJECTION_INITS, + least_squares: fitted to the teacher's vectors before step 1
 _PROJECTION_INITS = ("default", "orthogonal", "least_squares")
@@ -461,29 +393,6 @@ _PRECISIONS = ("fp32", "bf16")
 _TEACHER_PRECISIONS = ("auto", "fp32", "bf16")  # raydistill.runtime.teacher.PRECISIONS
 _CORPORA = ("flickr", "nli", "flickr+nli", "mixed")  # raydistill.data.corpus.NAMED_CORPORA
 _MISSING = object()
-
-
-def register_validator(method: str, fn: Callable[[JobConfig], Any] | None = None) -> None:
-    """Register the method-specific check run by ``JobConfig.validate``; also makes ``method`` a known name.
-
-    ``fn(cfg)`` raises ConfigError, or returns None (fine), a message about ``loss``, or ``(field_path, message)``.
-    """
-    _VALIDATORS.setdefault(method, [])
-    if fn is not None and fn not in _VALIDATORS[method]:
-        _VALIDATORS[method].append(fn)
-
-
-def _load_method_validators() -> None:
-    # methods.py and st_mse.py (sentence-transformers' recipe, a job outside the method registry) register
-    # themselves on import; importing here means validate() works from any entry point.
-    import importlib
-
-    for module in ("raydistill.runtime.methods", "raydistill.runtime.st_mse"):
-        try:
-            importlib.import_module(module)
-        except ImportError as exc:
-            if exc.name != module:
-                raise
 
 
 def raydistill_home() -> Path:
@@ -638,11 +547,9 @@ def _check_view_spec(err, path: str, spec: str) -> None:
     from raydistill.augment import AugmentationError, parse_spec
 
     try:
-        parsed = parse_spec(spec)
+        parse_spec(spec)
     except AugmentationError as exc:
         raise err(path, str(exc)) from None
-    if parsed.kind == "paired" and not Path(parsed.path).expanduser().is_file():
-        raise err(path, f"paraphrase file not found: {parsed.path}")
 
 
 def _is_temperature(key: str) -> bool:

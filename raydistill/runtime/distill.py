@@ -1,6 +1,6 @@
 """``run_distillation(cfg)``: one distillation job from config to committed result file.
 
-    validate the config (before Ray or any model starts; a typo costs a second, not a teacher pass)
+    preflight the config (before Ray or any model starts; a typo costs a second, not a teacher pass)
     → lock the run dir (one job per run dir) and refuse to resume a checkpoint of another config, corpus content or
       learner count (before config.yaml is rewritten, Ray starts or the teacher runs)
     → init Ray (join RAY_ADDRESS / the running session, else a local Ray with resources.num_cpus)
@@ -39,6 +39,9 @@ __all__ = ["run_distillation", "result_path_for"]
 
 log = logging.getLogger(__name__)
 
+# Methods trained by a job of their own: method -> jobs/<name>.py.
+OTHER_JOBS = {"st-mse": "st_mse"}
+
 # progress(event, info, step): see run_distillation.
 ProgressHook = Callable[[str, dict[str, Any], int], None]
 
@@ -58,9 +61,9 @@ def teacher_label(cfg: JobConfig) -> str | None:
     if cfg.teacher:
         return _short(cfg.teacher)
     if cfg.method == "dvbert":
-        from raydistill.runtime.methods import DVBERT_TEACHERS
+        from raydistill.methods.dvbert import teachers_of
 
-        return "+".join(_short(t) for t in (cfg.extra.get("teachers") or DVBERT_TEACHERS))
+        return "+".join(_short(t) for t in teachers_of(cfg))
     return None
 
 
@@ -96,15 +99,17 @@ def run_distillation(cfg: JobConfig, *, results_dir: str | os.PathLike | None = 
     metrics, step)`` after every optimiser step and ``("eval", {"stsb_dev", "best_stsb_dev"}, step)`` after every
     dev evaluation; steps count over all stages. ``raydistill.runtime.tune`` reports to Ray Tune from it.
     """
+    from raydistill.methods import stage_plan
     from raydistill.runtime.checkpoint import RunDirLock
-    from raydistill.runtime.methods import METHODS, stage_plan, with_method_defaults
+    from raydistill.runtime.preflight import preflight
 
     started, cpu_started = time.time(), _cpu_seconds()
-    cfg = with_method_defaults(cfg).validate()
-    if cfg.method not in METHODS:  # a valid method that another job runs (st-mse: jobs/st_mse.py)
-        raise cfg._error("method", f"{cfg.method!r} is not trained by this job; run jobs/{cfg.method.replace('-', '_')}"
-                                   f".py (raydistill run {cfg.method.replace('-', '_')})")
-    stages = stage_plan(cfg)  # validates every stage's config too, before Ray starts
+    if cfg.method in OTHER_JOBS:  # a method that another job runs (st-mse: jobs/st_mse.py)
+        job = OTHER_JOBS[cfg.method]
+        raise cfg._error("method", f"{cfg.method!r} is not trained by this job; run jobs/{job}.py (raydistill run "
+                                   f"{job})")
+    cfg = preflight(cfg)  # schema, method, models, data files, output dirs: before Ray or any model starts
+    stages = stage_plan(cfg)
     run_dir = cfg.resolved_run_dir()
     lock = RunDirLock(run_dir).acquire(report=lambda message: print(f"[{cfg.method}] {message}", flush=True))
     sigterm = _StopOnSigterm()
@@ -230,15 +235,12 @@ def _run_locked(cfg, stages, run_dir: Path, results_dir, result_path, command, e
 def _run_stage(stage, tracker, init_model: str | None, step_offset: int, history: list[dict[str, Any]],
                progress: ProgressHook | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
     from raydistill.runtime.learner_group import LearnerGroup
-    from raydistill.runtime.pipeline import build_training_data
+    from raydistill.runtime.stage_data import build_stage_data
 
     cfg, spec = stage.cfg, stage.spec
     stage.run_dir.mkdir(parents=True, exist_ok=True)
     data_started = time.perf_counter()
-    if spec.data_builder is not None:
-        data = spec.data_builder(cfg, stage.run_dir)
-    else:
-        data = build_training_data(cfg)
+    data = build_stage_data(cfg, spec)
     data_seconds = time.perf_counter() - data_started
     stats = dict(getattr(data, "cache_stats", {}) or {})
     data_info = {"rows": data.num_rows, "seconds": round(data_seconds, 2), **_jsonable(stats)}

@@ -52,12 +52,13 @@ import os
 import shutil
 import time
 from contextlib import nullcontext
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from raydistill.methods.dvbert import HEADS, TeacherTraining
 from raydistill.runtime.config import ConfigError
 
 __all__ = [
@@ -79,12 +80,6 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 NLI_LABELS = ("entailment", "neutral", "contradiction")
-HEADS = ("cls", "mean", "segments", "aligned")
-PRECISIONS = ("fp32", "bf16")
-
-# Fields that judge the teachers rather than shape them: not part of the cache key, so changing the bar never
-# retrains anything.
-_JUDGING_FIELDS = ("min_accuracy",)
 
 
 class TeacherAccuracyError(ConfigError):
@@ -92,68 +87,6 @@ class TeacherAccuracyError(ConfigError):
 
     A ``ConfigError``: the fix is a config field (the teacher training, or the bar), so the job ends with this
     message and exit status 2, not a traceback."""
-
-
-@dataclass
-class TeacherTraining:
-    """How each cross-encoder teacher is fine-tuned and judged (``extra.teacher_training`` of a DvBERT config).
-
-    The defaults are the paper's schedule (1 epoch, Adam lr 2e-5, 10 % warm-up, dropout 0.1) on its [CLS] head;
-    raydistill/configs/dvbert.yaml sets what trains on a CPU (see its comments and the module docstring).
-    """
-
-    epochs: int = 1
-    lr: float = 2e-5
-    batch_size: int = 32
-    max_length: int = 64
-    warmup_ratio: float = 0.1
-    weight_decay: float = 0.01
-    dropout: float = 0.1          # in the head; the transformer keeps its own config's dropout
-    finetune: bool = True         # False: the transformer stays frozen, encodes each pair once, only the head trains
-    head: str = "cls"             # what the head reads (``pool_pair``): cls (the paper's), mean, segments, aligned
-    head_hidden: int = 0          # 0: one FC layer (the paper's); n: FC(n) → GELU → FC
-    folds: int = 2                # each teacher trains `folds` models; model f labels only fold f
-    max_pairs: int | None = None  # None: every labelled NLI pair shipped (SNLI dev + MultiNLI dev)
-    precision: str = "fp32"       # bf16: forward and backward under torch.autocast(bfloat16); weights stay fp32
-    min_accuracy: float = 0.6     # refuse a teacher whose held-out accuracy is below this
-    seed: int = 1000
-
-    def __post_init__(self) -> None:
-        if self.head not in HEADS:
-            raise ValueError(f"head must be one of {', '.join(HEADS)}, got {self.head!r}")
-        if self.precision not in PRECISIONS:
-            raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}")
-        if isinstance(self.folds, bool) or not isinstance(self.folds, int) or self.folds < 2:
-            raise ValueError(f"folds must be an integer >= 2 (each pair is labelled by a model that did not train "
-                             f"on it), got {self.folds!r}")
-        if not (isinstance(self.min_accuracy, (int, float)) and 0.0 <= self.min_accuracy <= 1.0):
-            raise ValueError(f"min_accuracy must be a number in [0, 1], got {self.min_accuracy!r}")
-        if isinstance(self.head_hidden, bool) or not isinstance(self.head_hidden, int) or self.head_hidden < 0:
-            raise ValueError(f"head_hidden must be an integer >= 0, got {self.head_hidden!r}")
-        if not isinstance(self.finetune, bool):
-            raise ValueError(f"finetune must be true or false, got {self.finetune!r}")
-        for name in ("epochs", "batch_size", "max_length"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be a positive integer, got {value!r}")
-        if not (isinstance(self.lr, (int, float)) and self.lr > 0):
-            raise ValueError(f"lr must be a number > 0, got {self.lr!r}")
-        if self.max_pairs is not None and (isinstance(self.max_pairs, bool) or not isinstance(self.max_pairs, int)
-                                           or self.max_pairs < 2 * self.folds):
-            raise ValueError(f"max_pairs must be null (all pairs) or an integer >= 2 x folds, got {self.max_pairs!r}")
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any] | None) -> TeacherTraining:
-        d = dict(d or {})
-        unknown = set(d) - set(cls.__dataclass_fields__)
-        if unknown:
-            raise ValueError(f"extra.teacher_training: unknown field(s) {sorted(unknown)}; allowed: "
-                             f"{', '.join(cls.__dataclass_fields__)}")
-        return cls(**d)
-
-    def shaping(self) -> dict[str, Any]:
-        """The settings that determine the trained models (the cache key's part)."""
-        return {k: v for k, v in asdict(self).items() if k not in _JUDGING_FIELDS}
 
 
 def nli_pairs(max_pairs: int | None = None, seed: int = 1000) -> dict[str, np.ndarray]:

@@ -41,7 +41,7 @@ import pyarrow.parquet as pq
 
 from raydistill.runtime.teacher import TeacherEmbed, TeacherEncoder, TeacherSpec
 
-__all__ = ["EmbeddingCache", "ensure_teacher_embeddings", "text_hash"]
+__all__ = ["EmbeddingCache", "TeacherVectors", "ensure_teacher_embeddings", "text_hash"]
 
 log = logging.getLogger(__name__)
 
@@ -85,6 +85,11 @@ class EmbeddingCache:
     def __len__(self) -> int:
         self._load()
         return len(self._row_of)
+
+    def contains(self, texts: list[str]) -> np.ndarray:
+        """``bool[N]``: which texts have a cached vector (the index only: no vector is read)."""
+        self._load()
+        return np.fromiter((text_hash(t) in self._row_of for t in texts), dtype=bool, count=len(texts))
 
     def lookup(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
         """``(hit_mask bool[N], embeddings float32[N, D])``; rows where ``hit_mask`` is False are zeros.
@@ -224,6 +229,42 @@ class EmbeddingCache:
             os.replace(tmp, path)
 
 
+class TeacherVectors:
+    """One teacher's cached vectors, read batch by batch: ``vectors(texts) -> float32 [B, D]``.
+
+    What a training batch carries instead of a column of the whole corpus's vectors: each call gathers only its
+    rows out of the memory-mapped parts, so the process holds the cache's index (~100 bytes a sentence), never the
+    vectors. Pickles as its location (it reopens the cache in the process it is sent to).
+    """
+
+    def __init__(self, cache_root: str | os.PathLike, teacher_identity: str):
+        self.cache_root, self.teacher_identity = str(cache_root), teacher_identity
+        self._cache: EmbeddingCache | None = None
+
+    def _open(self) -> EmbeddingCache:
+        if self._cache is None:
+            self._cache = EmbeddingCache(self.cache_root, self.teacher_identity)
+        return self._cache
+
+    @property
+    def dim(self) -> int | None:
+        return self._open().dim
+
+    def __call__(self, texts) -> np.ndarray:
+        cache = self._open()
+        hit_mask, vectors = cache.lookup([str(t) for t in texts])
+        if not hit_mask.all():
+            missing = [str(t) for t, hit in zip(texts, hit_mask) if not hit]
+            raise RuntimeError(f"embedding cache {cache.dir}: {len(missing)} of {len(hit_mask)} sentences of this "
+                               f"batch have no usable teacher vector (first: {missing[0][:80]!r}); the cache was "
+                               "changed or damaged after the teacher pass. Run the job again: its teacher pass "
+                               "encodes only what is missing, and training resumes from its checkpoint")
+        return vectors
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"cache_root": self.cache_root, "teacher_identity": self.teacher_identity, "_cache": None}
+
+
 def _mtime_ns(path: Path) -> int:
     try:
         return path.stat().st_mtime_ns
@@ -232,8 +273,13 @@ def _mtime_ns(path: Path) -> int:
 
 
 def ensure_teacher_embeddings(texts: list[str], view: str, teacher_cfg, cache_root: str | os.PathLike, *,
-                              in_process: bool = False) -> tuple[np.ndarray, dict[str, Any]]:
+                              in_process: bool = False, return_vectors: bool = True,
+                              ) -> tuple[np.ndarray | None, dict[str, Any]]:
     """Teacher embeddings float32[N, D] of ``texts`` in order, encoding only what the cache lacks.
+
+    ``return_vectors=False``: make sure every text is cached and return ``(None, stats)`` without gathering a
+    single vector: what a training job does, whose batches read their rows' vectors from the memory-mapped cache
+    (``TeacherVectors``), so no process holds the corpus's vectors whole.
 
     ``teacher_cfg``: a TeacherSpec, a JobConfig, or a dict of TeacherSpec fields (model, encoder, pooling,
     max_length, resources). Misses are encoded by a pool of ``resources.num_actors`` TeacherEmbed actors through
@@ -249,7 +295,10 @@ def ensure_teacher_embeddings(texts: list[str], view: str, teacher_cfg, cache_ro
     precision, why = spec.precision()
     cache = EmbeddingCache(cache_root, identity, description={**spec.describe(), "precision": precision})
     texts = [str(t) for t in texts]
-    hit_mask, embeddings = cache.lookup(texts)
+    if return_vectors:
+        hit_mask, embeddings = cache.lookup(texts)
+    else:
+        hit_mask, embeddings = cache.contains(texts), None
 
     miss_positions = np.flatnonzero(~hit_mask)
     unique_misses = list(dict.fromkeys(texts[i] for i in miss_positions))  # first-seen order, no duplicates
@@ -259,11 +308,12 @@ def ensure_teacher_embeddings(texts: list[str], view: str, teacher_cfg, cache_ro
                  len(unique_misses), len(texts), precision, why)
         batches = (_in_process_batches(unique_misses, spec) if in_process
                    else _ray_data_batches(unique_misses, spec))
-        new_embeddings, forward_rows = _collect(batches, unique_misses, cache, view)
-        if embeddings.shape[1] == 0:
-            embeddings = np.zeros((len(texts), new_embeddings.shape[1]), dtype=np.float32)
-        row_of = {t: i for i, t in enumerate(unique_misses)}
-        embeddings[miss_positions] = new_embeddings[[row_of[texts[i]] for i in miss_positions]]
+        new_embeddings, forward_rows = _collect(batches, unique_misses, cache, view, keep=return_vectors)
+        if return_vectors:
+            if embeddings.shape[1] == 0:
+                embeddings = np.zeros((len(texts), new_embeddings.shape[1]), dtype=np.float32)
+            row_of = {t: i for i, t in enumerate(unique_misses)}
+            embeddings[miss_positions] = new_embeddings[[row_of[texts[i]] for i in miss_positions]]
     stats = {
         "teacher": identity,
         "view": view,
@@ -336,37 +386,39 @@ def _ray_data_batches(texts: list[str], spec: TeacherSpec):
                int(np.asarray(batch["teacher_forward_rows"]).sum()))
 
 
-def _collect(batches, texts: list[str], cache: EmbeddingCache, view: str) -> tuple[np.ndarray, int]:
-    """Gather ``(idx, embeddings, forward rows)`` batches into float32 [N, D] in input order, appending them to
-    ``cache`` every ``_APPEND_EVERY_ROWS`` rows and on the way out of an interrupted pass.
+def _collect(batches, texts: list[str], cache: EmbeddingCache, view: str, keep: bool = True,
+             ) -> tuple[np.ndarray | None, int]:
+    """Append ``(idx, embeddings, forward rows)`` batches to ``cache`` every ``_APPEND_EVERY_ROWS`` rows and on the
+    way out of an interrupted pass; with ``keep``, also gather them into float32 [N, D] in input order.
 
-    Returns (embeddings in input order, rows that went through the teacher's transformer).
+    Returns (embeddings in input order, or None without ``keep``; rows that went through the teacher's transformer).
     """
     embeddings: np.ndarray | None = None
     seen = np.zeros(len(texts), dtype=bool)
     forward_rows = 0
-    unsaved: list[np.ndarray] = []  # idx arrays encoded but not yet in a cache part
+    unsaved: list[tuple[np.ndarray, np.ndarray]] = []  # (idx, vectors) encoded but not yet in a cache part
 
     def save() -> None:
         if unsaved:
-            idx = np.concatenate(unsaved)
-            cache.append([texts[i] for i in idx], embeddings[idx], view=view)
+            idx = np.concatenate([i for i, _ in unsaved])
+            cache.append([texts[i] for i in idx], np.concatenate([block for _, block in unsaved]), view=view)
             unsaved.clear()
 
     try:
         for idx, block, rows in batches:
-            if embeddings is None:
-                embeddings = np.zeros((len(texts), block.shape[1]), dtype=np.float32)
-            embeddings[idx] = block
+            if keep:
+                if embeddings is None:
+                    embeddings = np.zeros((len(texts), block.shape[1]), dtype=np.float32)
+                embeddings[idx] = block
             seen[idx] = True
             forward_rows += rows
-            unsaved.append(idx)
-            if sum(len(i) for i in unsaved) >= _APPEND_EVERY_ROWS:
+            unsaved.append((idx, np.asarray(block, dtype=np.float32)))
+            if sum(len(i) for i, _ in unsaved) >= _APPEND_EVERY_ROWS:
                 save()
     finally:
         # Interrupted (Ctrl-C, a failed actor, a stopped job): keep what was computed for the next run.
         save()
-    if embeddings is None or not seen.all():
+    if not seen.all():
         raise RuntimeError(f"teacher pool returned {int(seen.sum())} of {len(texts)} embeddings")
     return embeddings, forward_rows
 

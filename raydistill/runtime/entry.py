@@ -27,6 +27,7 @@ JOBS = {
     "distilcse": "DistilCSE: CKD distillation on unlabeled text, then supervised SimCSE on NLI triplets",
     "dvbert": "DvBERT: NLI cross-encoder teachers, a teacher-annealed siamese student, then STS-B",
     "simcse": "unsupervised SimCSE: the no-teacher baseline every distilled student must beat",
+    "distill": "any method of raydistill.methods, from --config (a YAML file, or a shipped name such as cosine)",
     "st_mse": "sentence-transformers' own distillation recipe (MSELoss to the teacher's vectors): the library baseline",
 }
 
@@ -75,18 +76,22 @@ def _job_parser(job: str, doc: str | None, prog: str | None, config_cls: type) -
 
     default = shipped_config(job)
     try:
-        values = config_cls.from_yaml(default).to_dict()
+        values = config_cls.from_yaml(default).to_dict() if default.is_file() else {}
     except Exception:  # noqa: BLE001 - a broken default config must still leave --help readable
         values = {}
     usage = "\n".join(line for line in (doc or "").strip().splitlines()[1:]).strip()
+    where = f"value in the default config, {default.name}" if default.is_file() else "what --config names"
     epilog = (f"{usage}\n\n" if usage else "") + (
-        f"config fields (value in the default config, {default.name}; override any with --set KEY=VALUE):\n"
-        + config_fields_help(config_cls, values))
+        f"config fields ({where}; override any with --set KEY=VALUE):\n" + config_fields_help(config_cls, values))
     parser = argparse.ArgumentParser(prog=prog, description=JOBS.get(job) or (doc or job).strip().splitlines()[0],
                                      epilog=epilog, formatter_class=_FieldsHelpFormatter)
-    parser.add_argument("--config", default=str(default), metavar="FILE|NAME",
-                        help=f"a YAML job config, or the name of a shipped one ({', '.join(_shipped_for(job))}); "
-                             f"default: the shipped {default.name}")
+    if default.is_file():
+        parser.add_argument("--config", default=str(default), metavar="FILE|NAME",
+                            help=f"a YAML job config, or the name of a shipped one ({', '.join(_shipped_for(job))}); "
+                                 f"default: the shipped {default.name}")
+    else:  # a job for any method: the config says which
+        parser.add_argument("--config", required=True, metavar="FILE|NAME",
+                            help="a YAML job config, or the name of a shipped one (raydistill/configs/)")
     example = "cross.lr=3e-5" if job == "mutual_tenc" else "train.lr=1e-4"
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                         help=f"any config field below, e.g. --set {example} (repeatable)")

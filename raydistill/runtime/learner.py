@@ -44,6 +44,7 @@ import torch
 from torch import nn
 
 from raydistill.models.speedups import use_fast_attention_dropout, use_fast_dropout, use_reused_embedding_grad
+from raydistill.methods import StepContext, get_method
 from raydistill.runtime import checkpoint as ckpt
 from raydistill.runtime.config import JobConfig
 
@@ -113,7 +114,7 @@ class DistillLearner:
 
     Args:
         cfg: the job config (``train``, ``loss``, ``data.max_length``, ``student``, ``seed``).
-        spec: the method (``raydistill.runtime.methods.MethodSpec``); default ``METHODS[cfg.method]``.
+        spec: the method (``raydistill.methods.MethodSpec``); default ``METHODS[cfg.method]``.
         total_steps: optimiser steps of the whole run (for the LR schedule).
         teacher_dim: width of the teacher vectors in the batches; with a method that projects, a student of
             another width gets ``projection_dim = teacher_dim`` (tanh), saved with the model.
@@ -132,8 +133,6 @@ class DistillLearner:
                  run_dir: str | os.PathLike | None = None, init_model: str | None = None, rank: int = 0,
                  world_size: int = 1, queue_actors: list | None = None, threads: int | None = None,
                  device: str | None = None):
-        from raydistill.runtime.methods import get_method
-
         if threads:
             torch.set_num_threads(int(threads))
         _quiet_transformers()
@@ -154,7 +153,8 @@ class DistillLearner:
         if self.device.type == "cpu" and cfg.resources.learner.cpu_speedups:
             _use_cpu_speedups(self.student)
         self.loss_module = self.spec.build_loss(cfg, student_dim=self.student.dim, teacher_dim=teacher_dim,
-                                                total_steps=self.total_steps, queue_actors=queue_actors)
+                                                total_steps=self.total_steps,
+                                                queues=_queue_mirrors(self.spec, cfg, queue_actors, teacher_dim))
         if self.device.type != "cpu":  # modules are built on the CPU; moving a no-op there is skipped
             self.loss_module.to(self.device)
         # Different dropout masks per rank, reproducible per (seed, rank).
@@ -262,8 +262,6 @@ class DistillLearner:
 
     def train_step(self, batch: dict[str, np.ndarray]) -> dict[str, float]:
         """One optimiser step on ``batch``; returns loss, its parts, lr, grad norm and sentences/s."""
-        from raydistill.runtime.methods import StepContext
-
         started = time.perf_counter()
         _check_teacher_vectors(batch, self.step + 1, self.spec.name)
         self.student.train()
@@ -485,6 +483,17 @@ class DistillLearner:
 
         usage = resource.getrusage(resource.RUSAGE_SELF)
         return usage.ru_utime + usage.ru_stime
+
+
+def _queue_mirrors(spec, cfg: JobConfig, queue_actors: list | None, teacher_dim: int | None) -> list | None:
+    """A ``QueueClient`` per shared queue actor: the loss reads and writes the shared queue through it."""
+    if not queue_actors:
+        return None
+    from raydistill.runtime.queue_actor import QueueClient
+
+    size = int(spec.loss_kwargs(cfg)["queue_size"])
+    return [QueueClient(actor, size, int(teacher_dim), **spec.queue_kwargs(cfg, i))
+            for i, actor in enumerate(queue_actors)]
 
 
 def _quiet_transformers() -> None:

@@ -34,14 +34,15 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 import numpy as np
 
+from raydistill.methods import get_method
 from raydistill.runtime import checkpoint as ckpt
 from raydistill.runtime.config import JobConfig
 
-__all__ = ["LearnerGroup", "ArrayData", "FitSummary", "PreemptedError", "LearnerUnresponsiveError",
+__all__ = ["LearnerGroup", "FitSummary", "PreemptedError", "LearnerUnresponsiveError",
            "request_stop", "LEARNER_TIMEOUT_S"]
 
 log = logging.getLogger(__name__)
@@ -78,40 +79,6 @@ class LearnerUnresponsiveError(RuntimeError):
     """A learner actor did not answer within ``extra.learner_timeout_s``: a hung worker or a lost Ray cluster."""
 
 MetricsCallback = Callable[[dict[str, float], int], None]
-
-
-class ArrayData:
-    """In-memory stand-in for ``pipeline.TrainingData`` (same ``iter_batches`` contract) over numpy columns.
-
-    Used for the supervised stages of multi-stage methods (DistilCSE stage 2 NLI triplets, DvBERT pairs with soft
-    labels, STS-B train), whose data is a few thousand labelled rows that need no Ray Data pipeline.
-    Order is a permutation drawn from ``(seed, epoch)``, so a resumed run sees exactly the batches it would have.
-    """
-
-    def __init__(self, columns: dict[str, np.ndarray], seed: int = 0, shuffle: bool = True,
-                 cache_stats: dict[str, Any] | None = None):
-        lengths = {name: len(col) for name, col in columns.items()}
-        if len(set(lengths.values())) != 1:
-            raise ValueError(f"ArrayData: columns differ in length: {lengths}")
-        self._columns = columns
-        self.num_rows = next(iter(lengths.values()))
-        self.seed, self.shuffle = int(seed), shuffle
-        self.cache_stats = cache_stats or {}
-
-    def columns(self) -> dict[str, np.ndarray]:
-        return self._columns
-
-    def num_batches(self, batch_size: int, drop_last: bool = True) -> int:
-        return self.num_rows // batch_size if drop_last else math.ceil(self.num_rows / batch_size)
-
-    def iter_batches(self, epoch: int, batch_size: int, skip_batches: int = 0, drop_last: bool = True,
-                     ) -> Iterator[dict[str, np.ndarray]]:
-        order = np.arange(self.num_rows)
-        if self.shuffle:
-            order = np.random.default_rng([self.seed, int(epoch)]).permutation(self.num_rows)
-        for b in range(skip_batches, self.num_batches(batch_size, drop_last)):
-            rows = order[b * batch_size:(b + 1) * batch_size]
-            yield {name: col[rows] for name, col in self._columns.items()}
 
 
 class FitSummary(dict):
@@ -188,8 +155,6 @@ class LearnerGroup:
 
     def __init__(self, cfg: JobConfig, spec=None, *, run_dir: str | os.PathLike | None = None,
                  init_model: str | None = None, teacher_dim: int | None = None, name: str | None = None):
-        from raydistill.runtime.methods import get_method
-
         self.cfg = cfg
         self.spec = spec if spec is not None else get_method(cfg.method)
         self.run_dir = Path(run_dir) if run_dir is not None else cfg.resolved_run_dir()
@@ -246,7 +211,7 @@ class LearnerGroup:
         if self.num_learners <= 1 or not self.spec.shares_queue(self.cfg):
             return None
         if not self._queue_actors:
-            self._queue_actors = self.spec.make_shared_queues(self.cfg, teacher_dim=self.teacher_dim)
+            self._queue_actors = make_shared_queues(self.spec, self.cfg, teacher_dim=self.teacher_dim)
         return self._queue_actors
 
     def shutdown(self) -> None:
@@ -335,12 +300,12 @@ class LearnerGroup:
         kwargs = self.spec.loss_kwargs(self.cfg)
         if kwargs.get("queue_init") != "teacher" or not self.spec.shared_queues:
             return
-        columns = data.columns()
         views = self.spec.teacher_views_of(self.cfg)[:self.spec.shared_queues]
         size = int(kwargs["queue_size"])
         rows = np.sort(np.random.default_rng([self.cfg.seed, 16349]).permutation(data.num_rows)[:size])
-        groups = columns["group"][rows] if "group" in columns else np.full(len(rows), -1, dtype=np.int64)
-        blocks = [(np.asarray(np.stack(columns[f"teacher_{view}"][rows]), dtype=np.float32), groups) for view in views]
+        sample = data.rows(rows)
+        groups = sample["group"] if "group" in sample else np.full(len(rows), -1, dtype=np.int64)
+        blocks = [(np.asarray(np.stack(sample[f"teacher_{view}"]), dtype=np.float32), groups) for view in views]
         filled = self._learners.call_rank0("fill_teacher_queues", blocks)
         self._learners.call_all("sync_queues")
         print(f"[{self.name}] queue_init teacher: {len(views)} queue(s) of K={size} start from the teacher vectors of "
@@ -351,15 +316,15 @@ class LearnerGroup:
         vectors (up to ``max_rows`` rows of the first teacher view), so ranks stay identical."""
         if self.cfg.student_projection_init != "least_squares" or self.init_model is not None:
             return
-        columns = data.columns()
-        views = [name[len("teacher_"):] for name in columns if name.startswith("teacher_")]
+        views = self.spec.teacher_views_of(self.cfg)
         if not views:
-            print(f"[{self.name}] student_projection_init least_squares: no teacher vectors in the data; "
+            print(f"[{self.name}] student_projection_init least_squares: the method reads no teacher vectors; "
                   "the projection keeps its default init", flush=True)
             return
         rows = np.random.default_rng(self.cfg.seed).permutation(data.num_rows)[:max_rows]
-        texts = [str(text) for text in columns[f"text_{views[0]}"][rows]]
-        targets = np.asarray(np.stack(columns[f"teacher_{views[0]}"][rows]), dtype=np.float32)  # [n, D]
+        sample = data.rows(rows)
+        texts = [str(text) for text in sample[f"text_{views[0]}"]]
+        targets = np.asarray(np.stack(sample[f"teacher_{views[0]}"]), dtype=np.float32)  # [n, D]
         started = time.perf_counter()
         fit = self._learners.call_all("fit_projection", texts, targets)[0]
         if fit is None:
@@ -483,6 +448,16 @@ class LearnerGroup:
 # ----------------------------------------------------------------------------------------------------------------
 
 
+def make_shared_queues(spec, cfg: JobConfig, teacher_dim: int | None) -> list:
+    """One SharedQueueActor (``resources.queue``) per teacher queue of ``spec``'s loss, ``loss.queue_size`` x
+    teacher dim, initialised by the loss's own rule."""
+    from raydistill.runtime.queue_actor import create_shared_queue
+
+    size = int(spec.loss_kwargs(cfg)["queue_size"])
+    return [create_shared_queue(cfg, size=size, dim=int(teacher_dim), **spec.queue_kwargs(cfg, i))
+            for i in range(spec.shared_queues)]
+
+
 def _merge_metrics(per_learner: list[dict[str, float]]) -> dict[str, float]:
     keys = per_learner[0].keys()
     merged = {k: float(np.mean([m[k] for m in per_learner if k in m])) for k in keys}
@@ -512,14 +487,9 @@ def _teacher_dim_of(data, spec, cfg) -> int | None:
     if not views:
         return None
     dim = getattr(data, "teacher_dim", None)
-    if isinstance(dim, dict):
-        dim = dim.get(views[0])
     if dim:
         return int(dim)
-    columns = getattr(data, "columns", None)
-    if isinstance(columns, dict) and f"teacher_{views[0]}" in columns:
-        return int(columns[f"teacher_{views[0]}"].shape[1])
-    first = next(data.iter_batches(0, 1, drop_last=False))
+    first = data.rows(np.arange(1))
     return int(np.asarray(first[f"teacher_{views[0]}"]).reshape(1, -1).shape[1])
 
 

@@ -1,7 +1,7 @@
 """Training data: sentences -> views -> cached teacher embeddings -> a Ray Dataset streamed as numpy batches.
 
     rows = load_training_texts(cfg.data, seed)      # [{"idx": 0, "text_con": ..., "text_gen": ...}, ...]
-    data = build_training_data(cfg)                 # + teacher_<view> float32[D] for each teacher view
+    data = build_training_data(cfg)                 # texts as a Ray Dataset; every teacher view's vectors cached
     for batch in data.iter_batches(epoch, batch_size, skip_batches=k):   # resume lands on batch k exactly
         batch["text_con"], batch["teacher_con"]     # object array [B], float32 [B, D]
 
@@ -12,7 +12,7 @@ SNLI premises), ``nli`` (premises and hypotheses of the SNLI and MultiNLI dev se
 or Parquet. Sentence corpora are de-duplicated; ``max_sentences`` keeps a seeded random subset.
 
 Bad input (reliability contract, docs/reliability.md): a malformed line of a corpus file is a ``DataError`` naming
-file, line and field, raised by ``check_job_inputs`` from ``JobConfig.validate`` before Ray or any model starts.
+file, line and field, raised by ``runtime.preflight`` before Ray or any model starts.
 What is dropped or kept as is without being an error is counted in ``load_training_texts(..., stats=)``, logged,
 and reaches MLflow as ``input.*`` params (``TrainingData.cache_stats["input"]``):
 
@@ -29,7 +29,7 @@ Views (``cfg.data.views``: view name -> spec). Specs handled here, because they 
 ``raydistill.augment.make_views``, seeded per (job seed, view name), so views are identical run after run.
 
 Order: each epoch is a permutation drawn from ``(seed, epoch)``, independent of how Ray schedules blocks, so
-``skip_batches`` resumes a run at exactly the batch it would have seen next (ArrayData in learner_group.py uses the
+``skip_batches`` resumes a run at exactly the batch it would have seen next (``data.arrays.ArrayData`` uses the
 same rule).
 """
 
@@ -46,8 +46,9 @@ import numpy as np
 
 from raydistill.runtime.config import DataConfig, JobConfig
 
-__all__ = ["TrainingData", "load_training_texts", "build_training_data", "view_seed", "check_job_inputs",
-           "EVALUATION_SETS", "LONG_TEXT_CHARS"]
+__all__ = ["TrainingData", "load_training_texts", "build_training_data", "view_seed",
+           "EVALUATION_SETS", "SOURCE_SETS", "LONG_TEXT_CHARS",
+           "read_training_corpus", "has_caption_groups"]
 
 log = logging.getLogger(__name__)
 
@@ -63,11 +64,8 @@ _CONTROL_CHARS = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")  # C0/C1 controls 
 # the corpora of the named sources. A bad line in a $RAYDISTILL_DATA copy of one of them must fail before
 # training, not in the final evaluation an hour later.
 EVALUATION_SETS = ("sts12", "sts13", "sts14", "sts15", "sts16", "stsb_test", "sick_test", "stsb_dev")
-_SOURCE_SETS = {"flickr": ("flickr_captions",), "nli": ("snli_dev", "mnli_dev")}
-# Registry sets read by the methods that build their own training data (methods.py data builders; a multi-stage
-# job validates every stage's config, so DistilCSE's and DvBERT's later stages are covered by their names here).
-_METHOD_SETS = {"dvbert": ("snli_dev", "mnli_dev"), "simcse-sup": ("snli_dev", "mnli_dev"),
-                "sts-cosine": ("stsb_train",)}
+SOURCE_SETS = {"flickr": ("flickr_captions",), "nli": ("snli_dev", "mnli_dev")}
+
 
 
 @dataclass
@@ -86,13 +84,13 @@ def view_seed(seed: int, view: str) -> int:
     return int(np.random.SeedSequence([int(seed), zlib.crc32(view.encode())]).generate_state(1)[0])
 
 
-def _read_corpus(corpus: str) -> _Corpus:
+def read_training_corpus(corpus: str) -> _Corpus:
     from raydistill.data import load_dataset
 
     if corpus.startswith("file:") or corpus == "mixed":
         from raydistill.data.corpus import read_corpus
 
-        # A Corpus has _Corpus's fields (plus per-row sources); cached per file version, so JobConfig.validate
+        # A Corpus has _Corpus's fields (plus per-row sources); cached per file version, so the preflight
         # reads it once up front and the pipeline reuses it. Evaluation sentences are already removed.
         return read_corpus(corpus)
     texts: list[str] = []
@@ -116,60 +114,6 @@ def _read_corpus(corpus: str) -> _Corpus:
     return _Corpus(texts, groups, caption_groups=caption_groups)
 
 
-def check_job_inputs(cfg: JobConfig) -> dict[str, Any]:
-    """Read and validate every data file the job will read, before anything starts; raises ``DataError``.
-
-    That is the training corpus (a ``file:`` corpus in full, or the registry sets of a named source) unless the
-    method builds its own data from registry sets (then those), and the evaluation sets (``EVALUATION_SETS``).
-    Everything read is cached in the process, so the pipeline and the final evaluation reuse it. Returns
-    ``{"datasets": [...], "corpus_file": path or None}``.
-    """
-    from raydistill.data import load_dataset
-
-    names: list[str] = list(_METHOD_SETS.get(cfg.method, ()))
-    corpus_file = None
-    if _reads_corpus(cfg.method):
-        if cfg.data.corpus.startswith("file:") or cfg.data.corpus == "mixed":
-            if cfg.data.corpus.startswith("file:"):
-                from raydistill.data.corpus import parse_corpus_spec
-
-                corpus_file = str(parse_corpus_spec(cfg.data.corpus).path)
-            _read_corpus(cfg.data.corpus)
-        else:
-            names += [name for source in cfg.data.corpus.split("+") for name in _SOURCE_SETS.get(source, ())]
-    names += EVALUATION_SETS
-    for name in dict.fromkeys(names):
-        load_dataset(name)
-    if _reads_corpus(cfg.method):
-        caption_views = [view for view, spec in _effective_views(cfg).items() if spec == "caption"]
-        if caption_views and not has_caption_groups(cfg.data.corpus):
-            raise cfg._error(f"data.views.{caption_views[0]}",
-                             f"'caption' shows another caption of the same image, and corpus {cfg.data.corpus!r} has "
-                             "no caption groups: every view would be the sentence itself. Use a corpus with captions "
-                             "(flickr) or another view (e.g. delete:0.1, or pair with a pairs file)")
-    return {"datasets": list(dict.fromkeys(names)), "corpus_file": corpus_file}
-
-
-def _effective_views(cfg: JobConfig) -> dict[str, str]:
-    """``data.views`` with the method's default views filled in (what the job will build)."""
-    try:
-        from raydistill.runtime.methods import with_method_defaults
-    except ImportError:  # pragma: no cover - methods.py is part of the package
-        return dict(cfg.data.views)
-    return dict(with_method_defaults(cfg).data.views)
-
-
-def _reads_corpus(method: str) -> bool:
-    try:
-        from raydistill.runtime.methods import get_method
-    except ImportError:  # pragma: no cover - methods.py is part of the package
-        return True
-    try:
-        return get_method(method).data_builder is None
-    except KeyError:
-        return True
-
-
 def load_training_texts(data_cfg: DataConfig, seed: int, stats: dict[str, int] | None = None
                         ) -> list[dict[str, Any]]:
     """Rows ``{"idx": i, "text_<view>": str, ...}`` for every view of ``data_cfg.views``; deterministic in ``seed``.
@@ -177,7 +121,7 @@ def load_training_texts(data_cfg: DataConfig, seed: int, stats: dict[str, int] |
     ``stats``: when a dict is given, it receives the input counts of the module docstring (blank_lines,
     duplicates_dropped, subsampled_out, long_texts, texts_with_control_chars, rows).
     """
-    corpus = _read_corpus(data_cfg.corpus)
+    corpus = read_training_corpus(data_cfg.corpus)
     counts = {"blank_lines": 0, "duplicates_dropped": 0, **corpus.stats}
     keep = range(len(corpus.texts))
     if not corpus.is_pairs:  # the same sentence twice is one training example (and one teacher pass)
@@ -223,7 +167,7 @@ def _row_group_ids(corpus: _Corpus, keep: np.ndarray) -> np.ndarray:
 
 def has_caption_groups(corpus: str) -> bool:
     """Whether ``corpus`` has rows with sibling captions (what the ``caption`` view shows)."""
-    return any(group >= 0 for group in _read_corpus(corpus).caption_groups)
+    return any(group >= 0 for group in read_training_corpus(corpus).caption_groups)
 
 
 def _count_odd_texts(counts: dict[str, int], texts) -> None:
@@ -282,9 +226,10 @@ class TrainingData:
     """Training rows as a Ray Dataset plus a deterministic, resumable batch iterator.
 
     ``dataset`` columns: ``idx`` int64, ``group`` int64 (the row's caption group, or an id of its own: see
-    ``_row_group_ids``), ``text_<view>`` string per view, ``teacher_<view>`` float32[D] per teacher
-    view. ``iter_batches`` reads a local columnar copy (fetched from the dataset once per process), so batch order
-    depends only on ``(seed, epoch)``.
+    ``_row_group_ids``), ``text_<view>`` string per view. Teacher vectors are not a column: each batch reads its
+    rows' vectors of every teacher view from the memory-mapped embedding cache (``teacher[view]``, a
+    ``TeacherVectors``), so no process holds the corpus's vectors whole. ``iter_batches`` reads a local copy of the
+    text columns (fetched from the dataset once per process), so batch order depends only on ``(seed, epoch)``.
     """
 
     dataset: Any  # ray.data.Dataset
@@ -292,6 +237,7 @@ class TrainingData:
     cache_stats: dict[str, Any]
     seed: int = 0
     shuffle: bool = True
+    teacher: dict[str, Any] = field(default_factory=dict)  # view -> TeacherVectors
     _columns: dict[str, np.ndarray] | None = field(default=None, repr=False)
 
     # Sent to a learner actor without the local copy; it is read back from the dataset there.
@@ -306,13 +252,21 @@ class TrainingData:
 
     @property
     def teacher_dim(self) -> int | None:
-        dims = [col.shape[1] for name, col in self.columns().items() if name.startswith("teacher_")]
+        dims = [reader.dim for reader in self.teacher.values()]
         return dims[0] if dims else None
 
     def columns(self) -> dict[str, np.ndarray]:
+        """The text, idx and group columns, whole (teacher vectors are read per batch: ``rows``)."""
         if self._columns is None:
             self._columns = _dataset_columns(self.dataset)
         return self._columns
+
+    def rows(self, indices: np.ndarray) -> dict[str, np.ndarray]:
+        """The rows ``indices`` as a batch: every column, plus ``teacher_<view>`` float32 [B, D] per teacher view."""
+        batch = {name: column[indices] for name, column in self.columns().items()}
+        for view, vectors in self.teacher.items():
+            batch[f"teacher_{view}"] = vectors(batch[f"text_{view}"])
+        return batch
 
     def num_batches(self, batch_size: int, drop_last: bool = True) -> int:
         return self.num_rows // batch_size if drop_last else math.ceil(self.num_rows / batch_size)
@@ -333,13 +287,11 @@ class TrainingData:
             raise ValueError(f"batch_size must be > 0, got {batch_size}")
         if not 0 <= shard < num_shards:
             raise ValueError(f"shard {shard} is not in [0, {num_shards})")
-        columns = self.columns()
         order = self.epoch_order(epoch)
         for b in range(skip_batches, self.num_batches(batch_size, drop_last)):
             if b % num_shards != shard:
                 continue
-            rows = order[b * batch_size:(b + 1) * batch_size]
-            yield {name: column[rows] for name, column in columns.items()}
+            yield self.rows(order[b * batch_size:(b + 1) * batch_size])
 
 
 def _dataset_columns(dataset) -> dict[str, np.ndarray]:
@@ -354,24 +306,22 @@ def _dataset_columns(dataset) -> dict[str, np.ndarray]:
         column = column[order]
         if name.startswith("text_"):
             column = column.astype(object)
-        elif name.startswith("teacher_"):
-            column = np.ascontiguousarray(column, dtype=np.float32)
         out[name] = column
     return out
 
 
 def build_training_data(cfg: JobConfig) -> TrainingData:
-    """Texts and views of ``cfg.data`` joined with cached teacher embeddings of ``cfg.data.teacher_views``.
+    """Texts and views of ``cfg.data``, with every sentence of ``cfg.data.teacher_views`` in the teacher's cache.
 
-    Needs Ray (``cluster.init_ray``): teacher embeddings that are not cached yet are computed by a Ray Data
-    actor pool, and the rows become a Ray Dataset.
+    Needs Ray (``cluster.init_ray``): teacher embeddings that are not cached yet are computed by a Ray Data actor
+    pool and appended to the cache as they arrive; the rows become a Ray Dataset of texts, and batches read their
+    teacher vectors from the cache.
     """
     import pyarrow as pa
     import ray
     import ray.data
-    from ray.data.extensions import ArrowTensorArray
 
-    from raydistill.runtime.embedding_cache import ensure_teacher_embeddings
+    from raydistill.runtime.embedding_cache import TeacherVectors, ensure_teacher_embeddings
     from raydistill.runtime.teacher import TeacherSpec
 
     if not ray.is_initialized():
@@ -384,24 +334,26 @@ def build_training_data(cfg: JobConfig) -> TrainingData:
                                       "group": np.array([row["group"] for row in rows], dtype=np.int64)}
     for view in cfg.data.views:
         columns[f"text_{view}"] = np.array([row[f"text_{view}"] for row in rows], dtype=object)
+    del rows
 
     per_view: dict[str, dict[str, Any]] = {}
+    teacher: dict[str, TeacherVectors] = {}
     if cfg.data.teacher_views:
         spec = TeacherSpec.from_config(cfg)
         for view in cfg.data.teacher_views:
-            embeddings, stats = ensure_teacher_embeddings(list(columns[f"text_{view}"]), view, spec,
-                                                          cfg.resolved_cache_dir())
-            columns[f"teacher_{view}"] = embeddings
+            _, stats = ensure_teacher_embeddings(list(columns[f"text_{view}"]), view, spec, cfg.resolved_cache_dir(),
+                                                 return_vectors=False)
+            teacher[view] = TeacherVectors(cfg.resolved_cache_dir(), spec.identity())
             per_view[view] = stats
     cache_stats = {key: sum(s[key] for s in per_view.values())
                    for key in ("hits", "misses", "teacher_forward_sentences")}
     cache_stats["views"] = per_view
     cache_stats["input"] = input_stats
 
-    table = pa.table({name: (ArrowTensorArray.from_numpy(column) if name.startswith("teacher_")
-                             else pa.array(list(column), type=pa.string()) if name.startswith("text_")
+    table = pa.table({name: (pa.array(list(column), type=pa.string()) if name.startswith("text_")
                              else pa.array(column)) for name, column in columns.items()})
-    num_blocks = max(1, min(64, math.ceil(len(rows) / 8192)))
+    num_rows = len(columns["idx"])
+    num_blocks = max(1, min(64, math.ceil(num_rows / 8192)))
     dataset = ray.data.from_arrow(table, override_num_blocks=num_blocks)
-    return TrainingData(dataset=dataset, num_rows=len(rows), cache_stats=cache_stats, seed=cfg.seed,
-                        shuffle=cfg.data.shuffle, _columns=columns)
+    return TrainingData(dataset=dataset, num_rows=num_rows, cache_stats=cache_stats, seed=cfg.seed,
+                        shuffle=cfg.data.shuffle, teacher=teacher, _columns=columns)

@@ -49,7 +49,7 @@ from typing import Any
 
 import numpy as np
 
-from raydistill.runtime.config import ConfigError, JobConfig, _suggest, register_validator
+from raydistill.runtime.config import ConfigError, JobConfig, _suggest
 
 __all__ = ["DEFAULT_LOSS", "METHOD", "REDUCTIONS", "build_student", "run_st_mse", "teacher_targets",
            "with_st_mse_defaults"]
@@ -80,8 +80,24 @@ def with_st_mse_defaults(cfg: JobConfig) -> JobConfig:
     return JobConfig.from_dict(data, source=cfg._source, lines=cfg._lines)
 
 
+def preflight_st_mse(cfg: JobConfig) -> JobConfig:
+    """``cfg`` with the recipe's defaults, checked before any model loads or Ray starts: the schema, the recipe's
+    own rules, then the models, data files and output directories it will use."""
+    from raydistill.runtime.preflight import check_inputs, check_models, check_output_dirs
+
+    cfg = with_st_mse_defaults(cfg)
+    if cfg.method != METHOD:
+        raise ConfigError(f"field 'method': run_st_mse runs {METHOD!r}, got {cfg.method!r}")
+    cfg = cfg.validate()
+    _validate(cfg)
+    check_models(cfg)
+    check_output_dirs(cfg)
+    check_inputs(cfg)
+    return cfg
+
+
 def _validate(cfg: JobConfig) -> None:
-    """The recipe's own checks (``JobConfig.validate`` runs them before any model loads or Ray starts)."""
+    """The recipe's own rules (pure, like ``JobConfig.validate``)."""
     err = cfg._error
     if not cfg.teacher:
         raise err("teacher", f"method {METHOD!r} regresses the teacher's vectors: set teacher (e.g. mpnet-base)")
@@ -126,8 +142,6 @@ def _validate(cfg: JobConfig) -> None:
         raise err("resources.learner.num_learners", f"{METHOD} trains in this process with sentence-transformers' "
                                                     "trainer; set 0")
 
-
-register_validator(METHOD, _validate)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -302,10 +316,7 @@ def run_st_mse(cfg: JobConfig, *, results_dir: str | os.PathLike | None = None,
     from raydistill.runtime.distill import _cpu_seconds
 
     started, cpu_started = time.time(), _cpu_seconds()
-    cfg = with_st_mse_defaults(cfg)
-    if cfg.method != METHOD:
-        raise ConfigError(f"field 'method': run_st_mse runs {METHOD!r}, got {cfg.method!r}")
-    cfg = cfg.validate()
+    cfg = preflight_st_mse(cfg)
     run_dir = cfg.resolved_run_dir()
     lock = RunDirLock(run_dir).acquire(report=lambda message: print(f"[{METHOD}] {message}", flush=True))
     try:

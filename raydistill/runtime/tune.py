@@ -215,7 +215,7 @@ _METHOD_KEYS = ("base", "start_from", "space")
 def load_space(path: str | os.PathLike) -> SearchSpace:
     """Read and check one space file (structure and value types; values against a config in ``plan_sweep``)."""
     from raydistill.runtime.config import _yaml_key_lines
-    from raydistill.runtime.methods import job_methods
+    from raydistill.methods import job_methods
 
     path = Path(path).expanduser().resolve()
     if not path.is_file():
@@ -489,7 +489,7 @@ class SweepPlan:
     def trial_config(self, params: dict[str, Any], run_dir: str | os.PathLike, trial_id: str) -> JobConfig:
         """The base config with ``params``, run in the trial process: in-process learner with the trial's threads
         and GPUs, absolute run/cache/tracking locations (Tune trials may change directory)."""
-        from raydistill.runtime.methods import with_method_defaults
+        from raydistill.runtime.preflight import preflight
 
         settings = self.sweep_settings
         data = _with_params(self.base_config, params)
@@ -499,8 +499,7 @@ class SweepPlan:
         learner = data.setdefault("resources", {}).setdefault("learner", {})
         learner.update(num_learners=0, threads=settings.trial_threads(), num_gpus=settings.num_gpus)
         data["tracking"] = {**data.get("tracking", {}), **dataclasses.asdict(self.tracking(f"trial-{trial_id}"))}
-        cfg = JobConfig.from_dict(data, source=f"trial {trial_id} of sweep {self.name}")
-        return with_method_defaults(cfg).validate()
+        return preflight(JobConfig.from_dict(data, source=f"trial {trial_id} of sweep {self.name}"))
 
     def export_config(self, params: dict[str, Any]) -> JobConfig:
         """The base config with ``params``: what a user runs as a normal job (its own resources and run dir)."""
@@ -532,7 +531,7 @@ def _sweep_name(method: str, student: str, teacher: str | None) -> str:
 
 
 def uses_teacher(method: str) -> bool:
-    from raydistill.runtime.methods import get_method
+    from raydistill.methods import get_method
 
     spec = get_method(method)
     return spec.needs_teacher or bool(spec.teacher_views)
@@ -554,7 +553,7 @@ def plan_sweep(student: str, method: str = "congen", teacher: str | None = None,
     file's entry by a ``choice`` (``--lr``, ``--queue-size``, ...). ``evaluate_sets``: evaluate the best and the
     ``start_from`` trial on these sets after the sweep (the seven STS sets write result files).
     """
-    from raydistill.runtime.methods import with_method_defaults
+    from raydistill.methods import with_method_defaults
     from raydistill.runtime.tracking import resolve_tracking_uri
 
     space = load_space(space_file) if space_file else load_space(space_for(student))
@@ -599,7 +598,8 @@ def plan_sweep(student: str, method: str = "congen", teacher: str | None = None,
 
 def _base_config(method: str, student: str, teacher: str | None, section: MethodSpace, space: SearchSpace,
                  config_path, overrides: list[str]) -> JobConfig:
-    from raydistill.runtime.methods import _deep_merge, with_method_defaults
+    from raydistill.methods import _deep_merge
+    from raydistill.runtime.preflight import preflight
 
     if config_path is None:
         candidate = shipped_config(method)
@@ -620,8 +620,7 @@ def _base_config(method: str, student: str, teacher: str | None, section: Method
     if teacher is None:
         data["teacher_pooling"] = None
     try:
-        cfg = JobConfig.from_dict(data, source=source, lines=lines).with_overrides(overrides)
-        return with_method_defaults(cfg).validate()
+        return preflight(JobConfig.from_dict(data, source=source, lines=lines).with_overrides(overrides))
     except ConfigError as exc:
         raise ConfigError(f"base config of the sweep: {exc}") from None
 
@@ -629,11 +628,10 @@ def _base_config(method: str, student: str, teacher: str | None, section: Method
 def _check_values(base: JobConfig, values: dict[str, Any], space: SearchSpace, where: str | None,
                   label: str) -> None:
     """``values`` on top of the base config must give a valid job (the error names the space file and line)."""
-    from raydistill.runtime.methods import with_method_defaults
+    from raydistill.runtime.preflight import preflight
 
     try:
-        cfg = JobConfig.from_dict(_with_params(base.to_dict(), values))
-        with_method_defaults(cfg).validate()
+        preflight(JobConfig.from_dict(_with_params(base.to_dict(), values)))
     except ConfigError as exc:
         message = f"{label}: {exc}"
         if where is None:  # a command-line value
@@ -790,7 +788,7 @@ def distill_trial(config: dict[str, Any], plan: dict[str, Any]) -> None:
 
     from raydistill.runtime import checkpoint as ckpt
     from raydistill.runtime.distill import run_distillation
-    from raydistill.runtime.methods import stage_plan
+    from raydistill.methods import stage_plan
     from raydistill.runtime.tracking import Tracker
 
     sweep = SweepPlan.from_dict(plan)
@@ -947,16 +945,13 @@ def _shared_data_pass(plan: SweepPlan, parent) -> tuple[dict[str, Any], int]:
     """Build stage 1's training data once in the driver (the teacher pass through the embedding cache), so every
     trial only hits caches; return its counts and ASHA's ``max_t`` (the base config's steps)."""
     from raydistill.runtime.learner_group import LearnerGroup
-    from raydistill.runtime.methods import stage_plan
-    from raydistill.runtime.pipeline import build_training_data
+    from raydistill.methods import stage_plan
+    from raydistill.runtime.stage_data import build_stage_data
 
     cfg = plan.trial_config({}, Path(plan.sweep_dir) / "trials" / "_shared", "shared")
     stage = stage_plan(cfg)[0]
     started = time.perf_counter()
-    if stage.spec.data_builder is not None:
-        data = stage.spec.data_builder(stage.cfg, stage.run_dir)
-    else:
-        data = build_training_data(stage.cfg)
+    data = build_stage_data(stage.cfg, stage.spec)
     seconds = time.perf_counter() - started
     stats = dict(getattr(data, "cache_stats", {}) or {})
     counts = {"sentences": int(data.num_rows), "hits": int(stats.get("hits", 0)),

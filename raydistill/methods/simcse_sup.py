@@ -1,0 +1,33 @@
+"""Supervised SimCSE on NLI triplets (Gao et al., "SimCSE", EMNLP 2021, arXiv:2104.08821), DistilCSE's second
+stage: the entailed hypothesis is the positive, the contradicted one a hard negative, the batch the rest.
+
+    logits = cos(a_i, [p; n]) / τ                        # [B, 2B]
+    L      = CE(logits, i)
+
+Rows: the ``nli_triplets`` set (premise, entailed, contradicted) of the labelled NLI data shipped. τ 0.05.
+"""
+
+from raydistill.methods.base import Features, MethodSpec, StepContext
+from raydistill.objectives import SupervisedSimCSELoss
+
+
+def triplet_features(ctx: StepContext, batch) -> Features:
+    """Anchor, entailed hypothesis (positive), contradicted hypothesis (hard negative)."""
+    anchor, positive, negative = ctx.encode_views(batch["text_anchor"], batch["text_positive"],
+                                                  batch["text_negative"])
+    return {"anchor": anchor, "positive": positive, "negative": negative}, None
+
+
+SPEC = MethodSpec(
+    name="simcse-sup",
+    summary="supervised SimCSE on NLI triplets (DistilCSE stage 2; Gao et al., 2021)",
+    views={},
+    teacher_views=(),
+    needs_teacher=False,
+    default_loss={"tau": 0.05},
+    loss_class=SupervisedSimCSELoss,
+    batch_to_features=triplet_features,
+    student_sentences_per_row=3,
+    dataset="nli_triplets",
+    internal=True,
+)

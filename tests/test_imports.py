@@ -1,0 +1,107 @@
+"""The package's imports run one way: models/data → objectives → methods → runtime → jobs/CLI, with no cycle.
+
+Every ``import`` is counted, including those inside functions: a function-level import only delays a cycle to the
+first call, it does not remove it.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import raydistill
+
+PACKAGE_DIR = Path(raydistill.__file__).parent
+
+
+def _modules() -> dict[str, Path]:
+    modules = {}
+    for path in PACKAGE_DIR.rglob("*.py"):
+        parts = path.relative_to(PACKAGE_DIR.parent).with_suffix("").parts
+        name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        modules[name] = path
+    return modules
+
+
+def import_graph() -> dict[str, set[str]]:
+    """module -> the package's modules it imports (``from a.b import c`` counts a.b.c when c is a module, else a.b)."""
+    modules = _modules()
+    graph: dict[str, set[str]] = {name: set() for name in modules}
+    for name, path in modules.items():
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                targets = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    anchor = package.split(".")[:len(package.split(".")) - node.level + 1]
+                    base = ".".join(anchor + ([node.module] if node.module else []))
+                targets = [f"{base}.{alias.name}" if f"{base}.{alias.name}" in modules else base
+                           for alias in node.names]
+            else:
+                continue
+            graph[name].update(t for t in targets if t in modules and t != name)
+    return graph
+
+
+def find_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components with more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    cycles: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for target in sorted(graph[node]):
+            if target not in index:
+                visit(target)
+                low[node] = min(low[node], low[target])
+            elif target in on_stack:
+                low[node] = min(low[node], index[target])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                cycles.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return cycles
+
+
+def test_the_package_has_no_import_cycle():
+    cycles = find_cycles(import_graph())
+    assert not cycles, "import cycles (counting function-level imports):\n" + "\n".join(" <-> ".join(c) for c in cycles)
+
+
+def test_the_cycle_finder_finds_a_cycle():
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
+    assert find_cycles(graph) == [["a", "b", "c"]]
+    assert find_cycles({"a": {"b"}, "b": set()}) == []
+
+
+def _layer(module: str) -> str:
+    return module.split(".")[1] if module.count(".") else module
+
+
+def test_lower_layers_never_import_higher_ones():
+    """models/data/evaluation and objectives import no runtime code; methods import only the config schema of the
+    runtime (never a learner, an actor or an orchestrator)."""
+    higher = {"models": {"objectives", "methods", "runtime", "cli"}, "data": {"objectives", "methods", "runtime", "cli"},
+              "evaluation": {"methods", "runtime", "cli"}, "objectives": {"methods", "runtime", "cli"},
+              "methods": {"runtime", "cli"}}
+    allowed = {"raydistill.runtime.config"}
+    wrong = [(module, target) for module, targets in import_graph().items() for target in targets
+             if _layer(target) in higher.get(_layer(module), set()) and target not in allowed]
+    assert not wrong, "imports against the layering: " + ", ".join(f"{m} -> {t}" for m, t in sorted(wrong))
