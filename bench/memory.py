@@ -11,8 +11,8 @@ What grows with the corpus is what the job keeps per row: the texts of each view
 batches read their rows' vectors from the memory-mapped cache. To keep the teacher out of the measurement, the
 bench fills a fresh cache with random unit vectors under mpnet-base's identity, so the job's teacher pass finds
 every sentence cached (it loads no teacher). The corpus is ``mixed`` (269,672 sentences) plus, to reach 300,000,
-shuffled-word variants of its sentences; a file corpus of exactly the largest size, from which each run keeps a
-seeded ``data.max_sentences`` subset.
+shuffled-word variants of its sentences: each size trains on a corpus file of exactly that many sentences (the
+first N lines of one file), so a smaller run never reads the larger corpus.
 
     rss_300k_over_30k    peak RSS (driver + workers) at 300k rows / at 30k rows; the target is ≤ 1.3
 
@@ -62,8 +62,17 @@ def write_corpus(path: Path, rows: int, seed: int = 0) -> int:
     return rows
 
 
+def corpus_of(corpus: Path, rows: int) -> Path:
+    """The first ``rows`` sentences of ``corpus``, as a file of their own (written once)."""
+    path = corpus.with_name(f"corpus-{rows}.txt")
+    if not path.is_file():
+        lines = corpus.read_text().splitlines()[:rows]
+        path.write_text("\n".join(lines) + "\n")
+    return path
+
+
 def job_overrides(work: Path, corpus: Path, rows: int, steps: int) -> list[str]:
-    return [f"teacher={TEACHER}", f"data.corpus=file:{corpus}", f"data.max_sentences={rows}",
+    return [f"teacher={TEACHER}", f"data.corpus=file:{corpus_of(corpus, rows)}", "data.max_sentences=null",
             "data.views={control: none, generalize: 'delete:0.1'}", "data.teacher_views=[control]",
             f"train.max_steps={steps}", "train.eval_every=100000", "train.checkpoint_every=100000",
             f"run_dir={work / f'run-{rows}'}", f"cache_dir={work / 'embeddings'}", "tracking.enabled=false",
