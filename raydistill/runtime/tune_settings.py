@@ -1,0 +1,98 @@
+"""A sweep's settings (``SweepSettings``: search budget and algorithm, ASHA, resources per trial), checked field by
+field, and the duration and number parsing they share with space files."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["ALGORITHMS", "SweepSettings", "parse_duration", "yaml_number"]
+
+ALGORITHMS = ("auto", "random", "optuna")
+
+
+def parse_duration(value: Any) -> float:
+    """Seconds from ``3600``, ``"90m"``, ``"3h"``, ``"1h30m"``, ``"45s"``; raises ValueError otherwise."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        seconds = float(value)
+    else:
+        text = str(value).strip().lower()
+        match = re.fullmatch(r"(?:(\d+(?:\.\d+)?)h)?\s*(?:(\d+(?:\.\d+)?)m)?\s*(?:(\d+(?:\.\d+)?)s?)?", text)
+        if not text or not match or not any(match.groups()):
+            raise ValueError(f"expected a duration such as 3600, 90m, 3h or 1h30m, got {value!r}")
+        hours, minutes, secs = (float(g) if g else 0.0 for g in match.groups())
+        seconds = hours * 3600 + minutes * 60 + secs
+    if not math.isfinite(seconds) or seconds <= 0:
+        raise ValueError(f"a duration must be > 0, got {value!r}")
+    return seconds
+
+
+def yaml_number(value: Any) -> Any:
+    """A numeric string as its number, anything else unchanged: YAML 1.1 reads 1e-4 (no dot) as a string, and a space
+    file means the number."""
+    if isinstance(value, str):
+        try:
+            number = float(value)
+        except ValueError:
+            return value
+        return int(number) if number.is_integer() and re.fullmatch(r"[+-]?\d+", value.strip()) else number
+    return value
+
+
+@dataclass
+class SweepSettings:
+    """How much to search and with what: defaults < the space file's sections < command-line options."""
+
+    num_samples: int = 12
+    time_budget_s: float | None = None
+    algorithm: str = "auto"
+    seed: int = 0
+    max_concurrent_trials: int | None = None
+    grace_evals: int = 2
+    reduction_factor: float = 2.0
+    num_cpus: float = 1.0
+    num_gpus: float = 0.0
+    threads: int | None = None
+
+    @staticmethod
+    def check_field(name: str, value: Any) -> Any:
+        """``value`` checked and converted for field ``name``; ValueError says what is expected."""
+        if value is None and name in ("time_budget_s", "max_concurrent_trials", "threads"):
+            return None
+        if name == "time_budget_s":
+            return parse_duration(value)
+        if name == "algorithm":
+            if value not in ALGORITHMS:
+                raise ValueError(f"expected one of {', '.join(ALGORITHMS)}, got {value!r}")
+            return value
+        if name in ("num_samples", "max_concurrent_trials", "grace_evals", "threads"):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"expected an integer >= 1, got {value!r}")
+            return value
+        if name == "seed":
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise ValueError(f"expected an integer, got {value!r}")
+            return value
+        if name == "reduction_factor":
+            value = yaml_number(value)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 1:
+                raise ValueError(f"expected a number > 1, got {value!r}")
+            return float(value)
+        if name in ("num_cpus", "num_gpus"):
+            value = yaml_number(value)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0 or (
+                    name == "num_cpus" and value == 0):
+                raise ValueError(f"expected a number {'> 0' if name == 'num_cpus' else '>= 0'}, got {value!r}")
+            return float(value)
+        raise ValueError(f"unknown setting {name!r}")
+
+    def updated(self, values: dict[str, Any]) -> "SweepSettings":
+        checked = {k: self.check_field(k, v) for k, v in values.items() if v is not None}
+        return dataclasses.replace(self, **checked)
+
+    def trial_threads(self) -> int:
+        """Torch threads of a trial's learner: ``threads``, else the trial's whole CPUs (at least 1)."""
+        return int(self.threads or max(1, math.floor(self.num_cpus)))

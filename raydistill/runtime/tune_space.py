@@ -1,0 +1,241 @@
+"""Search-space files (``tune_spaces/*.yaml``): found, read, and checked for structure and value types.
+
+Whether the values make valid jobs is checked against the base config by ``plan_sweep``.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from raydistill.runtime.config import ConfigError, _line_of, _suggest, _yaml_key_lines
+from raydistill.runtime.tune_settings import SweepSettings, yaml_number
+from raydistill.shipped import tune_spaces_dir
+
+__all__ = ["SpaceError", "Param", "MethodSpace", "SearchSpace", "DISTRIBUTIONS", "SEARCHABLE", "spaces_dir",
+           "load_space", "space_for", "list_spaces"]
+
+DISTRIBUTIONS = ("choice", "grid", "uniform", "loguniform", "randint")
+# What a space may vary: nothing that changes the text the teacher encodes, so one teacher pass serves every trial.
+SEARCHABLE = ("train.", "loss.", "data.max_length", "student_pooling")
+
+
+class SpaceError(ConfigError):
+    """A problem in a search-space file or in the sweep options, worded ``<file>:<line>: field '<path>': ...``."""
+
+
+def spaces_dir() -> Path:
+    """``$RAYDISTILL_TUNE_SPACES`` if set, else the ``tune_spaces/`` shipped in the package."""
+    return Path(os.environ.get("RAYDISTILL_TUNE_SPACES") or tune_spaces_dir()).expanduser().resolve()
+
+
+@dataclass(frozen=True)
+class Param:
+    """One searched config key: ``choice``/``grid`` over values, or ``uniform``/``loguniform``/``randint`` [low, high]."""
+
+    key: str
+    kind: str
+    values: tuple
+    from_command_line: bool = False  # an error then names the option, not a line of the space file
+
+    def candidates(self) -> list:
+        """Values checked against the config before the sweep: every choice, or a range's two ends."""
+        if self.kind == "randint":  # Tune's randint excludes the upper bound
+            return [self.values[0], self.values[1] - 1]
+        return list(self.values)
+
+    def to_tune(self):
+        from ray import tune
+
+        if self.kind == "choice":
+            return tune.choice(list(self.values))
+        if self.kind == "grid":
+            return tune.grid_search(list(self.values))
+        return getattr(tune, self.kind)(*self.values)
+
+    def describe(self) -> str:
+        return f"{self.kind}{list(self.values)}"
+
+    def to_dict(self) -> dict[str, list]:
+        return {self.kind: list(self.values)}
+
+
+@dataclass
+class MethodSpace:
+    """A method's section of a space file: job-config ``base`` overrides, ``start_from`` points, searched ``params``."""
+
+    method: str
+    params: dict[str, Param]
+    base: dict[str, Any] = field(default_factory=dict)
+    start_from: list[dict[str, Any]] = field(default_factory=list)
+
+
+@dataclass
+class SearchSpace:
+    """One ``tune_spaces/*.yaml`` file."""
+
+    path: Path
+    student: str
+    description: str
+    methods: dict[str, MethodSpace]
+    settings: dict[str, Any]  # SweepSettings fields given by the file (search / scheduler / resources_per_trial)
+    lines: dict[str, int] = field(default_factory=dict, repr=False)
+
+    @property
+    def name(self) -> str:
+        return self.path.stem
+
+    def error(self, path: str, message: str) -> SpaceError:
+        return _space_error(self.path, self.lines, path, message)
+
+    def method(self, name: str) -> MethodSpace:
+        if name not in self.methods:
+            raise SpaceError(f"{self.path}: no search space for method {name!r}{_suggest(name, self.methods)}; "
+                             f"this file has: {', '.join(self.methods) or '(none)'}. Add a 'methods: {{{name}: "
+                             "{space: ...}}' section")
+        return self.methods[name]
+
+
+_TOP_KEYS = ("student", "description", "search", "scheduler", "resources_per_trial", "methods")
+_SETTING_SECTIONS = {
+    "search": {"num_samples": "num_samples", "time_budget": "time_budget_s", "algorithm": "algorithm",
+               "seed": "seed", "max_concurrent_trials": "max_concurrent_trials"},
+    "scheduler": {"grace_evals": "grace_evals", "reduction_factor": "reduction_factor"},
+    "resources_per_trial": {"num_cpus": "num_cpus", "num_gpus": "num_gpus", "threads": "threads"},
+}
+_METHOD_KEYS = ("base", "start_from", "space")
+
+
+def load_space(path: str | os.PathLike) -> SearchSpace:
+    """Read and check one space file (structure and value types; values against a config in ``plan_sweep``)."""
+    from raydistill.methods import job_methods  # imports torch
+
+    path = Path(path).expanduser().resolve()
+    if not path.is_file():
+        raise SpaceError(f"search-space file not found: {path}")
+    text = path.read_text(encoding="utf-8")
+    try:
+        data = yaml.safe_load(text)
+        lines = _yaml_key_lines(text)
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        raise SpaceError(f"{path}{f':{mark.line + 1}' if mark else ''}: not valid YAML: "
+                         f"{getattr(err, 'problem', err)}") from None
+    if not isinstance(data, dict):
+        raise SpaceError(f"{path}:1: a search-space file is a mapping with keys {', '.join(_TOP_KEYS)}")
+
+    def err(where: str, message: str) -> SpaceError:
+        return _space_error(path, lines, where, message)
+
+    for key in data:
+        if key not in _TOP_KEYS:
+            raise err(str(key), f"unknown key{_suggest(str(key), _TOP_KEYS)}; allowed: {', '.join(_TOP_KEYS)}")
+    settings: dict[str, Any] = {}
+    for section, fields in _SETTING_SECTIONS.items():
+        block = data.get(section) or {}
+        if not isinstance(block, dict):
+            raise err(section, f"expected a mapping of {', '.join(fields)}")
+        for key, value in block.items():
+            if key not in fields:
+                raise err(f"{section}.{key}", f"unknown key{_suggest(str(key), fields)}; allowed: "
+                                              f"{', '.join(fields)}")
+            try:
+                settings[fields[key]] = SweepSettings.check_field(fields[key], value)
+            except ValueError as exc:
+                raise err(f"{section}.{key}", str(exc)) from None
+
+    methods_block = data.get("methods")
+    if not isinstance(methods_block, dict) or not methods_block:
+        raise err("methods", "expected a mapping of method name -> {base, start_from, space}")
+    known = job_methods()
+    methods: dict[str, MethodSpace] = {}
+    for method, section in methods_block.items():
+        where = f"methods.{method}"
+        if method not in known:
+            raise err(where, f"unknown method{_suggest(str(method), known)}; known: {', '.join(known)}")
+        if not isinstance(section, dict):
+            raise err(where, "expected a mapping with keys base, start_from, space")
+        for key in section:
+            if key not in _METHOD_KEYS:
+                raise err(f"{where}.{key}", f"unknown key{_suggest(str(key), _METHOD_KEYS)}; allowed: "
+                                            f"{', '.join(_METHOD_KEYS)}")
+        base = section.get("base") or {}
+        if not isinstance(base, dict):
+            raise err(f"{where}.base", "expected a mapping of job-config fields (as in configs/*.yaml)")
+        params = _parse_params(section.get("space"), f"{where}.space", err)
+        start_from = section.get("start_from") or []
+        if isinstance(start_from, dict):
+            start_from = [start_from]
+        if not isinstance(start_from, list) or not all(isinstance(p, dict) for p in start_from):
+            raise err(f"{where}.start_from", "expected a mapping (or a list of mappings) of searched key -> value")
+        for point in start_from:
+            for key in point:
+                if key not in params:
+                    raise err(f"{where}.start_from", f"{key!r} is not searched in this section"
+                                                     f"{_suggest(str(key), params)}; searched: {', '.join(params)}")
+        methods[method] = MethodSpace(method=method, params=params, base=base,
+                                      start_from=[dict(p) for p in start_from])
+    student = str(data.get("student") or path.stem)
+    return SearchSpace(path=path, student=student, description=str(data.get("description") or "").strip(),
+                       methods=methods, settings=settings, lines=lines)
+
+
+def _parse_params(block: Any, where: str, err) -> dict[str, Param]:
+    if not isinstance(block, dict) or not block:
+        raise err(where, "expected a mapping of config key -> {choice: [...]} (or grid / uniform / loguniform / "
+                         "randint)")
+    params: dict[str, Param] = {}
+    for key, spec in block.items():
+        path = f"{where}.{key}"
+        key = str(key)
+        if not (key.startswith(SEARCHABLE[:2]) or key in SEARCHABLE[2:]):
+            raise err(path, "a sweep may search train.*, loss.*, data.max_length and student_pooling only: the "
+                            "teacher pass is shared by every trial, so data and teacher settings are fixed per "
+                            "sweep (set them under base:)")
+        if not isinstance(spec, dict) or len(spec) != 1:
+            raise err(path, f"expected one of {{{': ..., '.join(DISTRIBUTIONS)}: ...}}, got {spec!r}")
+        kind, values = next(iter(spec.items()))
+        if kind not in DISTRIBUTIONS:
+            raise err(path, f"unknown distribution {kind!r}{_suggest(str(kind), DISTRIBUTIONS)}; allowed: "
+                            f"{', '.join(DISTRIBUTIONS)}")
+        if not isinstance(values, list) or not values:
+            raise err(path, f"{kind}: expected a non-empty list, got {values!r}")
+        values = [yaml_number(v) for v in values]
+        if kind in ("uniform", "loguniform", "randint"):
+            if len(values) != 2 or not all(isinstance(v, (int, float)) for v in values) or values[0] >= values[1]:
+                raise err(path, f"{kind}: expected [low, high] numbers with low < high, got {values!r}")
+            if kind == "loguniform" and values[0] <= 0:
+                raise err(path, f"loguniform: low must be > 0, got {values[0]!r}")
+            if kind == "randint" and not all(isinstance(v, int) for v in values):
+                raise err(path, f"randint: expected integers, got {values!r}")
+        params[key] = Param(key=key, kind=kind, values=tuple(values))
+    return params
+
+
+def space_for(student: str, directory: str | os.PathLike | None = None) -> Path:
+    """``<dir>/<student>.yaml``, else ``<dir>/default.yaml`` (a local model directory uses its last name)."""
+    directory = Path(directory) if directory else spaces_dir()
+    own = directory / f"{Path(str(student).rstrip('/')).name}.yaml"
+    if own.is_file():
+        return own
+    default = directory / "default.yaml"
+    if default.is_file():
+        return default
+    raise SpaceError(f"no search space for {student!r} in {directory} (and no default.yaml); add "
+                     f"{own.name} there or pass --space FILE")
+
+
+def list_spaces(directory: str | os.PathLike | None = None) -> list[SearchSpace]:
+    """Every ``*.yaml`` space file of ``directory`` (default ``spaces_dir()``), loaded and checked."""
+    directory = Path(directory) if directory else spaces_dir()
+    return [load_space(p) for p in sorted(directory.glob("*.yaml"))]
+
+
+def _space_error(path: Path, lines: dict[str, int], where: str, message: str) -> SpaceError:
+    line = _line_of(lines, where)
+    location = f"{path}:{line}" if line else str(path)
+    return SpaceError(f"{location}: field '{where}': {message}")

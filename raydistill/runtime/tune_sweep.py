@@ -1,0 +1,197 @@
+"""Running a sweep (``run_sweep``, ``resume_sweep``): how many trials fit the cluster, the teacher pass shared by
+every trial, the Tuner (ASHA on STS-B dev, seeded random search or Optuna), then the report.
+
+Ray, and the modules that import torch, are imported inside the functions that use them.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+from raydistill.runtime.cluster import init_ray
+from raydistill.runtime.tracking import Tracker
+from raydistill.runtime.tune_plan import SweepPlan, write_json
+from raydistill.runtime.tune_report import (
+    evaluate_best_and_default,
+    export_best,
+    finish_trial_runs,
+    log_summary,
+    prune_checkpoints,
+    summarize,
+)
+from raydistill.runtime.tune_settings import SweepSettings
+from raydistill.runtime.tune_space import SpaceError
+from raydistill.runtime.tune_trial import METRIC, distill_trial
+
+__all__ = ["run_sweep", "resume_sweep", "trial_concurrency", "trial_dirname"]
+
+
+def run_sweep(plan: SweepPlan, *, resume: bool = False, callbacks: list | None = None,
+              verbose: int = 1) -> dict[str, Any]:
+    """Run (or, with ``resume``, continue) ``plan``'s sweep; return the summary (also ``<sweep_dir>/summary.json``).
+
+    ``callbacks``: extra ``ray.tune.Callback`` objects for the Tuner (they are saved with it and come back on resume).
+    """
+    import ray
+    from ray import tune
+
+    started = time.time()
+    sweep_dir = Path(plan.sweep_dir)
+    if not resume and (sweep_dir / "sweep.json").is_file():
+        raise SpaceError(f"a sweep already exists in {sweep_dir}; continue it with --resume, or choose another "
+                         "--sweep-dir")
+    if resume and not tune.Tuner.can_restore(str(plan.tune_dir)):
+        raise SpaceError(f"{plan.tune_dir}: no Ray Tune state to resume (the sweep never started its trials); "
+                         f"remove {sweep_dir} and start again")
+    sweep_dir.mkdir(parents=True, exist_ok=True)
+    base = plan.base()
+    init_ray(base)
+    concurrency = trial_concurrency(plan.sweep_settings, float(ray.cluster_resources().get("CPU", 0)))
+
+    parent = Tracker(plan.tracking(plan.name), run_id=plan.parent_run_id if resume else None,
+                     tags={"raydistill.sweep": plan.name, "raydistill.kind": "tune", "method": plan.method,
+                           "student": plan.student, "teacher": plan.teacher or "none"})
+    if parent.run_id:
+        plan.parent_run_id = parent.run_id
+    plan.save()
+    if not resume:
+        settings = plan.sweep_settings
+        parent.log_params({"student": plan.student, "method": plan.method, "teacher": plan.teacher or "none",
+                           "search.algorithm": plan.algorithm, "search.num_samples": settings.num_samples,
+                           "search.seed": settings.seed, "search.time_budget_s": settings.time_budget_s,
+                           "scheduler": "ASHA", "scheduler.metric": METRIC,
+                           "scheduler.grace_evals": settings.grace_evals,
+                           "scheduler.reduction_factor": settings.reduction_factor,
+                           "resources_per_trial.num_cpus": settings.num_cpus,
+                           "resources_per_trial.num_gpus": settings.num_gpus,
+                           "resources_per_trial.threads": settings.trial_threads(),
+                           "space_file": plan.space_file, "config_hash": base.config_hash(),
+                           "start_from": json.dumps(plan.start_from)}
+                          | {f"space.{key}": param.describe() for key, param in plan.param_objects().items()})
+    print(f"[tune] sweep {plan.name}: {plan.sweep_dir}; search {plan.algorithm}, "
+          f"{plan.sweep_settings.num_samples} samples" + (f"; MLflow {parent.tracking_uri} run {parent.run_id}"
+                                                          if parent.run_id else ""), flush=True)
+    try:
+        teacher_pass, max_t = _shared_teacher_pass(plan, parent)
+        print(f"[tune] up to {concurrency} trial(s) at once ({plan.sweep_settings.num_cpus:g} CPU and "
+              f"{plan.sweep_settings.trial_threads()} thread(s) each; 1 CPU left to Ray Data)", flush=True)
+        tuner = _tuner(plan, max_t, resume=resume, callbacks=callbacks, verbose=verbose, concurrency=concurrency)
+        tuner.fit()
+        summary = summarize(plan, teacher_pass, started)
+        prune_checkpoints(summary)
+        finish_trial_runs(plan, summary)
+        export_best(plan, summary)
+        evaluate_best_and_default(plan, summary)
+        summary["wall_s"] = round(time.time() - started, 1)
+        summary["concurrent_trials"] = concurrency
+        write_json(sweep_dir / "summary.json", summary)
+        log_summary(parent, plan, summary)
+    except BaseException:
+        parent.end("FAILED")
+        raise
+    parent.end("KILLED" if summary["ended_by"] == "interrupted" else "FINISHED")
+    return summary
+
+
+def resume_sweep(sweep_dir: str | os.PathLike, **kwargs) -> dict[str, Any]:
+    """Continue the sweep saved in ``sweep_dir`` (``run_sweep(SweepPlan.load(sweep_dir), resume=True)``)."""
+    return run_sweep(SweepPlan.load(sweep_dir), resume=True, **kwargs)
+
+
+def trial_concurrency(settings: SweepSettings, cluster_cpus: float, data_cpus: float = 1.0) -> int:
+    """How many trials may run at once: their CPUs plus ``data_cpus`` left free for the Ray Data tasks every trial
+    starts (from_arrow, iteration), which Ray schedules outside the trial's placement group. With every CPU held by
+    trials those tasks would wait forever (docs/runtime.md, Ray behaviour)."""
+    free = cluster_cpus - data_cpus
+    if settings.num_cpus > free + 1e-9:
+        raise SpaceError(
+            f"resources_per_trial.num_cpus = {settings.num_cpus:g} leaves no CPU for Ray Data on a cluster of "
+            f"{cluster_cpus:g} CPUs (each trial's data tasks need {data_cpus:g} CPU outside the trials): use "
+            f"--cpus-per-trial {max(0.25, free):g} or less")
+    cap = max(1, int(math.floor(free / settings.num_cpus + 1e-9)))
+    return min(cap, settings.max_concurrent_trials or cap)
+
+
+def _shared_teacher_pass(plan: SweepPlan, parent) -> tuple[dict[str, Any], int]:
+    """Build stage 1's training data once in the driver (the teacher pass through the embedding cache), so every
+    trial only hits caches; return its counts and ASHA's ``max_t`` (the base config's steps)."""
+    from raydistill.methods import stage_plan
+    from raydistill.runtime.learner_group import LearnerGroup
+    from raydistill.runtime.stage_data import build_stage_data
+
+    cfg = plan.trial_config({}, Path(plan.sweep_dir) / "trials" / "_shared", "shared")
+    stage = stage_plan(cfg)[0]
+    started = time.perf_counter()
+    data = build_stage_data(stage.cfg, stage.spec)
+    seconds = time.perf_counter() - started
+    stats = dict(getattr(data, "cache_stats", {}) or {})
+    counts = {"sentences": int(data.num_rows), "hits": int(stats.get("hits", 0)),
+              "misses": int(stats.get("misses", 0)),
+              "teacher_forward_sentences": int(stats.get("teacher_forward_sentences", 0)),
+              "seconds": round(seconds, 2), "time": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+    max_t = LearnerGroup(stage.cfg, stage.spec, run_dir=stage.run_dir).total_steps(data)
+    shutil.rmtree(Path(plan.sweep_dir) / "trials" / "_shared", ignore_errors=True)
+    passes_path = Path(plan.sweep_dir) / "teacher_passes.json"
+    passes = json.loads(passes_path.read_text()) if passes_path.is_file() else []
+    passes.append(counts)
+    write_json(passes_path, passes)
+    print(f"[tune] teacher pass (once for all trials): {counts['sentences']} rows, {counts['hits']} cached, "
+          f"{counts['teacher_forward_sentences']} sentences through the teacher ({seconds:.1f}s)", flush=True)
+    parent.log_metrics({"teacher_forward_sentences": counts["teacher_forward_sentences"],
+                        "teacher_cache_hits": counts["hits"], "teacher_cache_misses": counts["misses"],
+                        "teacher_pass_s": seconds}, step=len(passes) - 1)
+    return {"passes": passes}, max_t
+
+
+def _tuner(plan: SweepPlan, max_t: int, *, resume: bool, callbacks: list | None, verbose: int, concurrency: int):
+    """A new Tuner for the plan, or (``resume``) the saved one: finished, stopped and failed trials are kept, running
+    ones restart from their own last checkpoint."""
+    from ray import tune
+    from ray.tune.schedulers import ASHAScheduler
+
+    settings = plan.sweep_settings
+    trainable = tune.with_resources(tune.with_parameters(distill_trial, plan=plan.to_dict()),
+                                    {"cpu": settings.num_cpus, "gpu": settings.num_gpus})
+    if resume:
+        return tune.Tuner.restore(str(plan.tune_dir), trainable=trainable, resume_unfinished=True,
+                                  resume_errored=False, restart_errored=False)
+    eval_every = int(plan.base_config.get("train", {}).get("eval_every") or 1)
+    grace = max(1, min(settings.grace_evals * eval_every, max_t))
+    scheduler = ASHAScheduler(time_attr="step", max_t=max(max_t, grace), grace_period=grace,
+                              reduction_factor=settings.reduction_factor, stop_last_trials=False)
+    points = [dict(p) for p in plan.start_from]
+    max_concurrent = concurrency  # trial_concurrency: the CPU cap and max_concurrent_trials, whichever is lower
+    if plan.algorithm == "optuna":
+        from ray.tune.search.optuna import OptunaSearch
+
+        search = OptunaSearch(points_to_evaluate=points or None, seed=settings.seed)
+    else:
+        from ray.tune.search.basic_variant import BasicVariantGenerator
+
+        # Tune ignores TuneConfig.max_concurrent_trials for a BasicVariantGenerator passed in: it takes its own.
+        search = BasicVariantGenerator(points_to_evaluate=points or None, random_state=settings.seed,
+                                       max_concurrent=max_concurrent or 0)
+        max_concurrent = None
+    tune_config = tune.TuneConfig(metric=METRIC, mode="max", search_alg=search, scheduler=scheduler,
+                                  num_samples=settings.num_samples, max_concurrent_trials=max_concurrent,
+                                  time_budget_s=settings.time_budget_s, trial_dirname_creator=trial_dirname,
+                                  # the next trial runs in the finished one's process: no new worker, no second
+                                  # import of torch/transformers/ray.data (bench/sweep.py measures the difference)
+                                  reuse_actors=True)
+    run_config = tune.RunConfig(name=plan.tune_dir.name, storage_path=str(plan.tune_dir.parent),
+                                failure_config=tune.FailureConfig(max_failures=0, fail_fast=False),
+                                callbacks=callbacks, verbose=verbose)
+    return tune.Tuner(trainable, param_space=plan.param_space(), tune_config=tune_config, run_config=run_config)
+
+
+def trial_dirname(trial) -> str:
+    """Each trial's directory under ``<sweep>/tune`` is named by its id, like its run dir under ``<sweep>/trials``.
+
+    Tune saves this function in the experiment state by module and name, and a resume loads it from there."""
+    return trial.trial_id
