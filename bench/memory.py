@@ -9,12 +9,14 @@ Ray Data workers) and keeps the peak of the sum and of the driver alone.
 What grows with the corpus is what the job keeps per row: the texts of each view, the embedding cache's index
 (~100 bytes a sentence), the Ray Dataset of texts in the object store. The teacher's vectors are not among them:
 batches read their rows' vectors from the memory-mapped cache. To keep the teacher out of the measurement, the
-bench fills a fresh cache with random unit vectors under mpnet-base's identity, so the job's teacher pass finds
-every sentence cached (it loads no teacher). The corpus is ``mixed`` (269,672 sentences) plus, to reach 300,000,
+bench fills a fresh cache per size, with random unit vectors of that size's sentences under mpnet-base's identity,
+so the job's teacher pass finds every sentence cached (it loads no teacher) and the cache is as large as a real
+job's. The corpus is ``mixed`` (269,672 sentences) plus, to reach 300,000,
 shuffled-word variants of its sentences: each size trains on a corpus file of exactly that many sentences (the
 first N lines of one file), so a smaller run never reads the larger corpus.
 
     rss_300k_over_30k    peak RSS (driver + workers) at 300k rows / at 30k rows; the target is ≤ 1.3
+    peak_anonymous_rss_mb  the same tree's RSS less its file-backed and shared pages (memory maps, the object store)
 
     python bench/memory.py --quick                                 # 3k / 10k / 30k rows, nothing written
     python bench/memory.py --write results/bench-memory.json       # ~15-25 min here
@@ -75,13 +77,14 @@ def job_overrides(work: Path, corpus: Path, rows: int, steps: int) -> list[str]:
     return [f"teacher={TEACHER}", f"data.corpus=file:{corpus_of(corpus, rows)}", "data.max_sentences=null",
             "data.views={control: none, generalize: 'delete:0.1'}", "data.teacher_views=[control]",
             f"train.max_steps={steps}", "train.eval_every=100000", "train.checkpoint_every=100000",
-            f"run_dir={work / f'run-{rows}'}", f"cache_dir={work / 'embeddings'}", "tracking.enabled=false",
+            f"run_dir={work / f'run-{rows}'}", f"cache_dir={work / f'embeddings-{rows}'}", "tracking.enabled=false",
             "resources.learner.num_learners=1", "resources.learner.num_cpus=1", "resources.learner.threads=1",
             "resources.teacher.threads=1"]
 
 
 def fill_teacher_cache(work: Path, corpus: Path, rows: int, steps: int) -> str:
-    """Random unit vectors for every corpus sentence, under the job's teacher identity: the pass hits them all."""
+    """Random unit vectors for every sentence of this size's corpus, in a cache of its own, under the job's teacher
+    identity: the pass hits them all, and the cache holds what a real job's would."""
     from raydistill.runtime.config import JobConfig
     from raydistill.runtime.embedding_cache import EmbeddingCache
     from raydistill.runtime.preflight import preflight
@@ -91,7 +94,7 @@ def fill_teacher_cache(work: Path, corpus: Path, rows: int, steps: int) -> str:
     cfg = preflight(JobConfig.from_yaml(shipped_config("congen"), job_overrides(work, corpus, rows, steps)))
     spec = TeacherSpec.from_config(cfg)
     cache = EmbeddingCache(cfg.resolved_cache_dir(), spec.identity(), description=spec.describe())
-    texts = corpus.read_text().splitlines()
+    texts = corpus_of(corpus, rows).read_text().splitlines()
     rng = np.random.default_rng(1)
     for start in range(0, len(texts), 50_000):
         chunk = texts[start:start + 50_000]
@@ -125,17 +128,20 @@ def measure(rows: int, work: Path, corpus: Path, steps: int) -> dict:
     with open(log_path, "w") as log:
         child = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
         root = psutil.Process(child.pid)
-        peak_total = peak_driver = 0
+        peak_total = peak_driver = peak_anonymous = 0
         while child.poll() is None:
             try:
                 tree = [root, *root.children(recursive=True)]
-                total = 0
+                total = anonymous = 0
                 for process in tree:
                     try:
-                        total += process.memory_info().rss
+                        memory = process.memory_info()
                     except psutil.Error:  # exited between listing and reading
-                        pass
+                        continue
+                    total += memory.rss
+                    anonymous += memory.rss - memory.shared
                 peak_total = max(peak_total, total)
+                peak_anonymous = max(peak_anonymous, anonymous)
                 peak_driver = max(peak_driver, root.memory_info().rss)
             except psutil.Error:
                 pass
@@ -146,7 +152,8 @@ def measure(rows: int, work: Path, corpus: Path, steps: int) -> dict:
     report = json.loads(log_path.read_text().strip().splitlines()[-1])
     return {"rows": rows, "trained_rows": report["rows"], "steps": report["steps"],
             "teacher_cache": report["teacher_cache"], "peak_rss_mb": round(peak_total / 2**20, 1),
-            "peak_driver_rss_mb": round(peak_driver / 2**20, 1), "seconds": round(time.perf_counter() - started, 1)}
+            "peak_driver_rss_mb": round(peak_driver / 2**20, 1),
+            "peak_anonymous_rss_mb": round(peak_anonymous / 2**20, 1), "seconds": round(time.perf_counter() - started, 1)}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -168,9 +175,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         corpus = work / "corpus.txt"
         write_corpus(corpus, max(sizes))
-        cache_dir = fill_teacher_cache(work, corpus, max(sizes), args.steps)
         runs = []
         for rows in sizes:
+            cache_dir = fill_teacher_cache(work, corpus, rows, args.steps)
             runs.append(measure(rows, work, corpus, args.steps))
             print(json.dumps(runs[-1]), flush=True)
         smallest, largest = runs[0], runs[-1]
@@ -179,7 +186,8 @@ def main(argv: list[str] | None = None) -> int:
             "what": "peak RSS of a ConGen job's process tree (driver + local Ray + learner and Ray Data workers) "
                     "by training rows; teacher vectors read per batch from the memory-mapped cache",
             "student": "minilm-l3", "teacher": TEACHER, "teacher_dim": TEACHER_DIM, "steps": args.steps,
-            "teacher_cache": f"random unit vectors under {TEACHER}'s identity ({Path(cache_dir).name})",
+            "teacher_cache": f"per size, random unit vectors of its corpus under {TEACHER}'s identity "
+                             f"({Path(cache_dir).name})",
             "runs": runs,
             f"rss_{largest['rows'] // 1000}k_over_{smallest['rows'] // 1000}k": round(
                 largest["peak_rss_mb"] / smallest["peak_rss_mb"], 3),

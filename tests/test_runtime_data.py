@@ -269,10 +269,6 @@ def test_training_data_stream_is_deterministic_and_resumable(ray_session, tmp_pa
     expected = teacher.encode(texts)
     np.testing.assert_allclose(batch["teacher_control"], expected, atol=1e-5)  # rows joined to the right text
 
-    # Shards of data-parallel learners partition the stream.
-    shards = [[b["idx"].tolist() for b in data.iter_batches(0, 32, num_shards=2, shard=s)] for s in (0, 1)]
-    assert shards[0] == [b["idx"].tolist() for b in epoch0[0::2]] and shards[1] == [b["idx"].tolist() for b in epoch0[1::2]]
-
     # A copy sent to another process (pickled without its local columns) reads the same batches from the dataset.
     import pickle
 
@@ -314,3 +310,23 @@ def test_init_ray_joins_the_running_ray_and_keeps_data_off_actor_cpus(ray_sessio
         assert options.exclude_resources.cpu == 2.0  # the global setting is untouched
     finally:
         options.exclude_resources = before
+
+
+@pytest.mark.ray
+def test_teacher_pass_job_fills_the_cache_once_and_trains_nothing(ray_session, tiny_models, tmp_path, capsys):
+    """raydistill run teacher_pass: the config's corpus through the teacher; a second run finds every sentence."""
+    from raydistill.runtime.entry import run_job
+
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("".join(f"sentence number {i} about a dog\n" for i in range(40)))
+    argv = ["--config", "congen", "--set", f"student={tiny_models['bert']}", "--set", f"teacher={tiny_models['bert']}",
+            "--set", f"data.corpus=file:{corpus}", "--set", "data.max_sentences=null",
+            "--set", "data.views={control: none, generalize: 'delete:0.1'}", "--set", f"cache_dir={tmp_path / 'cache'}",
+            "--set", f"run_dir={tmp_path / 'run'}", "--set", "resources.teacher.threads=1",
+            "--set", "student_projection_init=default"]
+    first = run_job("teacher_pass", argv)
+    assert (first["rows"], first["misses"], first["hits"], first["teacher_forward_sentences"]) == (40, 40, 0, 40)
+    again = run_job("teacher_pass", argv)
+    assert (again["misses"], again["hits"], again["teacher_forward_sentences"]) == (0, 40, 0)
+    assert '"misses": 0' in capsys.readouterr().out
+    assert not (tmp_path / "run").exists()  # nothing trained

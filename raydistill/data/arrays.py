@@ -27,9 +27,6 @@ class ArrayData:
         self.seed, self.shuffle = int(seed), shuffle
         self.cache_stats = cache_stats or {}
 
-    def columns(self) -> dict[str, np.ndarray]:
-        return self._columns
-
     def rows(self, indices: np.ndarray) -> dict[str, np.ndarray]:
         """The rows ``indices`` as a batch."""
         return {name: col[indices] for name, col in self._columns.items()}

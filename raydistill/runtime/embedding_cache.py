@@ -198,6 +198,16 @@ class EmbeddingCache:
         return rows["key"], rows["embedding"]
 
     @staticmethod
+    def _release_pages(array: np.ndarray) -> None:
+        """Drop the memory map's pages from this process's resident set (they stay in the page cache): indexing a
+        part reads its keys, which sit between the vectors, so every page of the part was touched once."""
+        mapping = getattr(array.base, "_mmap", None) or getattr(array, "_mmap", None)
+        if mapping is not None and hasattr(mapping, "madvise"):
+            import mmap
+
+            mapping.madvise(mmap.MADV_DONTNEED)
+
+    @staticmethod
     def _read_parquet(path: Path) -> tuple[np.ndarray, np.ndarray] | None:
         """An old Parquet part, read into memory once (Parquet cannot be memory-mapped as float32 rows)."""
         table = pq.read_table(path, columns=["text_hash", "embedding"])
@@ -217,6 +227,7 @@ class EmbeddingCache:
         part = len(self._parts)
         self._parts.append(embeddings)
         raw = keys.tobytes()  # the keys only: 16 bytes a row
+        self._release_pages(keys)
         # (part, row) packed into one int keeps the index near 100 bytes a sentence. Later parts win for a key
         # written twice (same teacher, same vector either way).
         self._row_of.update((raw[i * _KEY_BYTES:(i + 1) * _KEY_BYTES], (part << 32) | i) for i in range(len(keys)))

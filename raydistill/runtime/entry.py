@@ -16,6 +16,7 @@ import sys
 from typing import NoReturn
 
 __all__ = ["USER_ERRORS", "JOBS", "exit_with_user_error", "distill_job_main", "st_mse_job_main", "tenc_job_main",
+           "teacher_pass_job_main",
            "run_job"]
 
 # Job name -> what it does (one line; ``raydistill --help`` and ``raydistill run --help`` print these). Each job's
@@ -28,6 +29,7 @@ JOBS = {
     "dvbert": "DvBERT: NLI cross-encoder teachers, a teacher-annealed siamese student, then STS-B",
     "simcse": "unsupervised SimCSE: the no-teacher baseline every distilled student must beat",
     "distill": "any method of raydistill.methods, from --config (a YAML file, or a shipped name such as cosine)",
+    "teacher_pass": "only the teacher pass of a config: its corpus through the teacher into the cache, once",
     "st_mse": "sentence-transformers' own distillation recipe (MSELoss to the teacher's vectors): the library baseline",
 }
 
@@ -129,6 +131,23 @@ def distill_job_main(method: str, doc: str | None, argv: list[str] | None = None
     return record
 
 
+def teacher_pass_job_main(doc: str | None, argv: list[str] | None = None, prog: str | None = None) -> dict:
+    """``python jobs/teacher_pass.py --config NAME``: fill the teacher cache a config's jobs read, train nothing."""
+    import json
+
+    from raydistill.runtime.config import JobConfig
+    from raydistill.runtime.pipeline import run_teacher_pass
+    from raydistill.shipped import resolve_config
+
+    args = _job_parser("teacher_pass", doc, prog, JobConfig).parse_args(argv)
+    try:
+        stats = run_teacher_pass(JobConfig.from_yaml(resolve_config(args.config), args.overrides))
+    except USER_ERRORS as exc:
+        exit_with_user_error(exc)
+    print(json.dumps({k: v for k, v in stats.items() if k != "views"}))
+    return stats
+
+
 def st_mse_job_main(doc: str | None, argv: list[str] | None = None, prog: str | None = None) -> dict:
     """``python jobs/st_mse.py``: the distillation jobs' options, trained by sentence-transformers' recipe."""
     from raydistill.runtime.st_mse import run_st_mse
@@ -186,4 +205,6 @@ def run_job(job: str, argv: list[str] | None = None, prog: str | None = None) ->
         return tenc_job_main(None, argv, prog)
     if job == "st_mse":
         return st_mse_job_main(None, argv, prog)
+    if job == "teacher_pass":
+        return teacher_pass_job_main(None, argv, prog)
     return distill_job_main(job, None, argv, prog)

@@ -46,7 +46,8 @@ import numpy as np
 
 from raydistill.runtime.config import DataConfig, JobConfig
 
-__all__ = ["TrainingData", "load_training_texts", "build_training_data", "view_seed",
+__all__ = ["TrainingData", "load_training_texts", "build_training_data", "cache_teacher_vectors", "run_teacher_pass",
+           "view_seed",
            "EVALUATION_SETS", "SOURCE_SETS", "LONG_TEXT_CHARS",
            "read_training_corpus", "has_caption_groups"]
 
@@ -247,10 +248,6 @@ class TrainingData:
         return state
 
     @property
-    def views(self) -> list[str]:
-        return [name[len("text_"):] for name in self.columns() if name.startswith("text_")]
-
-    @property
     def teacher_dim(self) -> int | None:
         dims = [reader.dim for reader in self.teacher.values()]
         return dims[0] if dims else None
@@ -276,21 +273,13 @@ class TrainingData:
             return np.arange(self.num_rows)
         return np.random.default_rng([int(self.seed), int(epoch)]).permutation(self.num_rows)
 
-    def iter_batches(self, epoch: int, batch_size: int, skip_batches: int = 0, drop_last: bool = True, *,
-                     shard: int = 0, num_shards: int = 1) -> Iterator[dict[str, np.ndarray]]:
-        """Numpy batches of one epoch, from batch ``skip_batches`` on; texts are object arrays.
-
-        ``shard``/``num_shards``: yield only batches ``b`` with ``b % num_shards == shard`` (data-parallel
-        learners reading the same stream); ``skip_batches`` counts batches of the whole stream.
-        """
+    def iter_batches(self, epoch: int, batch_size: int, skip_batches: int = 0, drop_last: bool = True,
+                     ) -> Iterator[dict[str, np.ndarray]]:
+        """Numpy batches of one epoch, from batch ``skip_batches`` on; texts are object arrays."""
         if batch_size <= 0:
             raise ValueError(f"batch_size must be > 0, got {batch_size}")
-        if not 0 <= shard < num_shards:
-            raise ValueError(f"shard {shard} is not in [0, {num_shards})")
         order = self.epoch_order(epoch)
         for b in range(skip_batches, self.num_batches(batch_size, drop_last)):
-            if b % num_shards != shard:
-                continue
             yield self.rows(order[b * batch_size:(b + 1) * batch_size])
 
 
@@ -321,9 +310,6 @@ def build_training_data(cfg: JobConfig) -> TrainingData:
     import ray
     import ray.data
 
-    from raydistill.runtime.embedding_cache import TeacherVectors, ensure_teacher_embeddings
-    from raydistill.runtime.teacher import TeacherSpec
-
     if not ray.is_initialized():
         raise RuntimeError("build_training_data needs Ray: call raydistill.runtime.cluster.init_ray(cfg) first")
     input_stats: dict[str, int] = {}
@@ -336,18 +322,8 @@ def build_training_data(cfg: JobConfig) -> TrainingData:
         columns[f"text_{view}"] = np.array([row[f"text_{view}"] for row in rows], dtype=object)
     del rows
 
-    per_view: dict[str, dict[str, Any]] = {}
-    teacher: dict[str, TeacherVectors] = {}
-    if cfg.data.teacher_views:
-        spec = TeacherSpec.from_config(cfg)
-        for view in cfg.data.teacher_views:
-            _, stats = ensure_teacher_embeddings(list(columns[f"text_{view}"]), view, spec, cfg.resolved_cache_dir(),
-                                                 return_vectors=False)
-            teacher[view] = TeacherVectors(cfg.resolved_cache_dir(), spec.identity())
-            per_view[view] = stats
-    cache_stats = {key: sum(s[key] for s in per_view.values())
-                   for key in ("hits", "misses", "teacher_forward_sentences")}
-    cache_stats["views"] = per_view
+    teacher, cache_stats = cache_teacher_vectors(cfg, {view: list(columns[f"text_{view}"])
+                                                       for view in cfg.data.teacher_views})
     cache_stats["input"] = input_stats
 
     table = pa.table({name: (pa.array(list(column), type=pa.string()) if name.startswith("text_")
@@ -357,3 +333,46 @@ def build_training_data(cfg: JobConfig) -> TrainingData:
     dataset = ray.data.from_arrow(table, override_num_blocks=num_blocks)
     return TrainingData(dataset=dataset, num_rows=num_rows, cache_stats=cache_stats, seed=cfg.seed,
                         shuffle=cfg.data.shuffle, teacher=teacher, _columns=columns)
+
+
+def cache_teacher_vectors(cfg: JobConfig, texts_by_view: dict[str, list[str]]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The teacher pass: every text of every view in ``cfg``'s teacher cache, encoding only what it lacks.
+
+    Returns ``({view: TeacherVectors}, stats)``; stats sums hits, misses and teacher_forward_sentences over the
+    views and keeps each view's own under ``views``. Needs Ray when anything is missing (a Ray Data actor pool).
+    """
+    from raydistill.runtime.embedding_cache import TeacherVectors, ensure_teacher_embeddings
+    from raydistill.runtime.teacher import TeacherSpec
+
+    per_view: dict[str, dict[str, Any]] = {}
+    teacher: dict[str, TeacherVectors] = {}
+    if texts_by_view:
+        spec = TeacherSpec.from_config(cfg)
+        for view, texts in texts_by_view.items():
+            _, per_view[view] = ensure_teacher_embeddings(texts, view, spec, cfg.resolved_cache_dir(),
+                                                          return_vectors=False)
+            teacher[view] = TeacherVectors(cfg.resolved_cache_dir(), spec.identity())
+    stats: dict[str, Any] = {key: sum(s[key] for s in per_view.values())
+                             for key in ("hits", "misses", "teacher_forward_sentences")}
+    stats["views"] = per_view
+    return teacher, stats
+
+
+def run_teacher_pass(cfg: JobConfig) -> dict[str, Any]:
+    """Only the teacher pass of ``cfg``: its corpus's views through the teacher into the cache, nothing trained.
+
+    Pays the slow part once (a GPU node, a quiet night); every job with the same teacher, teacher max length and
+    texts then starts on cache hits. Stopped part-way, it keeps what it encoded. Returns the cache stats.
+    """
+    from raydistill.runtime.cluster import init_ray
+    from raydistill.runtime.preflight import preflight
+
+    cfg = preflight(cfg)
+    if not cfg.data.teacher_views:
+        raise cfg._error("data.teacher_views", f"method {cfg.method!r} reads no teacher vectors: nothing to cache")
+    rows = load_training_texts(cfg.data, cfg.seed)
+    init_ray(cfg)
+    _, stats = cache_teacher_vectors(cfg, {view: [row[f"text_{view}"] for row in rows]
+                                           for view in cfg.data.teacher_views})
+    return {"teacher": cfg.teacher, "corpus": cfg.data.corpus, "rows": len(rows),
+            "cache_dir": str(cfg.resolved_cache_dir()), **stats}
