@@ -330,3 +330,26 @@ def test_teacher_pass_job_fills_the_cache_once_and_trains_nothing(ray_session, t
     assert (again["misses"], again["hits"], again["teacher_forward_sentences"]) == (0, 40, 0)
     assert '"misses": 0' in capsys.readouterr().out
     assert not (tmp_path / "run").exists()  # nothing trained
+
+
+def test_scattered_lookups_leave_the_cache_out_of_the_resident_set(tmp_path):
+    """Indexing a part and reading rows scattered over it keep its pages out of this process's resident set (they
+    stay in the page cache): a job holds the index and its batches' rows, not the memory-mapped vectors."""
+    import psutil
+
+    rows, dim = 20_000, 768  # 60 MB of vectors in two parts
+    texts = [f"sentence {i}" for i in range(rows)]
+    vectors = np.random.default_rng(0).standard_normal((rows, dim)).astype(np.float32)
+    writer = EmbeddingCache(tmp_path, "teacher")
+    writer.append(texts[:rows // 2], vectors[:rows // 2])
+    writer.append(texts[rows // 2:], vectors[rows // 2:])
+    del writer
+    process = psutil.Process()
+    before = process.memory_info().rss
+    cache = EmbeddingCache(tmp_path, "teacher")
+    picked = np.random.default_rng(1).choice(rows, size=2_000, replace=False)
+    hit, found = cache.lookup([texts[i] for i in picked])
+    grown = process.memory_info().rss - before
+    assert hit.all()
+    np.testing.assert_array_equal(found, vectors[picked])
+    assert grown < vectors.nbytes / 3, f"resident set grew by {grown / 2**20:.0f} MB for a 60 MB cache"

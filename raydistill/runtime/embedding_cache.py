@@ -106,6 +106,9 @@ class EmbeddingCache:
             for part in np.unique(part_of):
                 in_part = part_of == part
                 embeddings[positions[in_part]] = self._parts[part][row_of[in_part]]
+                # The kernel maps whole neighbourhoods around each row read (fault-around, read-around): scattered
+                # rows would leave most of the part resident in this process.
+                self._release_pages(self._parts[part])
             # A NaN/inf vector (a part damaged on disk, a teacher that overflowed) would train towards NaN: such
             # rows count as misses, so the teacher recomputes them and a newer part supersedes them. Checked on the
             # rows copied out, so the memory-mapped parts are still never read whole.
@@ -199,8 +202,9 @@ class EmbeddingCache:
 
     @staticmethod
     def _release_pages(array: np.ndarray) -> None:
-        """Drop the memory map's pages from this process's resident set (they stay in the page cache): indexing a
-        part reads its keys, which sit between the vectors, so every page of the part was touched once."""
+        """Drop the memory map's pages from this process's resident set; they stay in the page cache, so the next
+        read of them is still a memory copy. Indexing a part reads its keys, which sit between the vectors (every
+        page touched once); a lookup reads rows scattered over the part."""
         mapping = getattr(array.base, "_mmap", None) or getattr(array, "_mmap", None)
         if mapping is not None and hasattr(mapping, "madvise"):
             import mmap
