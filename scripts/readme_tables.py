@@ -380,6 +380,8 @@ BENCH_FIGURES = (
     ("peak_rss_mb", "bench-scaling.json", "peak resident memory of a ConGen learner step loop (batch 64, K = 65536), MB",
      "–"),
     ("loss_queue_share", "bench-objectives.json", "ConGen loss + queue share of a step (K = 65536)", "≤ 0.10"),
+    ("rss_300k_over_30k", "bench-memory.json",
+     "peak RSS of a ConGen job's process tree (driver + Ray + workers), 300k training rows ÷ 30k", "≤ 1.3"),
 )
 
 
