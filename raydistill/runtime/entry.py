@@ -136,7 +136,7 @@ def teacher_pass_job_main(doc: str | None, argv: list[str] | None = None, prog: 
     import json
 
     from raydistill.runtime.config import JobConfig
-    from raydistill.runtime.pipeline import run_teacher_pass
+    from raydistill.runtime.teacher_pass import run_teacher_pass
     from raydistill.shipped import resolve_config
 
     args = _job_parser("teacher_pass", doc, prog, JobConfig).parse_args(argv)

@@ -46,8 +46,7 @@ import numpy as np
 
 from raydistill.runtime.config import DataConfig, JobConfig
 
-__all__ = ["TrainingData", "load_training_texts", "build_training_data", "cache_teacher_vectors", "run_teacher_pass",
-           "view_seed",
+__all__ = ["TrainingData", "load_training_texts", "build_training_data", "cache_teacher_vectors", "view_seed",
            "EVALUATION_SETS", "SOURCE_SETS", "LONG_TEXT_CHARS",
            "read_training_corpus", "has_caption_groups"]
 
@@ -357,22 +356,3 @@ def cache_teacher_vectors(cfg: JobConfig, texts_by_view: dict[str, list[str]]) -
     stats["views"] = per_view
     return teacher, stats
 
-
-def run_teacher_pass(cfg: JobConfig) -> dict[str, Any]:
-    """Only the teacher pass of ``cfg``: its corpus's views through the teacher into the cache, nothing trained.
-
-    Pays the slow part once (a GPU node, a quiet night); every job with the same teacher, teacher max length and
-    texts then starts on cache hits. Stopped part-way, it keeps what it encoded. Returns the cache stats.
-    """
-    from raydistill.runtime.cluster import init_ray
-    from raydistill.runtime.preflight import preflight
-
-    cfg = preflight(cfg)
-    if not cfg.data.teacher_views:
-        raise cfg._error("data.teacher_views", f"method {cfg.method!r} reads no teacher vectors: nothing to cache")
-    rows = load_training_texts(cfg.data, cfg.seed)
-    init_ray(cfg)
-    _, stats = cache_teacher_vectors(cfg, {view: [row[f"text_{view}"] for row in rows]
-                                           for view in cfg.data.teacher_views})
-    return {"teacher": cfg.teacher, "corpus": cfg.data.corpus, "rows": len(rows),
-            "cache_dir": str(cfg.resolved_cache_dir()), **stats}
