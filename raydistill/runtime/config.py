@@ -204,14 +204,7 @@ class JobConfig:
                 hint = f"; did you mean {path.parent / close[0]}?" if close else (
                     f"; files there: {', '.join(siblings)}" if siblings else "")
             raise ConfigError(f"config file not found: {path}{hint}")
-        text = path.read_text(encoding="utf-8")
-        try:
-            data = yaml.safe_load(text)
-            lines = _yaml_key_lines(text)
-        except yaml.YAMLError as err:
-            mark = getattr(err, "problem_mark", None)
-            line = f":{mark.line + 1}" if mark is not None else ""
-            raise ConfigError(f"{path}{line}: not valid YAML: {getattr(err, 'problem', err)}") from None
+        data, lines = read_yaml(path, ConfigError)
         if data is None:
             data = {}
         if not isinstance(data, dict):
@@ -393,6 +386,17 @@ _PRECISIONS = ("fp32", "bf16")
 _TEACHER_PRECISIONS = ("auto", "fp32", "bf16")  # raydistill.runtime.teacher.PRECISIONS
 _CORPORA = ("flickr", "nli", "flickr+nli", "mixed")  # raydistill.data.corpus.NAMED_CORPORA
 _MISSING = object()
+
+
+def read_yaml(path: Path, error: type[Exception]) -> tuple[Any, dict[str, int]]:
+    """``(data, {dotted key: line})`` of a YAML file; a syntax error raises ``error`` naming the file and line."""
+    text = path.read_text(encoding="utf-8")
+    try:
+        return yaml.safe_load(text), _yaml_key_lines(text)
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        line = f":{mark.line + 1}" if mark is not None else ""
+        raise error(f"{path}{line}: not valid YAML: {getattr(err, 'problem', err)}") from None
 
 
 def raydistill_home() -> Path:

@@ -27,8 +27,8 @@ from raydistill.runtime.config import (
     _suggest,
     _to_plain,
     _where,
-    _yaml_key_lines,
     paths_at_default,
+    read_yaml,
 )
 from raydistill.runtime.pairs import PAIR_SOURCES
 
@@ -197,19 +197,11 @@ class TencConfig:
 
     @classmethod
     def from_yaml(cls, path: str | os.PathLike, overrides: list[str] | None = None) -> TencConfig:
-        import yaml
-
         path = Path(path)
         if not path.is_file():
             raise ConfigError(f"config file not found: {path}")
-        text = path.read_text(encoding="utf-8")
-        try:
-            data = yaml.safe_load(text) or {}
-            lines = _yaml_key_lines(text)
-        except yaml.YAMLError as err:
-            mark = getattr(err, "problem_mark", None)
-            line = f":{mark.line + 1}" if mark is not None else ""
-            raise ConfigError(f"{path}{line}: not valid YAML: {getattr(err, 'problem', err)}") from None
+        data, lines = read_yaml(path, ConfigError)
+        data = data or {}
         if not isinstance(data, dict):
             raise ConfigError(f"{path}:1: a config file must be a mapping of fields, got {type(data).__name__}")
         for item in overrides or []:

@@ -10,9 +10,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
 
-from raydistill.runtime.config import ConfigError, _line_of, _suggest, _yaml_key_lines
+from raydistill.runtime.config import ConfigError, _line_of, _suggest, read_yaml
 from raydistill.runtime.tune_settings import SweepSettings, yaml_number
 from raydistill.shipped import tune_spaces_dir
 
@@ -117,14 +116,7 @@ def load_space(path: str | os.PathLike) -> SearchSpace:
     path = Path(path).expanduser().resolve()
     if not path.is_file():
         raise SpaceError(f"search-space file not found: {path}")
-    text = path.read_text(encoding="utf-8")
-    try:
-        data = yaml.safe_load(text)
-        lines = _yaml_key_lines(text)
-    except yaml.YAMLError as err:
-        mark = getattr(err, "problem_mark", None)
-        raise SpaceError(f"{path}{f':{mark.line + 1}' if mark else ''}: not valid YAML: "
-                         f"{getattr(err, 'problem', err)}") from None
+    data, lines = read_yaml(path, SpaceError)
     if not isinstance(data, dict):
         raise SpaceError(f"{path}:1: a search-space file is a mapping with keys {', '.join(_TOP_KEYS)}")
 
