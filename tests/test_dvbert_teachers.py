@@ -171,6 +171,10 @@ def test_dvbert_job_records_teacher_accuracy_and_refuses_weak_teachers_before_th
     record = run_distillation(dvbert_config(tiny_models["bert"], teachers, tmp_path, 0.0), result_path=result_path,
                               command="pytest tests/test_dvbert_teachers.py")
     validate_result_file(str(result_path))
+    # the first stage's best model is scored too (for DistilCSE that is the label-free CKD student); the last
+    # stage's scores are the record's own
+    first, last = record["training"]["stages"]
+    assert set(first["scores"]) >= {"avg", "stsb_dev"} and "scores" not in last
     accuracy = record["training"]["teacher_accuracy"]
     assert set(accuracy) == {str(t) for t in teachers}
     assert all(0.0 <= value <= 1.0 for value in accuracy.values())

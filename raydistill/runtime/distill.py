@@ -308,7 +308,18 @@ def _evaluate_and_record(cfg, stages, stage_summaries, cache_info, history, mode
     model = BiEncoder.from_pretrained(str(model_dir))
     params_m = sum(p.numel() for p in model.parameters()) / 1e6
     scores: dict[str, float] = {}
+    # An earlier stage's best model is a student in its own right (DistilCSE's stage 1 is label-free CKD): its
+    # 7-STS goes into the record beside the final one, so one run reports both.
+    stage_scores: list[dict[str, float] | None] = [None] * len(stage_summaries)
     if evaluate:
+        for index, summary in enumerate(stage_summaries[:-1]):
+            print(f"[{cfg.method}] evaluating stage {index + 1}'s best {summary['best_dir']} on 7 STS sets + "
+                  "STS-B dev", flush=True)
+            stage_model = BiEncoder.from_pretrained(str(summary["best_dir"]))
+            stage_scores[index] = evaluate_sts(stage_model, sets=STS7 + ("stsb_dev",), progress=False)
+            print(f"[{cfg.method}] stage {index + 1} ({stages[index].name}) 7-STS avg "
+                  f"{stage_scores[index]['avg']:.2f}", flush=True)
+            del stage_model
         print(f"[{cfg.method}] evaluating {model_dir} on 7 STS sets + STS-B dev", flush=True)
         scores = evaluate_sts(model, sets=STS7 + ("stsb_dev",), progress=False)
         tracker.log_metrics({f"test_{k}": v for k, v in scores.items()}, step=sum(s["total_steps"]
@@ -356,7 +367,8 @@ def _evaluate_and_record(cfg, stages, stage_summaries, cache_info, history, mode
                                              "resumed_from", "seconds", "rows", "world_size")}
                    | {"method": stage.name, "lr": stage.cfg.train.lr, "epochs": stage.cfg.train.epochs,
                       "batch_size": stage.cfg.train.batch_size}
-                   for s, stage in zip(stage_summaries, stages)],
+                   | ({"scores": {k: round(v, 2) for k, v in stage_score.items()}} if stage_score else {})
+                   for s, stage, stage_score in zip(stage_summaries, stages, stage_scores)],
         "cpu_s_note": "driver process, its children and the learner actors; the teacher pool's Ray Data actors "
                       "are not counted (their wall time is training.teacher_pass_s)",
         "teacher_pass_s": first_data.get("seconds"),
