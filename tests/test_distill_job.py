@@ -1,7 +1,8 @@
 """End to end: a tiny ConGen job under local Ray, MLflow and the teacher cache; then a resumed, killed-and-restarted run.
 
 Tiny random models (2 layers) keep each run to seconds of compute; everything else is the real thing: Ray Data
-teacher pool, embedding cache, a learner actor, checkpoints, the 7-STS evaluation, the result schema and MLflow.
+teacher pool, embedding cache, a Ray Train worker streaming the rows, checkpoints, the 7-STS evaluation, the result
+schema and MLflow.
 """
 
 from __future__ import annotations
@@ -94,35 +95,39 @@ def test_congen_job_writes_result_tracks_mlflow_and_caches_the_teacher(ray_sessi
 
 
 def test_second_job_hits_the_cache_and_survives_a_killed_learner(ray_session, tiny_bert, tiny_teacher, workspace):
-    import ray
+    import os
+    import signal
 
     from raydistill.runtime.distill import run_distillation
 
     cfg = job_config(tiny_bert, tiny_teacher, workspace, "second")
     run_dir = workspace["root"] / "second"
     killed: dict[str, object] = {}
+    workers: list[int] = []
+
+    def note_the_worker(event, info, step) -> None:
+        if event == "start":
+            workers.append(int(info["pid"]))
 
     def kill_learner_after_first_checkpoint() -> None:
         deadline = time.time() + 240
         while time.time() < deadline:
-            if ckpt.list_checkpoints(run_dir):
-                names = [a["name"] for a in ray.util.list_named_actors(all_namespaces=True)
-                         if a["name"].startswith("raydistill-learner-congen")]
-                if names:
-                    killed["at_checkpoints"] = [p.name for p in ckpt.list_checkpoints(run_dir)]
-                    ray.kill(ray.get_actor(names[0]))
-                    killed["name"] = names[0]
-                    return
+            if ckpt.list_checkpoints(run_dir) and workers:
+                killed["at_checkpoints"] = [p.name for p in ckpt.list_checkpoints(run_dir)]
+                os.kill(workers[0], signal.SIGKILL)  # the Train worker's process, as the OOM killer would
+                killed["name"] = workers[0]
+                return
             time.sleep(0.02)
 
     killer = threading.Thread(target=kill_learner_after_first_checkpoint, daemon=True)
     killer.start()
-    record = run_distillation(cfg, result_path=workspace["root"] / "results" / "second.json", evaluate=False)
+    record = run_distillation(cfg, result_path=workspace["root"] / "results" / "second.json", evaluate=False,
+                              progress=note_the_worker)
     killer.join(timeout=5)
 
     training = record["training"]
     assert training["teacher_cache"] == {"hits": ROWS, "misses": 0, "teacher_forward_sentences": 0}
-    assert "name" in killed, "the learner actor was never killed"
+    assert "name" in killed, "the learner worker was never killed"
     assert training["restarts"] == 1
     stage = training["stages"][0]
     assert stage["resumed_from"] is not None and stage["resumed_from"] >= 5 and stage["resumed_from"] % 5 == 0
