@@ -136,45 +136,56 @@ def test_second_job_hits_the_cache_and_survives_a_killed_learner(ray_session, ti
     assert manifest["step"] == STEPS and manifest["extra"]["restarts"] == 1 and manifest["extra"]["finished"]
 
 
-def test_two_learners_average_gradients_and_share_the_teacher_queue(ray_session, tiny_bert, tiny_teacher, tmp_path):
-    """Two learner actors on different batches: identical weights after every step (all-reduced gradients), and
-    each learner's queue holds the other's teacher vectors too (a private queue would hold only its own)."""
+def test_two_train_workers_stay_identical_share_the_queue_and_resume_a_killed_worker(ray_session, tiny_bert,
+                                                                                      tiny_teacher, workspace):
+    """Two Ray Train workers (DDP, gloo) on the streamed corpus: a SIGKILLed worker is restarted by Train's
+    FailureConfig from the newest checkpoint; afterwards both workers hold identical weights, every rank trained
+    exactly its batches of the seeded order once, and the shared queue holds the other rank's teacher vectors."""
+    import os
+    import signal
+
     import numpy as np
-    import ray
 
-    from raydistill.models import BiEncoder
     from raydistill.methods import get_method
-    from raydistill.runtime.learner import LearnerActor
-    from raydistill.runtime.learner_group import make_shared_queues
-    from tiny_models import load_real_sentences
+    from raydistill.runtime.learner_group import LearnerGroup
+    from raydistill.runtime.pipeline import build_training_data
+    from tests.distill_fixtures import expected_batches
 
-    cfg = preflight(JobConfig.from_dict({
-        "method": "ckd", "student": str(tiny_bert), "teacher": str(tiny_teacher), "run_dir": str(tmp_path),
-        "train": {"batch_size": BATCH, "lr": 1e-3}, "loss": {"queue_size": 64},
-        "resources": {"learner": {"num_learners": 2, "num_cpus": 0.5, "threads": 1}},
-        "tracking": {"enabled": False},
-    }))
-    spec = get_method("ckd")
-    sentences = np.array(load_real_sentences(n_captions=64, n_stsb=0)[:4 * BATCH], dtype=object)
-    teacher_vectors = BiEncoder.from_pretrained(str(tiny_teacher)).encode(list(sentences), normalize=True)
-    batches = [{"idx": np.arange(i, i + BATCH), "text_a": sentences[i:i + BATCH],
-                "teacher_a": teacher_vectors[i:i + BATCH]} for i in range(0, len(sentences), BATCH)]
+    cfg = preflight(job_config(tiny_bert, tiny_teacher, workspace, "two-workers").with_overrides([
+        "resources.learner.num_learners=2", "resources.learner.num_cpus=0.5", "train.epochs=4", "train.max_steps=null",
+        "train.checkpoint_every=2", "train.eval_every=100", "tracking.enabled=false"]))
+    data = build_training_data(cfg)
+    group = LearnerGroup(cfg, get_method("congen"), run_dir=cfg.resolved_run_dir(), teacher_dim=data.teacher_dim)
+    total = group.total_steps(data)
+    assert total == 20  # 10 batches an epoch, 2 per step, 4 epochs
+    workers: list[int] = []
+    killed: dict[str, int] = {}
 
-    queues = make_shared_queues(spec, cfg, teacher_dim=48)
-    learners = [LearnerActor(cfg, rank=rank, world_size=2, total_steps=10, teacher_dim=48, run_dir=str(tmp_path),
-                             queue_actors=queues) for rank in range(2)]
-    try:
-        address, port = ray.get(learners[0].address.remote(), timeout=120)
-        assert ray.get([a.init_process_group.remote(address, port) for a in learners], timeout=120) == [True, True]
-        for step in range(2):
-            losses = ray.get([learners[rank].train_step.remote(batches[2 * step + rank]) for rank in range(2)],
-                             timeout=120)
-            assert losses[0]["loss"] != losses[1]["loss"]  # different data on each learner
-        states = ray.get([a.state_dict.remote() for a in learners], timeout=120)
-        for name, tensor in states[0]["student"].items():
-            assert np.array_equal(tensor.numpy(), states[1]["student"][name].numpy()), name
-        for state in states:
-            assert int(state["loss"]["queue.filled"]) >= 3 * BATCH  # own 2 batches + at least one of the other's
-    finally:
-        for actor in learners + queues:
-            ray.kill(actor)
+    def kill_rank0_after_step_3(kind, info, step) -> None:
+        if kind == "start":
+            workers.append(int(info["pid"]))
+        elif kind == "step" and step >= 3 and not killed:
+            os.kill(workers[-1], signal.SIGKILL)
+            killed["after_step"] = step
+
+    summary = group.fit(data, on_event=kill_rank0_after_step_3)
+    assert killed, "the worker was never killed"
+    assert summary["restarts"] == 1 and len(workers) == 2 and workers[0] != workers[1]
+    assert summary["resumed_from"] is not None and summary["resumed_from"] % 2 == 0 and summary["resumed_from"] > 0
+    assert summary["steps"] == total
+    crcs = summary["weights_crc_by_rank"]
+    assert len(crcs) == 2 and crcs[0] == crcs[1], "DDP left the workers with different weights"
+    history = [row for row in summary["history"] if "loss" in row]
+    assert [row["step"] for row in history] == list(range(1, total + 1))
+    for rank in range(2):
+        assert [row["batch_crc32_by_rank"][rank] for row in history] == expected_batches(cfg, learners=2, rank=rank)
+
+    # The final checkpoint's queue (rank 0's mirror) holds the teacher vectors of rank 1's last batch.
+    _, state = ckpt.load_checkpoint(ckpt.latest_checkpoint(cfg.resolved_run_dir()))
+    queue = state["loss"]["queue.embeddings"].numpy()  # [K, D]
+    order = data.epoch_order(cfg.train.epochs - 1)
+    last_of_rank1 = order[9 * BATCH:10 * BATCH]  # batch 9 of the last epoch: step 5's batch of rank 1
+    vectors = data.rows(last_of_rank1)["teacher_control"]
+    similarity = (vectors / np.linalg.norm(vectors, axis=1, keepdims=True)) @ \
+        (queue / np.maximum(np.linalg.norm(queue, axis=1, keepdims=True), 1e-12)).T
+    assert np.all(similarity.max(axis=1) > 0.999), "rank 1's teacher vectors are not in rank 0's queue"

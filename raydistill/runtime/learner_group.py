@@ -155,14 +155,14 @@ class LearnerGroup:
             self.teacher_dim = _teacher_dim_of(data, self.spec, self.cfg)
         # Refuse another config's checkpoint (or another learner count) here, before any worker starts.
         ckpt.check_resume(self.run_dir, self.cfg, self.world_size)
-        latest, manifest = ckpt.latest_good_checkpoint(
-            self.run_dir, report=lambda message: print(f"[{self.name}] {message}", flush=True))
+        # Where the data stream starts and whether the workers start fresh; they pick (and report) the checkpoint.
+        latest, manifest = ckpt.latest_good_checkpoint(self.run_dir, report=lambda message: None)
         events = _Dispatcher(self, total, first_step=manifest["step"] if manifest else 0, on_metrics=on_metrics,
                              on_eval=on_eval, on_event=on_event)
         loop = LoopConfig(cfg=self.cfg, spec=self.spec, run_dir=str(self.run_dir), total_steps=total,
                           num_rows=data.num_rows, teacher_dim=self.teacher_dim, init_model=self.init_model,
-                          name=self.name, events=None, resume_path=str(latest) if latest else None,
-                          local_mode=self.num_learners == 0)
+                          name=self.name, events=None, local_mode=self.num_learners == 0,
+                          checkpoints_in_run_dir=not self.cfg.extra.get("storage_path"))
         if latest is None:  # a fresh start: the samples the workers fit the projection and fill the queues from
             loop.projection_sample = self._projection_sample(data)
             loop.queue_sample = self._queue_sample(data)

@@ -292,6 +292,8 @@ class TrainingData:
             raise ValueError(f"epoch_stream: no epoch from {first_epoch} to {epochs}")
         stream = parts[0].union(*parts[1:]) if len(parts) > 1 else parts[0]
         stream.context.execution_options.preserve_order = True
+        # Read inside the training loop, whose progress lines already say where it is: no per-epoch bars.
+        stream.context.enable_progress_bars = False
         return stream
 
     def iter_batches(self, epoch: int, batch_size: int, skip_batches: int = 0, drop_last: bool = True,

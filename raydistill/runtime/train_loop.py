@@ -6,7 +6,7 @@
     rank, world = the Train context's world rank and size (1 in Train's local mode, ``num_learners: 0``)
     learner = DistillLearner(..., rank, world)            # shared teacher queues through the loop config's keeper
     resume: the newest checkpoint among Train's (``ray.train.get_checkpoint``, after a worker failure or a rerun
-            of the same run) and the one the driver verified in ``run_dir``; a fresh start fits the projection by
+            of the same run) and the newest that verifies in ``run_dir``; a fresh start fits the projection by
             least squares and fills the teacher queues from the samples the driver sent
     learner.enable_ddp()                                   # several workers: DDP averages the gradients
     for each step: this worker's batch of the step (batch b of an epoch goes to rank b mod world), its teacher
@@ -69,7 +69,7 @@ class LoopConfig:
     init_model: str | None
     name: str
     events: Any  # EventRelay actor handle, or a LocalEvents in local mode
-    resume_path: str | None = None  # the newest checkpoint of run_dir that verifies (driver-side), if any
+    checkpoints_in_run_dir: bool = True  # Train's storage is the run dir (not a remote extra.storage_path)
     array_data: Any = None  # an ArrayData (labelled set), or None: the rows stream from the Ray Dataset
     teacher: dict[str, Any] = field(default_factory=dict)  # view -> TeacherVectors (memory-mapped cache)
     projection_sample: tuple[list[str], np.ndarray, str] | None = None  # (texts, teacher vectors [n, D], view)
@@ -278,9 +278,13 @@ class _Worker:
         """(step, epoch, batch_in_epoch) to continue from, and the checkpoint step loaded (None: fresh start)."""
         import ray.train
 
-        # Train's own checkpoint first (the newest reported, after a worker failure or on a rerun of the run), then
-        # the run dir's newest good one if it is newer (Train's may be damaged, or the run dir the only record).
-        candidates = [("train", ray.train.get_checkpoint()), ("run_dir", self.loop.resume_path)]
+        # Train's own checkpoint (the newest its controller registered), then the run dir's newest good one if that
+        # is newer: a worker killed right after a report leaves a persisted checkpoint that the controller had not
+        # registered yet, and local mode registers none. A damaged newer checkpoint is skipped, and the log says so.
+        in_run_dir = None
+        if self.loop.checkpoints_in_run_dir:
+            in_run_dir, _ = ckpt.latest_good_checkpoint(self.loop.run_dir, report=self._print)
+        candidates = [("train", ray.train.get_checkpoint()), ("run_dir", in_run_dir)]
         manifest: dict[str, Any] | None = None
         for source, where in candidates:
             if where is not None:
