@@ -182,6 +182,8 @@ class LearnerGroup:
         else:
             result = self._fit_workers(loop, datasets, events)
         out = result.return_value
+        if out.get("aborted"):
+            raise self._unresponsive(self.call_timeout_s)
         if out.get("preempted"):
             self._raise_preempted(out["step"])
         return FitSummary(steps=out["step"], total_steps=total, world_size=self.world_size,
@@ -251,28 +253,30 @@ class LearnerGroup:
         thread.start()
         stop_sent = False
         last_event = time.monotonic()
+        while True:
+            thread.join(0.25)
+            finished = not thread.is_alive()  # checked before the drain: every event is in it then
+            if _STOP_REQUESTED.is_set() and not stop_sent:
+                relay.request_stop.remote()
+                stop_sent = True
+            drained = ray.get(relay.drain.remote(), timeout=60)
+            for kind, info, step in drained:
+                events(kind, info, step)
+            if drained:
+                last_event = time.monotonic()
+            if finished:
+                break
+            limit = self.call_timeout_s if events.starts else max(self.call_timeout_s, LEARNER_START_TIMEOUT_S)
+            if time.monotonic() - last_event > limit:
+                # The run goes on in the background until its hung worker returns or dies; then the relay (kept
+                # alive for this) tells the workers to leave without training. A CLI job simply exits.
+                relay.abort.remote()
+                raise self._unresponsive(limit)
         try:
-            while True:
-                thread.join(0.25)
-                if _STOP_REQUESTED.is_set() and not stop_sent:
-                    relay.request_stop.remote()
-                    stop_sent = True
-                drained = ray.get(relay.drain.remote(), timeout=60)
-                for kind, info, step in drained:
-                    events(kind, info, step)
-                if drained:
-                    last_event = time.monotonic()
-                if not thread.is_alive():
-                    break
-                limit = self.call_timeout_s if events.starts else max(self.call_timeout_s, LEARNER_START_TIMEOUT_S)
-                if time.monotonic() - last_event > limit:
-                    raise self._unresponsive(limit)
-        finally:
-            try:
-                ray.get(relay.shutdown.remote(), timeout=30)
-            except Exception:  # noqa: BLE001 - the relay is gone with the cluster
-                pass
-            ray.kill(relay)
+            ray.get(relay.shutdown.remote(), timeout=30)
+        except Exception:  # noqa: BLE001 - the relay is gone with the cluster
+            pass
+        ray.kill(relay)
         if "error" in outcome:
             raise outcome["error"]
         return outcome["result"]

@@ -94,17 +94,17 @@ class EventRelay:
 
     def __init__(self, queue_factory: Callable[[], list] | None = None):
         self._events: list[tuple[str, dict[str, Any], int]] = []
-        self._stop = False
+        self._stop = self._abort = False
         self._starts = 0
         self._queue_factory = queue_factory
         self._queues: list = []
 
     def push(self, kind: str, info: dict[str, Any], step: int) -> dict[str, Any]:
-        """Queue an event; the answer: whether the driver asked the run to stop (SIGTERM), and how many times the
-        workers were restarted so far (``start`` events after the first)."""
+        """Queue an event; the answer: whether the driver asked the run to stop (SIGTERM) or gave up on it
+        (``abort``: it stopped waiting for events), and how many times the workers were restarted so far."""
         self._starts += kind == "start"
         self._events.append((kind, info, step))
-        return {"stop": self._stop, "restarts": max(0, self._starts - 1)}
+        return {"stop": self._stop, "abort": self._abort, "restarts": max(0, self._starts - 1)}
 
     def drain(self) -> list[tuple[str, dict[str, Any], int]]:
         events, self._events = self._events, []
@@ -112,6 +112,10 @@ class EventRelay:
 
     def request_stop(self) -> None:
         self._stop = True
+
+    def abort(self) -> None:
+        """The driver gave up (no event within its timeout): workers that still report leave without training."""
+        self._abort = True
 
     def shared_queues(self) -> list:
         """Live shared-queue actors (new ones when any has died); [] when the method shares no queue."""
@@ -149,7 +153,7 @@ class LocalEvents:
 
     def push(self, kind: str, info: dict[str, Any], step: int) -> dict[str, Any]:
         self.on_event(kind, info, step)
-        return {"stop": self.stop_requested(), "restarts": 0}  # local mode has no worker to restart
+        return {"stop": self.stop_requested(), "abort": False, "restarts": 0}  # no worker to restart here
 
     def shared_queues(self) -> list:
         return []  # one learner: the loss keeps its own queues
@@ -184,9 +188,14 @@ def _stream_steps(shard, teacher: dict[str, Any], batch_size: int, world: int, r
     """``(epoch, step in epoch, this rank's batch)`` of the Ray Data stream (``TrainingData.epoch_stream``), from
     ``(epoch, first_step)`` on: earlier batches are read and dropped, other ranks' batches are dropped unread by
     the teacher cache."""
+    first = True
     for batch in shard.iter_batches(batch_size=batch_size, batch_format="numpy", drop_last=True):
         ep = int(batch["epoch"][0])
         b = int(batch["position"][0]) // batch_size
+        if first and (ep, b) > (epoch, first_step * world):
+            raise RuntimeError(f"the data stream starts at epoch {ep} batch {b}, after the resume position (epoch "
+                               f"{epoch}, batch {first_step * world}): batches would be skipped")
+        first = False
         if (ep, b // world) < (epoch, first_step) or b % world != rank:
             continue
         rows = {name: (np.asarray(column, dtype=object) if name.startswith("text_") else np.asarray(column))
@@ -246,12 +255,13 @@ class _Worker:
             self._fit_projection()
             self._fill_teacher_queues()
         self.learner.enable_ddp()
-        stop = False
+        reply = {"stop": False, "abort": False}
         if self.rank == 0:
-            reply = _push(self.events, "start", {"resumed_from": resumed_from, "pid": os.getpid(),
-                                                 "world_size": self.world}, position[0])
-            stop, self.restarts = reply["stop"], reply["restarts"]
-        outcome = self._train_from(position, stop_requested=stop)
+            reply = _push(self.events, "start", self._start_info(resumed_from), position[0])
+            self.restarts = reply["restarts"]
+        if self._agree(reply["abort"]):
+            return {"step": self.learner.step, "aborted": True}
+        outcome = self._train_from(position, stop_requested=reply["stop"])
         cpu = self.learner.all_reduce_mean({"cpu_s": _cpu_seconds() - started_cpu})["cpu_s"] * self.world
         return {"step": self.learner.step, "history": self.learner.get_history(), "best": self.learner.best_info(),
                 "resumed_from": resumed_from, "cpu_s": cpu, "weights_crc_by_rank": self._weights_crc_by_rank(),
@@ -273,6 +283,18 @@ class _Worker:
 
             dist.all_reduce(crcs)
         return [int(c) for c in crcs]
+
+    def _start_info(self, resumed_from: int | None) -> dict[str, Any]:
+        """What the driver learns at each (re)start: the checkpoint resumed, rank 0's pid and, with Train workers,
+        its actor and the shared queue actors (what an operator, or a fault test, would kill)."""
+        info: dict[str, Any] = {"resumed_from": resumed_from, "pid": os.getpid(), "world_size": self.world}
+        if self._remote_events:
+            import ray
+
+            info["actor"] = ray.get_runtime_context().current_actor
+            info["queue_actors"] = [queue.actor for queue in self.learner.teacher_queues()
+                                    if getattr(queue, "actor", None) is not None]
+        return info
 
     def _resume(self) -> tuple[tuple[int, int, int], int | None]:
         """(step, epoch, batch_in_epoch) to continue from, and the checkpoint step loaded (None: fresh start)."""
@@ -383,7 +405,10 @@ class _Worker:
                 merged = learner.all_reduce_mean(metrics)
                 merged["learner_sentences_per_s"] = merged.get("sentences_per_s", 0.0) * self.world
                 merged["epoch"] = epoch + batch_in_epoch / max(1, self.loop.num_rows // train.batch_size)
-                stop = self.rank == 0 and _push(self.events, "step", merged, step)["stop"]
+                reply = _push(self.events, "step", merged, step) if self.rank == 0 else {}
+                if self._agree(bool(reply.get("abort"))):
+                    return {"aborted": True}
+                stop = bool(reply.get("stop"))
                 if step % train.eval_every == 0:
                     self._evaluate(step)
                     early_stopped = self._early_stop()
