@@ -100,6 +100,13 @@ def descendants(title: str):
     return found
 
 
+def worker_line(line: str) -> str:
+    """A line a Ray Train worker printed, as the driver shows it, without Ray's colour codes and worker prefix."""
+    import re
+
+    return re.sub(r"^\(RayTrainWorker pid=\d+\)\s*", "", re.sub(r"\x1b\[[0-9;]*m", "", line.strip()))
+
+
 def check_resumed(run: RunLog, reference: RunLog, tolerance: float, *, learners: int = 1) -> dict:
     """The assertions every learner-side fault shares; returns the numbers the reliability row reports."""
     total = reference.training["steps"]
@@ -379,7 +386,7 @@ def test_driver_killed_and_restarted_resumes_from_the_checkpoint(distill_runs, s
     import json
 
     training = json.loads(second.stdout.split("TRAINING ", 1)[1].splitlines()[0])
-    resume_line = next(line for line in second.stdout.splitlines() if "resuming from" in line)
+    resume_line = worker_line(next(line for line in second.stdout.splitlines() if "resuming from" in line))
     run = RunLog({"training": training}, [], final_history(cfg.resolved_run_dir()), cfg.resolved_run_dir())
     resumed_from = training["stages"][0]["resumed_from"]
     assert training["steps"] == STEPS and training["restarts"] == 0

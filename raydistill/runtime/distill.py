@@ -363,7 +363,7 @@ def _evaluate_and_record(cfg, stages, stage_summaries, cache_info, history, mode
                    | {"method": stage.name, "lr": stage.cfg.train.lr, "epochs": stage.cfg.train.epochs,
                       "batch_size": stage.cfg.train.batch_size}
                    for s, stage in zip(stage_summaries, stages)],
-        "cpu_s_note": "driver process, its children and the learner actors; the teacher pool's Ray Data actors "
+        "cpu_s_note": "driver process, its children and the learner workers; the teacher pool's Ray Data actors "
                       "are not counted (their wall time is training.teacher_pass_s)",
         "teacher_pass_s": first_data.get("seconds"),
     }

@@ -174,6 +174,8 @@ class LearnerGroup:
                 self.world_size * self.cfg.train.batch_size
             first_epoch = min(int(manifest["epoch"]) if manifest else 0, self.cfg.train.epochs - 1)
             datasets = {STREAM: data.epoch_stream(first_epoch, self.cfg.train.epochs, rows_per_epoch)}
+            if loop.local_mode:
+                loop.local_stream = datasets[STREAM]
             loop.teacher = dict(getattr(data, "teacher", {}) or {})
         else:
             loop.array_data = data

@@ -241,7 +241,7 @@ class TrainingData:
     teacher: dict[str, Any] = field(default_factory=dict)  # view -> TeacherVectors
     _columns: dict[str, np.ndarray] | None = field(default=None, repr=False)
 
-    # Sent to a learner actor without the local copy; it is read back from the dataset there.
+    # Sent to another process (a Ray Train worker) without the local copy; it is read back from the dataset there.
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
         state["_columns"] = None

@@ -75,6 +75,7 @@ class LoopConfig:
     projection_sample: tuple[list[str], np.ndarray, str] | None = None  # (texts, teacher vectors [n, D], view)
     queue_sample: list[tuple[np.ndarray, np.ndarray]] | None = None  # per teacher queue: (vectors [K, D], groups)
     local_mode: bool = False
+    local_stream: Any = None  # local mode: the Ray Dataset itself (what get_dataset_shard returns there)
 
     def as_dict(self) -> dict[str, Any]:
         return {"loop": self}
@@ -298,15 +299,13 @@ class _Worker:
 
     def _resume(self) -> tuple[tuple[int, int, int], int | None]:
         """(step, epoch, batch_in_epoch) to continue from, and the checkpoint step loaded (None: fresh start)."""
-        import ray.train
-
         # Train's own checkpoint (the newest its controller registered), then the run dir's newest good one if that
         # is newer: a worker killed right after a report leaves a persisted checkpoint that the controller had not
         # registered yet, and local mode registers none. A damaged newer checkpoint is skipped, and the log says so.
         in_run_dir = None
         if self.loop.checkpoints_in_run_dir:
             in_run_dir, _ = ckpt.latest_good_checkpoint(self.loop.run_dir, report=self._print)
-        candidates = [("train", ray.train.get_checkpoint()), ("run_dir", in_run_dir)]
+        candidates = [("train", _train_api("get_checkpoint")), ("run_dir", in_run_dir)]
         manifest: dict[str, Any] | None = None
         for source, where in candidates:
             if where is not None:
@@ -380,9 +379,7 @@ class _Worker:
         if self.loop.array_data is not None:
             return _array_steps(self.loop.array_data, train.batch_size, self.world, self.rank, per_epoch, epoch,
                                 first_step, train.epochs)
-        import ray.train
-
-        shard = ray.train.get_dataset_shard(STREAM)
+        shard = _train_api("get_dataset_shard", STREAM, local_value=self.loop.local_stream)
         return _stream_steps(shard, self.loop.teacher, train.batch_size, self.world, self.rank, epoch, first_step)
 
     def _train_from(self, position: tuple[int, int, int], stop_requested: bool) -> dict[str, Any]:
@@ -469,11 +466,11 @@ class _Worker:
 
     def _report(self, metrics: dict[str, float], step: int, epoch: int, batch_in_epoch: int,
                 extra: dict[str, Any] | None, checkpoint: bool) -> None:
-        """``ray.train.report`` of this step's metrics, with the checkpoint of this step boundary when ``checkpoint``."""
+        """``ray.train.report`` of this step's metrics, with the checkpoint of this step boundary if ``checkpoint``."""
         import ray.train
 
         if not checkpoint:
-            ray.train.report(metrics)
+            _train_api("report", metrics)
             return
         extra = {"world_size": self.world, "restarts": self.restarts, "evaluated_at": self.evaluated_at,
                  **(extra or {})}
@@ -481,7 +478,7 @@ class _Worker:
         if self.loop.local_mode:
             # Local mode keeps reported checkpoints in memory only: persist into the run dir's layout ourselves.
             self.learner.save_checkpoint(epoch, batch_in_epoch, extra)
-            ray.train.report(metrics)
+            _train_api("report", metrics)
             return
         staging = tempfile.mkdtemp(prefix="raydistill-ckpt-") if self.rank == 0 else None
         try:
@@ -493,6 +490,18 @@ class _Worker:
         finally:
             if staging is not None:
                 shutil.rmtree(staging, ignore_errors=True)
+
+
+def _train_api(name: str, *args, local_value=None, **kwargs):
+    """``ray.train.<name>(*args, **kwargs)``; in a Ray Tune trial that runs Train's local mode in its own process,
+    where ray.train's worker calls raise DeprecationWarning (Tune's report carries the metrics there, from the
+    driver's progress hook), ``local_value``: what local mode would have answered (no checkpoint, the dataset)."""
+    import ray.train
+
+    try:
+        return getattr(ray.train, name)(*args, **kwargs)
+    except DeprecationWarning:
+        return local_value
 
 
 def _barrier(world: int) -> None:
