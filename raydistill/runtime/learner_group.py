@@ -7,8 +7,9 @@
                     (``use_gpu`` when ``num_gpus > 0``). DDP averages the gradients (gloo on CPU, NCCL on GPU),
                     so one step consumes N batches (batch ``b`` of an epoch goes to worker ``b mod N``) and the
                     weights stay identical on every worker.
-    datasets        a corpus streams from Ray Data (``{"train": TrainingData.epoch_stream(...)}``, not split:
-                    every worker keeps its own batches of the seeded order); a labelled set rides in the loop config
+    datasets        with Train workers, a corpus streams from Ray Data (``{"train": TrainingData.epoch_stream(...)}``,
+                    not split: every worker keeps its own batches of the seeded order); a labelled set, and the
+                    corpus in local mode (the driver built its text columns), ride in the loop config
     FailureConfig   ``extra.max_restarts`` (default 3) worker-group failures are retried: Train starts new workers,
                     which resume from the newest reported checkpoint (weights, AdamW, schedule, queues, RNG, data
                     position)
@@ -167,17 +168,18 @@ class LearnerGroup:
             loop.projection_sample = self._projection_sample(data)
             loop.queue_sample = self._queue_sample(data)
         datasets = None
-        if hasattr(data, "epoch_stream"):
+        if hasattr(data, "epoch_stream") and not loop.local_mode:
             from raydistill.runtime.train_loop import STREAM, steps_per_epoch
 
             rows_per_epoch = steps_per_epoch(data.num_rows, self.cfg.train.batch_size, self.world_size) * \
                 self.world_size * self.cfg.train.batch_size
             first_epoch = min(int(manifest["epoch"]) if manifest else 0, self.cfg.train.epochs - 1)
             datasets = {STREAM: data.epoch_stream(first_epoch, self.cfg.train.epochs, rows_per_epoch)}
-            if loop.local_mode:
-                loop.local_stream = datasets[STREAM]
             loop.teacher = dict(getattr(data, "teacher", {}) or {})
         else:
+            # A labelled set rides in the loop config. So does the corpus in local mode: the loop runs in this
+            # process, which holds the text columns it built, and the stream's per-epoch sort would need Ray Data
+            # shuffle tasks that a Tune trial's placement group cannot fit (measured: "cannot fit into any bundles").
             loop.array_data = data
         if loop.local_mode:
             result = self._fit_local(loop, datasets, events)

@@ -17,7 +17,8 @@ Data: a corpus (``TrainingData``) streams from Ray Data: the job passes ``Traini
 ``datasets={"train": ...}`` unsplit (every worker reads the whole ordered stream and keeps its own batches; texts
 are cheap to read twice, and the teacher vectors are read only for the worker's own batches), so the order does not
 depend on how Ray schedules blocks, and a resume skips the consumed batches exactly. A labelled set (``ArrayData``:
-a few thousand rows) travels in the loop config.
+a few thousand rows) travels in the loop config, and so does the corpus in Train's local mode, where the loop runs in
+the driver that built its text columns (``iter_batches``: the same batches; teacher vectors from the cache).
 
 Checkpoints: with Train workers, rank 0 writes the atomic checkpoint (checkpoint.py) into a local temporary
 directory and reports it; Train persists it to ``RunConfig(storage_path)/<name>/step-XXXXXXX`` and keeps
@@ -70,12 +71,11 @@ class LoopConfig:
     name: str
     events: Any  # EventRelay actor handle, or a LocalEvents in local mode
     checkpoints_in_run_dir: bool = True  # Train's storage is the run dir (not a remote extra.storage_path)
-    array_data: Any = None  # an ArrayData (labelled set), or None: the rows stream from the Ray Dataset
+    array_data: Any = None  # ArrayData / TrainingData cut here (labelled sets; local mode), or None: the Ray stream
     teacher: dict[str, Any] = field(default_factory=dict)  # view -> TeacherVectors (memory-mapped cache)
     projection_sample: tuple[list[str], np.ndarray, str] | None = None  # (texts, teacher vectors [n, D], view)
     queue_sample: list[tuple[np.ndarray, np.ndarray]] | None = None  # per teacher queue: (vectors [K, D], groups)
     local_mode: bool = False
-    local_stream: Any = None  # local mode: the Ray Dataset itself (what get_dataset_shard returns there)
 
     def as_dict(self) -> dict[str, Any]:
         return {"loop": self}
@@ -217,13 +217,11 @@ def train_worker(config: dict[str, Any]) -> dict[str, Any]:
 
 class _Worker:
     def __init__(self, loop: LoopConfig):
-        import ray.train
-
         from raydistill.runtime.learner import DistillLearner
 
         self.loop, self.cfg = loop, loop.cfg
-        context = ray.train.get_context()
-        self.rank, self.world = int(context.get_world_rank()), int(context.get_world_size())
+        context = _train_api("get_context")  # None: local mode inside a Tune trial, one worker
+        self.rank, self.world = (int(context.get_world_rank()), int(context.get_world_size())) if context else (0, 1)
         self.events = loop.events
         queues = _get(self.events.shared_queues.remote()) if self._remote_events else []
         device = None
@@ -379,7 +377,9 @@ class _Worker:
         if self.loop.array_data is not None:
             return _array_steps(self.loop.array_data, train.batch_size, self.world, self.rank, per_epoch, epoch,
                                 first_step, train.epochs)
-        shard = _train_api("get_dataset_shard", STREAM, local_value=self.loop.local_stream)
+        import ray.train
+
+        shard = ray.train.get_dataset_shard(STREAM)
         return _stream_steps(shard, self.loop.teacher, train.batch_size, self.world, self.rank, epoch, first_step)
 
     def _train_from(self, position: tuple[int, int, int], stop_requested: bool) -> dict[str, Any]:
@@ -495,7 +495,7 @@ class _Worker:
 def _train_api(name: str, *args, local_value=None, **kwargs):
     """``ray.train.<name>(*args, **kwargs)``; in a Ray Tune trial that runs Train's local mode in its own process,
     where ray.train's worker calls raise DeprecationWarning (Tune's report carries the metrics there, from the
-    driver's progress hook), ``local_value``: what local mode would have answered (no checkpoint, the dataset)."""
+    driver's progress hook), ``local_value``: what local mode would have answered (no context, no checkpoint)."""
     import ray.train
 
     try:
