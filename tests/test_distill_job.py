@@ -180,12 +180,18 @@ def test_two_train_workers_stay_identical_share_the_queue_and_resume_a_killed_wo
     for rank in range(2):
         assert [row["batch_crc32_by_rank"][rank] for row in history] == expected_batches(cfg, learners=2, rank=rank)
 
-    # The final checkpoint's queue (rank 0's mirror) holds the teacher vectors of rank 1's last batch.
+    # The final checkpoint's queue (rank 0's mirror, K = 64: the last two steps' 2 x 16 rows) holds the teacher
+    # vectors of one of rank 1's last two batches; a private queue would hold none of rank 1's. (Rank 1's push of
+    # the very last step may still be on its way to the queue actor when rank 0 saves.)
     _, state = ckpt.load_checkpoint(ckpt.latest_checkpoint(cfg.resolved_run_dir()))
     queue = state["loss"]["queue.embeddings"].numpy()  # [K, D]
+    queue = queue / np.maximum(np.linalg.norm(queue, axis=1, keepdims=True), 1e-12)
     order = data.epoch_order(cfg.train.epochs - 1)
-    last_of_rank1 = order[9 * BATCH:10 * BATCH]  # batch 9 of the last epoch: step 5's batch of rank 1
-    vectors = data.rows(last_of_rank1)["teacher_control"]
-    similarity = (vectors / np.linalg.norm(vectors, axis=1, keepdims=True)) @ \
-        (queue / np.maximum(np.linalg.norm(queue, axis=1, keepdims=True), 1e-12)).T
-    assert np.all(similarity.max(axis=1) > 0.999), "rank 1's teacher vectors are not in rank 0's queue"
+
+    def in_queue(batch: int) -> bool:
+        vectors = data.rows(order[batch * BATCH:(batch + 1) * BATCH])["teacher_control"]  # [16, D]
+        vectors = vectors / np.linalg.norm(vectors, axis=1, keepdims=True)
+        return bool(np.all((vectors @ queue.T).max(axis=1) > 0.999))
+
+    # Batches 7 and 9 of the last epoch: rank 1's batches of its last two steps (batch b goes to rank b mod 2).
+    assert in_queue(7) or in_queue(9), "none of rank 1's last teacher vectors are in rank 0's queue"

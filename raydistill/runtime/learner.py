@@ -191,15 +191,16 @@ class DistillLearner:
         teacher queues are buffers, and each worker's mirror is already the shared queue's content.
         ``find_unused_parameters``: a student's pooler or a loss's unused head gets no gradient in some methods.
         """
+        import inspect
+
         import torch.distributed as dist
 
         if self.world_size <= 1 or not dist.is_available() or not dist.is_initialized():
             return False
         device_ids = [self.device.index if self.device.index is not None else torch.cuda.current_device()] \
             if self.device.type == "cuda" else None
-        import inspect
-
         ddp = torch.nn.parallel.DistributedDataParallel
+        # Newer torch renames broadcast_buffers (and warns on the old name); both keep forwards from syncing them.
         no_buffer_sync = {"forward_sync_buffers": False} if "forward_sync_buffers" in \
             inspect.signature(ddp.__init__).parameters else {"broadcast_buffers": False}
         self._ddp = ddp(_StepModule(self), device_ids=device_ids, find_unused_parameters=True, **no_buffer_sync)
