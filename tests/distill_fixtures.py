@@ -161,13 +161,18 @@ class DistillRuns:
         return JobConfig.from_dict(congen_config(self.student, self.teacher, self.root, run_name,
                                                  corpus=self.corpus, **kwargs))
 
-    def run(self, run_name: str, *, on_step: Callable[[int], None] | None = None, **kwargs: Any) -> RunLog:
-        """Train to the end (``on_step(step)`` is called in the driver after every optimiser step)."""
+    def run(self, run_name: str, *, on_step: Callable[[int], None] | None = None,
+            on_start: Callable[[dict[str, Any]], None] | None = None, **kwargs: Any) -> RunLog:
+        """Train to the end. In the driver, ``on_step(step)`` is called after every optimiser step (as its event
+        arrives: the workers may be a step or two further) and ``on_start(info)`` whenever the learners (re)start
+        (``info``: rank 0's ``pid`` and ``actor``, the ``queue_actors``, the checkpoint step ``resumed_from``)."""
         from raydistill.runtime.distill import run_distillation
 
         steps_seen: list[int] = []
 
         def progress(event: str, info: dict[str, Any], step: int) -> None:
+            if event == "start" and on_start is not None:
+                on_start(info)
             if event == "step":
                 steps_seen.append(step)
                 if on_step is not None:

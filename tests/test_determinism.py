@@ -39,7 +39,7 @@ def test_distillation_twice_with_one_seed_trains_the_same_batches_losses_and_sco
     assert again.training["best_step"] == reference.training["best_step"]
     reliability.record(
         "determinism", "distillation job, same seed and config twice",
-        input="a ConGen job (tiny student and teacher, 20 steps, learner actor on 1 torch thread) run twice",
+        input="a ConGen job (tiny student and teacher, 20 steps, one Ray Train worker on 1 torch thread) run twice",
         did=f"the same batches at every step, bit-identical losses at every step, the same final STS-B dev "
             f"({reference.best_stsb_dev:.2f}) and best step", lost="nothing: fully reproducible",
         stsb_dev=[reference.best_stsb_dev, again.best_stsb_dev], max_loss_difference=difference)

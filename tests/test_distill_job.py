@@ -1,7 +1,8 @@
 """End to end: a tiny ConGen job under local Ray, MLflow and the teacher cache; then a resumed, killed-and-restarted run.
 
 Tiny random models (2 layers) keep each run to seconds of compute; everything else is the real thing: Ray Data
-teacher pool, embedding cache, a learner actor, checkpoints, the 7-STS evaluation, the result schema and MLflow.
+teacher pool, embedding cache, a Ray Train worker streaming the rows, checkpoints, the 7-STS evaluation, the result
+schema and MLflow.
 """
 
 from __future__ import annotations
@@ -94,35 +95,39 @@ def test_congen_job_writes_result_tracks_mlflow_and_caches_the_teacher(ray_sessi
 
 
 def test_second_job_hits_the_cache_and_survives_a_killed_learner(ray_session, tiny_bert, tiny_teacher, workspace):
-    import ray
+    import os
+    import signal
 
     from raydistill.runtime.distill import run_distillation
 
     cfg = job_config(tiny_bert, tiny_teacher, workspace, "second")
     run_dir = workspace["root"] / "second"
     killed: dict[str, object] = {}
+    workers: list[int] = []
+
+    def note_the_worker(event, info, step) -> None:
+        if event == "start":
+            workers.append(int(info["pid"]))
 
     def kill_learner_after_first_checkpoint() -> None:
         deadline = time.time() + 240
         while time.time() < deadline:
-            if ckpt.list_checkpoints(run_dir):
-                names = [a["name"] for a in ray.util.list_named_actors(all_namespaces=True)
-                         if a["name"].startswith("raydistill-learner-congen")]
-                if names:
-                    killed["at_checkpoints"] = [p.name for p in ckpt.list_checkpoints(run_dir)]
-                    ray.kill(ray.get_actor(names[0]))
-                    killed["name"] = names[0]
-                    return
+            if ckpt.list_checkpoints(run_dir) and workers:
+                killed["at_checkpoints"] = [p.name for p in ckpt.list_checkpoints(run_dir)]
+                os.kill(workers[0], signal.SIGKILL)  # the Train worker's process, as the OOM killer would
+                killed["name"] = workers[0]
+                return
             time.sleep(0.02)
 
     killer = threading.Thread(target=kill_learner_after_first_checkpoint, daemon=True)
     killer.start()
-    record = run_distillation(cfg, result_path=workspace["root"] / "results" / "second.json", evaluate=False)
+    record = run_distillation(cfg, result_path=workspace["root"] / "results" / "second.json", evaluate=False,
+                              progress=note_the_worker)
     killer.join(timeout=5)
 
     training = record["training"]
     assert training["teacher_cache"] == {"hits": ROWS, "misses": 0, "teacher_forward_sentences": 0}
-    assert "name" in killed, "the learner actor was never killed"
+    assert "name" in killed, "the learner worker was never killed"
     assert training["restarts"] == 1
     stage = training["stages"][0]
     assert stage["resumed_from"] is not None and stage["resumed_from"] >= 5 and stage["resumed_from"] % 5 == 0
@@ -131,45 +136,62 @@ def test_second_job_hits_the_cache_and_survives_a_killed_learner(ray_session, ti
     assert manifest["step"] == STEPS and manifest["extra"]["restarts"] == 1 and manifest["extra"]["finished"]
 
 
-def test_two_learners_average_gradients_and_share_the_teacher_queue(ray_session, tiny_bert, tiny_teacher, tmp_path):
-    """Two learner actors on different batches: identical weights after every step (all-reduced gradients), and
-    each learner's queue holds the other's teacher vectors too (a private queue would hold only its own)."""
+def test_two_train_workers_stay_identical_share_the_queue_and_resume_a_killed_worker(ray_session, tiny_bert,
+                                                                                      tiny_teacher, workspace):
+    """Two Ray Train workers (DDP, gloo) on the streamed corpus: a SIGKILLed worker is restarted by Train's
+    FailureConfig from the newest checkpoint; afterwards both workers hold identical weights, every rank trained
+    exactly its batches of the seeded order once, and the shared queue holds the other rank's teacher vectors."""
+    import os
+    import signal
+
     import numpy as np
-    import ray
 
-    from raydistill.models import BiEncoder
     from raydistill.methods import get_method
-    from raydistill.runtime.learner import LearnerActor
-    from raydistill.runtime.learner_group import make_shared_queues
-    from tiny_models import load_real_sentences
+    from raydistill.runtime.learner_group import LearnerGroup
+    from raydistill.runtime.pipeline import build_training_data
+    from tests.distill_fixtures import expected_batches
 
-    cfg = preflight(JobConfig.from_dict({
-        "method": "ckd", "student": str(tiny_bert), "teacher": str(tiny_teacher), "run_dir": str(tmp_path),
-        "train": {"batch_size": BATCH, "lr": 1e-3}, "loss": {"queue_size": 64},
-        "resources": {"learner": {"num_learners": 2, "num_cpus": 0.5, "threads": 1}},
-        "tracking": {"enabled": False},
-    }))
-    spec = get_method("ckd")
-    sentences = np.array(load_real_sentences(n_captions=64, n_stsb=0)[:4 * BATCH], dtype=object)
-    teacher_vectors = BiEncoder.from_pretrained(str(tiny_teacher)).encode(list(sentences), normalize=True)
-    batches = [{"idx": np.arange(i, i + BATCH), "text_a": sentences[i:i + BATCH],
-                "teacher_a": teacher_vectors[i:i + BATCH]} for i in range(0, len(sentences), BATCH)]
+    cfg = preflight(job_config(tiny_bert, tiny_teacher, workspace, "two-workers").with_overrides([
+        "resources.learner.num_learners=2", "resources.learner.num_cpus=0.5", "train.epochs=4", "train.max_steps=null",
+        "train.checkpoint_every=2", "train.eval_every=100", "tracking.enabled=false"]))
+    data = build_training_data(cfg)
+    group = LearnerGroup(cfg, get_method("congen"), run_dir=cfg.resolved_run_dir(), teacher_dim=data.teacher_dim)
+    total = group.total_steps(data)
+    assert total == 20  # 10 batches an epoch, 2 per step, 4 epochs
+    workers: list[int] = []
+    killed: dict[str, int] = {}
 
-    queues = make_shared_queues(spec, cfg, teacher_dim=48)
-    learners = [LearnerActor(cfg, rank=rank, world_size=2, total_steps=10, teacher_dim=48, run_dir=str(tmp_path),
-                             queue_actors=queues) for rank in range(2)]
-    try:
-        address, port = ray.get(learners[0].address.remote(), timeout=120)
-        assert ray.get([a.init_process_group.remote(address, port) for a in learners], timeout=120) == [True, True]
-        for step in range(2):
-            losses = ray.get([learners[rank].train_step.remote(batches[2 * step + rank]) for rank in range(2)],
-                             timeout=120)
-            assert losses[0]["loss"] != losses[1]["loss"]  # different data on each learner
-        states = ray.get([a.state_dict.remote() for a in learners], timeout=120)
-        for name, tensor in states[0]["student"].items():
-            assert np.array_equal(tensor.numpy(), states[1]["student"][name].numpy()), name
-        for state in states:
-            assert int(state["loss"]["queue.filled"]) >= 3 * BATCH  # own 2 batches + at least one of the other's
-    finally:
-        for actor in learners + queues:
-            ray.kill(actor)
+    def kill_rank0_after_step_3(kind, info, step) -> None:
+        if kind == "start":
+            workers.append(int(info["pid"]))
+        elif kind == "step" and step >= 3 and not killed:
+            os.kill(workers[-1], signal.SIGKILL)
+            killed["after_step"] = step
+
+    summary = group.fit(data, on_event=kill_rank0_after_step_3)
+    assert killed, "the worker was never killed"
+    assert summary["restarts"] == 1 and len(workers) == 2 and workers[0] != workers[1]
+    assert summary["resumed_from"] is not None and summary["resumed_from"] % 2 == 0 and summary["resumed_from"] > 0
+    assert summary["steps"] == total
+    crcs = summary["weights_crc_by_rank"]
+    assert len(crcs) == 2 and crcs[0] == crcs[1], "DDP left the workers with different weights"
+    history = [row for row in summary["history"] if "loss" in row]
+    assert [row["step"] for row in history] == list(range(1, total + 1))
+    for rank in range(2):
+        assert [row["batch_crc32_by_rank"][rank] for row in history] == expected_batches(cfg, learners=2, rank=rank)
+
+    # The final checkpoint's queue (rank 0's mirror, K = 64: the last two steps' 2 x 16 rows) holds the teacher
+    # vectors of one of rank 1's last two batches; a private queue would hold none of rank 1's. (Rank 1's push of
+    # the very last step may still be on its way to the queue actor when rank 0 saves.)
+    _, state = ckpt.load_checkpoint(ckpt.latest_checkpoint(cfg.resolved_run_dir()))
+    queue = state["loss"]["queue.embeddings"].numpy()  # [K, D]
+    queue = queue / np.maximum(np.linalg.norm(queue, axis=1, keepdims=True), 1e-12)
+    order = data.epoch_order(cfg.train.epochs - 1)
+
+    def in_queue(batch: int) -> bool:
+        vectors = data.rows(order[batch * BATCH:(batch + 1) * BATCH])["teacher_control"]  # [16, D]
+        vectors = vectors / np.linalg.norm(vectors, axis=1, keepdims=True)
+        return bool(np.all((vectors @ queue.T).max(axis=1) > 0.999))
+
+    # Batches 7 and 9 of the last epoch: rank 1's batches of its last two steps (batch b goes to rank b mod 2).
+    assert in_queue(7) or in_queue(9), "none of rank 1's last teacher vectors are in rank 0's queue"

@@ -1,4 +1,5 @@
-"""DistillLearner in-process: real forward/backward on real sentences with tiny models; checkpoints; LearnerGroup.
+"""DistillLearner in-process: real forward/backward on real sentences with tiny models; checkpoints; LearnerGroup
+in Ray Train's local mode (num_learners 0: the loop runs in this process).
 
 Views come from real paraphrase pairs (STS-B train pairs scored >= 4: two human-written sentences that mean the
 same), teacher vectors from a second tiny model of another family and width, so the student gets the projection
@@ -221,17 +222,18 @@ def test_group_starts_the_queue_from_teacher_vectors_of_sampled_training_rows(ti
     cfg = preflight(congen_config(tiny_bert, tiny_teacher, tmp_path).with_overrides(["loss.queue_size=32"]))
     assert with_method_defaults(cfg).loss["queue_init"] == "teacher"
     group = LearnerGroup(cfg, get_method("congen"), run_dir=tmp_path, teacher_dim=TEACHER_DIM)
-    group._start_and_resume(data, total=4)
-    queue = group._learners.learners[0].loss_module.queue
-    rows = queue.rows().numpy()  # [32, 48]
-    assert len(queue) == 32
+    (rows, row_groups), = group._queue_sample(data)  # what every worker's queue starts from
+    assert rows.shape == (32, TEACHER_DIM)
     matches = np.argmax(rows @ teacher_vectors.T, axis=1)  # each queue row is one training row's teacher vector
     np.testing.assert_allclose(rows, teacher_vectors[matches], atol=1e-6)
     assert len(set(matches.tolist())) == 32
-    assert queue.row_groups().tolist() == groups[matches].tolist()
-    assert "queue_init teacher: 1 queue(s) of K=32 start from the teacher vectors of 32 training sentences" in \
-        capsys.readouterr().out
-    group.shutdown()
+    assert row_groups.tolist() == groups[matches].tolist()
+    group.fit(data)
+    assert "queue_init teacher: 1 queue(s) of K=32 start from the teacher vectors of 32 training sentences " \
+           "(control view); rows filled [32]" in capsys.readouterr().out
+    # A resumed run keeps its checkpoint's queue: nothing is sampled for it.
+    LearnerGroup(cfg, get_method("congen"), run_dir=tmp_path, teacher_dim=TEACHER_DIM).fit(data)
+    assert "queue_init teacher" not in capsys.readouterr().out
 
 
 def test_group_fits_a_least_squares_projection_before_the_first_step(tiny_bert, tiny_teacher, teacher_vectors,
@@ -265,3 +267,36 @@ def test_group_fits_a_least_squares_projection_before_the_first_step(tiny_bert, 
 
     LearnerGroup(lsq_cfg, get_method("congen"), run_dir=tmp_path / "lsq", teacher_dim=TEACHER_DIM).fit(data)
     assert "projection fitted" not in capsys.readouterr().out  # resumed: the checkpoint's projection stands
+
+
+def test_group_in_process_resumes_mid_epoch_exactly(tiny_bert, tiny_teacher, teacher_vectors, paraphrases,
+                                                    tmp_path):
+    """Train's local mode: a run that crashes after step 3 (checkpoint at 2, mid-epoch) and is started again trains
+    the uninterrupted run's batches with its losses: data position, RNG, AdamW, schedule and queue come back."""
+    control, generalize = paraphrases
+    data = ArrayData({"idx": np.arange(len(control)), "text_control": control, "text_generalize": generalize,
+                      "teacher_control": teacher_vectors}, seed=7)
+
+    def run(run_dir, crash_after: int | None = None):
+        cfg = congen_config(tiny_bert, tiny_teacher, run_dir, epochs=2, eval_every=100, checkpoint_every=2)
+
+        def crash(metrics, step):
+            if step == crash_after:
+                raise KeyboardInterrupt  # after step 3, before any checkpoint of it
+        group = LearnerGroup(cfg, get_method("congen"), run_dir=run_dir, teacher_dim=TEACHER_DIM)
+        if crash_after is not None:
+            with pytest.raises(KeyboardInterrupt):
+                group.fit(data, on_metrics=crash)
+            group = LearnerGroup(cfg, get_method("congen"), run_dir=run_dir, teacher_dim=TEACHER_DIM)
+        return group.fit(data)
+
+    reference = run(tmp_path / "reference")
+    resumed = run(tmp_path / "resumed", crash_after=3)
+    assert resumed["resumed_from"] == 2 and reference["resumed_from"] is None
+
+    def per_step(summary, key):
+        return [row[key] for row in summary["history"] if "loss" in row]
+
+    assert [row["step"] for row in resumed["history"] if "loss" in row] == list(range(1, 9))
+    assert per_step(resumed, "batch_crc32") == per_step(reference, "batch_crc32")
+    np.testing.assert_allclose(per_step(resumed, "loss"), per_step(reference, "loss"), atol=1e-5)

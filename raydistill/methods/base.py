@@ -31,7 +31,7 @@ __all__ = ["MethodSpec", "StepContext", "Features", "COMMON_EXTRA", "CORPUS", "t
 CORPUS = "corpus"
 
 # ``extra`` keys every method accepts (read by the runtime, not the method).
-COMMON_EXTRA = ("max_restarts", "log_every", "learner_timeout_s", "teacher_encoder", "bucket_tokens")
+COMMON_EXTRA = ("max_restarts", "log_every", "learner_timeout_s", "teacher_encoder", "bucket_tokens", "storage_path")
 
 # A least-squares projection starts from PyTorch's init; the runtime fits it to the teacher once the data exists.
 _CONSTRUCTED_INIT = {"least_squares": "default"}

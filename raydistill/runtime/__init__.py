@@ -1,5 +1,5 @@
-"""The Ray layer of raydistill: config and preflight, cluster, teacher / queue / learner actors, data pipeline,
-tracking.
+"""The Ray layer of raydistill: config and preflight, cluster, teacher / queue actors, learners on Ray Train, data
+pipeline, tracking.
 
 Names are imported on first use, so ``import raydistill.runtime`` stays cheap (Ray, MLflow and matplotlib are heavy
 imports that a config check or a CLI ``--help`` should not pay for).

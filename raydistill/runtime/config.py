@@ -142,7 +142,8 @@ class TrackingConfig:
 
 
 # Fields that do not change what is trained: a checkpoint may be resumed across them.
-DEFAULT_HASH_EXCLUDE = ("resources", "tracking", "train.eval_every", "run_dir", "cache_dir")
+# Where checkpoints are stored (extra.storage_path) moves a run, it does not change what it trains.
+DEFAULT_HASH_EXCLUDE = ("resources", "tracking", "train.eval_every", "run_dir", "cache_dir", "extra.storage_path")
 
 _SECTION_ALIASES = {
     # runtime.md writes the Data cap as a nested block; both spellings load into data_max_cpus.

@@ -5,7 +5,8 @@
       learner count (before config.yaml is rewritten, Ray starts or the teacher runs)
     → init Ray (join RAY_ADDRESS / the running session, else a local Ray with resources.num_cpus)
     → per stage: training data (stage 1 of teacher methods: the teacher pass through the embedding cache, hits and
-      misses logged) → LearnerGroup.fit (dev every train.eval_every steps, checkpoints, resume, restarts)
+      misses logged) → LearnerGroup.fit, a Ray Train run (dev every train.eval_every steps, checkpoints,
+      resume, restarts)
     → 7-STS (+ STS-B dev) of the best checkpoint → results/<method>-<student>-<teacher>.json + MLflow run
 
 MLflow (``Tracker``; a tracking failure never stops training): params = the effective config (flattened) plus
@@ -96,8 +97,9 @@ def run_distillation(cfg: JobConfig, *, results_dir: str | os.PathLike | None = 
     caller ends it.
     ``progress(event, info, step)``: called with ``("stage", {stage, method, rows, total_steps, step_offset, and the
     teacher-cache counts when there was a teacher pass}, step_offset)`` once a stage's data is built, ``("step",
-    metrics, step)`` after every optimiser step and ``("eval", {"stsb_dev", "best_stsb_dev"}, step)`` after every
-    dev evaluation; steps count over all stages. ``raydistill.runtime.tune`` reports to Ray Tune from it.
+    metrics, step)`` after every optimiser step, ``("eval", {"stsb_dev", "best_stsb_dev"}, step)`` after every
+    dev evaluation and ``("start", {"resumed_from", "pid", "world_size"}, step)`` whenever the learners (re)start
+    (``pid``: rank 0's process); steps count over all stages. ``raydistill.runtime.tune`` reports to Ray Tune from it.
     """
     from raydistill.methods import stage_plan
     from raydistill.runtime.checkpoint import RunDirLock
@@ -285,7 +287,11 @@ def _run_stage(stage, tracker, init_model: str | None, step_offset: int, history
         counts = {k: stats[k] for k in ("hits", "misses", "teacher_forward_sentences") if k in stats}
         progress("stage", {"stage": stage.index, "method": stage.name, "rows": data.num_rows,
                            "total_steps": total_steps, "step_offset": step_offset, **counts}, step_offset)
-    summary = group.fit(data, on_metrics=on_metrics, on_eval=on_eval)
+    def on_event(kind: str, info: dict[str, Any], step: int) -> None:
+        if kind == "start" and progress is not None:
+            progress("start", info, step_offset + step)
+
+    summary = group.fit(data, on_metrics=on_metrics, on_eval=on_eval, on_event=on_event)
     if summary.get("resumed_from") is not None:
         # Steps before the checkpoint were logged by the earlier process; rebuild the curve from the learner.
         known = {(r["step"], "loss" in r) for r in history}
@@ -369,7 +375,7 @@ def _evaluate_and_record(cfg, stages, stage_summaries, cache_info, history, mode
                       "batch_size": stage.cfg.train.batch_size}
                    | ({"scores": {k: round(v, 2) for k, v in stage_score.items()}} if stage_score else {})
                    for s, stage, stage_score in zip(stage_summaries, stages, stage_scores)],
-        "cpu_s_note": "driver process, its children and the learner actors; the teacher pool's Ray Data actors "
+        "cpu_s_note": "driver process, its children and the learner workers; the teacher pool's Ray Data actors "
                       "are not counted (their wall time is training.teacher_pass_s)",
         "teacher_pass_s": first_data.get("seconds"),
     }

@@ -1,16 +1,16 @@
 """The learner: one student, its loss module, AdamW, the LR schedule, dev evaluation, best model and checkpoints.
 
-``DistillLearner`` is a plain class (no Ray import at module level) so that tests and laptops run it in the driver
-process; ``LearnerActor`` is the same class behind ``ray.remote`` with resources from ``cfg.resources.learner``.
-``LearnerGroup`` (learner_group.py) drives one in-process learner or N actors with the same calls, like RLlib's
-``LearnerGroup``.
+``DistillLearner`` is a plain class (no Ray import at module level). Ray Train runs it: ``train_loop.train_worker``
+builds one per Train worker (in the driver process in Train's local mode, ``num_learners: 0``), and with several
+workers ``enable_ddp`` wraps its student and loss in ``DistributedDataParallel`` over the process group Train set up
+(gloo on CPU, NCCL on GPU).
 
 What one optimiser step does (the fork of sentence-transformers' ``fit`` that SCT and ConGen share,
 docs/methods.md, ConGen and SCT):
 
     features, labels = method.batch_to_features(ctx, batch)     # student forward passes (+ teacher vectors)
     loss = loss_module(features, labels).loss                   # queue updates happen inside, before backward
-    loss.backward(); [all-reduce grads over learners]; clip_grad_norm_(1.0); AdamW.step(); scheduler.step()
+    loss.backward()  [DDP averages grads over workers]; clip_grad_norm_(1.0); AdamW.step(); scheduler.step()
 
 Optimiser: ``torch.optim.AdamW`` with weight decay 0.01 on every weight matrix and none on biases, LayerNorm weights
 and scalars (the learnable temperature), eps 1e-6. The authors use ``transformers.AdamW(correct_bias=False)``, which
@@ -48,7 +48,7 @@ from raydistill.methods import StepContext, get_method
 from raydistill.runtime import checkpoint as ckpt
 from raydistill.runtime.config import JobConfig
 
-__all__ = ["DistillLearner", "LearnerActor", "build_optimizer", "linear_schedule", "BEST_INFO"]
+__all__ = ["DistillLearner", "build_optimizer", "linear_schedule", "BEST_INFO"]
 
 log = logging.getLogger(__name__)
 
@@ -120,12 +120,12 @@ class DistillLearner:
             another width gets ``projection_dim = teacher_dim`` (tanh), saved with the model.
         run_dir: where ``best/`` and ``checkpoints/`` go (default ``cfg.resolved_run_dir()``).
         init_model: start the student from this directory instead of ``cfg.student`` (later stages of a pipeline).
-        rank, world_size: position among data-parallel learners; gradients are averaged over a gloo/NCCL group
-            set up by ``init_process_group``. Only rank 0 evaluates and writes files.
+        rank, world_size: position among data-parallel learners (Ray Train workers); once ``enable_ddp`` has run,
+            DistributedDataParallel averages the gradients over them. Only rank 0 evaluates and writes files.
         queue_actors: SharedQueueActors (one per teacher queue of the loss) when several learners must see one
             teacher queue; the loss then reads and writes them through ``QueueClient`` mirrors. None: the loss
             module's own queues.
-        threads: torch intra-op threads of this process (set in actors; Ray gives fractional-CPU actors 1).
+        threads: torch intra-op threads of this process (set in Train workers; Ray gives fractional-CPU ones 1).
         device: "cpu", "cuda", ...; default cuda when ``cfg.resources.learner.num_gpus > 0`` and available.
     """
 
@@ -145,13 +145,15 @@ class DistillLearner:
         if device is None:
             device = "cuda" if cfg.resources.learner.num_gpus > 0 and torch.cuda.is_available() else "cpu"
         self.device = torch.device(device)
-        self._process_group = False
+        self._ddp: nn.Module | None = None  # DistributedDataParallel over student + loss (enable_ddp)
 
         # Same seed on every rank: identical initial projection / head weights everywhere.
         _seed_everything(cfg.seed)
         self.student = self.spec.build_student(cfg, teacher_dim=teacher_dim, init_model=init_model).to(self.device)
         if self.device.type == "cpu" and cfg.resources.learner.cpu_speedups:
-            _use_cpu_speedups(self.student)
+            # The reused sparse embedding gradient is set by a hook after accumulation, behind DDP's back: with
+            # several workers the embedding keeps plain dense gradients so DDP averages them like any other.
+            _use_cpu_speedups(self.student, sparse_embedding_grad=self.world_size == 1)
         self.loss_module = self.spec.build_loss(cfg, student_dim=self.student.dim, teacher_dim=teacher_dim,
                                                 total_steps=self.total_steps,
                                                 queues=_queue_mirrors(self.spec, cfg, queue_actors, teacher_dim))
@@ -179,43 +181,30 @@ class DistillLearner:
                             "slower than fp32; set train.precision=fp32", self.spec.name, why)
 
     # ------------------------------------------------------------------------------------------------------------
-    # Data-parallel set-up (N learner actors)
+    # Data-parallel set-up (N Ray Train workers)
 
-    def address(self) -> tuple[str, int]:
-        """(ip, free port) of this process, for rank 0 to host the process group's rendezvous."""
-        import socket
+    def enable_ddp(self) -> bool:
+        """Wrap student + loss in ``DistributedDataParallel`` over the process group Ray Train set up.
 
-        try:
-            import ray
-
-            ip = ray.util.get_node_ip_address()
-        except Exception:  # noqa: BLE001 - outside Ray: loopback
-            ip = "127.0.0.1"
-        with socket.socket() as sock:
-            sock.bind(("", 0))
-            port = sock.getsockname()[1]
-        return ip, port
-
-    def init_process_group(self, master_addr: str, master_port: int, timeout_s: float = 120.0) -> bool:
-        """Join the gradient all-reduce group (gloo on CPU, NCCL on GPU); weights are then synced from rank 0."""
-        import datetime
+        Called after the resume or the fresh-start fits, so the broadcast from rank 0 that DDP does at construction
+        starts every worker from the same weights (and buffers). Buffers are not broadcast at every forward: the
+        teacher queues are buffers, and each worker's mirror is already the shared queue's content.
+        ``find_unused_parameters``: a student's pooler or a loss's unused head gets no gradient in some methods.
+        """
+        import inspect
 
         import torch.distributed as dist
 
-        if self.world_size <= 1:
+        if self.world_size <= 1 or not dist.is_available() or not dist.is_initialized():
             return False
-        backend = "nccl" if self.device.type == "cuda" else "gloo"
-        dist.init_process_group(backend, init_method=f"tcp://{master_addr}:{master_port}", rank=self.rank,
-                                world_size=self.world_size, timeout=datetime.timedelta(seconds=timeout_s))
-        self._process_group = True
-        with torch.no_grad():
-            for tensor in self._synced_tensors():
-                dist.broadcast(tensor, src=0)
+        device_ids = [self.device.index if self.device.index is not None else torch.cuda.current_device()] \
+            if self.device.type == "cuda" else None
+        ddp = torch.nn.parallel.DistributedDataParallel
+        # Newer torch renames broadcast_buffers (and warns on the old name); both keep forwards from syncing them.
+        no_buffer_sync = {"forward_sync_buffers": False} if "forward_sync_buffers" in \
+            inspect.signature(ddp.__init__).parameters else {"broadcast_buffers": False}
+        self._ddp = ddp(_StepModule(self), device_ids=device_ids, find_unused_parameters=True, **no_buffer_sync)
         return True
-
-    def _synced_tensors(self) -> list[torch.Tensor]:
-        return [p.data for p in self._trainable()] + \
-            [b for b in self.student.buffers() if b.dtype.is_floating_point]
 
     def _named_trainable(self) -> list[tuple[str, nn.Parameter]]:
         named, seen = [], set()
@@ -235,27 +224,29 @@ class DistillLearner:
                     params.append(param)
         return params
 
-    def _allreduce_gradients(self) -> None:
-        """Average gradients over learners in one flat all-reduce (parameters without a gradient count as 0)."""
+    def _forward(self, batch: dict[str, np.ndarray]):
+        """Student forward passes and the loss of one batch: ``(loss, parts)``; what DDP's forward runs."""
+        ctx = StepContext(student=self.student, loss=self.loss_module, device=self.device, step=self.step,
+                          total_steps=self.total_steps, cfg=self.cfg, bucket_tokens=self.bucket_tokens)
+        # bf16: the student's matrix products in bfloat16 (2-3x fp32 on AVX512-BF16 CPUs). The loss runs outside
+        # autocast: a loss that takes ``precision`` (ConGen) picks its own bf16 products and keeps every softmax
+        # in fp32.
+        with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.cfg.train.precision == "bf16"):
+            features, labels = self.spec.batch_to_features(ctx, batch)
+        features = _as_float32(features)
+        output = self.loss_module(features, labels)
+        return output.loss, output.parts
+
+    def all_reduce_mean(self, values: dict[str, float]) -> dict[str, float]:
+        """``values`` averaged over the workers (the same keys on every worker); unchanged without DDP."""
+        if self._ddp is None:
+            return dict(values)
         import torch.distributed as dist
 
-        params = self._trainable()
-        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
-        flat = torch.cat([g.reshape(-1) for g in grads])  # [sum of numel]
-        dist.all_reduce(flat)
-        flat /= self.world_size
-        offset = 0
-        for param in params:
-            n = param.numel()
-            param.grad = flat[offset:offset + n].view_as(param).clone()
-            offset += n
-
-    def close(self) -> None:
-        if self._process_group:
-            import torch.distributed as dist
-
-            dist.destroy_process_group()
-            self._process_group = False
+        keys = sorted(values)
+        summed = torch.tensor([float(values[k]) for k in keys], dtype=torch.float64)
+        dist.all_reduce(summed)
+        return {k: float(v) / self.world_size for k, v in zip(keys, summed.tolist())}
 
     # ------------------------------------------------------------------------------------------------------------
     # Training
@@ -266,23 +257,13 @@ class DistillLearner:
         _check_teacher_vectors(batch, self.step + 1, self.spec.name)
         self.student.train()
         self.loss_module.train()
-        ctx = StepContext(student=self.student, loss=self.loss_module, device=self.device, step=self.step,
-                          total_steps=self.total_steps, cfg=self.cfg, bucket_tokens=self.bucket_tokens)
-        # bf16: the student's matrix products in bfloat16 (2-3x fp32 on AVX512-BF16 CPUs). The loss runs outside
-        # autocast: a loss that takes ``precision`` (ConGen) picks its own bf16 products and keeps every softmax
-        # in fp32.
-        with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.cfg.train.precision == "bf16"):
-            features, labels = self.spec.batch_to_features(ctx, batch)
-        features = _as_float32(features)
-        output = self.loss_module(features, labels)
-        loss = output.loss
+        # Through DDP when several workers train: its forward arms the gradient all-reduce that backward runs.
+        loss, parts = self._ddp(batch) if self._ddp is not None else self._forward(batch)
         if not torch.isfinite(loss):
             raise FloatingPointError(f"{self.spec.name}: loss is {loss.item()} at step {self.step + 1} "
-                                     f"(parts {output.parts}); lower train.lr or check the temperatures in loss.*")
+                                     f"(parts {parts}); lower train.lr or check the temperatures in loss.*")
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
-        if self._process_group:
-            self._allreduce_gradients()
         params = self._trainable()
         if self.cfg.train.grad_clip > 0:
             grad_norm = torch.nn.utils.clip_grad_norm_(params, self.cfg.train.grad_clip)
@@ -307,14 +288,14 @@ class DistillLearner:
         sentences = rows * self.spec.student_sentences_per_row
         metrics = {"loss": float(loss.detach()), "lr": float(lr), "grad_norm": float(grad_norm),
                    "sentences_per_s": sentences / max(seconds, 1e-9), "step_s": seconds}
-        metrics.update({f"loss_{k}": float(v) for k, v in (output.parts or {}).items()})
+        metrics.update({f"loss_{k}": float(v) for k, v in (parts or {}).items()})
         row = {"step": self.step, **metrics}
         if "idx" in batch:
             # Which rows this step trained on, kept in the checkpointed history: a resumed run can be checked for
             # replayed or skipped batches (tests/test_faults.py). Only rank 0 writes checkpoints, so with several
             # learners every rank's crc is gathered into rank 0's row.
             row["batch_crc32"] = zlib.crc32(np.ascontiguousarray(batch["idx"], dtype=np.int64).tobytes())
-            if self._process_group:
+            if self._ddp is not None:
                 import torch.distributed as dist
 
                 crcs = torch.zeros(self.world_size, dtype=torch.int64)
@@ -478,7 +459,7 @@ class DistillLearner:
         return self.step
 
     def cpu_seconds(self) -> float:
-        """CPU time of this process (user + system); the group adds the learner actors' to the job's cpu_s."""
+        """CPU time of this process (user + system); the group adds the Train workers' to the job's cpu_s."""
         import resource
 
         usage = resource.getrusage(resource.RUSAGE_SELF)
@@ -517,13 +498,29 @@ def _as_float32(value):
     return value
 
 
-def _use_cpu_speedups(student: nn.Module) -> None:
+class _StepModule(nn.Module):
+    """Student and loss module as one module whose forward is a training step's forward: DDP sees every trainable
+    parameter, and the student's several passes of a step (views, length buckets) run inside one DDP forward."""
+
+    def __init__(self, learner: "DistillLearner"):
+        super().__init__()
+        self.student, self.loss = learner.student, learner.loss_module
+        self.__dict__["_learner"] = learner  # not a submodule: the learner is no nn.Module
+
+    def forward(self, batch: dict[str, np.ndarray]):
+        return self.__dict__["_learner"]._forward(batch)
+
+
+def _use_cpu_speedups(student: nn.Module, sparse_embedding_grad: bool = True) -> None:
     """models/speedups.py on a CPU student: the same training with dropout masks from a quarter of the random
-    draws (hidden states and attention) and the word-embedding gradient in one reused buffer."""
+    draws (hidden states and attention) and, when ``sparse_embedding_grad``, the word-embedding gradient in one
+    reused buffer."""
     use_fast_dropout(student)
     transformer = getattr(student, "transformer", None)
     if transformer is not None:
         use_fast_attention_dropout(transformer)
+    if not sparse_embedding_grad:
+        return
     embeddings = transformer.get_input_embeddings() if hasattr(transformer, "get_input_embeddings") else None
     if isinstance(embeddings, nn.Embedding):
         use_reused_embedding_grad(embeddings)
@@ -581,19 +578,3 @@ def _seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed % (2**32))
     torch.manual_seed(seed)
-
-
-def LearnerActor(cfg: JobConfig, *, name: str | None = None, **learner_kwargs):
-    """A ``DistillLearner`` in its own Ray actor with ``cfg.resources.learner``'s CPUs/GPUs and torch threads.
-
-    Thin on purpose: every method of the returned handle is the plain class's (``.train_step.remote(batch)``, ...).
-    Ray's own actor restarts stay off: the LearnerGroup restarts a dead learner from the last checkpoint itself.
-    """
-    import ray
-
-    resources = cfg.resources.learner
-    options: dict[str, Any] = {"num_cpus": resources.num_cpus, "num_gpus": resources.num_gpus, "max_restarts": 0}
-    if name:
-        options["name"] = name
-    learner_kwargs.setdefault("threads", resources.threads)
-    return ray.remote(DistillLearner).options(**options).remote(cfg, **learner_kwargs)

@@ -1,24 +1,34 @@
-"""LearnerGroup: one in-process learner or N learner actors behind the same ``fit`` (RLlib's LearnerGroup pattern).
+"""LearnerGroup: a distillation stage trained by Ray Train, one in-process learner or N data-parallel workers.
 
-``num_learners: 0`` builds one ``DistillLearner`` in the driver (tests, laptops, no actor round trips).
-``num_learners: N > 0`` starts N ``LearnerActor``s with ``cfg.resources.learner`` resources. They train one model
-data-parallel: the driver hands each a disjoint shard of the batch stream (batch ``i`` goes to learner ``i mod N``),
-each computes its gradients, and a gloo (CPU) / NCCL (GPU) all-reduce averages them before every optimiser step,
-so one step consumes N batches and the weights stay identical on every learner. When the method keeps a queue of
-teacher vectors and N > 1, the learners share one ``SharedQueueActor`` (raydistill.runtime.queue_actor) so each
-sees the teacher vectors of every learner's batches, as a single learner with an N-times larger batch would.
+``fit`` runs a ``TorchTrainer`` whose workers run ``train_loop.train_worker`` (one ``DistillLearner`` each):
 
-Fault tolerance: the group checkpoints every ``train.checkpoint_every`` steps (atomic, see checkpoint.py). If a
-learner actor dies (node lost, OOM, ``ray.kill``), the group starts new actors, loads the latest checkpoint and
-continues from its data position; after ``extra.max_restarts`` (default 3) failures it gives up. A job that is
-simply started again with the same ``run_dir`` resumes the same way, from the newest checkpoint that verifies (a
-damaged newer one is skipped, and the log says so). Every call to a learner actor waits at most
-``extra.learner_timeout_s`` (default ``LEARNER_TIMEOUT_S``): a worker that stops answering, or a cluster that is
-gone, ends the job with ``LearnerUnresponsiveError`` saying how to resume, instead of blocking (starting the actors
-may take up to ``LEARNER_START_TIMEOUT_S``, as they may wait for resources and load the student).
+    ScalingConfig   from ``resources.learner``: ``num_learners: 0`` is Train's local mode (the loop runs in this
+                    process: tests, laptops); N > 0 starts N workers with ``num_cpus``/``num_gpus`` each
+                    (``use_gpu`` when ``num_gpus > 0``). DDP averages the gradients (gloo on CPU, NCCL on GPU),
+                    so one step consumes N batches (batch ``b`` of an epoch goes to worker ``b mod N``) and the
+                    weights stay identical on every worker.
+    datasets        with Train workers, a corpus streams from Ray Data (``{"train": TrainingData.epoch_stream(...)}``,
+                    not split: every worker keeps its own batches of the seeded order); a labelled set, and the
+                    corpus in local mode (the driver built its text columns), ride in the loop config
+    FailureConfig   ``extra.max_restarts`` (default 3) worker-group failures are retried: Train starts new workers,
+                    which resume from the newest reported checkpoint (weights, AdamW, schedule, queues, RNG, data
+                    position)
+    RunConfig       ``storage_path`` = ``extra.storage_path`` (any pyarrow filesystem URI) or the stage's run dir,
+                    ``name`` ``checkpoints``: checkpoints land in ``<run_dir>/checkpoints/step-XXXXXXX`` as before,
+                    and ``train.keep_last`` of them are kept (``CheckpointConfig``)
 
-Preemption: ``request_stop()`` (the SIGTERM handler of ``run_distillation``) makes the group finish the step in
-flight, checkpoint at that step boundary and raise ``PreemptedError``; the resumed job redoes no step.
+What raydistill adds on top of Train: the config-hash refusal before anything starts (``check_resume``), the resume
+from the newest checkpoint that verifies (a damaged newer one is skipped, and the log says so), exact mid-epoch
+resume (data position, RNG, queues), the shared teacher-queue actors (kept by the ``EventRelay``, whose handle
+reaches the workers through the loop config), the least-squares projection fit and the teacher-queue start from the
+driver's seeded samples, and MLflow/progress from rank 0's events (a tracking failure never stops training).
+
+A job that is started again with the same run dir resumes the same way. Preemption: ``request_stop()`` (the
+SIGTERM handler of ``run_distillation``) reaches rank 0 with the answer to its next event; every worker finishes
+the step in flight, a checkpoint is written at that step boundary, and ``fit`` raises ``PreemptedError``; the
+resumed job redoes no step. A worker group that sends no event for ``extra.learner_timeout_s`` (default
+``LEARNER_TIMEOUT_S``; start-up gets at least ``LEARNER_START_TIMEOUT_S``) ends ``fit`` with
+``LearnerUnresponsiveError`` saying how to resume.
 
 Progress goes to stdout, one line per ``extra.log_every`` steps (default: about 50 lines per run) or 30 s:
 
@@ -27,6 +37,7 @@ Progress goes to stdout, one line per ``extra.log_every`` steps (default: about 
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import os
@@ -47,13 +58,13 @@ __all__ = ["LearnerGroup", "FitSummary", "PreemptedError", "LearnerUnresponsiveE
 
 log = logging.getLogger(__name__)
 
-# How long the driver waits for any one learner call (a step, an evaluation, a checkpoint write) before it declares
-# the worker or the cluster lost. Generous for a CPU step of a base-size model; far from the hour a hung call could
-# block before.
+# How long the driver waits for the next event of the workers (a step, an evaluation) before it declares a worker
+# or the cluster lost. Generous for a CPU step of a base-size model or a dev evaluation.
 LEARNER_TIMEOUT_S = 600.0
-# Starting the actors may also wait for the cluster to free resources, then imports torch and loads the student, so
-# it gets at least this long (still bounded: a cluster that never schedules them ends the job the same way).
+# Starting the workers may also wait for the cluster to free resources, then imports torch and loads the student.
 LEARNER_START_TIMEOUT_S = 600.0
+# The name of the Train run under its storage path: its checkpoints are <storage>/checkpoints/step-XXXXXXX.
+TRAIN_RUN_NAME = "checkpoints"
 
 _STOP_REQUESTED = threading.Event()
 
@@ -76,73 +87,19 @@ class PreemptedError(RuntimeError):
 
 
 class LearnerUnresponsiveError(RuntimeError):
-    """A learner actor did not answer within ``extra.learner_timeout_s``: a hung worker or a lost Ray cluster."""
+    """The workers sent no event within ``extra.learner_timeout_s``: a hung worker or a lost Ray cluster."""
+
 
 MetricsCallback = Callable[[dict[str, float], int], None]
+EventCallback = Callable[[str, dict[str, Any], int], None]
 
 
 class FitSummary(dict):
     """What ``LearnerGroup.fit`` returns: steps, epochs, best step/score, restarts, wall time, history."""
 
 
-class _LocalLearners:
-    """The in-process learner behind the same calls as the actor set."""
-
-    def __init__(self, learner):
-        self.learners = [learner]
-        self.world_size = 1
-
-    def call_all(self, method: str, *args, **kwargs) -> list[Any]:
-        return [getattr(self.learners[0], method)(*args, **kwargs)]
-
-    def call_rank0(self, method: str, *args, **kwargs) -> Any:
-        return getattr(self.learners[0], method)(*args, **kwargs)
-
-    def train_step(self, batches: list[dict[str, np.ndarray]]) -> list[dict[str, float]]:
-        return [self.learners[0].train_step(batches[0])]
-
-    def shutdown(self) -> None:
-        self.learners[0].close()
-
-
-class _RemoteLearners:
-    def __init__(self, actors: list, timeout_s: float | None):
-        self.learners = actors
-        self.world_size = len(actors)
-        self.timeout_s = timeout_s
-
-    def call_all(self, method: str, *args, **kwargs) -> list[Any]:
-        return self.call_all_within(self.timeout_s, method, *args, **kwargs)
-
-    def call_all_within(self, timeout_s: float | None, method: str, *args, **kwargs) -> list[Any]:
-        import ray
-
-        return ray.get([getattr(a, method).remote(*args, **kwargs) for a in self.learners], timeout=timeout_s)
-
-    def call_rank0(self, method: str, *args, **kwargs) -> Any:
-        import ray
-
-        return ray.get(getattr(self.learners[0], method).remote(*args, **kwargs), timeout=self.timeout_s)
-
-    def train_step(self, batches: list[dict[str, np.ndarray]]) -> list[dict[str, float]]:
-        import ray
-
-        # ray.put once per shard: each actor receives only its own batch (OpenRLHF's pre-sliced dispatch).
-        refs = [a.train_step.remote(ray.put(batch)) for a, batch in zip(self.learners, batches)]
-        return ray.get(refs, timeout=self.timeout_s)
-
-    def shutdown(self) -> None:
-        import ray
-
-        for actor in self.learners:
-            try:
-                ray.kill(actor)
-            except Exception:  # noqa: BLE001 - already dead
-                pass
-
-
 class LearnerGroup:
-    """Train ``cfg``'s method with 0 (in-process) or N learner actors; same API either way.
+    """Train ``cfg``'s method with Ray Train: local mode (``num_learners: 0``) or N workers; same API either way.
 
     Args:
         cfg: the job (or stage) config.
@@ -150,89 +107,30 @@ class LearnerGroup:
         run_dir: where this (stage of the) run keeps ``checkpoints/`` and ``best/``.
         init_model: start the student from this directory (a previous stage's ``best/``).
         teacher_dim: width of the teacher vectors in the batches (None: read from the data).
-        name: label of the progress lines and of the actors (``raydistill-learner-<name>-<rank>``).
+        name: label of the progress lines.
     """
 
     def __init__(self, cfg: JobConfig, spec=None, *, run_dir: str | os.PathLike | None = None,
                  init_model: str | None = None, teacher_dim: int | None = None, name: str | None = None):
         self.cfg = cfg
         self.spec = spec if spec is not None else get_method(cfg.method)
-        self.run_dir = Path(run_dir) if run_dir is not None else cfg.resolved_run_dir()
+        self.run_dir = Path(run_dir if run_dir is not None else cfg.resolved_run_dir()).absolute()
         self.init_model = init_model
         self.teacher_dim = teacher_dim
         self.name = name or self.spec.name
         self.num_learners = int(cfg.resources.learner.num_learners)
         self.max_restarts = int(cfg.extra.get("max_restarts", 3))
         self.call_timeout_s = float(cfg.extra.get("learner_timeout_s") or LEARNER_TIMEOUT_S)
-        self._learners: _LocalLearners | _RemoteLearners | None = None
-        self._queue_actors: list = []
-        self._best_cache: dict[str, float] = {}
-        self.restarts = 0
-        self.actor_cpu_s = 0.0
-        self._evaluated_at = -1
-
-    # ------------------------------------------------------------------------------------------------------------
 
     @property
     def world_size(self) -> int:
         return max(1, self.num_learners)
 
-    def actor_name(self, rank: int) -> str:
-        """Ray name of learner ``rank`` (unique per run dir, so two jobs on one cluster never collide)."""
-        import hashlib
-
-        tag = hashlib.sha1(str(self.run_dir.resolve()).encode()).hexdigest()[:8]
-        return f"raydistill-learner-{self.name}-{tag}-{rank}"
-
-    def _start(self, total_steps: int) -> None:
-        from raydistill.runtime.learner import DistillLearner, LearnerActor
-
-        kwargs = dict(total_steps=total_steps, teacher_dim=self.teacher_dim, run_dir=str(self.run_dir),
-                      init_model=self.init_model)
-        if self.num_learners == 0:
-            self._learners = _LocalLearners(DistillLearner(self.cfg, self.spec, **kwargs))
-            return
-        queues = self._shared_queues()
-        actors = [LearnerActor(self.cfg, name=self.actor_name(rank), rank=rank, world_size=self.num_learners,
-                               queue_actors=queues, **kwargs) for rank in range(self.num_learners)]
-        self._learners = _RemoteLearners(actors, self.call_timeout_s)
-        start_timeout_s = max(self.call_timeout_s, LEARNER_START_TIMEOUT_S)
-        if self.num_learners > 1:
-            import ray
-
-            addr, port = ray.get(actors[0].address.remote(), timeout=start_timeout_s)
-            self._learners.call_all_within(start_timeout_s, "init_process_group", addr, port)
-        else:
-            # surface construction errors here, not at the first step
-            self._learners.call_all_within(start_timeout_s, "ping")
-
-    def _shared_queues(self) -> list | None:
-        """SharedQueueActors for all learners when the method's queues hold teacher vectors and N > 1."""
-        if self.num_learners <= 1 or not self.spec.shares_queue(self.cfg):
-            return None
-        if not self._queue_actors:
-            self._queue_actors = make_shared_queues(self.spec, self.cfg, teacher_dim=self.teacher_dim)
-        return self._queue_actors
-
-    def shutdown(self) -> None:
-        if self._learners is not None:
-            self._learners.shutdown()
-            self._learners = None
-        if self._queue_actors:
-            import ray
-
-            for actor in self._queue_actors:
-                try:
-                    ray.kill(actor)
-                except Exception:  # noqa: BLE001 - already gone
-                    pass
-            self._queue_actors = []
-
-    # ------------------------------------------------------------------------------------------------------------
-
     def total_steps(self, data) -> int:
+        from raydistill.runtime.train_loop import steps_per_epoch
+
         train = self.cfg.train
-        per_epoch = data.num_batches(train.batch_size, drop_last=True) // self.world_size
+        per_epoch = steps_per_epoch(data.num_rows, train.batch_size, self.world_size)
         if per_epoch == 0:
             raise ValueError(
                 f"{self.name}: {data.num_rows} training rows give no full step of {self.world_size} x "
@@ -240,186 +138,193 @@ class LearnerGroup:
         total = per_epoch * train.epochs
         return min(total, train.max_steps) if train.max_steps else total
 
+    # ------------------------------------------------------------------------------------------------------------
+
     def fit(self, data, on_metrics: MetricsCallback | None = None, on_eval: MetricsCallback | None = None,
-            ) -> FitSummary:
-        """Train to the end (resuming from ``run_dir``'s latest checkpoint) and return a summary.
+            on_event: EventCallback | None = None) -> FitSummary:
+        """Train to the end (resuming from ``run_dir``'s newest good checkpoint) and return a summary.
 
         ``on_metrics(metrics, step)`` gets every step's metrics (for MLflow); ``on_eval({"stsb_dev": ...}, step)``
-        every dev evaluation.
+        every dev evaluation; ``on_event(kind, info, step)`` every event of rank 0 (``start`` with the worker's
+        pid and the checkpoint step it resumed from, ``step``, ``eval``).
         """
+        from raydistill.runtime.train_loop import LoopConfig
+
         started = time.perf_counter()
         total = self.total_steps(data)
         if self.teacher_dim is None:
             self.teacher_dim = _teacher_dim_of(data, self.spec, self.cfg)
-        # Refuse another config's checkpoint (or another learner count) here, before any actor starts.
+        # Refuse another config's checkpoint (or another learner count) here, before any worker starts.
         ckpt.check_resume(self.run_dir, self.cfg, self.world_size)
+        # Where the data stream starts and whether the workers start fresh; they pick (and report) the checkpoint.
+        latest, manifest = ckpt.latest_good_checkpoint(self.run_dir, report=lambda message: None)
+        events = _Dispatcher(self, total, first_step=manifest["step"] if manifest else 0, on_metrics=on_metrics,
+                             on_eval=on_eval, on_event=on_event)
+        loop = LoopConfig(cfg=self.cfg, spec=self.spec, run_dir=str(self.run_dir), total_steps=total,
+                          num_rows=data.num_rows, teacher_dim=self.teacher_dim, init_model=self.init_model,
+                          name=self.name, events=None, local_mode=self.num_learners == 0,
+                          checkpoints_in_run_dir=not self.cfg.extra.get("storage_path"))
+        if latest is None:  # a fresh start: the samples the workers fit the projection and fill the queues from
+            loop.projection_sample = self._projection_sample(data)
+            loop.queue_sample = self._queue_sample(data)
+        datasets = None
+        if hasattr(data, "epoch_stream") and not loop.local_mode:
+            from raydistill.runtime.train_loop import STREAM, steps_per_epoch
+
+            rows_per_epoch = steps_per_epoch(data.num_rows, self.cfg.train.batch_size, self.world_size) * \
+                self.world_size * self.cfg.train.batch_size
+            first_epoch = min(int(manifest["epoch"]) if manifest else 0, self.cfg.train.epochs - 1)
+            datasets = {STREAM: data.epoch_stream(first_epoch, self.cfg.train.epochs, rows_per_epoch)}
+            loop.teacher = dict(getattr(data, "teacher", {}) or {})
+        else:
+            # A labelled set rides in the loop config. So does the corpus in local mode: the loop runs in this
+            # process, which holds the text columns it built, and the stream's per-epoch sort would need Ray Data
+            # shuffle tasks that a Tune trial's placement group cannot fit (measured: "cannot fit into any bundles").
+            loop.array_data = data
+        if loop.local_mode:
+            result = self._fit_local(loop, datasets, events)
+        else:
+            result = self._fit_workers(loop, datasets, events)
+        out = result.return_value
+        if out.get("aborted"):
+            raise self._unresponsive(self.call_timeout_s)
+        if out.get("preempted"):
+            self._raise_preempted(out["step"])
+        return FitSummary(steps=out["step"], total_steps=total, world_size=self.world_size,
+                          best_step=out["best"]["best_step"], best_stsb_dev=out["best"]["best_stsb_dev"],
+                          best_dir=str(self.run_dir / "best"), restarts=max(0, events.starts - 1),
+                          resumed_from=out["resumed_from"], seconds=round(time.perf_counter() - started, 2),
+                          history=out["history"], rows=data.num_rows,
+                          weights_crc_by_rank=out.get("weights_crc_by_rank"),
+                          actor_cpu_s=0.0 if loop.local_mode else round(float(out.get("cpu_s", 0.0)), 1))
+
+    def _trainer(self, loop, datasets, local: bool):
+        from ray.train import CheckpointConfig, DataConfig, FailureConfig, RunConfig, ScalingConfig
+        from ray.train.torch import TorchTrainer
+
+        from raydistill.runtime.train_loop import train_worker
+
+        resources = self.cfg.resources.learner
+        scaling = ScalingConfig(num_workers=0) if local else ScalingConfig(
+            num_workers=self.num_learners, use_gpu=resources.num_gpus > 0,
+            resources_per_worker={"CPU": float(resources.num_cpus), **(
+                {"GPU": float(resources.num_gpus)} if resources.num_gpus > 0 else {})})
+        storage = self.cfg.extra.get("storage_path")
+        storage = f"{str(storage).rstrip('/')}/{self.run_dir.name}" if storage else str(self.run_dir)
+        run = RunConfig(name=TRAIN_RUN_NAME, storage_path=storage,
+                        failure_config=FailureConfig(max_failures=self.max_restarts),
+                        checkpoint_config=CheckpointConfig(num_to_keep=self.cfg.train.keep_last))
+        # Every worker reads the whole ordered stream and keeps its own batches (exact order, exact resume). Local
+        # mode hands the loop the dataset itself, whose context epoch_stream set to preserve order.
+        data_config = None
+        if not local:
+            ingest = DataConfig.default_ingest_options()
+            ingest.preserve_order = True
+            data_config = DataConfig(datasets_to_split=[], execution_options=ingest)
+        # Workers keep the job's working directory: relative model and cache paths of the config stay valid.
+        os.environ.setdefault("RAY_CHDIR_TO_TRIAL_DIR", "0")
+        return TorchTrainer(train_worker, train_loop_config=loop.as_dict(), scaling_config=scaling, run_config=run,
+                            datasets=datasets, dataset_config=data_config)
+
+    def _fit_local(self, loop, datasets, events: "_Dispatcher"):
+        """Train's local mode: the loop runs here, and its events call the dispatcher directly."""
+        from raydistill.runtime.train_loop import LocalEvents
+
+        loop.events = LocalEvents(events, _STOP_REQUESTED.is_set)
+        return self._trainer(loop, datasets, local=True).fit()
+
+    def _fit_workers(self, loop, datasets, events: "_Dispatcher"):
+        """N Train workers: ``fit`` runs in a thread while this one relays rank 0's events and the stop request."""
+        import ray
+
+        from raydistill.runtime.train_loop import EventRelay
+
+        factory = None
+        if self.num_learners > 1 and self.spec.shares_queue(self.cfg):
+            factory = functools.partial(make_shared_queues, self.spec, self.cfg, self.teacher_dim)
+        relay = ray.remote(num_cpus=0)(EventRelay).remote(factory)
+        loop.events = relay
+        trainer = self._trainer(loop, datasets, local=False)
+        outcome: dict[str, Any] = {}
+
+        def run() -> None:
+            try:
+                outcome["result"] = trainer.fit()
+            except BaseException as exc:  # noqa: BLE001 - handed to the driver thread below
+                outcome["error"] = exc
+
+        thread = threading.Thread(target=run, name=f"raydistill-train-{self.name}", daemon=True)
+        thread.start()
+        stop_sent = False
+        last_event = time.monotonic()
+        while True:
+            thread.join(0.25)
+            finished = not thread.is_alive()  # checked before the drain: every event is in it then
+            if _STOP_REQUESTED.is_set() and not stop_sent:
+                relay.request_stop.remote()
+                stop_sent = True
+            drained = ray.get(relay.drain.remote(), timeout=60)
+            for kind, info, step in drained:
+                events(kind, info, step)
+            if drained:
+                last_event = time.monotonic()
+            if finished:
+                break
+            limit = self.call_timeout_s if events.starts else max(self.call_timeout_s, LEARNER_START_TIMEOUT_S)
+            if time.monotonic() - last_event > limit:
+                # The run goes on in the background until its hung worker returns or dies; then the relay (kept
+                # alive for this) tells the workers to leave without training. A CLI job simply exits.
+                relay.abort.remote()
+                raise self._unresponsive(limit)
         try:
-            position, resumed_from = self._start_and_resume(data, total)
-            while True:
-                try:
-                    self._train_from(data, position, total, on_metrics, on_eval, started)
-                    break
-                except Exception as exc:  # noqa: BLE001 - only actor deaths are retried; see _is_actor_death
-                    if not _is_actor_death(exc) or self.restarts >= self.max_restarts:
-                        raise
-                    self.restarts += 1
-                    print(f"[{self.name}] learner actor died ({type(exc).__name__}); restart {self.restarts}/"
-                          f"{self.max_restarts} from the latest checkpoint", flush=True)
-                    self.shutdown()  # the dead actor's CPU time is lost; actor_cpu_s counts the survivors
-                    position, resumed_from = self._start_and_resume(data, total)
-            history = self._learners.call_rank0("get_history")
-            best = self._learners.call_rank0("best_info")
-            final_step = self._learners.call_rank0("ping")
-            if isinstance(self._learners, _RemoteLearners):
-                self.actor_cpu_s += sum(self._learners.call_all("cpu_seconds"))
-        except Exception as exc:
-            self.shutdown()
-            if _is_timeout(exc):
-                raise self._unresponsive(exc) from exc
-            raise
-        self.shutdown()
-        return FitSummary(steps=final_step, total_steps=total, world_size=self.world_size,
-                          best_step=best["best_step"], best_stsb_dev=best["best_stsb_dev"],
-                          best_dir=str(self.run_dir / "best"), restarts=self.restarts, resumed_from=resumed_from,
-                          seconds=round(time.perf_counter() - started, 2), history=history,
-                          rows=data.num_rows, actor_cpu_s=round(self.actor_cpu_s, 1))
+            ray.get(relay.shutdown.remote(), timeout=30)
+        except Exception:  # noqa: BLE001 - the relay is gone with the cluster
+            pass
+        ray.kill(relay)
+        if "error" in outcome:
+            raise outcome["error"]
+        return outcome["result"]
 
-    def _start_and_resume(self, data, total: int) -> tuple[tuple[int, int, int], int | None]:
-        """Start the learners, load the latest checkpoint if any; a fresh start fits the projection if asked."""
-        self._start(total)
-        position, resumed_from = self._resume()
-        if resumed_from is None:
-            self._fit_projection(data)
-            self._fill_teacher_queues(data)
-        return position, resumed_from
+    # ------------------------------------------------------------------------------------------------------------
 
-    def _fill_teacher_queues(self, data) -> None:
-        """``loss.queue_init: teacher``: each teacher queue starts from the cached teacher vectors (no extra teacher
-        pass) of min(K, rows) training sentences drawn with the job seed, with their group ids, as ConGen's authors
-        start theirs. Queue i of the loss takes the i-th teacher view (SCT-distillation: views a, b)."""
+    def _projection_sample(self, data, max_rows: int = 4096):
+        """``student_projection_init: least_squares``: the texts and teacher vectors (first teacher view) of up to
+        ``max_rows`` rows drawn with the job seed; every worker fits the same projection to them."""
+        if self.cfg.student_projection_init != "least_squares" or self.init_model is not None:
+            return None
+        views = self.spec.teacher_views_of(self.cfg)
+        if not views:
+            return None
+        rows = np.random.default_rng(self.cfg.seed).permutation(data.num_rows)[:max_rows]
+        sample = data.rows(rows)
+        texts = [str(text) for text in sample[f"text_{views[0]}"]]
+        targets = np.asarray(np.stack(sample[f"teacher_{views[0]}"]), dtype=np.float32)  # [n, D]
+        return texts, targets, views[0]
+
+    def _queue_sample(self, data):
+        """``loss.queue_init: teacher``: per teacher queue, the cached teacher vectors (no extra teacher pass) of
+        min(K, rows) training sentences drawn with the job seed, with their group ids, as ConGen's authors start
+        theirs. Queue i of the loss takes the i-th teacher view (SCT-distillation: views a, b)."""
         kwargs = self.spec.loss_kwargs(self.cfg)
         if kwargs.get("queue_init") != "teacher" or not self.spec.shared_queues:
-            return
+            return None
         views = self.spec.teacher_views_of(self.cfg)[:self.spec.shared_queues]
         size = int(kwargs["queue_size"])
         rows = np.sort(np.random.default_rng([self.cfg.seed, 16349]).permutation(data.num_rows)[:size])
         sample = data.rows(rows)
         groups = sample["group"] if "group" in sample else np.full(len(rows), -1, dtype=np.int64)
-        blocks = [(np.asarray(np.stack(sample[f"teacher_{view}"]), dtype=np.float32), groups) for view in views]
-        filled = self._learners.call_rank0("fill_teacher_queues", blocks)
-        self._learners.call_all("sync_queues")
-        print(f"[{self.name}] queue_init teacher: {len(views)} queue(s) of K={size} start from the teacher vectors of "
-              f"{len(rows)} training sentences ({', '.join(views)} view); rows filled {filled}", flush=True)
+        return [(np.asarray(np.stack(sample[f"teacher_{view}"]), dtype=np.float32), np.asarray(groups))
+                for view in views]
 
-    def _fit_projection(self, data, max_rows: int = 4096) -> None:
-        """``student_projection_init: least_squares``: every learner fits its new projection to the same teacher
-        vectors (up to ``max_rows`` rows of the first teacher view), so ranks stay identical."""
-        if self.cfg.student_projection_init != "least_squares" or self.init_model is not None:
-            return
-        views = self.spec.teacher_views_of(self.cfg)
-        if not views:
-            print(f"[{self.name}] student_projection_init least_squares: the method reads no teacher vectors; "
-                  "the projection keeps its default init", flush=True)
-            return
-        rows = np.random.default_rng(self.cfg.seed).permutation(data.num_rows)[:max_rows]
-        sample = data.rows(rows)
-        texts = [str(text) for text in sample[f"text_{views[0]}"]]
-        targets = np.asarray(np.stack(sample[f"teacher_{views[0]}"]), dtype=np.float32)  # [n, D]
-        started = time.perf_counter()
-        fit = self._learners.call_all("fit_projection", texts, targets)[0]
-        if fit is None:
-            print(f"[{self.name}] student_projection_init least_squares: the student has no projection "
-                  "(same width as the teacher); nothing to fit", flush=True)
-        else:
-            print(f"[{self.name}] projection fitted to {len(texts)} teacher vectors ({views[0]} view) by least "
-                  f"squares: mean cosine {fit:.3f} ({time.perf_counter() - started:.1f}s)", flush=True)
-
-    def _unresponsive(self, exc: BaseException) -> LearnerUnresponsiveError:
+    def _unresponsive(self, waited_s: float) -> LearnerUnresponsiveError:
         latest = ckpt.latest_checkpoint(self.run_dir)
         where = f"checkpoint {latest.name}" if latest is not None else "the start (no checkpoint yet)"
         return LearnerUnresponsiveError(
-            f"[{self.name}] a learner did not answer within {self.call_timeout_s:g} s (extra.learner_timeout_s): its "
-            f"worker hangs or the Ray cluster is lost ({type(exc).__name__}). The job stopped; to resume from "
-            f"{where}, run the same command again with run_dir {self.run_dir} once the cluster is healthy.")
+            f"[{self.name}] the learners sent nothing for {waited_s:g} s (extra.learner_timeout_s): a worker hangs "
+            f"or the Ray cluster is lost. The job stopped; to resume from {where}, run the same command again with "
+            f"run_dir {self.run_dir} once the cluster is healthy.")
 
-    def _resume(self) -> tuple[tuple[int, int, int], int | None]:
-        """(step, epoch, batch_in_epoch) to continue from, and the checkpoint step resumed (None: fresh start).
-
-        The newest checkpoint that verifies (sizes and sha256 of its files); a damaged newer one is skipped with a
-        line saying which, why, and what is used instead.
-        """
-        latest, _ = ckpt.latest_good_checkpoint(
-            self.run_dir, report=lambda message: print(f"[{self.name}] {message}", flush=True))
-        self._evaluated_at = -1
-        if latest is None:
-            return (0, 0, 0), None
-        manifests = self._learners.call_all("load_checkpoint", str(latest))
-        manifest = manifests[0]
-        self._evaluated_at = int(manifest.get("extra", {}).get("evaluated_at", -1))
-        print(f"[{self.name}] resuming from {latest} (step {manifest['step']}, epoch {manifest['epoch']}, "
-              f"batch {manifest['batch_in_epoch']})", flush=True)
-        return (manifest["step"], manifest["epoch"], manifest["batch_in_epoch"]), manifest["step"]
-
-    def _train_from(self, data, position: tuple[int, int, int], total: int, on_metrics, on_eval,
-                    started: float) -> None:
-        train = self.cfg.train
-        step, epoch, batch_in_epoch = position
-        world = self.world_size
-        progress = _Progress(self.name, total, train.epochs, self.cfg.extra.get("log_every"), first_step=step)
-        trained = False
-        stop = False
-        while step < total and epoch < train.epochs and not stop:
-            shard: list[dict[str, np.ndarray]] = []
-            epoch_finished = True
-            for batch in data.iter_batches(epoch, train.batch_size, skip_batches=batch_in_epoch, drop_last=True):
-                shard.append(batch)
-                if len(shard) < world:
-                    continue
-                step_started = time.perf_counter()
-                per_learner = self._learners.train_step(shard)
-                step += 1
-                trained = True
-                batch_in_epoch += world
-                metrics = _merge_metrics(per_learner)
-                rows = sum(len(next(iter(b.values()))) for b in shard)
-                metrics["sentences_per_s"] = rows * self.spec.student_sentences_per_row / max(
-                    time.perf_counter() - step_started, 1e-9)
-                metrics["epoch"] = epoch + batch_in_epoch / max(1, data.num_batches(train.batch_size))
-                shard = []
-                if on_metrics:
-                    on_metrics(metrics, step)
-                dev = None
-                if step % train.eval_every == 0:
-                    dev = self._evaluate(step, on_eval)
-                    stop = self._early_stop()
-                checkpointed = step % train.checkpoint_every == 0
-                if checkpointed:
-                    self._checkpoint(epoch, batch_in_epoch)
-                progress.update(step, epoch, metrics, dev, self._best_cache, force=dev is not None)
-                if _STOP_REQUESTED.is_set():
-                    self._stop_for_preemption(step, epoch, batch_in_epoch, checkpointed)
-                if step >= total or stop:
-                    epoch_finished = False
-                    break
-            if epoch_finished:
-                epoch, batch_in_epoch = epoch + 1, 0
-                if self._evaluated_at != step:  # the authors also evaluate at every epoch end
-                    dev = self._evaluate(step, on_eval)
-                    progress.update(step, epoch - 1, None, dev, self._best_cache, force=True)
-                    stop = stop or self._early_stop()
-        if self._evaluated_at != step:
-            dev = self._evaluate(step, on_eval)
-            progress.update(step, epoch, None, dev, self._best_cache, force=True)
-        if trained:
-            # The final checkpoint lets a re-run of the finished job skip training (it resumes at the end).
-            self._checkpoint(epoch, batch_in_epoch, extra={"finished": True, "early_stopped": stop})
-        if stop:
-            print(f"[{self.name}] early stop at step {step}: {train.patience} evaluations without a new best",
-                  flush=True)
-
-    def _stop_for_preemption(self, step: int, epoch: int, batch_in_epoch: int, checkpointed: bool) -> None:
-        if not checkpointed:
-            self._checkpoint(epoch, batch_in_epoch, extra={"preempted": True})
+    def _raise_preempted(self, step: int) -> None:
         latest = ckpt.latest_checkpoint(self.run_dir)
         message = (f"[{self.name}] stop requested (SIGTERM): stopped after step {step} with checkpoint "
                    f"{latest.name if latest else '?'}; run the same command with run_dir {self.run_dir} to resume "
@@ -427,22 +332,39 @@ class LearnerGroup:
         print(message, flush=True)
         raise PreemptedError(message, step, str(latest) if latest else None)
 
-    def _early_stop(self) -> bool:
-        return bool(self.cfg.train.patience) and bool(self._learners.call_rank0("should_stop_now"))
 
-    def _evaluate(self, step: int, on_eval) -> float:
-        score = self._learners.call_rank0("evaluate_dev")
-        self._evaluated_at = step
-        best = self._learners.call_rank0("best_info")
-        self._best_cache = best
-        if on_eval:
-            on_eval({"stsb_dev": score, "best_stsb_dev": best["best_stsb_dev"]}, step)
-        return score
+class _Dispatcher:
+    """Rank 0's events in the driver: callbacks (MLflow, Tune), progress lines, restart lines."""
 
-    def _checkpoint(self, epoch: int, batch_in_epoch: int, extra: dict[str, Any] | None = None) -> None:
-        extra = {"world_size": self.world_size, "restarts": self.restarts, "evaluated_at": self._evaluated_at,
-                 **(extra or {})}
-        self._learners.call_rank0("save_checkpoint", epoch, batch_in_epoch, extra)
+    def __init__(self, group: LearnerGroup, total: int, first_step: int, on_metrics, on_eval, on_event):
+        self.group = group
+        self.on_metrics, self.on_eval, self.on_event = on_metrics, on_eval, on_event
+        cfg = group.cfg
+        self.progress = _Progress(group.name, total, cfg.train.epochs, cfg.extra.get("log_every"), first_step)
+        self.starts = 0
+        self.epoch = 0
+        self.best: dict[str, float] = {}
+
+    def __call__(self, kind: str, info: dict[str, Any], step: int) -> None:
+        if self.on_event is not None:
+            self.on_event(kind, info, step)
+        if kind == "start":
+            self.starts += 1
+            if self.starts > 1:
+                print(f"[{self.group.name}] learner worker died; Train restarted the workers (restart "
+                      f"{self.starts - 1}/{self.group.max_restarts}), resuming from checkpoint step "
+                      f"{info.get('resumed_from')}", flush=True)
+            self.progress.restart(step)
+        elif kind == "step":
+            self.epoch = max(0, math.ceil(float(info.get("epoch", self.epoch + 1))) - 1)  # epoch 1.0 ends epoch 0
+            if self.on_metrics is not None:
+                self.on_metrics(info, step)
+            self.progress.update(step, self.epoch, info, None, self.best)
+        elif kind == "eval":
+            self.best = {"best_stsb_dev": info["best_stsb_dev"], "best_step": info.get("best_step", -1)}
+            if self.on_eval is not None:
+                self.on_eval({"stsb_dev": info["stsb_dev"], "best_stsb_dev": info["best_stsb_dev"]}, step)
+            self.progress.update(step, self.epoch, None, info["stsb_dev"], self.best, force=True)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -456,29 +378,6 @@ def make_shared_queues(spec, cfg: JobConfig, teacher_dim: int | None) -> list:
     size = int(spec.loss_kwargs(cfg)["queue_size"])
     return [create_shared_queue(cfg, size=size, dim=int(teacher_dim), **spec.queue_kwargs(cfg, i))
             for i in range(spec.shared_queues)]
-
-
-def _merge_metrics(per_learner: list[dict[str, float]]) -> dict[str, float]:
-    keys = per_learner[0].keys()
-    merged = {k: float(np.mean([m[k] for m in per_learner if k in m])) for k in keys}
-    merged["learner_sentences_per_s"] = float(sum(m.get("sentences_per_s", 0.0) for m in per_learner))
-    return merged
-
-
-def _is_timeout(exc: BaseException) -> bool:
-    try:
-        from ray.exceptions import GetTimeoutError
-    except ImportError:
-        return False
-    return isinstance(exc, GetTimeoutError)
-
-
-def _is_actor_death(exc: BaseException) -> bool:
-    try:
-        from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError
-    except ImportError:
-        return False
-    return isinstance(exc, (RayActorError, ActorDiedError, ActorUnavailableError))
 
 
 def _teacher_dim_of(data, spec, cfg) -> int | None:
@@ -502,6 +401,10 @@ class _Progress:
         self.started, self.first_step = time.perf_counter(), first_step
         self.last_print = 0.0
         self.loss_window: list[float] = []
+
+    def restart(self, first_step: int) -> None:
+        """The ETA counts from here: the workers (re)started at ``first_step``."""
+        self.started, self.first_step = time.perf_counter(), first_step
 
     def update(self, step: int, epoch: int, metrics: dict[str, float] | None, dev: float | None,
                best: dict[str, float], force: bool = False) -> None:

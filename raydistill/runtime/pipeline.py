@@ -35,6 +35,7 @@ same rule).
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import re
@@ -240,7 +241,7 @@ class TrainingData:
     teacher: dict[str, Any] = field(default_factory=dict)  # view -> TeacherVectors
     _columns: dict[str, np.ndarray] | None = field(default=None, repr=False)
 
-    # Sent to a learner actor without the local copy; it is read back from the dataset there.
+    # Sent to another process (a Ray Train worker) without the local copy; it is read back from the dataset there.
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
         state["_columns"] = None
@@ -268,9 +269,32 @@ class TrainingData:
         return self.num_rows // batch_size if drop_last else math.ceil(self.num_rows / batch_size)
 
     def epoch_order(self, epoch: int) -> np.ndarray:
-        if not self.shuffle:
-            return np.arange(self.num_rows)
-        return np.random.default_rng([int(self.seed), int(epoch)]).permutation(self.num_rows)
+        return epoch_order(self.num_rows, self.seed, epoch, self.shuffle)
+
+    def epoch_stream(self, first_epoch: int, epochs: int, rows_per_epoch: int):
+        """The rows of epochs ``first_epoch .. epochs - 1`` as one Ray Dataset, each epoch in its seeded order.
+
+        What Ray Train workers stream (``datasets={"train": ...}``): every row carries its ``epoch`` and its
+        ``position`` in that epoch's order (``epoch_order``), each epoch keeps its first ``rows_per_epoch``
+        positions (the whole steps of the epoch; the rest is what ``drop_last`` drops) and is sorted by position,
+        so batches of ``batch_size`` rows read in order are exactly ``iter_batches``' batches, whatever blocks Ray
+        ran where. Each map task recomputes the epoch's permutation from ``(seed, epoch)``: no process holds a
+        column of the corpus to build it. Read with ``preserve_order`` (set on the returned dataset's context).
+        """
+        import functools
+
+        parts = []
+        for epoch in range(int(first_epoch), int(epochs)):
+            position = functools.partial(_with_epoch_position, num_rows=self.num_rows, seed=self.seed, epoch=epoch,
+                                         shuffle=self.shuffle, rows_per_epoch=int(rows_per_epoch))
+            parts.append(self.dataset.map_batches(position, batch_format="numpy").sort("position"))
+        if not parts:
+            raise ValueError(f"epoch_stream: no epoch from {first_epoch} to {epochs}")
+        stream = parts[0].union(*parts[1:]) if len(parts) > 1 else parts[0]
+        stream.context.execution_options.preserve_order = True
+        # Read inside the training loop, whose progress lines already say where it is: no per-epoch bars.
+        stream.context.enable_progress_bars = False
+        return stream
 
     def iter_batches(self, epoch: int, batch_size: int, skip_batches: int = 0, drop_last: bool = True,
                      ) -> Iterator[dict[str, np.ndarray]]:
@@ -280,6 +304,33 @@ class TrainingData:
         order = self.epoch_order(epoch)
         for b in range(skip_batches, self.num_batches(batch_size, drop_last)):
             yield self.rows(order[b * batch_size:(b + 1) * batch_size])
+
+
+def epoch_order(num_rows: int, seed: int, epoch: int, shuffle: bool = True) -> np.ndarray:
+    """Row ids in the order of epoch ``epoch``: a permutation drawn from ``(seed, epoch)`` (identity unshuffled)."""
+    if not shuffle:
+        return np.arange(num_rows)
+    return np.random.default_rng([int(seed), int(epoch)]).permutation(num_rows)
+
+
+@functools.lru_cache(maxsize=2)
+def _epoch_positions(num_rows: int, seed: int, epoch: int, shuffle: bool) -> np.ndarray:
+    """position[row id] = where the row comes in epoch ``epoch`` (cached: every block of an epoch needs it)."""
+    positions = np.empty(num_rows, dtype=np.int64)
+    positions[epoch_order(num_rows, seed, epoch, shuffle)] = np.arange(num_rows, dtype=np.int64)
+    positions.setflags(write=False)
+    return positions
+
+
+def _with_epoch_position(batch: dict[str, np.ndarray], *, num_rows: int, seed: int, epoch: int, shuffle: bool,
+                         rows_per_epoch: int) -> dict[str, np.ndarray]:
+    """The block's rows that epoch ``epoch`` trains on, with their ``epoch`` and ``position`` columns."""
+    position = _epoch_positions(num_rows, seed, epoch, shuffle)[np.asarray(batch["idx"], dtype=np.int64)]
+    keep = position < rows_per_epoch
+    out = {name: np.asarray(column)[keep] for name, column in batch.items()}
+    out["epoch"] = np.full(int(keep.sum()), epoch, dtype=np.int64)
+    out["position"] = position[keep]
+    return out
 
 
 def _dataset_columns(dataset) -> dict[str, np.ndarray]:

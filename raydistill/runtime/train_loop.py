@@ -1,0 +1,525 @@
+"""The loop every Ray Train worker runs: one ``DistillLearner`` trained on its share of the seeded batch stream.
+
+``LearnerGroup.fit`` (learner_group.py) starts it through a ``TorchTrainer``; ``train_worker(config)`` is the
+``train_loop_per_worker`` and ``config`` the ``train_loop_config`` (``LoopConfig.as_dict``). On each worker:
+
+    rank, world = the Train context's world rank and size (1 in Train's local mode, ``num_learners: 0``)
+    learner = DistillLearner(..., rank, world)            # shared teacher queues through the loop config's keeper
+    resume: the newest checkpoint among Train's (``ray.train.get_checkpoint``, after a worker failure or a rerun
+            of the same run) and the newest that verifies in ``run_dir``; a fresh start fits the projection by
+            least squares and fills the teacher queues from the samples the driver sent
+    learner.enable_ddp()                                   # several workers: DDP averages the gradients
+    for each step: this worker's batch of the step (batch b of an epoch goes to rank b mod world), its teacher
+            vectors read from the memory-mapped cache, one optimiser step, ``ray.train.report`` of the metrics
+            (with a checkpoint every ``train.checkpoint_every`` steps), dev evaluation on rank 0
+
+Data: a corpus (``TrainingData``) streams from Ray Data: the job passes ``TrainingData.epoch_stream`` as
+``datasets={"train": ...}`` unsplit (every worker reads the whole ordered stream and keeps its own batches; texts
+are cheap to read twice, and the teacher vectors are read only for the worker's own batches), so the order does not
+depend on how Ray schedules blocks, and a resume skips the consumed batches exactly. A labelled set (``ArrayData``:
+a few thousand rows) travels in the loop config, and so does the corpus in Train's local mode, where the loop runs in
+the driver that built its text columns (``iter_batches``: the same batches; teacher vectors from the cache).
+
+Checkpoints: with Train workers, rank 0 writes the atomic checkpoint (checkpoint.py) into a local temporary
+directory and reports it; Train persists it to ``RunConfig(storage_path)/<name>/step-XXXXXXX`` and keeps
+``train.keep_last`` of them. Train's local mode keeps a reported checkpoint only in memory, so there rank 0 writes
+it to ``<run_dir>/checkpoints/`` itself: the same layout either way.
+
+Events (``start``, ``step``, ``eval``) go from rank 0 to the driver through an ``EventRelay`` (a Ray actor the
+driver owns; in local mode a plain object calling the driver's callbacks): the driver logs them to MLflow, prints
+the progress lines and answers with the stop request of a SIGTERM, which rank 0 passes to every worker.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator
+
+import numpy as np
+
+from raydistill.runtime import checkpoint as ckpt
+from raydistill.runtime.config import JobConfig
+
+__all__ = ["LoopConfig", "EventRelay", "LocalEvents", "train_worker", "steps_per_epoch", "STREAM"]
+
+# The name of the Ray Data stream in ``datasets``.
+STREAM = "train"
+# How long rank 0 waits for the driver's relay to take an event before it gives up on the driver.
+EVENT_TIMEOUT_S = 120.0
+
+
+def steps_per_epoch(num_rows: int, batch_size: int, world_size: int) -> int:
+    """Optimiser steps of one epoch: one step takes one batch per worker; the epoch's leftover batches are dropped."""
+    return (num_rows // batch_size) // max(1, world_size)
+
+
+@dataclass
+class LoopConfig:
+    """What the driver hands every worker (``train_loop_config``); picklable."""
+
+    cfg: JobConfig
+    spec: Any  # MethodSpec
+    run_dir: str
+    total_steps: int
+    num_rows: int
+    teacher_dim: int | None
+    init_model: str | None
+    name: str
+    events: Any  # EventRelay actor handle, or a LocalEvents in local mode
+    checkpoints_in_run_dir: bool = True  # Train's storage is the run dir (not a remote extra.storage_path)
+    array_data: Any = None  # ArrayData / TrainingData cut here (labelled sets; local mode), or None: the Ray stream
+    teacher: dict[str, Any] = field(default_factory=dict)  # view -> TeacherVectors (memory-mapped cache)
+    projection_sample: tuple[list[str], np.ndarray, str] | None = None  # (texts, teacher vectors [n, D], view)
+    queue_sample: list[tuple[np.ndarray, np.ndarray]] | None = None  # per teacher queue: (vectors [K, D], groups)
+    local_mode: bool = False
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"loop": self}
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Events from rank 0 to the driver
+
+
+class EventRelay:
+    """Rank 0's events for the driver, and the driver's stop request for the workers; behind ``ray.remote``.
+
+    It also keeps the shared teacher queues: workers ask it for the queue actors (``shared_queues``), and it
+    replaces queue actors that died, so a worker group that Train restarts after a queue actor was lost gets live
+    ones (their content comes back from the checkpoint).
+    """
+
+    def __init__(self, queue_factory: Callable[[], list] | None = None):
+        self._events: list[tuple[str, dict[str, Any], int]] = []
+        self._stop = self._abort = False
+        self._starts = 0
+        self._queue_factory = queue_factory
+        self._queues: list = []
+
+    def push(self, kind: str, info: dict[str, Any], step: int) -> dict[str, Any]:
+        """Queue an event; the answer: whether the driver asked the run to stop (SIGTERM) or gave up on it
+        (``abort``: it stopped waiting for events), and how many times the workers were restarted so far."""
+        self._starts += kind == "start"
+        self._events.append((kind, info, step))
+        return {"stop": self._stop, "abort": self._abort, "restarts": max(0, self._starts - 1)}
+
+    def drain(self) -> list[tuple[str, dict[str, Any], int]]:
+        events, self._events = self._events, []
+        return events
+
+    def request_stop(self) -> None:
+        self._stop = True
+
+    def abort(self) -> None:
+        """The driver gave up (no event within its timeout): workers that still report leave without training."""
+        self._abort = True
+
+    def shared_queues(self) -> list:
+        """Live shared-queue actors (new ones when any has died); [] when the method shares no queue."""
+        import ray
+
+        if self._queue_factory is None:
+            return []
+        if self._queues:
+            try:
+                ray.get([queue.ping.remote() for queue in self._queues], timeout=30)
+            except Exception:  # noqa: BLE001 - a dead or unreachable queue actor: replace them all
+                for queue in self._queues:
+                    ray.kill(queue)
+                self._queues = []
+        if not self._queues:
+            self._queues = self._queue_factory()
+        return list(self._queues)
+
+    def shutdown(self) -> None:
+        import ray
+
+        for queue in self._queues:
+            try:
+                ray.kill(queue)
+            except Exception:  # noqa: BLE001 - already gone
+                pass
+        self._queues = []
+
+
+class LocalEvents:
+    """The relay of Train's local mode: the loop runs in the driver, so events go straight to ``on_event``."""
+
+    def __init__(self, on_event: Callable[[str, dict[str, Any], int], None], stop_requested: Callable[[], bool]):
+        self.on_event, self.stop_requested = on_event, stop_requested
+
+    def push(self, kind: str, info: dict[str, Any], step: int) -> dict[str, Any]:
+        self.on_event(kind, info, step)
+        return {"stop": self.stop_requested(), "abort": False, "restarts": 0}  # no worker to restart here
+
+    def shared_queues(self) -> list:
+        return []  # one learner: the loss keeps its own queues
+
+
+def _push(events, kind: str, info: dict[str, Any], step: int) -> dict[str, Any]:
+    if isinstance(events, LocalEvents):
+        return events.push(kind, info, step)
+    import ray
+
+    return ray.get(events.push.remote(kind, info, step), timeout=EVENT_TIMEOUT_S)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The worker's batches
+
+
+def _array_steps(data, batch_size: int, world: int, rank: int, per_epoch: int, epoch: int, first_step: int,
+                 epochs: int) -> Iterator[tuple[int, int, dict[str, np.ndarray]]]:
+    """``(epoch, step in epoch, this rank's batch)`` of an in-memory labelled set, from ``(epoch, first_step)``."""
+    for ep in range(epoch, epochs):
+        skip = first_step * world if ep == epoch else 0
+        for b, batch in enumerate(data.iter_batches(ep, batch_size, skip_batches=skip), start=skip):
+            if b >= per_epoch * world:
+                break
+            if b % world == rank:
+                yield ep, b // world, batch
+
+
+def _stream_steps(shard, teacher: dict[str, Any], batch_size: int, world: int, rank: int, epoch: int,
+                  first_step: int) -> Iterator[tuple[int, int, dict[str, np.ndarray]]]:
+    """``(epoch, step in epoch, this rank's batch)`` of the Ray Data stream (``TrainingData.epoch_stream``), from
+    ``(epoch, first_step)`` on: earlier batches are read and dropped, other ranks' batches are dropped unread by
+    the teacher cache."""
+    first = True
+    for batch in shard.iter_batches(batch_size=batch_size, batch_format="numpy", drop_last=True):
+        ep = int(batch["epoch"][0])
+        b = int(batch["position"][0]) // batch_size
+        if first and (ep, b) > (epoch, first_step * world):
+            raise RuntimeError(f"the data stream starts at epoch {ep} batch {b}, after the resume position (epoch "
+                               f"{epoch}, batch {first_step * world}): batches would be skipped")
+        first = False
+        if (ep, b // world) < (epoch, first_step) or b % world != rank:
+            continue
+        rows = {name: (np.asarray(column, dtype=object) if name.startswith("text_") else np.asarray(column))
+                for name, column in batch.items() if name not in ("epoch", "position")}
+        for view, vectors in teacher.items():
+            rows[f"teacher_{view}"] = vectors(rows[f"text_{view}"])  # [B, D] from the memory-mapped cache
+        yield ep, b // world, rows
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The loop
+
+
+def train_worker(config: dict[str, Any]) -> dict[str, Any]:
+    """Ray Train's ``train_loop_per_worker``: train to the end (or a stop) and return rank 0's summary."""
+    return _Worker(config["loop"]).run()
+
+
+class _Worker:
+    def __init__(self, loop: LoopConfig):
+        from raydistill.runtime.learner import DistillLearner
+
+        self.loop, self.cfg = loop, loop.cfg
+        context = _train_api("get_context")  # None: local mode inside a Tune trial, one worker
+        self.rank, self.world = (int(context.get_world_rank()), int(context.get_world_size())) if context else (0, 1)
+        self.events = loop.events
+        queues = _get(self.events.shared_queues.remote()) if self._remote_events else []
+        device = None
+        if not loop.local_mode and self.cfg.resources.learner.num_gpus > 0:
+            import ray.train.torch
+
+            device = str(ray.train.torch.get_device())
+        self.learner = DistillLearner(
+            self.cfg, loop.spec, total_steps=loop.total_steps, teacher_dim=loop.teacher_dim, run_dir=loop.run_dir,
+            init_model=loop.init_model, rank=self.rank, world_size=self.world, queue_actors=queues or None,
+            threads=None if loop.local_mode else self.cfg.resources.learner.threads, device=device)
+        self.evaluated_at = -1
+        self.best_cache: dict[str, float] = {}
+        self.restarts = 0  # of the worker group, as the relay counted them (recorded in the checkpoints)
+
+    @property
+    def _remote_events(self) -> bool:
+        return not isinstance(self.events, LocalEvents)
+
+    def _print(self, message: str) -> None:
+        if self.rank == 0:
+            print(f"[{self.loop.name}] {message}", flush=True)
+
+    # ------------------------------------------------------------------------------------------------------------
+
+    def run(self) -> dict[str, Any]:
+        started_cpu = _cpu_seconds()
+        position, resumed_from = self._resume()
+        if resumed_from is None:
+            self._fit_projection()
+            self._fill_teacher_queues()
+        self.learner.enable_ddp()
+        reply = {"stop": False, "abort": False}
+        if self.rank == 0:
+            reply = _push(self.events, "start", self._start_info(resumed_from), position[0])
+            self.restarts = reply["restarts"]
+        if self._agree(reply["abort"]):
+            return {"step": self.learner.step, "aborted": True}
+        outcome = self._train_from(position, stop_requested=reply["stop"])
+        cpu = self.learner.all_reduce_mean({"cpu_s": _cpu_seconds() - started_cpu})["cpu_s"] * self.world
+        return {"step": self.learner.step, "history": self.learner.get_history(), "best": self.learner.best_info(),
+                "resumed_from": resumed_from, "cpu_s": cpu, "weights_crc_by_rank": self._weights_crc_by_rank(),
+                **outcome}
+
+    def _weights_crc_by_rank(self) -> list[int]:
+        """crc32 of every worker's student weights (gathered to all): equal when DDP kept the workers in step."""
+        import zlib
+
+        import torch
+
+        crc = 0
+        for tensor in self.learner.student.state_dict().values():
+            crc = zlib.crc32(tensor.detach().cpu().contiguous().view(-1).view(torch.uint8).numpy().tobytes(), crc)
+        crcs = torch.zeros(self.world, dtype=torch.int64)
+        crcs[self.rank] = crc
+        if self.learner._ddp is not None:
+            import torch.distributed as dist
+
+            dist.all_reduce(crcs)
+        return [int(c) for c in crcs]
+
+    def _start_info(self, resumed_from: int | None) -> dict[str, Any]:
+        """What the driver learns at each (re)start: the checkpoint resumed, rank 0's pid and, with Train workers,
+        its actor and the shared queue actors (what an operator, or a fault test, would kill)."""
+        info: dict[str, Any] = {"resumed_from": resumed_from, "pid": os.getpid(), "world_size": self.world}
+        if self._remote_events:
+            import ray
+
+            info["actor"] = ray.get_runtime_context().current_actor
+            info["queue_actors"] = [queue.actor for queue in self.learner.teacher_queues()
+                                    if getattr(queue, "actor", None) is not None]
+        return info
+
+    def _resume(self) -> tuple[tuple[int, int, int], int | None]:
+        """(step, epoch, batch_in_epoch) to continue from, and the checkpoint step loaded (None: fresh start)."""
+        # Train's own checkpoint (the newest its controller registered), then the run dir's newest good one if that
+        # is newer: a worker killed right after a report leaves a persisted checkpoint that the controller had not
+        # registered yet, and local mode registers none. A damaged newer checkpoint is skipped, and the log says so.
+        in_run_dir = None
+        if self.loop.checkpoints_in_run_dir:
+            in_run_dir, _ = ckpt.latest_good_checkpoint(self.loop.run_dir, report=self._print)
+        candidates = [("train", _train_api("get_checkpoint")), ("run_dir", in_run_dir)]
+        manifest: dict[str, Any] | None = None
+        for source, where in candidates:
+            if where is not None:
+                manifest = self._load_if_newer(source, where, manifest["step"] if manifest else -1) or manifest
+        if manifest is None:
+            return (0, 0, 0), None
+        self.evaluated_at = int(manifest.get("extra", {}).get("evaluated_at", -1))
+        self._print(f"resuming from {manifest['_path']} (step {manifest['step']}, epoch {manifest['epoch']}, "
+                    f"batch {manifest['batch_in_epoch']})")
+        return (manifest["step"], manifest["epoch"], manifest["batch_in_epoch"]), manifest["step"]
+
+    def _load_if_newer(self, source: str, where, newer_than: int) -> dict[str, Any] | None:
+        """Load ``where`` (a Train Checkpoint or a path) if it verifies and is newer than step ``newer_than``."""
+        if source == "run_dir":
+            manifest = ckpt.verify_checkpoint(where)
+            if manifest["step"] <= newer_than:
+                return None
+            return {**self.learner.load_checkpoint(where), "_path": str(where)}
+        with where.as_directory() as directory:
+            try:
+                manifest = ckpt.verify_checkpoint(directory)
+            except ckpt.CheckpointError as exc:
+                self._print(f"checkpoint damaged: {exc}; falling back to the run dir's newest good checkpoint")
+                return None
+            if manifest["step"] <= newer_than:
+                return None
+            return {**self.learner.load_checkpoint(directory), "_path": where.path}
+
+    def _fit_projection(self) -> None:
+        """``student_projection_init: least_squares``: every worker fits the new projection to the same teacher
+        vectors (the driver's seeded sample), so the workers start identical."""
+        cfg = self.cfg
+        if cfg.student_projection_init != "least_squares" or self.loop.init_model is not None:
+            return
+        if self.loop.projection_sample is None:
+            self._print("student_projection_init least_squares: the method reads no teacher vectors; the "
+                        "projection keeps its default init")
+            return
+        texts, targets, view = self.loop.projection_sample
+        started = time.perf_counter()
+        fit = self.learner.fit_projection(texts, targets)
+        if fit is None:
+            self._print("student_projection_init least_squares: the student has no projection (same width as the "
+                        "teacher); nothing to fit")
+        else:
+            self._print(f"projection fitted to {len(texts)} teacher vectors ({view} view) by least squares: mean "
+                        f"cosine {fit:.3f} ({time.perf_counter() - started:.1f}s)")
+
+    def _fill_teacher_queues(self) -> None:
+        """``loss.queue_init: teacher``: the queues start from the cached teacher vectors of the driver's sample of
+        K training rows. A shared queue is filled once (rank 0, through its actor) and every mirror synced."""
+        blocks = self.loop.queue_sample
+        if not blocks:
+            return
+        shared = any(hasattr(queue, "sync") and queue.actor is not None for queue in self.learner.teacher_queues())
+        if not shared or self.rank == 0:
+            filled = self.learner.fill_teacher_queues(blocks)
+            views = self.loop.spec.teacher_views_of(self.cfg)[:len(blocks)]
+            size = int(self.loop.spec.loss_kwargs(self.cfg)["queue_size"])
+            self._print(f"queue_init teacher: {len(blocks)} queue(s) of K={size} start from the teacher vectors of "
+                        f"{len(blocks[0][0])} training sentences ({', '.join(views)} view); rows filled {filled}")
+        if shared:
+            _barrier(self.world)
+            self.learner.sync_queues()
+
+    # ------------------------------------------------------------------------------------------------------------
+
+    def _steps(self, epoch: int, first_step: int) -> Iterator[tuple[int, int, dict[str, np.ndarray]]]:
+        train = self.cfg.train
+        per_epoch = steps_per_epoch(self.loop.num_rows, train.batch_size, self.world)
+        if self.loop.array_data is not None:
+            return _array_steps(self.loop.array_data, train.batch_size, self.world, self.rank, per_epoch, epoch,
+                                first_step, train.epochs)
+        import ray.train
+
+        shard = ray.train.get_dataset_shard(STREAM)
+        return _stream_steps(shard, self.loop.teacher, train.batch_size, self.world, self.rank, epoch, first_step)
+
+    def _train_from(self, position: tuple[int, int, int], stop_requested: bool) -> dict[str, Any]:
+        train, learner = self.cfg.train, self.learner
+        total = self.loop.total_steps
+        per_epoch = steps_per_epoch(self.loop.num_rows, train.batch_size, self.world)
+        step, epoch, batch_in_epoch = position
+        trained = early_stopped = preempted = False
+        if batch_in_epoch >= per_epoch * self.world and epoch < train.epochs:
+            # The checkpoint closed its epoch: the epoch-end evaluation may still be owed.
+            epoch, batch_in_epoch = epoch + 1, 0
+            early_stopped = self._epoch_end(step)
+        preempted = self._agree(stop_requested)
+        if step < total and epoch < train.epochs and not early_stopped and not preempted:
+            for ep, step_in_epoch, batch in self._steps(epoch, batch_in_epoch // self.world):
+                epoch = ep
+                metrics = learner.train_step(batch)
+                step, trained = learner.step, True
+                batch_in_epoch = (step_in_epoch + 1) * self.world
+                merged = learner.all_reduce_mean(metrics)
+                merged["learner_sentences_per_s"] = merged.get("sentences_per_s", 0.0) * self.world
+                merged["epoch"] = epoch + batch_in_epoch / max(1, self.loop.num_rows // train.batch_size)
+                reply = _push(self.events, "step", merged, step) if self.rank == 0 else {}
+                if self._agree(bool(reply.get("abort"))):
+                    return {"aborted": True}
+                stop = bool(reply.get("stop"))
+                if step % train.eval_every == 0:
+                    self._evaluate(step)
+                    early_stopped = self._early_stop()
+                preempted = self._agree(stop)
+                # The last step's checkpoint is the final one below (marked finished): not reported twice.
+                due = step % train.checkpoint_every == 0 and step < total and not early_stopped
+                self._report(merged, step, epoch, batch_in_epoch, extra={"preempted": True} if preempted else None,
+                             checkpoint=due or preempted)
+                if preempted:
+                    break
+                if step_in_epoch + 1 == per_epoch:
+                    epoch, batch_in_epoch = epoch + 1, 0
+                    early_stopped = self._epoch_end(step) or early_stopped
+                if step >= total or early_stopped or preempted:
+                    break
+        if preempted:
+            return {"preempted": True, "early_stopped": False, "epoch": epoch, "batch_in_epoch": batch_in_epoch}
+        if self.evaluated_at != step:
+            self._evaluate(step)
+        if trained:
+            # The final checkpoint lets a re-run of the finished job skip training (it resumes at the end).
+            self._report({"step": step}, step, epoch, batch_in_epoch,
+                         extra={"finished": True, "early_stopped": early_stopped}, checkpoint=True)
+        if early_stopped:
+            self._print(f"early stop at step {step}: {train.patience} evaluations without a new best")
+        return {"preempted": False, "early_stopped": early_stopped, "epoch": epoch, "batch_in_epoch": batch_in_epoch}
+
+    def _epoch_end(self, step: int) -> bool:
+        """The authors also evaluate at every epoch end; returns the early-stop decision."""
+        if self.evaluated_at == step:
+            return False
+        self._evaluate(step)
+        return self._early_stop()
+
+    def _evaluate(self, step: int) -> None:
+        """STS-B dev on rank 0 (a new best is saved to ``run_dir/best``); the others wait at the next collective."""
+        self.evaluated_at = step
+        if self.rank != 0:
+            return
+        score = self.learner.evaluate_dev()
+        self.best_cache = self.learner.best_info()
+        _push(self.events, "eval", {"stsb_dev": score, "best_stsb_dev": self.best_cache["best_stsb_dev"],
+                                    "best_step": self.best_cache["best_step"]}, step)
+
+    def _early_stop(self) -> bool:
+        return self._agree(bool(self.cfg.train.patience) and self.rank == 0 and self.learner.should_stop_now())
+
+    def _agree(self, flag: bool) -> bool:
+        """Rank 0's decision (stop, early stop) on every worker, so all leave the loop at the same step."""
+        if self.world <= 1 or self.learner._ddp is None:
+            return bool(flag)
+        import torch
+        import torch.distributed as dist
+
+        decision = torch.tensor([1 if flag else 0], dtype=torch.int64)
+        dist.broadcast(decision, src=0)
+        return bool(decision.item())
+
+    def _report(self, metrics: dict[str, float], step: int, epoch: int, batch_in_epoch: int,
+                extra: dict[str, Any] | None, checkpoint: bool) -> None:
+        """``ray.train.report`` of this step's metrics, with the checkpoint of this step boundary if ``checkpoint``."""
+        import ray.train
+
+        if not checkpoint:
+            _train_api("report", metrics)
+            return
+        extra = {"world_size": self.world, "restarts": self.restarts, "evaluated_at": self.evaluated_at,
+                 **(extra or {})}
+        name = f"step-{int(step):07d}"
+        if self.loop.local_mode:
+            # Local mode keeps reported checkpoints in memory only: persist into the run dir's layout ourselves.
+            self.learner.save_checkpoint(epoch, batch_in_epoch, extra)
+            _train_api("report", metrics)
+            return
+        staging = tempfile.mkdtemp(prefix="raydistill-ckpt-") if self.rank == 0 else None
+        try:
+            reported = None
+            if staging is not None:
+                path = self.learner.save_checkpoint(epoch, batch_in_epoch, extra, run_dir=staging)
+                reported = ray.train.Checkpoint.from_directory(path)
+            ray.train.report(metrics, checkpoint=reported, checkpoint_dir_name=name)
+        finally:
+            if staging is not None:
+                shutil.rmtree(staging, ignore_errors=True)
+
+
+def _train_api(name: str, *args, local_value=None, **kwargs):
+    """``ray.train.<name>(*args, **kwargs)``; in a Ray Tune trial that runs Train's local mode in its own process,
+    where ray.train's worker calls raise DeprecationWarning (Tune's report carries the metrics there, from the
+    driver's progress hook), ``local_value``: what local mode would have answered (no context, no checkpoint)."""
+    import ray.train
+
+    try:
+        return getattr(ray.train, name)(*args, **kwargs)
+    except DeprecationWarning:
+        return local_value
+
+
+def _barrier(world: int) -> None:
+    if world > 1:
+        import torch.distributed as dist
+
+        if dist.is_initialized():
+            dist.barrier()
+
+
+def _get(ref, timeout: float = EVENT_TIMEOUT_S):
+    import ray
+
+    return ray.get(ref, timeout=timeout)
+
+
+def _cpu_seconds() -> float:
+    import resource
+
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
