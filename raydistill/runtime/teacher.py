@@ -348,7 +348,7 @@ class TeacherEncoder:
     def identity(self) -> str:
         if self._identity is None:
             self._identity = teacher_identity(str(self.model_dir), encoder=self.encoder, pooling=self.pooling,
-                                              max_length=self.max_length)
+                                              max_length=self.max_length, precision=self.precision)
         return self._identity
 
     def ping(self) -> int:
