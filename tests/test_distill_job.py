@@ -109,10 +109,17 @@ def test_second_job_hits_the_cache_and_survives_a_killed_learner(ray_session, ti
         if event == "start":
             workers.append(int(info["pid"]))
 
+    def first_checkpoint_is_whole() -> bool:
+        # Train copies a reported checkpoint into the run dir file by file: one seen half-copied is not there yet
+        try:
+            return ckpt.latest_good_checkpoint(run_dir, report=lambda message: None)[0] is not None
+        except ckpt.CheckpointError:
+            return False
+
     def kill_learner_after_first_checkpoint() -> None:
         deadline = time.time() + 240
         while time.time() < deadline:
-            if ckpt.list_checkpoints(run_dir) and workers:
+            if workers and first_checkpoint_is_whole():
                 killed["at_checkpoints"] = [p.name for p in ckpt.list_checkpoints(run_dir)]
                 os.kill(workers[0], signal.SIGKILL)  # the Train worker's process, as the OOM killer would
                 killed["name"] = workers[0]
