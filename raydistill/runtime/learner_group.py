@@ -231,6 +231,9 @@ class LearnerGroup:
         from raydistill.runtime.train_loop import LocalEvents
 
         loop.events = LocalEvents(events, _STOP_REQUESTED.is_set)
+        # Train's local mode logs every report at INFO ("Reported metrics: {...}"), a line per step that the
+        # driver's progress lines already summarise.
+        logging.getLogger("ray.train.v2._internal.execution.train_fn_utils").setLevel(logging.WARNING)
         return self._trainer(loop, datasets, local=True).fit()
 
     def _fit_workers(self, loop, datasets, events: "_Dispatcher"):
