@@ -532,7 +532,7 @@ def scale_targets_table(records: list[dict]) -> str:
         st_avg = st_mse["scores"]["avg"] if st_mse else None
         lines.append("| " + " | ".join([
             f"`{student}`", f"{start:.2f}" if start is not None else "–", best_cell,
-            target_cell if label_free else f"≥ {target:g}",
+            target_cell,
             check(avg, start + 2.0 if start is not None else None),
             f"{simcse_avg:.2f}" if simcse_avg is not None else "not run yet", check(avg, simcse_avg),
             f"{st_avg:.2f}" if st_avg is not None else "not run yet",
