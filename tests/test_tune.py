@@ -7,15 +7,18 @@ One sweep of four ConGen trials (a grid over the learning rate, run one at a tim
     lr 3e-4   learns a little                       -> runs on (or is stopped at a later rung)
     lr 1e6    NaN loss at step 2                    -> the learner raises FloatingPointError: trial failed
 
-The driver is interrupted (SIGINT, as Ctrl-C) at the third trial's first report, after it checkpointed step 1,
-and the sweep is continued with `raydistill tune --resume`; the tests below check the result of that one
-interrupted-and-resumed sweep.
+The driver is interrupted (SIGINT, as Ctrl-C) at the third trial's second report (Tune registers a reported checkpoint
+only after the callbacks of its result ran, so the first report's checkpoint is the one Tune holds); that
+trial's run dir is then deleted, as if the sweep went on on another node, and the sweep is continued with
+`raydistill tune --resume`: the trial must come back from the checkpoint Tune keeps in the sweep's storage. The tests
+below check the result of that one interrupted-and-resumed sweep.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 
 import pytest
@@ -90,7 +93,10 @@ def sweep(tmp_path_factory, ray_session, tiny_bert, tiny_teacher):  # noqa: F811
                       experiment="test-tune", evaluate_sets=("sts13",), results_dir=root / "results",
                       command="pytest tests/test_tune.py")
     InterruptAt.armed = True
-    first = run_sweep(plan, callbacks=[InterruptAt(lr=LRS[2], step=EVAL_EVERY)], verbose=0)
+    first = run_sweep(plan, callbacks=[InterruptAt(lr=LRS[2], step=2 * EVAL_EVERY)], verbose=0)
+    for row in first["trials"]:
+        if row["status"] == "interrupted":  # its run dir is lost: only Tune's storage has its checkpoint
+            shutil.rmtree(row["run_dir"])
     code = cli_main(["tune", "--resume", "--sweep-dir", str(root / "sweep")])
     final = json.loads((root / "sweep" / "summary.json").read_text())
     return {"root": root, "plan": plan, "first": first, "final": final, "resume_code": code}
@@ -115,10 +121,12 @@ def test_interrupted_sweep_resumes_and_keeps_finished_trials(sweep):
         if row["trial_id"] in done_before:  # kept, not run again
             before = done_before[row["trial_id"]]
             assert (row["status"], row["attempts"], row["reports"]) == (before["status"], 1, before["reports"])
-    # Running when interrupted: restarted from its own last checkpoint (checkpoint_every=1, so a step at or after the
-    # interrupt, depending on how far the trial got before the SIGINT reached the driver), not from step 0.
+    # Running when interrupted, its run dir then deleted: rebuilt from the checkpoint it reported to Tune at its
+    # first report (checkpoint_every=1: the step of that report or later, depending on how far the trial got before
+    # the report went out) and continued from there, not from step 0; trial.json came back with it.
     restarted = by_lr(final)[LRS[2]]
     assert restarted["attempts"] == 2 and 1 <= restarted["resumed_from"] < ROWS // BATCH
+    assert restarted["restored_from_tune"] == restarted["resumed_from"]
     assert restarted["status"] in ("finished", "stopped_early")
     assert len(final["teacher_passes"]) == 2  # one per driver run
 
@@ -183,10 +191,14 @@ def test_mlflow_has_one_parent_run_and_a_child_run_per_trial(sweep):
         assert float(child.data.params["tune.train.lr"]) == row["params"]["train.lr"]
         assert child.data.params["K"] == "64"  # the trial's full config is there too
         if row["status"] != "failed":
-            # A restarted trial may log the evaluation of a step it repeats after its checkpoint again: steps, not
-            # entries, must cover the run.
-            curve = client.get_metric_history(child.info.run_id, "stsb_dev")
-            assert sorted({point.step for point in curve}) == list(range(EVAL_EVERY, row["last_step"] + 1, EVAL_EVERY))
+            # A restarted trial may log the evaluation of a step it repeats after its checkpoint again, and keeps
+            # what its first attempt logged beyond the checkpoint it came back from: steps, not entries, must cover
+            # the run.
+            steps = {point.step for point in client.get_metric_history(child.info.run_id, "stsb_dev")}
+            assert set(range(EVAL_EVERY, row["last_step"] + 1, EVAL_EVERY)) <= steps
+            assert steps <= set(range(EVAL_EVERY, row["total_steps"] + 1, EVAL_EVERY))
+            if row["attempts"] == 1:
+                assert max(steps) == row["last_step"]
             assert len(client.get_metric_history(child.info.run_id, "loss")) >= row["last_step"]
 
 
@@ -258,20 +270,51 @@ def test_space_errors_name_file_line_and_field(tmp_path, tiny_bert, tiny_teacher
     assert plan.teacher == "mpnet-base" and plan.algorithm in ("random", "optuna")
 
 
-@pytest.mark.parametrize("cpus_per_trial, cluster_cpus, requested, expected", [
-    (1.0, 2, None, 1),     # 2 cores: one trial, the other CPU for Ray Data inside it
-    (0.5, 2, None, 2),     # half a CPU each: two at a time, still one CPU unreserved
-    (0.5, 2, 1, 1),        # an explicit max_concurrent_trials below the cap wins
-    (1.0, 16, None, 15),   # a bigger node: every CPU but one
-    (4.0, 64, 32, 15),     # a cap above what fits is lowered
+@pytest.mark.parametrize("cpus_per_trial, cluster_cpus, requested, data_cpus, expected", [
+    (1.0, 2, None, 1.0, 1),     # a trial's own teacher pass may need Ray Data: one trial, one CPU left for it
+    (1.0, 2, None, 0.0, 2),     # trials only read the shared teacher pass's cache: every CPU trains
+    (0.5, 2, None, 1.0, 2),     # half a CPU each: two at a time, still one CPU unreserved
+    (0.5, 2, 1, 0.0, 1),        # an explicit max_concurrent_trials below the cap wins
+    (1.0, 16, None, 1.0, 15),   # a bigger node: every CPU but one
+    (4.0, 64, 32, 1.0, 15),     # a cap above what fits is lowered
 ])
-def test_trial_concurrency_always_leaves_ray_data_a_cpu(cpus_per_trial, cluster_cpus, requested, expected):
+def test_trial_concurrency_leaves_ray_data_the_cpus_it_needs(cpus_per_trial, cluster_cpus, requested, data_cpus,
+                                                             expected):
     from raydistill.runtime.tune import SweepSettings, trial_concurrency
 
     settings = SweepSettings(num_cpus=cpus_per_trial, max_concurrent_trials=requested)
-    concurrency = trial_concurrency(settings, cluster_cpus)
+    concurrency = trial_concurrency(settings, cluster_cpus, data_cpus=data_cpus)
     assert concurrency == expected
-    assert concurrency * cpus_per_trial + 1 <= cluster_cpus
+    assert concurrency * cpus_per_trial + data_cpus <= cluster_cpus
+
+
+def test_a_cpu_is_held_back_only_when_a_trial_can_miss_the_shared_teacher_pass(tmp_path, tiny_bert, tiny_teacher):
+    from raydistill.runtime.tune import plan_sweep, trial_data_cpus
+
+    space = write_space(tmp_path / "tiny.yaml", tiny_bert, tiny_teacher, tmp_path)
+    plan = plan_sweep(str(tiny_bert), "congen", str(tiny_teacher), space_file=space, sweep_dir=tmp_path / "s")
+    assert trial_data_cpus(plan) == 0.0  # lr only: every trial hits the cache
+    plan.params["data.max_sentences"] = {"choice": [64, 128]}  # other sentences: a trial's own teacher pass
+    assert trial_data_cpus(plan) == 1.0
+
+
+@pytest.mark.ray
+def test_two_trials_train_at_once_on_two_cpus(tmp_path, ray_session, tiny_bert, tiny_teacher):  # noqa: F811
+    """No CPU held back on 2 CPUs: two 1-CPU trials run side by side and both finish (a Ray Data task left without a
+    CPU would wait until the time budget ends the sweep)."""
+    from raydistill.runtime.tune import plan_sweep, run_sweep
+
+    space = write_space(tmp_path / "tiny.yaml", tiny_bert, tiny_teacher, tmp_path, lrs=[1e-3, 2e-3])
+    spec = yaml.safe_load(space.read_text())
+    spec["search"]["max_concurrent_trials"] = 2
+    space.write_text(yaml.safe_dump(spec, sort_keys=False))
+    plan = plan_sweep(str(tiny_bert), "congen", str(tiny_teacher), space_file=space, sweep_dir=tmp_path / "sweep",
+                      settings={"time_budget_s": 600}, experiment="test-tune-side-by-side", evaluate_sets=(),
+                      results_dir=tmp_path / "results", command="pytest tests/test_tune.py")
+    summary = run_sweep(plan, verbose=0)
+    assert summary["concurrent_trials"] == 2
+    assert summary["ended_by"] == "completed"
+    assert summary["counts"]["finished"] + summary["counts"]["stopped_early"] == 2
 
 
 def test_a_trial_that_would_take_every_cpu_is_refused_before_it_starts():

@@ -233,16 +233,26 @@ class TrainingData:
     text columns (fetched from the dataset once per process), so batch order depends only on ``(seed, epoch)``.
     """
 
-    dataset: Any  # ray.data.Dataset
     num_rows: int
     cache_stats: dict[str, Any]
     seed: int = 0
     shuffle: bool = True
     teacher: dict[str, Any] = field(default_factory=dict)  # view -> TeacherVectors
     _columns: dict[str, np.ndarray] | None = field(default=None, repr=False)
+    _dataset: Any = field(default=None, repr=False)  # ray.data.Dataset, made on first use (``dataset``)
+
+    @property
+    def dataset(self):
+        """The rows as a Ray Dataset, made from the local columns on first use. A run whose learner trains in this
+        process (Train's local mode, every Tune trial) never makes it and so starts no Ray task: ``from_arrow``
+        waits for a task, which a trial holding every CPU of the cluster would wait for forever."""
+        if self._dataset is None:
+            self._dataset = _columns_dataset(self._columns)
+        return self._dataset
 
     # Sent to another process (a Ray Train worker) without the local copy; it is read back from the dataset there.
     def __getstate__(self) -> dict[str, Any]:
+        self.dataset  # noqa: B018 - made here, while this process still holds the columns
         state = dict(self.__dict__)
         state["_columns"] = None
         return state
@@ -353,12 +363,10 @@ def build_training_data(cfg: JobConfig) -> TrainingData:
     """Texts and views of ``cfg.data``, with every sentence of ``cfg.data.teacher_views`` in the teacher's cache.
 
     Needs Ray (``cluster.init_ray``): teacher embeddings that are not cached yet are computed by a Ray Data actor
-    pool and appended to the cache as they arrive; the rows become a Ray Dataset of texts, and batches read their
-    teacher vectors from the cache.
+    pool and appended to the cache as they arrive; the rows become a Ray Dataset of texts when one is first needed
+    (``TrainingData.dataset``), and batches read their teacher vectors from the cache.
     """
-    import pyarrow as pa
     import ray
-    import ray.data
 
     if not ray.is_initialized():
         raise RuntimeError("build_training_data needs Ray: call raydistill.runtime.cluster.init_ray(cfg) first")
@@ -376,13 +384,20 @@ def build_training_data(cfg: JobConfig) -> TrainingData:
                                                        for view in cfg.data.teacher_views})
     cache_stats["input"] = input_stats
 
+    return TrainingData(num_rows=len(columns["idx"]), cache_stats=cache_stats, seed=cfg.seed,
+                        shuffle=cfg.data.shuffle, teacher=teacher, _columns=columns)
+
+
+def _columns_dataset(columns: dict[str, np.ndarray]):
+    """The text, idx and group columns as a Ray Dataset of up to 64 blocks."""
+    import pyarrow as pa
+    import ray.data
+
     table = pa.table({name: (pa.array(list(column), type=pa.string()) if name.startswith("text_")
                              else pa.array(column)) for name, column in columns.items()})
     num_rows = len(columns["idx"])
     num_blocks = max(1, min(64, math.ceil(num_rows / 8192)))
-    dataset = ray.data.from_arrow(table, override_num_blocks=num_blocks)
-    return TrainingData(dataset=dataset, num_rows=num_rows, cache_stats=cache_stats, seed=cfg.seed,
-                        shuffle=cfg.data.shuffle, teacher=teacher, _columns=columns)
+    return ray.data.from_arrow(table, override_num_blocks=num_blocks)
 
 
 def cache_teacher_vectors(cfg: JobConfig, texts_by_view: dict[str, list[str]]) -> tuple[dict[str, Any], dict[str, Any]]:

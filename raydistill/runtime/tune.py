@@ -36,7 +36,7 @@ from raydistill.runtime.tune_space import (
     space_for,
     spaces_dir,
 )
-from raydistill.runtime.tune_sweep import resume_sweep, run_sweep, trial_concurrency
+from raydistill.runtime.tune_sweep import resume_sweep, run_sweep, trial_concurrency, trial_data_cpus
 
 # A sweep directory written when all of this lived in tune.py names the Tuner's trial_dirname_creator
 # raydistill.runtime.tune._trial_dirname; its --resume loads the function from here.
@@ -47,5 +47,5 @@ __all__ = [
     "SpaceError", "Param", "MethodSpace", "SearchSpace", "SweepSettings", "SweepPlan",
     "spaces_dir", "load_space", "space_for", "list_spaces", "parse_duration", "default_sweep_dir",
     "plan_sweep", "run_sweep", "resume_sweep", "distill_trial", "format_trials_table", "uses_teacher", "SEARCHABLE",
-    "trial_concurrency",
+    "trial_concurrency", "trial_data_cpus",
 ]

@@ -50,6 +50,7 @@ def summarize(plan: SweepPlan, teacher_pass: dict[str, Any], started: float) -> 
             "stopped_early": status == "stopped_early", "best_stsb_dev": _round(state.best_stsb_dev),
             "best_step": state.best_step, "last_step": state.last_step, "total_steps": state.total_steps,
             "reports": state.reports, "attempts": state.attempts, "resumed_from": state.resumed_from,
+            "restored_from_tune": state.restored_from_tune,
             "teacher_forward_sentences": state.teacher_forward_sentences,
             "teacher_cache_hits": state.teacher_cache_hits, "error": error if status == "failed" else None,
             "start_point": _canonical(params) in start_points, "run_dir": str(run_dir),
@@ -99,12 +100,16 @@ def _round(value: float | None) -> float | None:
     return None if value is None else round(float(value), 4)
 
 
-def prune_checkpoints(summary: dict[str, Any]) -> None:
-    """Step checkpoints of trials that Tune will not run again (a queue of 131072 x 768 is 400 MB each); only an
-    interrupted trial needs its own to continue on --resume. Every trial keeps its best model."""
+def prune_checkpoints(plan: SweepPlan, summary: dict[str, Any]) -> None:
+    """Step checkpoints of trials that Tune will not run again (a queue of 131072 x 768 is 400 MB each), in their
+    run dirs (every stage's) and the copies Tune keeps in the sweep's storage; only an interrupted trial needs its
+    own to continue on --resume. Every trial keeps its best model."""
     for row in summary["trials"]:
         if row["status"] != "interrupted":
-            shutil.rmtree(Path(row["run_dir"]) / "checkpoints", ignore_errors=True)
+            for root in Path(row["run_dir"]).rglob("checkpoints"):
+                shutil.rmtree(root, ignore_errors=True)
+            for copy in (plan.tune_dir / row["trial_id"]).glob("checkpoint_*"):
+                shutil.rmtree(copy, ignore_errors=True)
 
 
 def finish_trial_runs(plan: SweepPlan, summary: dict[str, Any]) -> None:

@@ -29,7 +29,7 @@ from raydistill.runtime.tune_settings import SweepSettings
 from raydistill.runtime.tune_space import SpaceError
 from raydistill.runtime.tune_trial import METRIC, distill_trial
 
-__all__ = ["run_sweep", "resume_sweep", "trial_concurrency", "trial_dirname"]
+__all__ = ["run_sweep", "resume_sweep", "trial_concurrency", "trial_data_cpus", "trial_dirname"]
 
 
 def run_sweep(plan: SweepPlan, *, resume: bool = False, callbacks: list | None = None,
@@ -52,7 +52,9 @@ def run_sweep(plan: SweepPlan, *, resume: bool = False, callbacks: list | None =
     sweep_dir.mkdir(parents=True, exist_ok=True)
     base = plan.base()
     init_ray(base)
-    concurrency = trial_concurrency(plan.sweep_settings, float(ray.cluster_resources().get("CPU", 0)))
+    data_cpus = trial_data_cpus(plan)
+    concurrency = trial_concurrency(plan.sweep_settings, float(ray.cluster_resources().get("CPU", 0)),
+                                    data_cpus=data_cpus)
 
     parent = Tracker(plan.tracking(plan.name), run_id=plan.parent_run_id if resume else None,
                      tags={"raydistill.sweep": plan.name, "raydistill.kind": "tune", "method": plan.method,
@@ -80,11 +82,11 @@ def run_sweep(plan: SweepPlan, *, resume: bool = False, callbacks: list | None =
     try:
         teacher_pass, max_t = _shared_teacher_pass(plan, parent)
         print(f"[tune] up to {concurrency} trial(s) at once ({plan.sweep_settings.num_cpus:g} CPU and "
-              f"{plan.sweep_settings.trial_threads()} thread(s) each; 1 CPU left to Ray Data)", flush=True)
+              f"{plan.sweep_settings.trial_threads()} thread(s) each; {data_cpus:g} CPU left to Ray Data)", flush=True)
         tuner = _tuner(plan, max_t, resume=resume, callbacks=callbacks, verbose=verbose, concurrency=concurrency)
         tuner.fit()
         summary = summarize(plan, teacher_pass, started)
-        prune_checkpoints(summary)
+        prune_checkpoints(plan, summary)
         finish_trial_runs(plan, summary)
         export_best(plan, summary)
         evaluate_best_and_default(plan, summary)
@@ -104,10 +106,22 @@ def resume_sweep(sweep_dir: str | os.PathLike, **kwargs) -> dict[str, Any]:
     return run_sweep(SweepPlan.load(sweep_dir), resume=True, **kwargs)
 
 
+# Sampled keys that change which sentences the teacher must encode: a trial with one of them can miss the shared
+# teacher pass's cache and then runs its own teacher pass through Ray Data.
+_TEACHER_TEXT_KEYS = ("data.", "teacher", "seed", "cache_dir")
+
+
+def trial_data_cpus(plan: SweepPlan) -> float:
+    """CPUs to leave free for Ray Data tasks that trials start outside their placement group: 0 when no sampled
+    parameter changes the teacher's sentences (trials train in-process from the shared teacher pass's cache and
+    start no Ray Data task), 1 otherwise (a trial's own teacher pass: with every CPU held by trials its tasks would
+    wait forever; docs/runtime.md)."""
+    return 1.0 if any(key.startswith(_TEACHER_TEXT_KEYS) for key in plan.params) else 0.0
+
+
 def trial_concurrency(settings: SweepSettings, cluster_cpus: float, data_cpus: float = 1.0) -> int:
-    """How many trials may run at once: their CPUs plus ``data_cpus`` left free for the Ray Data tasks every trial
-    starts (from_arrow, iteration), which Ray schedules outside the trial's placement group. With every CPU held by
-    trials those tasks would wait forever (docs/runtime.md, Ray behaviour)."""
+    """How many trials may run at once: their CPUs plus ``data_cpus`` left free for the Ray Data tasks trials
+    start outside their placement group (``trial_data_cpus``)."""
     free = cluster_cpus - data_cpus
     if settings.num_cpus > free + 1e-9:
         raise SpaceError(
@@ -186,6 +200,9 @@ def _tuner(plan: SweepPlan, max_t: int, *, resume: bool, callbacks: list | None,
                                   reuse_actors=True)
     run_config = tune.RunConfig(name=plan.tune_dir.name, storage_path=str(plan.tune_dir.parent),
                                 failure_config=tune.FailureConfig(max_failures=0, fail_fast=False),
+                                # each trial's newest step checkpoint (tune_trial.snapshot_run_dir): what a restore on
+                                # another node continues from
+                                checkpoint_config=tune.CheckpointConfig(num_to_keep=1),
                                 callbacks=callbacks, verbose=verbose)
     return tune.Tuner(trainable, param_space=plan.param_space(), tune_config=tune_config, run_config=run_config)
 

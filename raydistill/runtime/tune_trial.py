@@ -1,6 +1,11 @@
 """One Tune trial (``distill_trial``): ``run_distillation`` of the plan's base config with the sampled values, STS-B
 dev reported to Tune at every evaluation, and what the trial knows about itself in ``trial.json`` (``TrialState``).
 
+Each report carries the trial's newest step checkpoint to Tune as a ``tune.Checkpoint`` (``snapshot_run_dir``), so
+Tune keeps it in the sweep's storage (``RunConfig.storage_path``: a local path or any pyarrow filesystem URI). A
+trial restarted where its run dir is missing (another node, a lost disk) rebuilds the run dir from it
+(``restore_run_dir``) and the learner resumes there.
+
 Torch, Ray and the training runtime are imported inside ``distill_trial``: it runs in a Tune worker, not where the
 plan is made.
 """
@@ -10,6 +15,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import os
+import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -21,6 +28,7 @@ __all__ = ["METRIC", "TrialState", "distill_trial", "plain_value"]
 
 METRIC = "best_stsb_dev"  # what trials report and ASHA ranks them by: the best STS-B dev so far
 TRIAL_STATE = "trial.json"
+SNAPSHOT_DIR = ".tune-snapshot"  # inside the trial's run dir: hard links need the same filesystem
 
 
 @dataclass
@@ -41,6 +49,7 @@ class TrialState:
     teacher_cache_hits: int = 0
     teacher_cache_misses: int = 0
     resumed_from: int | None = None  # the checkpoint step a restarted attempt continued from
+    restored_from_tune: int | None = None  # the checkpoint step rebuilt from Tune's storage (run dir was missing)
     error: str | None = None
 
     @classmethod
@@ -66,6 +75,7 @@ class _TrialReporter:
         self.stage = 1
         self.pending: dict[str, Any] | None = None
         self.reported = 0
+        self.snapshot_step = -1  # the newest checkpoint step already handed to Tune
 
     def __call__(self, event: str, info: dict[str, Any], step: int) -> None:
         state = self.state
@@ -119,7 +129,17 @@ class _TrialReporter:
         self.state.reports += 1
         self.reported += 1
         self.state.save(self.run_dir)
-        tune.report(metrics)  # Tune may stop the trial here: it raises SystemExit in this thread
+        staging = self.run_dir / SNAPSHOT_DIR
+        try:
+            step = snapshot_run_dir(self.run_dir, staging, newer_than=self.snapshot_step)
+            checkpoint = tune.Checkpoint.from_directory(str(staging)) if step is not None else None
+            # Tune copies the checkpoint into its storage before report returns; it may stop the trial here (ASHA,
+            # the time budget): it raises SystemExit in this thread.
+            tune.report(metrics, checkpoint=checkpoint)
+            if step is not None:
+                self.snapshot_step = step
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
 
     def finish(self, record: dict[str, Any]) -> None:
         """Report the held-back final evaluation (or, when this attempt evaluated nothing, the run's best)."""
@@ -153,7 +173,11 @@ def distill_trial(config: dict[str, Any], plan: dict[str, Any]) -> None:
     params = {key: plain_value(value) for key, value in config.items()}
     run_dir = sweep.trial_dir(trial_id)
     run_dir.mkdir(parents=True, exist_ok=True)
+    restored = restore_run_dir(tune.get_checkpoint(), run_dir)  # before trial.json is read: it comes back too
     state = TrialState.load(run_dir, trial_id)
+    if restored is not None:
+        state.restored_from_tune = restored
+        print(f"[tune] trial {trial_id}: run dir rebuilt from Tune's checkpoint (step {restored})", flush=True)
     state.params, state.attempts, state.status, state.error = params, state.attempts + 1, "running", None
     latest = ckpt.latest_checkpoint(run_dir)  # what the learner will continue from (a restarted attempt)
     state.resumed_from = int(ckpt.read_manifest(latest)["step"]) if latest is not None else None
@@ -194,6 +218,69 @@ def distill_trial(config: dict[str, Any], plan: dict[str, Any]) -> None:
     tracker.set_tags({"raydistill.trial_status": "finished"})
     tracker.end("FINISHED")
     reporter.finish(record)
+
+
+def _checkpoint_roots(run_dir: Path) -> list[Path]:
+    """The run dirs under a trial's run dir that hold step checkpoints: the trial's own and each stage's."""
+    return [root.parent for root in sorted(run_dir.rglob("checkpoints")) if root.is_dir()
+            and SNAPSHOT_DIR not in root.relative_to(run_dir).parts]
+
+
+def snapshot_run_dir(run_dir: Path, staging: Path, newer_than: int = -1) -> int | None:
+    """Fill ``staging`` with what a restarted trial needs of ``run_dir``: every stage's newest verified step
+    checkpoint (hard links: a written checkpoint never changes) and copies of every other file (``best/`` models,
+    ``trial.json``, configs), except plots and the run-dir lock. Returns the newest checkpoint step, or None (and
+    ``staging`` stays empty) when there is no checkpoint newer than ``newer_than``."""
+    from raydistill.runtime import checkpoint as ckpt
+
+    roots = _checkpoint_roots(run_dir)
+    newest, latest = -1, {}
+    for root in roots:
+        path, manifest = ckpt.latest_good_checkpoint(root, report=lambda message: None)
+        if path is not None:
+            latest[root] = path
+            newest = max(newest, int(manifest["step"]))
+    if newest <= newer_than:
+        return None
+    shutil.rmtree(staging, ignore_errors=True)
+    for directory, subdirs, files in os.walk(run_dir):
+        here = Path(directory)
+        relative = here.relative_to(run_dir)
+        if relative.parts[:1] in ((SNAPSHOT_DIR,), ("plots",)):
+            subdirs[:] = []
+            continue
+        if here.name == "checkpoints" and here.parent in roots:
+            subdirs[:] = []
+            if here.parent not in latest:
+                continue
+            target = staging / relative / latest[here.parent].name
+            target.mkdir(parents=True)
+            for file in latest[here.parent].iterdir():
+                os.link(file, target / file.name)
+            continue
+        for name in files:
+            if name != ckpt.LOCK_FILE:
+                (staging / relative).mkdir(parents=True, exist_ok=True)
+                shutil.copy2(here / name, staging / relative / name)
+    return newest
+
+
+def restore_run_dir(checkpoint, run_dir: Path) -> int | None:
+    """Rebuild ``run_dir`` from Tune's ``checkpoint`` when the run dir has no step checkpoint of its own (a trial
+    restored on another node); returns the restored step, or None when nothing was restored. A run dir that still
+    has checkpoints is left alone: the learner continues from its newest good one."""
+    from raydistill.runtime import checkpoint as ckpt
+
+    if checkpoint is None or any(ckpt.list_checkpoints(root) for root in _checkpoint_roots(run_dir)):
+        return None
+    with checkpoint.as_directory() as directory:
+        source = Path(directory)
+        steps = [int(ckpt.verify_checkpoint(path)["step"]) for root in _checkpoint_roots(source)
+                 for path in ckpt.list_checkpoints(root)]
+        if not steps:
+            return None
+        shutil.copytree(source, run_dir, dirs_exist_ok=True)
+    return max(steps)
 
 
 def plain_value(value: Any) -> Any:
