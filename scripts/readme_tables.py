@@ -542,6 +542,35 @@ def scale_targets_table(records: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def dev_curves_table(records: list[dict]) -> str:
+    """Runs on the whole corpus, per stage: STS-B dev at the start (the student's baseline), at the stage's first
+    evaluation, at its best and at its end (``training.dev_curve``): where each run peaked and whether it passed its
+    start on dev."""
+    records = scale_records(records)
+    baselines = {r["model"]: r for r in records if r["kind"] == "baseline"}
+    lines = ["| method (stage) | student | start | first eval (step) | best (step) | last (step) | evaluations "
+             "| result file |", "|" + "---|" * 8]
+    runs = [r for r in records if r["kind"] == "distill" and (r.get("training") or {}).get("dev_curve")]
+    for r in sorted(runs, key=lambda r: (r["model"], r.get("method", ""))):
+        training = r["training"]
+        start = baselines.get(r["model"], {}).get("scores", {}).get("stsb_dev")
+        stages = training.get("stages") or [{"method": r.get("method"), "total_steps": training.get("steps")}]
+        offset = 0
+        for stage in stages:
+            end = offset + int(stage.get("total_steps") or stage.get("steps") or 0)
+            curve = [(step, dev) for step, dev in training["dev_curve"] if offset < step <= end]
+            offset = end
+            if not curve:
+                continue
+            best = max(curve, key=lambda point: point[1])
+            method = r.get("method", "?") if len(stages) == 1 else f"{r.get('method', '?')} ({stage.get('method')})"
+            lines.append("| " + " | ".join([
+                method, f"`{r['model']}`", f"{start:.2f}" if start is not None else "–",
+                f"{curve[0][1]:.2f} ({curve[0][0]})", f"**{best[1]:.2f}** ({best[0]})", f"{curve[-1][1]:.2f} ({curve[-1][0]})",
+                str(len(curve)), f"[{r['_file']}](results/{r['_file']})"]) + " |")
+    return "\n".join(lines)
+
+
 def tenc_main_table(records: list[dict]) -> str:
     """The main job's outcome: the self-vs-mutual comparison, for the cross-encoder head the shipped config uses."""
     import yaml
@@ -620,7 +649,7 @@ def reliability_summary(records: list[dict] | None = None) -> str:
 PAGES = {
     "README.md": {"best_students": best_students_table, "scale_targets": scale_targets_table,
                   "tenc_main": tenc_main_table, "job_log": job_log_excerpt, "reliability_summary": reliability_summary},
-    "docs/results.md": {"baselines": baselines_table,
+    "docs/results.md": {"dev_curves": dev_curves_table, "baselines": baselines_table,
                         "distill": lambda records: distill_table(scale_records(records)),
                         "distill_history": lambda records: distill_table(history_records(records)),
                         "targets": targets_table,

@@ -378,6 +378,9 @@ def _evaluate_and_record(cfg, stages, stage_summaries, cache_info, history, mode
         "cpu_s_note": "driver process, its children and the learner workers; the teacher pool's Ray Data actors "
                       "are not counted (their wall time is training.teacher_pass_s)",
         "teacher_pass_s": first_data.get("seconds"),
+        # [step, STS-B dev] of every evaluation, steps counted over all stages: why a run peaked where it did
+        "dev_curve": [[int(row["step"]), round(float(row["stsb_dev"]), 2)] for row in history
+                      if row.get("stsb_dev") is not None],
     }
     if "teacher_accuracy" in first_data:  # DvBERT: each trained teacher's held-out NLI accuracy
         training["teacher_accuracy"] = first_data["teacher_accuracy"]
