@@ -27,7 +27,8 @@ else evaluated here too; ~1.5-8 min per minilm-l3 evaluation on two shared cores
     inference_int8_vs_fp32   int8 sorted ÷ fp32 sorted of the same model
 
 The speed of an architecture does not depend on its weights, but it does depend on the truncation a checkpoint
-carries (``max_length`` in the table): the distilled students are saved with their job's ``data.max_length`` (64),
+carries (``max_length`` in the table): the distilled students are saved with their last stage's ``data.max_length``
+(64 for the full-corpus methods, 32 after DistilCSE's NLI stage),
 so on STS sentences they run faster than the same architecture at the preset's 256, and their 7-STS scores were
 taken at that length too. The headline ratios use the minilm-l3 preset, so that they compare architectures at the presets'
 truncation. 7-STS averages in the ``models`` table come from results/baseline-<preset>.json or the student's own
