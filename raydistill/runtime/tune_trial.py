@@ -234,6 +234,10 @@ def snapshot_run_dir(run_dir: Path, staging: Path, newer_than: int = -1) -> int 
     from raydistill.runtime import checkpoint as ckpt
 
     roots = _checkpoint_roots(run_dir)
+    # Manifests first (cheap): a report with no newer checkpoint hashes nothing.
+    listed = [ckpt.latest_checkpoint(root) for root in roots]
+    if max((int(ckpt.read_manifest(path)["step"]) for path in listed if path is not None), default=-1) <= newer_than:
+        return None
     newest, latest = -1, {}
     for root in roots:
         path, manifest = ckpt.latest_good_checkpoint(root, report=lambda message: None)
