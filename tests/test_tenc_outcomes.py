@@ -282,3 +282,27 @@ def test_qqp_run_reports_transductive_auc_selection_with_the_start_and_dev_curve
         assert json.loads((best_dir / "sentence_bert_config.json").read_text())["max_seq_length"] == 32
     assert (results / "ensemble-bi-best.json").is_file()
     assert json.loads((results / "summary.json").read_text())["by_family"] == again["by_family"]
+
+
+def test_stage_precision_is_validated_and_bf16_labels_track_fp32(tiny_models, tmp_path):
+    from raydistill.runtime.tenc_learners import BiEncoderLearner, CrossEncoderLearner
+
+    with pytest.raises(ConfigError, match=r"cross\.precision.*'fp16' is not one of fp32, bf16"):
+        tiny_config(tiny_models, tmp_path, cross={"batch_size": 8, "precision": "fp16"}).validate()
+    plain = tiny_config(tiny_models, tmp_path)
+    bf16_bi = dict(plain.to_dict()["bi"], precision="bf16")
+    assert tiny_config(tiny_models, tmp_path, bi=dict(bf16_bi, precision="fp32")).config_hash() == plain.config_hash()
+    assert tiny_config(tiny_models, tmp_path, bi=bf16_bi).config_hash() != plain.config_hash()
+
+    # The setting reaches every forward pass: labels move by bf16 rounding, and no further.
+    pair_set = build_pair_set("inductive", max_pairs=24, seed=QQP_SEED)
+    for learner_class in (BiEncoderLearner, CrossEncoderLearner):
+        labels = {}
+        for precision in ("fp32", "bf16"):
+            learner = learner_class("bert", pair_set, dict(bf16_bi, precision=precision, head="segment_cosine"),
+                                    threads=1, device="cpu")
+            learner.load(str(tiny_models["bert"]), cycle=0)
+            labels[precision] = learner.predict_pairs()
+        assert learner.precision == "bf16"
+        assert not np.array_equal(labels["fp32"], labels["bf16"])
+        np.testing.assert_allclose(labels["bf16"], labels["fp32"], atol=0.05)

@@ -61,6 +61,9 @@ _FAMILY_NAME = re.compile(r"[a-z0-9][a-z0-9_.-]*")
 _STAGE_KEY = re.compile(r"cycle=(\d+)/stage=(" + "|".join(STAGES) + ")")
 
 
+STAGE_PRECISIONS = ("fp32", "bf16")
+
+
 def stage_key(cycle: int, stage: str) -> str:
     """``cycle=<k>/stage=<bi2cross|cross2bi>``: how the run state, the label directories and ``stop_after_stage``
     name a stage."""
@@ -95,6 +98,9 @@ class StageConfig:
     grad_clip: float = 1.0
     eval_every: int = 200  # STS-B dev every N steps and at each epoch end; the best checkpoint is the stage's output
     amp: bool = True  # bf16 autocast on CUDA only (the authors train with AMP); ignored on CPU
+    # CPU precision of training, labelling and evaluation: "fp32", or "bf16" autocast, which is several times faster
+    # on CPUs with hardware bf16 products (AVX512-BF16, AMX) and many times slower where torch emulates it (warned).
+    precision: str = "fp32"
     # Cross-encoder only (bi: leave null). "classifier": AutoModelForSequenceClassification's head on [CLS] (the
     # paper's); "segment_cosine": scale · cos of the two sentences' mean token states in the joint encoding
     # (models/cross_encoder.py). null = classifier.
@@ -334,6 +340,10 @@ class TencConfig:
         if self.bi.head is not None:
             raise err("bi.head", "the head is a cross-encoder setting (bi-encoders pool: families[i].pooling); "
                                  "remove it")
+        for stage_name, stage in (("bi", self.bi), ("cross", self.cross)):
+            if stage.precision not in STAGE_PRECISIONS:
+                raise err(f"{stage_name}.precision",
+                          f"{stage.precision!r} is not one of {', '.join(STAGE_PRECISIONS)}")
         if self.cross.head is not None and self.cross.head not in HEADS:
             raise err("cross.head", f"{self.cross.head!r}{_suggest(self.cross.head, HEADS)} is not one of "
                                     f"{', '.join(HEADS)}")
@@ -411,6 +421,7 @@ TENC_HASH_EXCLUDE = ("cycles", "eval", "run_dir", "run_name", "results_dir", "re
 # Fields added after run directories existed, and the values that hash as if they were absent: a null head is the
 # classifier, so runs from before ``head`` existed keep their directories.
 TENC_HASHED_ONLY_WHEN_SET = {"bi.head": (None, "classifier"), "cross.head": (None, "classifier"),
+                             "bi.precision": ("fp32",), "cross.precision": ("fp32",),
                              "label_weighting": ("mean",), "label_weight_temperature": (2.0,)}
 
 

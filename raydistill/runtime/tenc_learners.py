@@ -136,7 +136,7 @@ class StageLearner:
         family: the family's name (columns ``score_<family>``, paths, progress lines).
         pair_set: the job's unlabeled pairs: what the learner labels, and what a label set must hold row by row.
         train: the stage's settings (``tenc_config.StageConfig`` as a dict): batch_size, lr, epochs, max_steps,
-            max_length, warmup_ratio, weight_decay, grad_clip, eval_every, amp, head (cross only).
+            max_length, warmup_ratio, weight_decay, grad_clip, eval_every, amp, precision, head (cross only).
         pooling: bi-encoder pooling (None = the start checkpoint's).
         label_scaling: the ``cosine_to_target`` mode that maps bi-encoder cosines to cross-encoder targets.
         seed: job seed; each stage derives its own (`stage_seed`).
@@ -171,10 +171,25 @@ class StageLearner:
         self.dev_set = dev_set
         self.log_every = max(1, int(log_every))
         self.data_task_cpus = float(data_task_cpus)
+        self.precision, why = self._resolve_precision()
+        if self.precision == "bf16" and self.device.type == "cpu":
+            self._say(f"[{family}/{self.kind}] bf16 autocast on CPU ({why})")
         self.model: nn.Module | None = None
         self.loss = self._new_loss()
         self.loaded_from: str | None = None
         self.cycle = 0
+
+    def _resolve_precision(self) -> tuple[str, str]:
+        """``(bf16 | fp32, why)``: CUDA follows ``amp`` (the authors' AMP); a CPU follows ``precision``."""
+        if self.device.type == "cuda":
+            return ("bf16" if self.train_cfg.get("amp", True) else "fp32"), "CUDA AMP"
+        from raydistill.runtime.teacher import resolve_precision
+
+        return resolve_precision(str(self.train_cfg.get("precision", "fp32")), self.device.type)
+
+    def autocast(self):
+        """The autocast context of every forward pass of this learner: training, labelling and evaluation."""
+        return torch.autocast(device_type=self.device.type, dtype=torch.bfloat16, enabled=self.precision == "bf16")
 
     # ------------------------------------------------------------------------------------------------------------
     # Model
@@ -223,8 +238,9 @@ class StageLearner:
     def dev_score(self) -> float:
         from raydistill.evaluation import evaluate_sts
 
-        return float(evaluate_sts(self.scorer(), sets=(self.dev_set,), encoder=self.kind,
-                                  batch_size=self.inference_batch_size, progress=False)[self.dev_set])
+        with self.autocast():
+            return float(evaluate_sts(self.scorer(), sets=(self.dev_set,), encoder=self.kind,
+                                      batch_size=self.inference_batch_size, progress=False)[self.dev_set])
 
     def test_predictions(self, sets: list[str] | tuple[str, ...]) -> dict[str, np.ndarray]:
         """The model's similarity for every pair of each evaluation set (cosine, or symmetrised cross score)."""
@@ -233,8 +249,9 @@ class StageLearner:
 
         started = time.perf_counter()
         pairs_by_set = {name: load_dataset(STS_SETS.get(name, name)) for name in sets}
-        predictions = pair_similarities(self.scorer(), pairs_by_set, encoder=self.kind,
-                                        batch_size=self.inference_batch_size, progress=False)
+        with self.autocast():
+            predictions = pair_similarities(self.scorer(), pairs_by_set, encoder=self.kind,
+                                            batch_size=self.inference_batch_size, progress=False)
         self._say(f"test predictions on {', '.join(sets)} in {time.perf_counter() - started:.0f} s")
         return {name: np.asarray(values, dtype=np.float32) for name, values in predictions.items()}
 
@@ -287,7 +304,6 @@ class StageLearner:
         optimizer = build_optimizer([model], lr=float(cfg["lr"]), weight_decay=float(cfg["weight_decay"]))
         scheduler = linear_schedule(optimizer, math.ceil(float(cfg["warmup_ratio"]) * total_steps), total_steps)
         eval_every = int(cfg["eval_every"])
-        use_amp = bool(cfg.get("amp", True)) and self.device.type == "cuda"
         rng = np.random.default_rng(stage_seed(self.seed, cycle, self.kind, self.family))
         torch.manual_seed(stage_seed(self.seed, cycle, self.kind, self.family) + 1)
 
@@ -321,7 +337,7 @@ class StageLearner:
                     break
                 index = order[start:start + batch_size]
                 batch_targets = torch.as_tensor(targets[index], dtype=torch.float32, device=self.device)
-                with torch.autocast(device_type=self.device.type, dtype=torch.bfloat16, enabled=use_amp):
+                with self.autocast():
                     loss = self._batch_loss([first[i] for i in index], [second[i] for i in index], batch_targets)
                 loss.backward()
                 if float(cfg["grad_clip"]) > 0:
@@ -379,7 +395,8 @@ class BiEncoderLearner(StageLearner):
         model = self._require_model()
         texts = list(dict.fromkeys(self.pair_set.sentence1 + self.pair_set.sentence2))
         row = {text: i for i, text in enumerate(texts)}
-        embeddings = model.encode(texts, batch_size=self.inference_batch_size, normalize=True)  # [U, D], unit rows
+        with self.autocast():
+            embeddings = model.encode(texts, batch_size=self.inference_batch_size, normalize=True)  # [U, D], unit rows
         first = embeddings[[row[t] for t in self.pair_set.sentence1]]  # [N, D]
         second = embeddings[[row[t] for t in self.pair_set.sentence2]]  # [N, D]
         cosines = np.einsum("nd,nd->n", first.astype(np.float64), second.astype(np.float64))  # [N]
@@ -419,7 +436,8 @@ class CrossEncoderLearner(StageLearner):
         return SymmetricCrossScorer(self._require_model())
 
     def predict_pairs(self) -> np.ndarray:
-        return self.scorer().score(self.pair_set.pairs(), batch_size=self.inference_batch_size)
+        with self.autocast():
+            return self.scorer().score(self.pair_set.pairs(), batch_size=self.inference_batch_size)
 
     def _examples(self, sentence1: list[str], sentence2: list[str],
                   labels: np.ndarray) -> tuple[list[str], list[str], np.ndarray]:
