@@ -18,7 +18,7 @@ import pytest
 from raydistill.runtime.config import ConfigError
 from raydistill.runtime.pairs import PAIR_SOURCES, build_pair_set, gold_pair_labels
 from raydistill.runtime.plots import plot_dev_by_cycle
-from raydistill.runtime.tenc import read_label_set, run_trans_encoder, stage_key
+from raydistill.runtime.tenc import TencConfig, read_label_set, run_trans_encoder, stage_key
 from tests.ray_fixtures import ray_session  # noqa: F401  (session-scoped Ray fixture)
 from tests.test_mutual_tenc import (
     bi_cosines,
@@ -212,6 +212,9 @@ def test_qqp_run_reports_transductive_auc_selection_with_the_start_and_dev_curve
     on_disk = json.loads((run_dir / "summary.json").read_text())
     assert json.loads((results / "summary.json").read_text()) == on_disk
     assert on_disk["transductive"] is True and on_disk["pair_classification"]["labels_used_for_training"] is False
+    # ...and what reproduces it: the config that ran (it hashes as the run's state does), the code and the command
+    assert TencConfig.from_dict(on_disk["config"]).config_hash() == state["config_hash"]
+    assert on_disk["git_sha"] and on_disk["date"] and on_disk["command"]
     records = {p.name: validate_result_file(p) for p in results.glob("*.json") if p.name != "summary.json"}
     for family in ("bert", "mpnet"):
         row = on_disk["by_family"][family]

@@ -9,12 +9,14 @@ family, the start, the best model by dev (the start is a candidate) and whether 
 from __future__ import annotations
 
 import dataclasses
+import datetime as dt
 import json
 import logging
 import shutil
 import time
 from typing import Any
 
+from raydistill.evaluation.results import default_command, git_sha
 from raydistill.runtime.pairs import pair_sets_of
 from raydistill.runtime.tenc_config import STAGE_TRAINED_IN, stage_key
 from raydistill.runtime.tenc_job import TransEncoderJob, say
@@ -170,6 +172,11 @@ class TencReport:
             "stage_wall_s": {k: round(v["wall_s"], 1) for k, v in job.state.stages.items()},
             "wall_s": round(time.perf_counter() - job.started, 1),
             "mlflow_run_id": job.tracker.run_id if job.tracker else None,
+            # What reproduces it: the command, the code and the whole config (a screen with no result files, as
+            # eval.test_cycles none makes, is known by this file alone).
+            "command": default_command(), "git_sha": git_sha(),
+            "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+            "config": cfg.to_dict(),
         }
         summary_path = job.layout.summary_file
         summary_path.write_text(json.dumps(summary, indent=2, default=json_default) + "\n", encoding="utf-8")
