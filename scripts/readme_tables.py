@@ -580,6 +580,51 @@ def tenc_main_table(records: list[dict]) -> str:
     return "\n".join(lines[:2] + [line for line in lines[2:] if line.startswith(f"| {head or 'classifier'} |")])
 
 
+LEVERS_DIR = ROOT / "results" / "mutual_tenc" / "levers"
+LEVERS_REFERENCE = "bf16"  # the screen every other one changes one thing of
+_NOT_A_CHANGE = ("run_dir", "run_name", "results_dir", "eval.", "resources.", "tracking.", "stop_after_stage")
+
+
+def _lever_change(config: dict, reference: dict) -> str:
+    """The config fields in which a screen differs from the reference screen, as ``key: value``."""
+    flat, base = _flat(config), _flat(reference)
+    changed = []
+    for key in sorted(set(flat) | set(base)):
+        if key.startswith(_NOT_A_CHANGE) or flat.get(key) == base.get(key):
+            continue
+        changed.append(f"{key}: {flat.get(key)}")
+    if config.get("families") != reference.get("families"):
+        changed = [c for c in changed if not c.startswith("families")]
+        changed.insert(0, "families: " + ", ".join(
+            f"{f['name']} (bi {f['bi']}, cross {f.get('cross') or f['bi']})" for f in config["families"]))
+    return "; ".join(changed) or "(the reference)"
+
+
+def tenc_levers_table(records: list[dict] | None = None, levers_dir: Path = LEVERS_DIR) -> str:
+    """One row per screen and family: the Trans-Encoder levers, one change at a time against the bf16 screen, from
+    each screen's summary.json (1 cycle, STS-B dev only)."""
+    summaries = {p.parent.name: json.loads(p.read_text(encoding="utf-8"))
+                 for p in sorted(levers_dir.glob("*/summary.json"))}
+    reference = summaries.get(LEVERS_REFERENCE, {}).get("config")
+    lines = ["| screen | change against the bf16 screen | family | start bi dev | trained bi dev, cycle 1 | "
+             "best bi dev (cycle) | Δ best − start | cross dev, cycle 1 | stage wall (s) |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for name, summary in sorted(summaries.items(), key=lambda item: (item[0] != LEVERS_REFERENCE, item[1]["date"])):
+        if "stsb_dev_by_cycle" not in summary or reference is None:
+            raise SystemExit(f"{levers_dir / name / 'summary.json'}: no config recorded; rerun its command")
+        change = "bf16 autocast (bi.precision, cross.precision) over the shipped fp32 config" if (
+            name == LEVERS_REFERENCE) else _lever_change(summary["config"], reference)
+        wall = sum(summary["stage_wall_s"].values())
+        link = f"[{name}](../results/mutual_tenc/levers/{name}/summary.json)"
+        for family, row in summary["by_family"].items():
+            start, best = row["start_bi_stsb_dev"], row["best_bi_stsb_dev"]
+            by_cycle = summary["stsb_dev_by_cycle"][family]
+            lines.append(f"| {link} | {change} | {family} | {start:.2f} | {by_cycle['bi']['1']:.2f} | "
+                         f"{best:.2f} ({row['best_bi_cycle']}) | {best - start:+.2f} | {by_cycle['cross']['1']:.2f} | "
+                         f"{wall:.0f} |")
+    return "\n".join(lines)
+
+
 def _flat(data, prefix: str = "") -> dict:
     if isinstance(data, dict):
         out = {}
@@ -655,7 +700,7 @@ PAGES = {
                         "targets": targets_table,
                         "tune": tune_table, "tune_trials": tune_trials_table},
     "docs/trans-encoder.md": {"tenc": tenc_table, "tenc_compare": tenc_compare_table,
-                              "tenc_pair_auc": tenc_pair_auc_table},
+                              "tenc_pair_auc": tenc_pair_auc_table, "tenc_levers": tenc_levers_table},
     "docs/benchmarks.md": {"bench": bench_table},
     "docs/cluster.md": {"gpu_configs": gpu_configs_table},
 }

@@ -215,6 +215,12 @@ def test_qqp_run_reports_transductive_auc_selection_with_the_start_and_dev_curve
     # ...and what reproduces it: the config that ran (it hashes as the run's state does), the code and the command
     assert TencConfig.from_dict(on_disk["config"]).config_hash() == state["config_hash"]
     assert on_disk["git_sha"] and on_disk["date"] and on_disk["command"]
+    for family in ("bert", "mpnet"):
+        by_cycle = on_disk["stsb_dev_by_cycle"][family]
+        trained = {stage: round(state["stages"][stage_key(1, stage)]["families"][family]["best_dev"], 2)
+                   for stage in ("bi2cross", "cross2bi")}
+        assert by_cycle == {"bi": {"0": round(state["start_dev"][family], 2), "1": trained["cross2bi"]},
+                            "cross": {"1": trained["bi2cross"]}}
     records = {p.name: validate_result_file(p) for p in results.glob("*.json") if p.name != "summary.json"}
     for family in ("bert", "mpnet"):
         row = on_disk["by_family"][family]

@@ -154,6 +154,7 @@ class TencReport:
         job, cfg = self.job, self.cfg
         by_family = self.outcome(best)
         dev_set = cfg.eval.dev_set
+        curves = job.state.dev_curves(job.families, cfg.cycles)
         summary = {
             "run_name": job.run_name, "run_dir": str(job.run_dir), "results_dir": str(job.results_dir),
             "mode": cfg.mode, "families": job.families, "pairs": len(job.pair_set),
@@ -170,6 +171,9 @@ class TencReport:
                           "ties": "the earlier cycle"},
             "pair_classification": self.pair_classification_note(),
             "stage_wall_s": {k: round(v["wall_s"], 1) for k, v in job.state.stages.items()},
+            # <family>: {bi: {cycle: dev}, cross: {cycle: dev}}: the start (bi cycle 0) and every trained model
+            f"{dev_set}_by_cycle": {f: {kind: {str(c): round(d, 2) for c, d in curves.get((f, kind), [])}
+                                        for kind in ("bi", "cross")} for f in job.families},
             "wall_s": round(time.perf_counter() - job.started, 1),
             "mlflow_run_id": job.tracker.run_id if job.tracker else None,
             # What reproduces it: the command, the code and the whole config (a screen with no result files, as
