@@ -609,7 +609,7 @@ def tenc_levers_table(records: list[dict] | None = None, levers_dir: Path = LEVE
     lines = ["| screen | change against the bf16 screen | family | start bi dev | trained bi dev, cycle 1 | "
              "best bi dev (cycle) | Δ best − start | cross dev, cycle 1 | stage wall (s) |",
              "|---|---|---|---|---|---|---|---|---|"]
-    for name, summary in sorted(summaries.items(), key=lambda item: (item[0] != LEVERS_REFERENCE, item[1]["date"])):
+    for name, summary in sorted(summaries.items(), key=lambda item: (item[0] != LEVERS_REFERENCE, item[0])):
         if "stsb_dev_by_cycle" not in summary or reference is None:
             raise SystemExit(f"{levers_dir / name / 'summary.json'}: no config recorded; rerun its command")
         change = "bf16 autocast (bi.precision, cross.precision) over the shipped fp32 config" if (

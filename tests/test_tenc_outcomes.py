@@ -294,9 +294,10 @@ def test_qqp_run_reports_transductive_auc_selection_with_the_start_and_dev_curve
 
 
 def test_stage_precision_is_validated_and_bf16_labels_track_fp32(tiny_models, tmp_path):
+    from raydistill.runtime.teacher import bf16_support
     from raydistill.runtime.tenc_learners import BiEncoderLearner, CrossEncoderLearner
 
-    with pytest.raises(ConfigError, match=r"cross\.precision.*'fp16' is not one of fp32, bf16"):
+    with pytest.raises(ConfigError, match=r"cross\.precision.*'fp16' is not one of fp32, bf16, auto"):
         tiny_config(tiny_models, tmp_path, cross={"batch_size": 8, "precision": "fp16"}).validate()
     plain = tiny_config(tiny_models, tmp_path)
     bf16_bi = dict(plain.to_dict()["bi"], precision="bf16")
@@ -313,5 +314,8 @@ def test_stage_precision_is_validated_and_bf16_labels_track_fp32(tiny_models, tm
             learner.load(str(tiny_models["bert"]), cycle=0)
             labels[precision] = learner.predict_pairs()
         assert learner.precision == "bf16"
+    # auto: bf16 exactly where the CPU multiplies bf16 in hardware
+    auto = BiEncoderLearner("bert", pair_set, dict(bf16_bi, precision="auto"), threads=1, device="cpu")
+    assert auto.precision == ("bf16" if bf16_support()[0] else "fp32")
         assert not np.array_equal(labels["fp32"], labels["bf16"])
         np.testing.assert_allclose(labels["bf16"], labels["fp32"], atol=0.05)

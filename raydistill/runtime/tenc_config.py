@@ -61,7 +61,7 @@ _FAMILY_NAME = re.compile(r"[a-z0-9][a-z0-9_.-]*")
 _STAGE_KEY = re.compile(r"cycle=(\d+)/stage=(" + "|".join(STAGES) + ")")
 
 
-STAGE_PRECISIONS = ("fp32", "bf16")
+STAGE_PRECISIONS = ("fp32", "bf16", "auto")
 
 
 def stage_key(cycle: int, stage: str) -> str:
@@ -98,8 +98,9 @@ class StageConfig:
     grad_clip: float = 1.0
     eval_every: int = 200  # STS-B dev every N steps and at each epoch end; the best checkpoint is the stage's output
     amp: bool = True  # bf16 autocast on CUDA only (the authors train with AMP); ignored on CPU
-    # CPU precision of training, labelling and evaluation: "fp32", or "bf16" autocast, which is several times faster
-    # on CPUs with hardware bf16 products (AVX512-BF16, AMX) and many times slower where torch emulates it (warned).
+    # CPU precision of training, labelling and evaluation: "fp32"; "bf16" autocast, several times faster on CPUs with
+    # hardware bf16 products (AVX512-BF16, AMX) and many times slower where torch emulates it (warned); "auto": bf16
+    # where the CPU has them, else fp32 (each learner logs which).
     precision: str = "fp32"
     # Cross-encoder only (bi: leave null). "classifier": AutoModelForSequenceClassification's head on [CLS] (the
     # paper's); "segment_cosine": scale · cos of the two sentences' mean token states in the joint encoding

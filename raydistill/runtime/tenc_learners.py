@@ -172,8 +172,8 @@ class StageLearner:
         self.log_every = max(1, int(log_every))
         self.data_task_cpus = float(data_task_cpus)
         self.precision, why = self._resolve_precision()
-        if self.precision == "bf16" and self.device.type == "cpu":
-            self._say(f"[{family}/{self.kind}] bf16 autocast on CPU ({why})")
+        if self.device.type == "cpu" and self.train_cfg.get("precision", "fp32") != "fp32":
+            self._say(f"[{family}/{self.kind}] {self.precision} on CPU ({why})")
         self.model: nn.Module | None = None
         self.loss = self._new_loss()
         self.loaded_from: str | None = None
