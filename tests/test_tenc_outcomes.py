@@ -314,8 +314,8 @@ def test_stage_precision_is_validated_and_bf16_labels_track_fp32(tiny_models, tm
             learner.load(str(tiny_models["bert"]), cycle=0)
             labels[precision] = learner.predict_pairs()
         assert learner.precision == "bf16"
+        assert not np.array_equal(labels["fp32"], labels["bf16"])
+        np.testing.assert_allclose(labels["bf16"], labels["fp32"], atol=0.05)
     # auto: bf16 exactly where the CPU multiplies bf16 in hardware
     auto = BiEncoderLearner("bert", pair_set, dict(bf16_bi, precision="auto"), threads=1, device="cpu")
     assert auto.precision == ("bf16" if bf16_support()[0] else "fp32")
-        assert not np.array_equal(labels["fp32"], labels["bf16"])
-        np.testing.assert_allclose(labels["bf16"], labels["fp32"], atol=0.05)
