@@ -72,6 +72,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from raydistill.evaluation.results import git_sha
 from raydistill.runtime.tenc_config import (
     STAGES,
     TENC_HASH_EXCLUDE,
@@ -110,6 +111,7 @@ def run_trans_encoder(cfg: TencConfig) -> dict[str, Any]:
     With ``stop_after_stage`` set, the job stops cleanly once that stage is complete, as a crash there would, and
     returns ``{"stopped_after": key, "run_dir", "state"}``.
     """
+    git_sha()  # cached now: every result file and the summary carry the code this process imported, not later edits
     job = TransEncoderJob(cfg)
     report = TencReport(job)
     with job.running():
