@@ -22,6 +22,15 @@ def run_names() -> dict[str, str]:
     return {key: value["run_name"] for key, value in names().items()}
 
 
+def default_families() -> list[str]:
+    sys.path.insert(0, str(ROOT / "scripts"))
+    try:
+        from tenc_targets import default_families as families
+    finally:
+        sys.path.remove(str(ROOT / "scripts"))
+    return families()
+
+
 def write_record(results: Path, run_name: str, family: str, encoder: str, cycle: int, avg: float, dev: float,
                  wall_s: float = 100.0, auc: float | None = None) -> None:
     extra = {"run_name": run_name, "family": family, "cycle": cycle}
@@ -48,31 +57,33 @@ def test_targets_from_synthetic_result_files(tmp_path):
     names = run_names()
     results = tmp_path / "results"
     mutual, twin, qqp = names["mutual"], names["self"], names["qqp"]
-    # minilm-l3, mutual: cycle 1 has the best dev (85.0), so it is the best bi-encoder although cycle 2 has the
+    # the shipped default's two families: the first plays the one that gains, the second the one that does not
+    gains, stays = default_families()
+    # the first family, mutual: cycle 1 has the best dev (85.0), so it is the best bi-encoder although cycle 2 has the
     # higher 7-STS; the cross-encoder of cycle 2 has the best dev
-    write_record(results, mutual, "minilm-l3", "bi", 0, avg=75.0, dev=84.0)
-    write_record(results, mutual, "minilm-l3", "bi", 1, avg=76.5, dev=85.0)
-    write_record(results, mutual, "minilm-l3", "bi", 2, avg=77.0, dev=84.5, wall_s=3400.0)
-    write_record(results, mutual, "minilm-l3", "cross", 1, avg=74.0, dev=80.0)
-    write_record(results, mutual, "minilm-l3", "cross", 2, avg=76.0, dev=82.0)
-    # bert-small, mutual: training made dev worse, so the start (cycle 0) stays the best bi-encoder
-    write_record(results, mutual, "bert-small", "bi", 0, avg=68.0, dev=78.0)
-    write_record(results, mutual, "bert-small", "bi", 1, avg=70.0, dev=77.0)
-    write_record(results, mutual, "bert-small", "cross", 1, avg=69.0, dev=79.0)
+    write_record(results, mutual, gains, "bi", 0, avg=75.0, dev=84.0)
+    write_record(results, mutual, gains, "bi", 1, avg=76.5, dev=85.0)
+    write_record(results, mutual, gains, "bi", 2, avg=77.0, dev=84.5, wall_s=3400.0)
+    write_record(results, mutual, gains, "cross", 1, avg=74.0, dev=80.0)
+    write_record(results, mutual, gains, "cross", 2, avg=76.0, dev=82.0)
+    # the second, mutual: training made dev worse, so the start (cycle 0) stays the best bi-encoder
+    write_record(results, mutual, stays, "bi", 0, avg=68.0, dev=78.0)
+    write_record(results, mutual, stays, "bi", 1, avg=70.0, dev=77.0)
+    write_record(results, mutual, stays, "cross", 1, avg=69.0, dev=79.0)
     # the self twin
-    write_record(results, twin, "minilm-l3", "bi", 0, avg=75.0, dev=84.0)
-    write_record(results, twin, "minilm-l3", "bi", 1, avg=76.0, dev=84.5)
-    write_record(results, twin, "bert-small", "bi", 0, avg=68.0, dev=78.0)
-    # QQP: minilm-l3 only; its best-dev cross-encoder (cycle 1) has AUC 83
-    write_record(results, qqp, "minilm-l3", "bi", 0, avg=74.0, dev=83.0, auc=80.0)
-    write_record(results, qqp, "minilm-l3", "cross", 1, avg=72.0, dev=70.0, auc=83.0)
-    write_record(results, qqp, "minilm-l3", "cross", 2, avg=73.0, dev=69.0, auc=90.0)
+    write_record(results, twin, gains, "bi", 0, avg=75.0, dev=84.0)
+    write_record(results, twin, gains, "bi", 1, avg=76.0, dev=84.5)
+    write_record(results, twin, stays, "bi", 0, avg=68.0, dev=78.0)
+    # QQP: the first family only; its best-dev cross-encoder (cycle 1) has AUC 83
+    write_record(results, qqp, gains, "bi", 0, avg=74.0, dev=83.0, auc=80.0)
+    write_record(results, qqp, gains, "cross", 1, avg=72.0, dev=70.0, auc=83.0)
+    write_record(results, qqp, gains, "cross", 2, avg=73.0, dev=69.0, auc=90.0)
     # a run of another config and a stale targets file are not read as any of the three runs
-    write_record(results, "tenc-mutual-minilm-l3+bert-small-p500-00000000", "minilm-l3", "bi", 1, avg=99.0, dev=99.0)
-    (results / "targets.json").write_text(json.dumps({"families": {"minilm-l3": {"start_bi": 1.0}}}))
+    write_record(results, f"tenc-mutual-{gains}+{stays}-p500-00000000", gains, "bi", 1, avg=99.0, dev=99.0)
+    (results / "targets.json").write_text(json.dumps({"families": {gains: {"start_bi": 1.0}}}))
 
     targets = targets_of(results)
-    minilm, bert = targets["families"]["minilm-l3"], targets["families"]["bert-small"]
+    minilm, bert = targets["families"][gains], targets["families"][stays]
     assert (minilm["start_bi"], minilm["mutual_best_bi"], minilm["mutual_best_bi_cycle"]) == (75.0, 76.5, 1)
     assert (minilm["self_best_bi"], minilm["mutual_best_cross"], minilm["mutual_best_cross_cycle"]) == (76.0, 76.0, 2)
     assert (minilm["qqp_start_auc"], minilm["qqp_best_cross_auc"], minilm["qqp_best_cross_cycle"]) == (80.0, 83.0, 1)
@@ -87,7 +98,7 @@ def test_targets_from_synthetic_result_files(tmp_path):
         "mutual_gain": "missed", "mutual_vs_self": "met", "cross_vs_start": "met", "qqp_cross_auc_gain": "missing"}
     assert "neither training improved" in bert["targets"]["mutual_vs_self"]["note"]
     assert bert["targets"]["mutual_gain"]["needed"] == 69.0
-    assert any(qqp in note and "bert-small-bi-cycle0" in note for note in bert["missing"])
+    assert any(qqp in note and f"{stays}-bi-cycle0" in note for note in bert["missing"])
     assert all(run in (mutual, twin, qqp) for run in (d["run_name"] for d in targets["runs"].values()))
 
     # wall time: no summary.json, so the last result file's (3400 s); with one, the whole job's
