@@ -7,7 +7,7 @@ Runs are found by name. The job names a run ``tenc-<mode>-<families>-<pairs>-<co
 evaluation, resources, tracking and paths), and every result file records that name in ``extra.run_name``:
 
     default STS run   the shipped mutual_tenc.yaml                  python jobs/mutual_tenc.py
-    its self twin     the same config with mode: self               python jobs/mutual_tenc.py --mode self
+    its self twin     the same config with mode: self (mean labels)  python jobs/mutual_tenc.py --mode self
     QQP run           the shipped mutual_tenc-qqp.yaml              python jobs/mutual_tenc.py --config mutual_tenc-qqp
 
 Best models are chosen as the job chooses them, by STS-B dev among a run's result files: the bi-encoder over every
@@ -40,11 +40,12 @@ MAX_WALL_S = 3600.0  # the default run, end to end
 
 def run_names() -> dict[str, dict[str, str]]:
     """The name the job gives each run this script checks, from the shipped configs, and how to produce the run."""
+    from raydistill.runtime.entry import self_mode_overrides
     from raydistill.runtime.tenc import TencConfig
     from raydistill.shipped import shipped_config
 
     default = TencConfig.from_yaml(shipped_config("mutual_tenc"))
-    twin = TencConfig.from_yaml(shipped_config("mutual_tenc"), ["mode=self"])
+    twin = TencConfig.from_yaml(shipped_config("mutual_tenc"), ["mode=self", *self_mode_overrides("self", [])])
     qqp = TencConfig.from_yaml(shipped_config("mutual_tenc-qqp"))
     return {
         "mutual": {"run_name": default.default_run_name(), "command": "python jobs/mutual_tenc.py"},

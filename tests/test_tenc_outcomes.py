@@ -319,3 +319,18 @@ def test_stage_precision_is_validated_and_bf16_labels_track_fp32(tiny_models, tm
     # auto: bf16 exactly where the CPU multiplies bf16 in hardware
     auto = BiEncoderLearner("bert", pair_set, dict(bf16_bi, precision="auto"), threads=1, device="cpu")
     assert auto.precision == ("bf16" if bf16_support()[0] else "fp32")
+
+
+def test_mode_self_on_the_shipped_default_runs_with_mean_labels():
+    from raydistill.runtime.entry import self_mode_overrides
+    from raydistill.shipped import shipped_config
+
+    default = TencConfig.from_yaml(shipped_config("mutual_tenc"))
+    assert default.label_weighting == "dev"
+    twin = TencConfig.from_yaml(shipped_config("mutual_tenc"), ["mode=self", *self_mode_overrides("self", [])])
+    assert twin.validate().label_weighting == "mean"
+    assert self_mode_overrides("mutual", []) == []
+    # an explicit choice is the user's, and validation still names the field
+    assert self_mode_overrides("self", ["label_weighting=dev"]) == []
+    with pytest.raises(ConfigError, match="label_weighting"):
+        TencConfig.from_yaml(shipped_config("mutual_tenc"), ["mode=self", "label_weighting=dev"]).validate()

@@ -169,6 +169,15 @@ def _max_length_overrides(text: str) -> list[str]:
     return [f"bi.max_length={bi}", f"cross.max_length={cross}"]
 
 
+def self_mode_overrides(mode: str | None, user_overrides: list[str]) -> list[str]:
+    """What ``--mode self`` adds: plain mean label weighting, since in self mode each family learns only its own
+    labels and there is nothing to weigh (a config with ``label_weighting: dev``, as the shipped default, would
+    otherwise be refused); an explicit ``--set label_weighting=...`` is left to validation."""
+    if mode != "self" or any(o.split("=", 1)[0].strip() == "label_weighting" for o in user_overrides):
+        return []
+    return ["label_weighting=mean"]
+
+
 def tenc_job_main(doc: str | None, argv: list[str] | None = None, prog: str | None = None) -> dict:
     """``python jobs/mutual_tenc.py [--config FILE] [--set key=value ...] [--mode] [--pairs N] [--cycles N] ...``."""
     from raydistill.runtime.tenc import TencConfig, run_trans_encoder
@@ -191,6 +200,7 @@ def tenc_job_main(doc: str | None, argv: list[str] | None = None, prog: str | No
         if value is not None:
             overrides.append(f"{key}={value}")
     overrides += args.max_length or []
+    overrides += self_mode_overrides(args.mode, args.overrides)
     try:
         summary = run_trans_encoder(TencConfig.from_yaml(resolve_config(args.config), overrides))
     except USER_ERRORS as exc:
