@@ -608,12 +608,15 @@ def tenc_levers_table(records: list[dict] | None = None, levers_dir: Path = LEVE
     summaries = {p.parent.name: json.loads(p.read_text(encoding="utf-8"))
                  for p in sorted(levers_dir.glob("*/summary.json"))}
     reference = summaries.get(LEVERS_REFERENCE, {}).get("config")
+    if reference is None:
+        raise SystemExit(f"{levers_dir / LEVERS_REFERENCE / 'summary.json'}: the reference screen, or its config, is "
+                         "missing; rerun its command")
     lines = ["| screen | change against the bf16 screen | family | start bi dev | trained bi dev, cycle 1 | "
              "best bi dev (cycle) | Δ best − start | cross dev, cycle 1 | stage wall (s) |",
              "|---|---|---|---|---|---|---|---|---|"]
     for name, summary in sorted(summaries.items(), key=lambda item: (item[0] != LEVERS_REFERENCE, item[0])):
-        if "stsb_dev_by_cycle" not in summary or reference is None:
-            raise SystemExit(f"{levers_dir / name / 'summary.json'}: no config recorded; rerun its command")
+        if "stsb_dev_by_cycle" not in summary:
+            raise SystemExit(f"{levers_dir / name / 'summary.json'}: no per-cycle dev recorded; rerun its command")
         change = "bf16 autocast (bi.precision, cross.precision) over the shipped fp32 config" if (
             name == LEVERS_REFERENCE) else _lever_change(summary["config"], reference)
         wall = sum(summary["stage_wall_s"].values())

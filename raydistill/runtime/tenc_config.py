@@ -336,15 +336,13 @@ class TencConfig:
                 raise err(f"{kind}.weight_decay" if stage.weight_decay < 0 else f"{kind}.grad_clip", "must be >= 0")
             if stage.max_length < 8:
                 raise err(f"{kind}.max_length", f"{stage.max_length} tokens cannot hold a sentence (pair)")
+            if stage.precision not in STAGE_PRECISIONS:
+                raise err(f"{kind}.precision", f"{stage.precision!r} is not one of {', '.join(STAGE_PRECISIONS)}")
         from raydistill.models.cross_encoder import HEADS
 
         if self.bi.head is not None:
             raise err("bi.head", "the head is a cross-encoder setting (bi-encoders pool: families[i].pooling); "
                                  "remove it")
-        for stage_name, stage in (("bi", self.bi), ("cross", self.cross)):
-            if stage.precision not in STAGE_PRECISIONS:
-                raise err(f"{stage_name}.precision",
-                          f"{stage.precision!r} is not one of {', '.join(STAGE_PRECISIONS)}")
         if self.cross.head is not None and self.cross.head not in HEADS:
             raise err("cross.head", f"{self.cross.head!r}{_suggest(self.cross.head, HEADS)} is not one of "
                                     f"{', '.join(HEADS)}")

@@ -9,7 +9,6 @@ family, the start, the best model by dev (the start is a candidate) and whether 
 from __future__ import annotations
 
 import dataclasses
-import datetime as dt
 import json
 import logging
 import shutil
@@ -20,7 +19,7 @@ from raydistill.evaluation.results import default_command, git_sha
 from raydistill.runtime.pairs import pair_sets_of
 from raydistill.runtime.tenc_config import STAGE_TRAINED_IN, stage_key
 from raydistill.runtime.tenc_job import TransEncoderJob, say
-from raydistill.runtime.tenc_state import json_default
+from raydistill.runtime.tenc_state import json_default, now
 
 __all__ = ["TencReport"]
 
@@ -179,7 +178,7 @@ class TencReport:
             # What reproduces it: the command, the code and the whole config (a screen with no result files, as
             # eval.test_cycles none makes, is known by this file alone).
             "command": default_command(), "git_sha": git_sha(),
-            "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+            "date": now(),
             "config": cfg.to_dict(),
         }
         summary_path = job.layout.summary_file
