@@ -321,6 +321,38 @@ def test_stage_precision_is_validated_and_bf16_labels_track_fp32(tiny_models, tm
     assert auto.precision == ("bf16" if bf16_support()[0] else "fp32")
 
 
+def test_a_familys_own_stage_settings_are_validated_and_hashed_only_when_set(tiny_models, tmp_path):
+    families = [{"name": "bert", "bi": str(tiny_models["bert"])}, {"name": "mpnet", "bi": str(tiny_models["mpnet"])}]
+    plain = tiny_config(tiny_models, tmp_path, families=families)
+    unset = tiny_config(tiny_models, tmp_path, families=[dict(f, bi_stage=None, cross_stage=None) for f in families])
+    assert unset.config_hash() == plain.config_hash()
+    own = tiny_config(tiny_models, tmp_path, families=[dict(families[0], bi_stage={"lr": 5e-4, "max_steps": 1}),
+                                                       families[1]]).validate()
+    assert own.config_hash() != plain.config_hash()
+    assert (own.stage_settings(own.families[0], "bi").lr, own.stage_settings(own.families[0], "bi").max_steps) \
+        == (5e-4, 1)
+    assert own.stage_settings(own.families[1], "bi") == own.bi  # the other family keeps the shared settings
+    assert own.stage_settings(own.families[0], "cross") == own.cross
+    with pytest.raises(ConfigError, match=r"families\[0\]\.bi_stage\.max_length.*not a per-family setting"):
+        tiny_config(tiny_models, tmp_path, families=[dict(families[0], bi_stage={"max_length": 64}),
+                                                     families[1]]).validate()
+    with pytest.raises(ConfigError, match=r"families\[1\]\.cross_stage\.lr.*must be > 0"):
+        tiny_config(tiny_models, tmp_path, families=[families[0], dict(families[1], cross_stage={"lr": 0})]).validate()
+
+
+@pytest.mark.usefixtures("ray_session")
+def test_a_familys_own_stage_settings_reach_only_its_learner(tiny_models, tmp_path):
+    families = [{"name": "bert", "bi": str(tiny_models["bert"]), "bi_stage": {"max_steps": 1}},
+                {"name": "mpnet", "bi": str(tiny_models["mpnet"])}]
+    cfg = tiny_config(tiny_models, tmp_path, families=families, stop_after_stage=stage_key(1, "cross2bi"))
+    run_trans_encoder(cfg)
+    state = json.loads((tmp_path / "run" / "state.json").read_text())
+    trained = state["stages"][stage_key(1, "cross2bi")]["families"]
+    assert (trained["bert"]["steps"], trained["mpnet"]["steps"]) == (1, 3)
+    crosses = state["stages"][stage_key(1, "bi2cross")]["families"]
+    assert (crosses["bert"]["steps"], crosses["mpnet"]["steps"]) == (3, 3)
+
+
 def test_mode_self_on_the_shipped_default_runs_with_mean_labels():
     from raydistill.runtime.entry import self_mode_overrides
     from raydistill.shipped import shipped_config

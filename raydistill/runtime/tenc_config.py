@@ -7,6 +7,7 @@ Defaults are the paper's training settings; ``configs/mutual_tenc*.yaml`` scale 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -62,6 +63,10 @@ _STAGE_KEY = re.compile(r"cycle=(\d+)/stage=(" + "|".join(STAGES) + ")")
 
 
 STAGE_PRECISIONS = ("fp32", "bf16", "auto")
+# What a family may set for itself (families[i].bi_stage / cross_stage): how long and how fast it trains. Lengths,
+# precision and the head stay shared, so every family labels and is evaluated the same way.
+FAMILY_STAGE_KEYS = ("lr", "epochs", "batch_size", "max_steps", "warmup_ratio", "weight_decay", "grad_clip",
+                     "eval_every")
 
 
 def stage_key(cycle: int, stage: str) -> str:
@@ -78,6 +83,10 @@ class FamilyConfig:
     bi: str  # preset name or local directory
     cross: str | None = None  # start checkpoint of the cross-encoder; None = the bi checkpoint (new head)
     pooling: str | None = None  # bi-encoder pooling; None = the checkpoint's own (mean for plain HF checkpoints)
+    # This family's training settings that replace the shared ``bi:`` / ``cross:`` ones (FAMILY_STAGE_KEYS), e.g.
+    # a higher learning rate for a 2-layer bi-encoder, which barely moves at the rate a 4-layer one needs.
+    bi_stage: dict[str, Any] | None = None
+    cross_stage: dict[str, Any] | None = None
 
     @property
     def cross_start(self) -> str:
@@ -267,6 +276,11 @@ class TencConfig:
     def pairs_seed(self) -> int:
         return self.seed if self.pairs.seed is None else self.pairs.seed
 
+    def stage_settings(self, family: FamilyConfig, kind: str) -> StageConfig:
+        """The ``bi`` or ``cross`` stage settings of ``family``: the shared ones, with the family's own on top."""
+        own = (family.bi_stage if kind == "bi" else family.cross_stage) or {}
+        return dataclasses.replace(getattr(self, kind), **own)
+
     # ------------------------------------------------------------------------------------------------------------
     # Validation (before Ray starts)
 
@@ -326,18 +340,18 @@ class TencConfig:
         _positive(err, "pairs.max_pairs", self.pairs.max_pairs, allow_none=True)
 
         for kind in ("bi", "cross"):
-            stage: StageConfig = getattr(self, kind)
-            for name in ("batch_size", "epochs", "max_length", "eval_every", "lr"):
-                _positive(err, f"{kind}.{name}", getattr(stage, name))
-            _positive(err, f"{kind}.max_steps", stage.max_steps, allow_none=True)
-            if not 0 <= stage.warmup_ratio < 1:
-                raise err(f"{kind}.warmup_ratio", f"{stage.warmup_ratio} must be in [0, 1)")
-            if stage.weight_decay < 0 or stage.grad_clip < 0:
-                raise err(f"{kind}.weight_decay" if stage.weight_decay < 0 else f"{kind}.grad_clip", "must be >= 0")
-            if stage.max_length < 8:
-                raise err(f"{kind}.max_length", f"{stage.max_length} tokens cannot hold a sentence (pair)")
-            if stage.precision not in STAGE_PRECISIONS:
-                raise err(f"{kind}.precision", f"{stage.precision!r} is not one of {', '.join(STAGE_PRECISIONS)}")
+            self._check_stage(kind, getattr(self, kind))
+        for i, family in enumerate(self.families):
+            for kind in ("bi", "cross"):
+                own = getattr(family, f"{kind}_stage") or {}
+                where = f"families[{i}].{kind}_stage"
+                for key in own:
+                    if key not in FAMILY_STAGE_KEYS:
+                        raise err(f"{where}.{key}", f"not a per-family setting{_suggest(key, FAMILY_STAGE_KEYS)}; a "
+                                                    f"family sets only {', '.join(FAMILY_STAGE_KEYS)} (the rest "
+                                                    f"under {kind}:)")
+                if own:
+                    self._check_stage(where, self.stage_settings(family, kind))
         from raydistill.models.cross_encoder import HEADS
 
         if self.bi.head is not None:
@@ -396,6 +410,20 @@ class TencConfig:
             gpu_fix="set resources.bi.num_gpus / resources.cross.num_gpus: 0",
         )
 
+    def _check_stage(self, where: str, stage: StageConfig) -> None:
+        err = self._error
+        for name in ("batch_size", "epochs", "max_length", "eval_every", "lr"):
+            _positive(err, f"{where}.{name}", getattr(stage, name))
+        _positive(err, f"{where}.max_steps", stage.max_steps, allow_none=True)
+        if not 0 <= stage.warmup_ratio < 1:
+            raise err(f"{where}.warmup_ratio", f"{stage.warmup_ratio} must be in [0, 1)")
+        if stage.weight_decay < 0 or stage.grad_clip < 0:
+            raise err(f"{where}.weight_decay" if stage.weight_decay < 0 else f"{where}.grad_clip", "must be >= 0")
+        if stage.max_length < 8:
+            raise err(f"{where}.max_length", f"{stage.max_length} tokens cannot hold a sentence (pair)")
+        if stage.precision not in STAGE_PRECISIONS:
+            raise err(f"{where}.precision", f"{stage.precision!r} is not one of {', '.join(STAGE_PRECISIONS)}")
+
     def _check_model(self, path: str, name: str) -> None:
         if not isinstance(name, str) or not name:
             raise self._error(path, "must name a model preset or a local directory")
@@ -425,8 +453,13 @@ TENC_HASHED_ONLY_WHEN_SET = {"bi.head": (None, "classifier"), "cross.head": (Non
 
 
 def _hashed(plain: dict[str, Any]) -> dict[str, Any]:
-    """A config dict as the hash sees it (also a stored one, for diff_keys)."""
-    return _drop_paths(plain, TENC_HASH_EXCLUDE + paths_at_default(plain, TENC_HASHED_ONLY_WHEN_SET))
+    """A config dict as the hash sees it (also a stored one, for diff_keys). A family's unset ``bi_stage`` /
+    ``cross_stage`` is left out, so runs from before they existed keep their directories."""
+    plain = _drop_paths(plain, TENC_HASH_EXCLUDE + paths_at_default(plain, TENC_HASHED_ONLY_WHEN_SET))
+    if isinstance(plain.get("families"), list):
+        plain["families"] = [{k: v for k, v in family.items() if not (k.endswith("_stage") and v is None)}
+                             if isinstance(family, dict) else family for family in plain["families"]]
+    return plain
 
 
 def _expand_family_shorthand(d: dict[str, Any]) -> dict[str, Any]:

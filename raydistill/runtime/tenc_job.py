@@ -99,7 +99,7 @@ class FamilyActors:
                 self.actors[(family.name, kind)] = actor_class.options(
                     num_cpus=resources.num_cpus, num_gpus=resources.num_gpus, name=None, max_restarts=0,
                 ).remote(
-                    family.name, pair_set_ref, dataclasses.asdict(getattr(cfg, kind)),
+                    family.name, pair_set_ref, dataclasses.asdict(cfg.stage_settings(family, kind)),
                     pooling=poolings.get(family.name), label_scaling=cfg.label_scaling, seed=cfg.seed,
                     threads=resources.threads, device=device, inference_batch_size=resources.batch_size,
                     dev_set=cfg.eval.dev_set, data_task_cpus=cfg.resources.data_task_cpus,
