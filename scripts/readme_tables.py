@@ -318,45 +318,71 @@ def tenc_pair_auc_table(records: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def tenc_compare_table(records: list[dict]) -> str:
+def _families_label(families: dict) -> str:
+    """A run's families as its result files record them: ``bert-tiny (bi lr 0.0005, epochs 3) + bert-small``."""
+    parts = []
+    for name, family in families.items():
+        own = [f"{kind} " + ", ".join(f"{k} {v}" for k, v in family[f"{kind}_stage"].items())
+               for kind in ("bi", "cross") if family.get(f"{kind}_stage")]
+        parts.append(name + (f" ({'; '.join(own)})" if own else ""))
+    return " + ".join(parts)
+
+
+def _shipped_families(config_name: str = "mutual_tenc.yaml") -> dict:
+    """A shipped config's families as its result files record them (``training.families``)."""
+    shipped = _effective_config(ROOT / "raydistill" / "configs" / config_name)
+    return {f["name"]: {"bi": f["bi"], "cross": f.get("cross") or f["bi"],
+                        **{f"{k}_stage": f[f"{k}_stage"] for k in ("bi", "cross") if f.get(f"{k}_stage")}}
+            for f in shipped["families"]}
+
+
+def tenc_compare_table(records: list[dict], families: dict | None = None) -> str:
+    """Self vs mutual, per family, on the STS pair sets: the 7-STS average of the starting bi-encoder and of each
+    run's best-dev bi- and cross-encoder, with the cycle it came from. A self run and a mutual run are twins when
+    they share pairs, cross-encoder head and families (with the families' own stage settings). Selection is the
+    job's: STS-B dev over cycles 0..N for the bi-encoder (0 = the start, kept when no trained cycle beats it), 1..N
+    for the cross-encoder; ties go to the earlier cycle. Runs on other pair sets (QQP, MRPC) are left out: their
+    scores are AUCs. ``families``: only the runs of those families."""
     from raydistill.runtime.pairs import PAIR_CLASSIFICATION_SOURCES
 
-    """Self vs mutual, per family, on the STS pair sets: the 7-STS average of the starting bi-encoder and of each
-    run's best-dev bi- and cross-encoder, with the cycle it came from. Selection is the job's: STS-B dev over cycles
-    0..N for the bi-encoder (0 = the start, kept when no trained cycle beats it), 1..N for the cross-encoder; ties go
-    to the earlier cycle. Runs on other pair sets (QQP, MRPC) are left out: their scores are AUCs."""
-    # (mode, pairs, cross head) -> (family, enc|start) -> record
-    runs: dict[tuple[str, str, str], dict[tuple[str, str], dict]] = {}
+    # (pairs, cross head, families) -> mode -> (family, enc|start) -> record
+    runs: dict[tuple[str, str, str], dict[str, dict[tuple[str, str], dict]]] = {}
+    in_run_order: dict[str, dict] = {}  # the families of a group as its first record lists them
     tenc = [r for r in records if r["kind"] == "mutual_tenc" and r.get("extra", {}).get("family") != "ensemble"
-            and r.get("training", {}).get("pairs_source") not in PAIR_CLASSIFICATION_SOURCES]
+            and r.get("training", {}).get("pairs_source") not in PAIR_CLASSIFICATION_SOURCES
+            and (families is None or r.get("training", {}).get("families") == families)]
     for r in sorted(tenc, key=lambda r: r.get("training", {}).get("cycle") or 0):  # ties: the earlier cycle
         training, family = r.get("training", {}), r["extra"]["family"]
-        key = (training.get("mode", "?"), str(training.get("pairs", "?")), cross_head(r))
+        key = (str(training.get("pairs", "?")), cross_head(r), json.dumps(training.get("families"), sort_keys=True))
+        in_run_order.setdefault(key[2], training.get("families") or {})
+        slots = runs.setdefault(key, {}).setdefault(training.get("mode", "?"), {})
         cycle = training.get("cycle") or 0
         for slot in ([(family, "start"), (family, "bi")] if cycle == 0 else [(family, r.get("encoder", "bi"))]):
-            best = runs.setdefault(key, {}).get(slot)
+            best = slots.get(slot)
             if best is None or r["scores"].get("stsb_dev", -1e9) > best["scores"].get("stsb_dev", -1e9):
-                runs[key][slot] = r
-    families = sorted({family for slots in runs.values() for family, _ in slots})
-    lines = ["| cross head | family | pairs | start bi | self: best bi (cycle) | mutual: best bi (cycle) "
-             "| self: best cross (cycle) | mutual: best cross (cycle) |", "|---|---|---|---|---|---|---|---|"]
+                slots[slot] = r
+    lines = ["| cross head | run families | family | pairs | start bi | self: best bi (cycle) | "
+             "mutual: best bi (cycle) | self: best cross (cycle) | mutual: best cross (cycle) |",
+             "|---|---|---|---|---|---|---|---|---|"]
 
     def cell(record: dict | None) -> str:
         if record is None:
             return "–"
         return f"{record['scores']['avg']:.2f} ({record['training'].get('cycle')})"
 
-    heads = sorted({head for _, _, head in runs}, key=lambda head: head != "segment_cosine")
-    for head in heads:
-        for pairs in sorted({p for _, p, h in runs if h == head}):
-            for family in families:
-                own = {mode: runs.get((mode, pairs, head), {}) for mode in ("self", "mutual")}
-                start = own["self"].get((family, "start")) or own["mutual"].get((family, "start"))
-                if start is None:
-                    continue
-                lines.append(f"| {head} | {family} | {pairs} | {start['scores']['avg']:.2f} | "
-                             + " | ".join(cell(own[mode].get((family, enc))) for enc in ("bi", "cross")
-                                          for mode in ("self", "mutual")) + " |")
+    order = sorted(runs, key=lambda key: (key[1] != "segment_cosine", key[1], int(key[0]) if key[0].isdigit()
+                                          else 0, key[2]))
+    for pairs, head, families_json in order:
+        own = {mode: runs[(pairs, head, families_json)].get(mode, {}) for mode in ("self", "mutual")}
+        run_families = in_run_order[families_json]
+        for family in run_families:
+            start = own["self"].get((family, "start")) or own["mutual"].get((family, "start"))
+            if start is None:
+                continue
+            lines.append(f"| {head} | {_families_label(run_families)} | {family} | {pairs} | "
+                         f"{start['scores']['avg']:.2f} | "
+                         + " | ".join(cell(own[mode].get((family, enc))) for enc in ("bi", "cross")
+                                      for mode in ("self", "mutual")) + " |")
     return "\n".join(lines)
 
 
@@ -573,13 +599,9 @@ def dev_curves_table(records: list[dict]) -> str:
 
 
 def tenc_main_table(records: list[dict]) -> str:
-    """The main job's outcome: the self-vs-mutual comparison of the shipped config's families, cross-encoder head and
-    number of pairs (the runs of earlier defaults stay in docs/trans-encoder.md)."""
-    shipped = _effective_config(ROOT / "raydistill" / "configs" / "mutual_tenc.yaml")
-    prefixes = tuple(f"| {shipped['cross'].get('head') or 'classifier'} | {family['name']} | "
-                     f"{shipped['pairs']['max_pairs']} |" for family in shipped["families"])
-    lines = tenc_compare_table(records).splitlines()
-    return "\n".join(lines[:2] + [line for line in lines[2:] if line.startswith(prefixes)])
+    """The main job's outcome: the self-vs-mutual comparison of the shipped config's families (the runs of earlier
+    defaults stay in docs/trans-encoder.md)."""
+    return tenc_compare_table(records, families=_shipped_families())
 
 
 LEVERS_DIR = ROOT / "results" / "mutual_tenc" / "levers"
@@ -627,6 +649,24 @@ def tenc_levers_table(records: list[dict] | None = None, levers_dir: Path = LEVE
             lines.append(f"| {link} | {change} | {family} | {start:.2f} | {by_cycle['bi']['1']:.2f} | "
                          f"{best:.2f} ({row['best_bi_cycle']}) | {best - start:+.2f} | {by_cycle['cross']['1']:.2f} | "
                          f"{wall:.0f} |")
+    return "\n".join(lines)
+
+
+def tenc_stage_screen_table(records: list[dict] | None = None, levers_dir: Path = LEVERS_DIR) -> str:
+    """One row per setting of each per-family bi-stage screen (``scripts/tenc_stage_screen.py``), from its
+    ``screen.json``: the family's start trained on one cycle's labels of a committed run, chosen by STS-B dev."""
+    lines = ["| screen | family | labels | lr | epochs | steps | STS-B dev | 7-STS avg | train (s) |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for path in sorted(levers_dir.glob("*/screen.json")):
+        screen = json.loads(path.read_text(encoding="utf-8"))
+        chosen = screen["chosen_by_dev"]
+        link = f"[{path.parent.name}](../results/mutual_tenc/levers/{path.parent.name}/screen.json)"
+        labels = f"{screen['source_run']}, cycle {screen['cycle']}"
+        for row in screen["rows"]:
+            mark = "**" if (row["lr"], row["epochs"]) == (chosen["lr"], chosen["epochs"]) else ""
+            lines.append(f"| {link} | {screen['family']} | {labels} | {row['lr']:g} | {row['epochs']} | "
+                         f"{row['steps']} | {mark}{row['stsb_dev']:.2f}{mark} | {row['sts7_avg']:.2f} | "
+                         f"{row['train_s']:.0f} |")
     return "\n".join(lines)
 
 
@@ -705,7 +745,8 @@ PAGES = {
                         "targets": targets_table,
                         "tune": tune_table, "tune_trials": tune_trials_table},
     "docs/trans-encoder.md": {"tenc": tenc_table, "tenc_compare": tenc_compare_table,
-                              "tenc_pair_auc": tenc_pair_auc_table, "tenc_levers": tenc_levers_table},
+                              "tenc_pair_auc": tenc_pair_auc_table, "tenc_levers": tenc_levers_table,
+                              "tenc_stage_screen": tenc_stage_screen_table},
     "docs/benchmarks.md": {"bench": bench_table},
     "docs/cluster.md": {"gpu_configs": gpu_configs_table},
 }

@@ -53,6 +53,8 @@ FIELD_MEANINGS = {
     "test_sets": "sets of the final 7-STS evaluation",
     "families": "model families, one bi- and one cross-encoder each (shorthand: a list of presets)",
     "families[].name": "family name",
+    "families[].bi_stage": "this family's own bi-stage settings over bi: (lr, epochs, batch_size, ...)",
+    "families[].cross_stage": "this family's own cross-stage settings over cross: (lr, epochs, batch_size, ...)",
     "cycles": "bi -> cross -> bi cycles",
     "pairs.source": "unlabeled sentence pairs: transductive (the STS test pairs), inductive or file:<path.jsonl>",
     "max_length": "token limit of this stage's encoder",
