@@ -100,6 +100,9 @@ def test_pair_classification_sources_validate_by_name(tiny_models, tmp_path):
     shipped = TencConfig.from_yaml(resolve_config("mutual_tenc-qqp")).validate()
     assert shipped.pairs.source == "qqp" and shipped.eval.dev_set == "stsb_dev"
     assert shipped.eval.test_cycles != "none"  # its result files need the 7-STS scores beside the AUC
+    default = TencConfig.from_yaml(resolve_config("mutual_tenc"))  # the QQP run is the default job on other pairs
+    assert (shipped.families, shipped.bi, shipped.cross, shipped.cycles, shipped.label_weighting) == \
+        (default.families, default.bi, default.cross, default.cycles, default.label_weighting)
     # a sample of one class has no AUC: refused before Ray starts or anything is written
     with pytest.raises(ConfigError, match="one class only"):
         run_trans_encoder(tiny_config(tiny_models, tmp_path, pairs={"source": "qqp", "max_pairs": 1}))
