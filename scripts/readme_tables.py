@@ -330,10 +330,11 @@ def _families_label(families: dict) -> str:
 
 def _shipped_families(config_name: str = "mutual_tenc.yaml") -> dict:
     """A shipped config's families as its result files record them (``training.families``)."""
-    shipped = _effective_config(ROOT / "raydistill" / "configs" / config_name)
-    return {f["name"]: {"bi": f["bi"], "cross": f.get("cross") or f["bi"],
-                        **{f"{k}_stage": f[f"{k}_stage"] for k in ("bi", "cross") if f.get(f"{k}_stage")}}
-            for f in shipped["families"]}
+    sys.path.insert(0, str(ROOT))
+    from raydistill.runtime.tenc import TencConfig
+
+    shipped = TencConfig.from_yaml(ROOT / "raydistill" / "configs" / config_name)
+    return {family.name: family.recorded() for family in shipped.families}
 
 
 def tenc_compare_table(records: list[dict], families: dict | None = None) -> str:

@@ -22,7 +22,6 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-STS7 = ("sts12", "sts13", "sts14", "sts15", "sts16", "stsb", "sickr")
 DEV_SET = "stsb_dev"
 
 
@@ -36,10 +35,10 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--write", type=Path, default=None)
     args = parser.parse_args(argv)
 
-    import numpy as np
     import ray
 
     from raydistill.evaluation import evaluate_sts
+    from raydistill.evaluation.sts import STS7
     from raydistill.evaluation.results import default_command, git_sha
     from raydistill.runtime.pairs import build_pair_set
     from raydistill.runtime.tenc_config import TencConfig, stage_key
@@ -77,7 +76,7 @@ def main(argv: list[str] | None = None) -> dict:
                                   progress=False)
         row = {"lr": float(lr), "epochs": int(epochs), "steps": fit.get("steps"), "best_step": fit.get("best_step"),
                "stsb_dev": round(float(scores[DEV_SET]), 2),
-               "sts7_avg": round(float(np.mean([scores[name] for name in STS7])), 2),
+               "sts7_avg": round(float(scores["avg"]), 2),
                "scores": {name: round(float(scores[name]), 2) for name in STS7}, "train_s": round(train_s, 1)}
         print(f"{family.name} lr {lr} epochs {epochs}: STS-B dev {row['stsb_dev']}, 7-STS {row['sts7_avg']} "
               f"({row['train_s']} s)", flush=True)

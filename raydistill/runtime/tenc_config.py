@@ -92,6 +92,15 @@ class FamilyConfig:
     def cross_start(self) -> str:
         return self.cross or self.bi
 
+    def own_stage(self, kind: str) -> dict[str, Any]:
+        """This family's own ``bi`` or ``cross`` stage settings ({} when it has none)."""
+        return (self.bi_stage if kind == "bi" else self.cross_stage) or {}
+
+    def recorded(self) -> dict[str, Any]:
+        """The family as result files record it (``training.families[<name>]``): its models and own settings."""
+        return {"bi": self.bi, "cross": self.cross_start,
+                **{f"{kind}_stage": self.own_stage(kind) for kind in ("bi", "cross") if self.own_stage(kind)}}
+
 
 @dataclass
 class StageConfig:
@@ -278,8 +287,7 @@ class TencConfig:
 
     def stage_settings(self, family: FamilyConfig, kind: str) -> StageConfig:
         """The ``bi`` or ``cross`` stage settings of ``family``: the shared ones, with the family's own on top."""
-        own = (family.bi_stage if kind == "bi" else family.cross_stage) or {}
-        return dataclasses.replace(getattr(self, kind), **own)
+        return dataclasses.replace(getattr(self, kind), **family.own_stage(kind))
 
     # ------------------------------------------------------------------------------------------------------------
     # Validation (before Ray starts)
@@ -343,7 +351,7 @@ class TencConfig:
             self._check_stage(kind, getattr(self, kind))
         for i, family in enumerate(self.families):
             for kind in ("bi", "cross"):
-                own = getattr(family, f"{kind}_stage") or {}
+                own = family.own_stage(kind)
                 where = f"families[{i}].{kind}_stage"
                 for key in own:
                     if key not in FAMILY_STAGE_KEYS:

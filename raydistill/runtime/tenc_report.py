@@ -74,9 +74,7 @@ class TencReport:
             "label_scaling": cfg.label_scaling,
             "label_weighting": cfg.label_weighting,
             "cycles": cfg.cycles,
-            "families": {f.name: {"bi": f.bi, "cross": f.cross_start,
-                                  **{f"{k}_stage": getattr(f, f"{k}_stage") for k in ("bi", "cross")
-                                     if getattr(f, f"{k}_stage")}} for f in cfg.families},
+            "families": {f.name: f.recorded() for f in cfg.families},
             "bi": dataclasses.asdict(cfg.bi),
             "cross": dataclasses.asdict(cfg.cross),
             "run_dir": str(job.run_dir),
