@@ -654,10 +654,11 @@ def tenc_levers_table(records: list[dict] | None = None, levers_dir: Path = LEVE
 
 
 def tenc_stage_screen_table(records: list[dict] | None = None, levers_dir: Path = LEVERS_DIR) -> str:
-    """One row per setting of each per-family bi-stage screen (``scripts/tenc_stage_screen.py``), from its
-    ``screen.json``: the family's start trained on one cycle's labels of a committed run, chosen by STS-B dev."""
-    lines = ["| screen | family | labels | lr | epochs | steps | STS-B dev | 7-STS avg | train (s) |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    """One row per setting of each per-family stage screen (``scripts/tenc_stage_screen.py``), from its
+    ``screen.json``: the family's start bi- or cross-encoder trained on one cycle's labels of a committed run,
+    chosen by STS-B dev."""
+    lines = ["| screen | family | encoder | labels | lr | epochs | steps | STS-B dev | 7-STS avg | train (s) |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for path in sorted(levers_dir.glob("*/screen.json")):
         screen = json.loads(path.read_text(encoding="utf-8"))
         chosen = screen["chosen_by_dev"]
@@ -665,7 +666,8 @@ def tenc_stage_screen_table(records: list[dict] | None = None, levers_dir: Path 
         labels = f"{screen['source_run']}, cycle {screen['cycle']}"
         for row in screen["rows"]:
             mark = "**" if (row["lr"], row["epochs"]) == (chosen["lr"], chosen["epochs"]) else ""
-            lines.append(f"| {link} | {screen['family']} | {labels} | {row['lr']:g} | {row['epochs']} | "
+            lines.append(f"| {link} | {screen['family']} | {screen.get('kind', 'bi')} | {labels} | {row['lr']:g} | "
+                         f"{row['epochs']} | "
                          f"{row['steps']} | {mark}{row['stsb_dev']:.2f}{mark} | {row['sts7_avg']:.2f} | "
                          f"{row['train_s']:.0f} |")
     return "\n".join(lines)

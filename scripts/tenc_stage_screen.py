@@ -1,13 +1,16 @@
-"""Screen one family's bi-encoder stage settings on a label set a Trans-Encoder run has already written.
+"""Screen one family's bi- or cross-encoder stage settings on a label set a Trans-Encoder run has already written.
 
     python scripts/tenc_stage_screen.py --run-dir runs/<run> --cycle 2 --family bert-tiny \
         --settings 5e-5,1 2e-4,1 5e-5,5 2e-4,3 5e-4,3 --write results/mutual_tenc/levers/<name>/screen.json
+    python scripts/tenc_stage_screen.py --run-dir runs/<run> --cycle 2 --family bert-small --kind cross \
+        --settings 1e-4,1 2e-4,1 1e-4,2
 
-Each setting (``lr,epochs``) trains the family's starting bi-encoder on the run's ``cycle=<k>/stage=cross2bi``
-labels (the column the job trains on, ``score``) with the run's own bi stage otherwise (batch, length, precision,
-seed), exactly as the job's learner does (``BiEncoderLearner.fit``, best STS-B dev kept), then scores the result on
-STS-B dev and the seven STS test sets. A family's ``bi_stage`` is chosen by the dev column; the 7-STS column shows
-whether dev's choice carries to the test sets. A stage is seconds to minutes here, where a whole job is half an
+Each setting (``lr,epochs``) trains the family's starting encoder of that kind on the run's labels for it
+(bi: ``cycle=<k>/stage=cross2bi``, cross: ``cycle=<k>/stage=bi2cross``; the column the job trains on, ``score``)
+with the run's own stage settings otherwise (batch, length, precision, head, seed), exactly as the job's learner
+does (``BiEncoderLearner.fit`` / ``CrossEncoderLearner.fit``, best STS-B dev kept), then scores the result on STS-B
+dev and the seven STS test sets. A family's ``bi_stage`` / ``cross_stage`` is chosen by the dev column; the 7-STS
+column shows whether dev's choice carries to the test sets. A stage is seconds to minutes here, where a whole job is half an
 hour, so this is how a per-family setting is found.
 """
 
@@ -28,7 +31,8 @@ DEV_SET = "stsb_dev"
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--run-dir", type=Path, required=True, help="a Trans-Encoder run dir (its state.json)")
-    parser.add_argument("--cycle", type=int, required=True, help="whose cross2bi labels to learn")
+    parser.add_argument("--cycle", type=int, required=True, help="whose labels to learn")
+    parser.add_argument("--kind", choices=("bi", "cross"), default="bi", help="which encoder of the family")
     parser.add_argument("--family", required=True)
     parser.add_argument("--settings", nargs="+", required=True, metavar="LR,EPOCHS")
     parser.add_argument("--threads", type=int, default=2)
@@ -42,7 +46,7 @@ def main(argv: list[str] | None = None) -> dict:
     from raydistill.evaluation.results import default_command, git_sha
     from raydistill.runtime.pairs import build_pair_set
     from raydistill.runtime.tenc_config import TencConfig, stage_key
-    from raydistill.runtime.tenc_learners import BiEncoderLearner
+    from raydistill.runtime.tenc_learners import BiEncoderLearner, CrossEncoderLearner
     from raydistill.runtime.tenc_state import now
 
     state_path = args.run_dir / "state.json"
@@ -53,41 +57,44 @@ def main(argv: list[str] | None = None) -> dict:
     family = next((f for f in cfg.families if f.name == args.family), None)
     if family is None:
         raise SystemExit(f"{state_path}: no family {args.family!r} (families: {', '.join(f.name for f in cfg.families)})")
-    labels_dir = args.run_dir / "labels" / stage_key(args.cycle, "cross2bi")
+    stage = "cross2bi" if args.kind == "bi" else "bi2cross"
+    labels_dir = args.run_dir / "labels" / stage_key(args.cycle, stage)
     if not labels_dir.is_dir():
-        raise SystemExit(f"{labels_dir}: not found; that run has not labelled cycle {args.cycle}'s cross2bi stage")
+        raise SystemExit(f"{labels_dir}: not found; that run has not labelled cycle {args.cycle}'s {stage} stage")
     pair_set = build_pair_set(cfg.pairs.source, cfg.pairs.max_pairs, cfg.pairs_seed())
-    shared = cfg.stage_settings(family, "bi")
+    shared = cfg.stage_settings(family, args.kind)
+    learner_class = BiEncoderLearner if args.kind == "bi" else CrossEncoderLearner
+    start = family.bi if args.kind == "bi" else family.cross_start
 
     ray.init(num_cpus=2, include_dashboard=False, logging_level="ERROR")  # the label set is read through Ray Data
     rows = []
     for setting in args.settings:
         lr, epochs = setting.split(",")
         train = dict(vars(shared), lr=float(lr), epochs=int(epochs))
-        learner = BiEncoderLearner(family.name, pair_set, train, pooling=family.pooling, seed=cfg.seed,
-                                   threads=args.threads, label_scaling=cfg.label_scaling, dev_set=DEV_SET)
-        learner.load(family.bi, cycle=args.cycle)
+        learner = learner_class(family.name, pair_set, train, pooling=family.pooling, seed=cfg.seed,
+                                threads=args.threads, label_scaling=cfg.label_scaling, dev_set=DEV_SET)
+        learner.load(start, cycle=args.cycle)
         started = time.perf_counter()
-        fit = learner.fit(str(labels_dir), "score", cycle=args.cycle, stage="cross2bi",
-                          out_dir=str(args.run_dir / "screen" / f"{family.name}-lr{lr}-ep{epochs}"))
+        fit = learner.fit(str(labels_dir), "score", cycle=args.cycle, stage=stage,
+                          out_dir=str(args.run_dir / "screen" / f"{family.name}-{args.kind}-lr{lr}-ep{epochs}"))
         train_s = time.perf_counter() - started
         with learner.autocast():
-            scores = evaluate_sts(learner.scorer(), sets=STS7 + (DEV_SET,), encoder="bi", batch_size=128,
+            scores = evaluate_sts(learner.scorer(), sets=STS7 + (DEV_SET,), encoder=args.kind, batch_size=128,
                                   progress=False)
         row = {"lr": float(lr), "epochs": int(epochs), "steps": fit.get("steps"), "best_step": fit.get("best_step"),
                "stsb_dev": round(float(scores[DEV_SET]), 2),
                "sts7_avg": round(float(scores["avg"]), 2),
                "scores": {name: round(float(scores[name]), 2) for name in STS7}, "train_s": round(train_s, 1)}
-        print(f"{family.name} lr {lr} epochs {epochs}: STS-B dev {row['stsb_dev']}, 7-STS {row['sts7_avg']} "
+        print(f"{family.name} {args.kind} lr {lr} epochs {epochs}: STS-B dev {row['stsb_dev']}, 7-STS {row['sts7_avg']} "
               f"({row['train_s']} s)", flush=True)
         rows.append(row)
     ray.shutdown()
 
     chosen = max(rows, key=lambda r: r["stsb_dev"])
-    record = {"screen": "tenc_bi_stage", "family": family.name, "bi": family.bi, "cycle": args.cycle,
-              "labels": str(labels_dir), "source_run": state.get("run_name", args.run_dir.name),
-              "shared_bi_stage": {"lr": shared.lr, "epochs": shared.epochs, "batch_size": shared.batch_size,
-                                  "max_length": shared.max_length, "precision": shared.precision},
+    record = {"screen": f"tenc_{args.kind}_stage", "family": family.name, "kind": args.kind, args.kind: start,
+              "cycle": args.cycle, "labels": str(labels_dir), "source_run": state.get("run_name", args.run_dir.name),
+              f"shared_{args.kind}_stage": {"lr": shared.lr, "epochs": shared.epochs, "batch_size": shared.batch_size,
+                                            "max_length": shared.max_length, "precision": shared.precision},
               "rows": rows, "chosen_by_dev": {"lr": chosen["lr"], "epochs": chosen["epochs"]},
               "command": default_command(), "git_sha": git_sha(), "date": now()}
     if args.write:

@@ -352,9 +352,16 @@ def test_self_sequential_run_stopped_between_stages_resumes_the_weight_chain(tin
     label_files = {p: p.stat().st_mtime_ns for p in (run_dir / "labels" / "cycle=1").rglob("*.parquet")}
     completed = state["stages"][stage_key(1, "bi2cross")]["completed"]
 
+    stopped_invocation = read_state(run_dir)["invocations"]
+    assert len(stopped_invocation) == 1 and stopped_invocation[0]["wall_s"] > 0
+
     resumed = run_trans_encoder(tiny_config(tiny_models, tmp_path, **settings))
     state = read_state(run_dir)
     stages = state["stages"]
+    # the whole run's wall time counts both invocations: the stopped one and the one that finished it
+    assert [i["cycles"] for i in state["invocations"]] == [2, 2]
+    assert state["invocations"][0] == stopped_invocation[0]
+    assert resumed["wall_s_total"] == round(sum(i["wall_s"] for i in resumed["invocations"]), 1) > resumed["wall_s"]
     assert set(stages) == {stage_key(c, s) for c in (1, 2) for s in ("bi2cross", "cross2bi")}
     assert stages[stage_key(1, "bi2cross")]["completed"] == completed
     assert {p.name: p.stat().st_mtime_ns for p in cross_dir.iterdir()} == cross_files  # not retrained

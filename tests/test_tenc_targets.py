@@ -108,6 +108,12 @@ def test_targets_from_synthetic_result_files(tmp_path):
     targets = targets_of(results)
     assert targets["default_wall_s"] == 3700.0 and targets["default_wall"]["status"] == "missed"
     assert targets["runs"]["mutual"]["summary_json"] is True
+    # a run extended by a second invocation (more cycles): the whole of it counts
+    summary.update(wall_s=1000.0, wall_s_total=3500.0, invocations=[{"wall_s": 2500.0}, {"wall_s": 1000.0}])
+    (results / mutual / "summary.json").write_text(json.dumps(summary))
+    targets = targets_of(results)
+    assert targets["default_wall_s"] == 3500.0 and targets["default_wall"]["status"] == "met"
+    assert "2 invocations" in targets["default_wall"]["source"]
 
 
 def test_targets_without_any_run_are_all_missing(tmp_path):

@@ -201,7 +201,8 @@ class TransEncoderJob:
         status = "FAILED"
         try:
             pair_set = self.pair_set
-            self.state = RunState.open(self.run_dir, cfg, pair_set.fingerprint, len(pair_set))
+            self.state = RunState.open(self.run_dir, cfg, pair_set.fingerprint, len(pair_set),
+                                       started=self.started)
             say(f"Trans-Encoder {cfg.mode} distillation: families {', '.join(self.families)}; {len(pair_set):,} "
                 f"{cfg.pairs.source} pairs (pool {pair_set.pool_size:,}); {cfg.cycles} cycle(s), init {cfg.init}; "
                 f"run dir {self.run_dir}")

@@ -173,7 +173,10 @@ class TencReport:
             # <family>: {bi: {cycle: dev}, cross: {cycle: dev}}: the start (bi cycle 0) and every trained model
             f"{dev_set}_by_cycle": {f: {kind: {str(c): round(d, 2) for c, d in curves.get((f, kind), [])}
                                         for kind in ("bi", "cross")} for f in job.families},
-            "wall_s": round(time.perf_counter() - job.started, 1),
+            "wall_s": round(time.perf_counter() - job.started, 1),  # this invocation
+            # every invocation that worked on the run dir (a run extended to more cycles counts its first part)
+            "wall_s_total": job.state.wall_s_total,
+            "invocations": [dict(i) for i in job.state.data.get("invocations", [])],
             "mlflow_run_id": job.tracker.run_id if job.tracker else None,
             # What reproduces it: the command, the code and the whole config (a screen with no result files, as
             # eval.test_cycles none makes, is known by this file alone).
@@ -190,7 +193,9 @@ class TencReport:
             f"{f}/{kind} cycle {b['cycle']} dev {b['best_dev']:.2f}"
             + (f" 7-STS {b['scores']['avg']:.2f}" if "avg" in b.get("scores", {}) else "")
             for f, kinds in best.items() for kind, b in kinds.items()))
-        say(f"done in {summary['wall_s']:.0f} s; results in {job.results_dir}")
+        total = "" if summary["wall_s_total"] <= summary["wall_s"] + 1 else \
+            f" ({summary['wall_s_total']:.0f} s over {len(summary['invocations'])} invocations of this run)"
+        say(f"done in {summary['wall_s']:.0f} s{total}; results in {job.results_dir}")
         for line in self.verdict_lines(by_family):
             say(line)
         return summary

@@ -9,6 +9,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import os
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -57,14 +58,42 @@ class RunLayout:
 
 
 class RunState:
-    """``<run_dir>/state.json``: what is done. Written atomically after every stage, label set and evaluation."""
+    """``<run_dir>/state.json``: what is done. Written atomically after every stage, label set and evaluation.
 
-    def __init__(self, path: Path, data: dict[str, Any]):
+    ``invocations`` records each time a job worked on the run (started, cycles asked for, wall seconds up to its
+    last save), so a run extended by a later job (``--cycles 3`` after 2) still knows what the whole of it cost.
+    """
+
+    def __init__(self, path: Path, data: dict[str, Any], started: float | None = None):
         self.path = path
         self.data = data
+        self.started = started  # time.perf_counter() when this invocation began; None = not counted
 
     @classmethod
-    def open(cls, run_dir: Path, cfg: TencConfig, pair_fingerprint: str, pair_count: int) -> RunState:
+    def open(cls, run_dir: Path, cfg: TencConfig, pair_fingerprint: str, pair_count: int,
+             started: float | None = None) -> RunState:
+        """Open (or create) the run's state; ``started`` (``time.perf_counter()`` at job start) counts this
+        invocation's wall time into ``invocations``."""
+        state = cls._open(run_dir, cfg, pair_fingerprint, pair_count)
+        if started is not None:
+            state.started = started
+            invocations = state.data.setdefault("invocations", _earlier_invocations(RunLayout(run_dir)))
+            invocations.append({"started": now(), "cycles": cfg.cycles, "wall_s": 0.0})
+            state.save()
+        return state
+
+    @property
+    def wall_s_total(self) -> float:
+        """Wall seconds of every invocation of the run so far (this one up to now)."""
+        self._count_invocation()
+        return round(sum(float(i.get("wall_s", 0.0)) for i in self.data.get("invocations", [])), 1)
+
+    def _count_invocation(self) -> None:
+        if self.started is not None and self.data.get("invocations"):
+            self.data["invocations"][-1]["wall_s"] = round(time.perf_counter() - self.started, 1)
+
+    @classmethod
+    def _open(cls, run_dir: Path, cfg: TencConfig, pair_fingerprint: str, pair_count: int) -> RunState:
         path = RunLayout(run_dir).state_file
         if path.is_file():
             try:
@@ -99,6 +128,7 @@ class RunState:
         return state
 
     def save(self) -> None:
+        self._count_invocation()
         self.path.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.path.with_name(f".{self.path.name}.tmp-{os.getpid()}")
         tmp.write_text(json.dumps(self.data, indent=2, default=json_default) + "\n", encoding="utf-8")
@@ -133,6 +163,20 @@ class RunState:
                     curves.setdefault((f, STAGE_TRAINS[stage]), []).append(
                         (cycle, float(completed["families"][f]["best_dev"])))
         return curves
+
+
+def _earlier_invocations(layout: RunLayout) -> list[dict[str, Any]]:
+    """A state written before invocations were recorded: its finished job's wall time is in its summary.json."""
+    if not layout.summary_file.is_file():
+        return []
+    try:
+        summary = json.loads(layout.summary_file.read_text(encoding="utf-8"))
+    except json.JSONDecodeError:
+        return []
+    if "wall_s" not in summary:
+        return []
+    return [{"finished": summary.get("date"), "cycles": summary.get("cycles"), "wall_s": float(summary["wall_s"]),
+             "recorded_from": "summary.json"}]
 
 
 def now() -> str:
