@@ -56,7 +56,7 @@ def targets_of(results: Path) -> dict:
 def test_targets_from_synthetic_result_files(tmp_path):
     names = run_names()
     results = tmp_path / "results"
-    mutual, twin, qqp = names["mutual"], names["self"], names["qqp"]
+    mutual, twin, qqp, mrpc = (names[key] for key in ("mutual", "self", "qqp", "mrpc"))
     # the shipped default's two families: the first plays the one that gains, the second the one that does not
     gains, stays = default_families()
     # the first family, mutual: cycle 1 has the best dev (85.0), so it is the best bi-encoder although cycle 2 has the
@@ -78,7 +78,11 @@ def test_targets_from_synthetic_result_files(tmp_path):
     write_record(results, qqp, gains, "bi", 0, avg=74.0, dev=83.0, auc=80.0)
     write_record(results, qqp, gains, "cross", 1, avg=72.0, dev=70.0, auc=83.0)
     write_record(results, qqp, gains, "cross", 2, avg=73.0, dev=69.0, auc=90.0)
-    # a run of another config and a stale targets file are not read as any of the three runs
+    # MRPC: reported beside the targets, with none of its own
+    assert mrpc != qqp
+    write_record(results, mrpc, gains, "bi", 0, avg=74.0, dev=83.0, auc=70.0)
+    write_record(results, mrpc, gains, "cross", 1, avg=72.0, dev=71.0, auc=72.5)
+    # a run of another config and a stale targets file are not read as any of the runs
     write_record(results, f"tenc-mutual-{gains}+{stays}-p500-00000000", gains, "bi", 1, avg=99.0, dev=99.0)
     (results / "targets.json").write_text(json.dumps({"families": {gains: {"start_bi": 1.0}}}))
 
@@ -89,17 +93,20 @@ def test_targets_from_synthetic_result_files(tmp_path):
     assert (minilm["qqp_start_auc"], minilm["qqp_best_cross_auc"], minilm["qqp_best_cross_cycle"]) == (80.0, 83.0, 1)
     assert {name: t["status"] for name, t in minilm["targets"].items()} == {
         "mutual_gain": "met", "mutual_vs_self": "met", "cross_vs_start": "met", "qqp_cross_auc_gain": "met"}
-    assert minilm["missing"] == []
+    assert minilm["missing"] == [] and minilm["reported_missing"] == []
+    assert (minilm["mrpc_start_auc"], minilm["mrpc_best_cross_auc"], minilm["mrpc_best_cross_cycle"]) == (70.0, 72.5, 1)
+    assert not any(name.startswith("mrpc") for name in minilm["targets"])
 
     assert (bert["start_bi"], bert["mutual_best_bi"], bert["mutual_best_bi_cycle"]) == (68.0, 68.0, 0)
     assert bert["self_best_bi"] == 68.0 and bert["mutual_best_cross"] == 69.0
     assert bert["qqp_start_auc"] is None and bert["qqp_best_cross_auc"] is None  # never invented
+    assert bert["mrpc_start_auc"] is None and any("mrpc" in note for note in bert["reported_missing"])
     assert {name: t["status"] for name, t in bert["targets"].items()} == {
         "mutual_gain": "missed", "mutual_vs_self": "met", "cross_vs_start": "met", "qqp_cross_auc_gain": "missing"}
     assert "neither training improved" in bert["targets"]["mutual_vs_self"]["note"]
     assert bert["targets"]["mutual_gain"]["needed"] == 69.0
     assert any(qqp in note and f"{stays}-bi-cycle0" in note for note in bert["missing"])
-    assert all(run in (mutual, twin, qqp) for run in (d["run_name"] for d in targets["runs"].values()))
+    assert all(run in (mutual, twin, qqp, mrpc) for run in (d["run_name"] for d in targets["runs"].values()))
 
     # wall time: no summary.json, so the last result file's (3400 s); with one, the whole job's
     assert targets["default_wall_s"] == 3400.0 and targets["default_wall"]["status"] == "met"
