@@ -4,16 +4,20 @@
 ``mpnet-base`` teacher (all-mpnet-base-v2, max length 128), all in one run:
 
     raydistill        ``ensure_teacher_embeddings`` into an empty cache: the real pass (length-ordered blocks, token-
-                      budget batches, chunked cache writes), through a Ray Data pool of ``--actors`` teacher actors
-                      × ``--threads`` threads (``--in-process``: one teacher in this process instead), precision
-                      ``auto`` (bf16 where the CPU has hardware bf16, else fp32). Timed from the call to the last
-                      vector in the cache, actor start-up and model loading included.
+                      budget batches, chunked cache writes) by one teacher in this process with ``--actors ×
+                      --threads`` threads, precision ``auto`` (bf16 where the CPU has hardware bf16, else fp32).
+                      Timed from the call to the last vector in the cache, model loading included.
+    raydistill pool   the same pass through the Ray Data pool the jobs use (``--actors`` teacher actors ×
+                      ``--threads`` threads), timed the same way, so Ray worker start-up (a process, torch and
+                      transformers imports) is included too: a one-off cost that 4,096 sentences cannot amortise and
+                      a corpus pass can (``pool_*`` keys; ``--no-pool`` skips it)
     st                sentence-transformers ``SentenceTransformer.encode`` of the same directory, its defaults
                       (fp32, batch 32, length-sorted), ``--actors × --threads`` torch threads
     st_bf16           the same with the model cast to bf16 (``model.bfloat16()``)
 
     teacher_vs_st                 raydistill sentences/s ÷ st
     teacher_vs_st_bf16            raydistill sentences/s ÷ st_bf16
+    pool_vs_st, pool_vs_st_bf16   the same for raydistill pool
     teacher_bf16_limit_fraction   the pass's achieved FLOP rate ÷ this machine's bf16 matmul limit (bench/limit.py's
                                   GEMMs in bf16 at the same thread count); null when the pass did not run in bf16
     teacher_limit_fraction        the same against the limit of the precision the pass did run in
@@ -62,7 +66,7 @@ def forward_gflop(texts: list[str], max_length: int) -> float:
     return float((2.0 * shape.matmul_params * counts + 4.0 * shape.layers * shape.hidden * counts ** 2).sum() / 1e9)
 
 
-def raydistill_pass(texts: list[str], args) -> tuple[float, np.ndarray, dict]:
+def raydistill_pass(texts: list[str], args, in_process: bool) -> tuple[float, np.ndarray, dict]:
     """Seconds of a full teacher pass into an empty cache, its vectors float32 [N, D] and its stats."""
     from raydistill.runtime.config import RoleResources
     from raydistill.runtime.embedding_cache import ensure_teacher_embeddings
@@ -73,7 +77,7 @@ def raydistill_pass(texts: list[str], args) -> tuple[float, np.ndarray, dict]:
     spec = TeacherSpec(model=TEACHER, max_length=args.max_length, resources=resources)
     with tempfile.TemporaryDirectory() as cache_root:
         started = time.perf_counter()
-        vectors, stats = ensure_teacher_embeddings(texts, "bench", spec, cache_root, in_process=args.in_process)
+        vectors, stats = ensure_teacher_embeddings(texts, "bench", spec, cache_root, in_process=in_process)
         seconds = time.perf_counter() - started
     return seconds, vectors, stats
 
@@ -115,7 +119,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--max-tokens", type=int, default=None, help="padded tokens per teacher forward")
     parser.add_argument("--max-length", type=int, default=128, help="teacher truncation (data.teacher_max_length)")
     parser.add_argument("--precision", default="auto", choices=("auto", "fp32", "bf16"))
-    parser.add_argument("--in-process", action="store_true", help="one teacher in this process instead of Ray Data")
+    parser.add_argument("--no-pool", action="store_true", help="skip the Ray Data pool pass")
     parser.add_argument("--note", default="", help="free text stored in the record's notes")
     parser.add_argument("--write", type=Path, default=None, help="e.g. results/bench-teacher_pass.json")
     args = parser.parse_args(argv)
@@ -129,15 +133,19 @@ def main(argv: list[str] | None = None) -> dict:
     bf16_texts = texts if native_bf16 else texts[:args.bf16_sentences]
     gflop = forward_gflop(texts, args.max_length)
 
-    if not args.in_process:
+    pass_s, vectors, stats = raydistill_pass(texts, args, in_process=True)
+    teacher_rate = len(texts) / pass_s
+    print(f"raydistill teacher pass: {teacher_rate:.1f} sentences/s ({stats['precision']}, {pass_s:.1f} s)")
+    pool_rate = None
+    if not args.no_pool:
         import ray
 
         ray.init(num_cpus=cpus + 1, include_dashboard=False, logging_level="ERROR")
-    pass_s, vectors, stats = raydistill_pass(texts, args)
-    teacher_rate = len(texts) / pass_s
-    print(f"raydistill teacher pass: {teacher_rate:.1f} sentences/s ({stats['precision']}, {pass_s:.1f} s)")
-    if not args.in_process:
+        pool_s, _, _ = raydistill_pass(texts, args, in_process=False)
         ray.shutdown()
+        pool_rate = len(texts) / pool_s
+        print(f"raydistill teacher pass, Ray Data pool: {pool_rate:.1f} sentences/s ({pool_s:.1f} s, start-up "
+              "included)")
 
     st = st_rate(texts, False, cpus, args.max_length)
     print(f"sentence-transformers fp32: {st:.1f} sentences/s")
@@ -176,6 +184,9 @@ def main(argv: list[str] | None = None) -> dict:
         "native_bf16": native_bf16,
         "teacher_sentences_per_s": round(teacher_rate, 1),
         "teacher_pass_s": round(pass_s, 2),
+        "pool_sentences_per_s": None if pool_rate is None else round(pool_rate, 1),
+        "pool_vs_st": None if pool_rate is None else round(pool_rate / st, 3),
+        "pool_vs_st_bf16": None if pool_rate is None else round(pool_rate / st_bf16, 3),
         "st_sentences_per_s": round(st, 1),
         "st_bf16_sentences_per_s": round(st_bf16, 1),
         "st_bf16_sentences": len(bf16_texts),
@@ -187,7 +198,7 @@ def main(argv: list[str] | None = None) -> dict:
         "corpus": f"{len(texts)} sentences of the mixed corpus (seeded sample)",
         "settings": {"actors": args.actors, "threads": args.threads, "batch_size": args.batch_size,
                      "max_tokens": args.max_tokens, "max_length": args.max_length, "precision": args.precision,
-                     "runner": "in-process" if args.in_process else "ray-data"},
+                     "runner": "in-process" + ("" if args.no_pool else "; pool: ray-data")},
         "notes": notes,
     }
     record = write_record(args.write, record, threads=cpus, load_before=load_before)
