@@ -72,7 +72,9 @@ def raydistill_pass(texts: list[str], args, in_process: bool) -> tuple[float, np
     from raydistill.runtime.embedding_cache import ensure_teacher_embeddings
     from raydistill.runtime.teacher import TeacherSpec
 
-    resources = RoleResources(num_actors=args.actors, num_cpus=1, threads=args.threads, batch_size=args.batch_size,
+    # In-process: one teacher with every thread the pool's actors would share (the module docstring's CPUs).
+    actors, threads = (1, args.actors * args.threads) if in_process else (args.actors, args.threads)
+    resources = RoleResources(num_actors=actors, num_cpus=1, threads=threads, batch_size=args.batch_size,
                               max_tokens=args.max_tokens, precision=args.precision)
     spec = TeacherSpec(model=TEACHER, max_length=args.max_length, resources=resources)
     with tempfile.TemporaryDirectory() as cache_root:

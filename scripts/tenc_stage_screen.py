@@ -10,8 +10,8 @@ Each setting (``lr,epochs``) trains the family's starting encoder of that kind o
 with the run's own stage settings otherwise (batch, length, precision, head, seed), exactly as the job's learner
 does (``BiEncoderLearner.fit`` / ``CrossEncoderLearner.fit``, best STS-B dev kept), then scores the result on STS-B
 dev and the seven STS test sets. A family's ``bi_stage`` / ``cross_stage`` is chosen by the dev column; the 7-STS
-column shows whether dev's choice carries to the test sets. A stage is seconds to minutes here, where a whole job is half an
-hour, so this is how a per-family setting is found.
+column shows whether dev's choice carries to the test sets. A stage is seconds to minutes here, where a whole job
+is half an hour, so this is how a per-family setting is found.
 """
 
 from __future__ import annotations
@@ -85,8 +85,8 @@ def main(argv: list[str] | None = None) -> dict:
                "stsb_dev": round(float(scores[DEV_SET]), 2),
                "sts7_avg": round(float(scores["avg"]), 2),
                "scores": {name: round(float(scores[name]), 2) for name in STS7}, "train_s": round(train_s, 1)}
-        print(f"{family.name} {args.kind} lr {lr} epochs {epochs}: STS-B dev {row['stsb_dev']}, 7-STS {row['sts7_avg']} "
-              f"({row['train_s']} s)", flush=True)
+        print(f"{family.name} {args.kind} lr {lr} epochs {epochs}: STS-B dev {row['stsb_dev']}, "
+              f"7-STS {row['sts7_avg']} ({row['train_s']} s)", flush=True)
         rows.append(row)
     ray.shutdown()
 

@@ -9,7 +9,8 @@ evaluation, resources, tracking and paths), and every result file records that n
     default STS run   the shipped mutual_tenc.yaml                  python jobs/mutual_tenc.py
     its self twin     the same config with mode: self (mean labels)  python jobs/mutual_tenc.py --mode self
     QQP run           the shipped mutual_tenc-qqp.yaml              python jobs/mutual_tenc.py --config mutual_tenc-qqp
-    MRPC run          the same on MRPC train + validation pairs      ... --config mutual_tenc-qqp --set pairs.source=mrpc
+    MRPC run          the same on MRPC train + validation pairs      python jobs/mutual_tenc.py --config mutual_tenc-qqp
+                                                                     --set pairs.source=mrpc
 
 Best models are chosen as the job chooses them, by STS-B dev among a run's result files: the bi-encoder over every
 cycle with a file, cycle 0 (the starting checkpoint) included; the cross-encoder over cycles 1 and later (there is

@@ -64,10 +64,10 @@ class RunState:
     last save), so a run extended by a later job (``--cycles 3`` after 2) still knows what the whole of it cost.
     """
 
-    def __init__(self, path: Path, data: dict[str, Any], started: float | None = None):
+    def __init__(self, path: Path, data: dict[str, Any]):
         self.path = path
         self.data = data
-        self.started = started  # time.perf_counter() when this invocation began; None = not counted
+        self.started: float | None = None  # time.perf_counter() when this invocation began; None = not counted
 
     @classmethod
     def open(cls, run_dir: Path, cfg: TencConfig, pair_fingerprint: str, pair_count: int,
