@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import shutil
 import tempfile
 import time
@@ -201,9 +202,16 @@ def plot_speed_quality(rows: list[dict], path: Path, subtitle: str) -> Path | No
         if chosen:
             ax.scatter([r["sentences_per_s"]["sorted"] for r in chosen], [r["sts7_avg"] for r in chosen],
                        color=colour, label=kind, zorder=3)
-    for r in points:  # int8 labels below their point: it sits next to its fp32 model's
-        ax.annotate(r.get("label") or r["name"], (r["sentences_per_s"]["sorted"], r["sts7_avg"]), fontsize=8,
-                    textcoords="offset points", xytext=(5, -11 if r["kind"] == "int8" else 4))
+    above: list[tuple[float, float]] = []  # (log10 speed, 7-STS) of the labels written above their point
+    for r in sorted(points, key=lambda r: r["sentences_per_s"]["sorted"]):
+        x, y = math.log10(r["sentences_per_s"]["sorted"]), r["sts7_avg"]
+        # int8 labels below their point (it sits next to its fp32 model's), and so does a label that would run
+        # into the one above a point of about the same score a little to its left
+        below = r["kind"] == "int8" or any(abs(y - y0) < 1.0 and 0 <= x - x0 < 0.6 for x0, y0 in above)
+        if not below:
+            above.append((x, y))
+        ax.annotate(r.get("label") or r["name"], (r["sentences_per_s"]["sorted"], y), fontsize=8,
+                    textcoords="offset points", xytext=(5, -11 if below else 4))
     ax.set_xscale("log")
     low, high = ax.get_xlim()
     ax.set_xlim(low / 1.3, high * 3)  # room for the labels right of the points
