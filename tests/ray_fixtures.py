@@ -13,7 +13,7 @@ import tempfile
 
 import pytest
 
-from raydistill.runtime.cluster import prepare_worker_environment
+from raydistill.runtime.cluster import prepare_worker_environment, start_local_ray
 
 _STATE: dict[str, str] = {}
 
@@ -31,8 +31,10 @@ def ray_session():
         # A short private temp dir: AF_UNIX socket paths must stay under ~107 bytes, and parallel pytest sessions of
         # different engineers must not share session_latest.
         temp_dir = tempfile.mkdtemp(prefix="rd-ray-", dir="/tmp")
-        ray.init(address="local", num_cpus=2, include_dashboard=False, object_store_memory=256 * 2**20,
-                 _temp_dir=temp_dir, log_to_driver=True)
+        # With the state API, through which Ray Train removes the placement group of a Train run whose controller
+        # died (a Tune trial that ASHA stopped); a Ray start costs the same with it.
+        start_local_ray(dashboard=True, num_cpus=2, object_store_memory=256 * 2**20,
+                        _temp_dir=temp_dir, log_to_driver=True)
         _STATE["temp_dir"] = temp_dir
     configure_data_context()
     yield ray

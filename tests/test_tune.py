@@ -7,11 +7,12 @@ One sweep of four ConGen trials (a grid over the learning rate, run one at a tim
     lr 3e-4   learns a little                       -> runs on (or is stopped at a later rung)
     lr 1e6    NaN loss at step 2                    -> the learner raises FloatingPointError: trial failed
 
-The driver is interrupted (SIGINT, as Ctrl-C) at the third trial's second report (Tune registers a reported checkpoint
-only after the callbacks of its result ran, so the first report's checkpoint is the one Tune holds); that
-trial's run dir is then deleted, as if the sweep went on on another node, and the sweep is continued with
-`raydistill tune --resume`: the trial must come back from the checkpoint Tune keeps in the sweep's storage. The tests
-below check the result of that one interrupted-and-resumed sweep.
+Each trial trains on one Ray Train worker; its dev evaluations reach Tune through `ray.train.report` (rank 0's reports
+forwarded by `EvalReportsToTune`), and its Train checkpoints live in the sweep's Tune storage. The driver is
+interrupted (SIGINT, as Ctrl-C) at the third trial's first evaluation (at its second, ASHA's rung would stop it: it
+is below the first trial's best), and the sweep is continued with `raydistill tune --resume`: the trial must come
+back from its newest Train checkpoint in the sweep's storage. The tests below check the result of that one
+interrupted-and-resumed sweep.
 """
 
 from __future__ import annotations
@@ -50,6 +51,15 @@ class InterruptAt(Callback):
         if InterruptAt.armed and trial.config.get("train.lr") == self.lr and result.get("step", 0) >= self.step:
             InterruptAt.armed = False
             os.kill(os.getpid(), signal.SIGINT)
+
+
+class RecordResults(Callback):
+    """Keeps every result Tune received, per learning rate, in the driver."""
+
+    results: dict[float, list[dict]] = {}
+
+    def on_trial_result(self, iteration, trials, trial, result, **info):
+        RecordResults.results.setdefault(trial.config.get("train.lr"), []).append(dict(result))
 
 
 @pytest.fixture(autouse=True)
@@ -93,13 +103,14 @@ def sweep(tmp_path_factory, ray_session, tiny_bert, tiny_teacher):  # noqa: F811
                       experiment="test-tune", evaluate_sets=("sts13",), results_dir=root / "results",
                       command="pytest tests/test_tune.py")
     InterruptAt.armed = True
-    first = run_sweep(plan, callbacks=[InterruptAt(lr=LRS[2], step=2 * EVAL_EVERY)], verbose=0)
-    for row in first["trials"]:
-        if row["status"] == "interrupted":  # its run dir is lost: only Tune's storage has its checkpoint
-            shutil.rmtree(row["run_dir"])
+    RecordResults.results = {}
+    first = run_sweep(plan, callbacks=[InterruptAt(lr=LRS[2], step=EVAL_EVERY), RecordResults()], verbose=0)
+    interrupted = [row for row in first["trials"] if row["status"] == "interrupted"]
+    stored = {row["trial_id"]: sorted(p.name for p in plan.train_storage(row["trial_id"]).rglob("step-*"))
+              for row in interrupted}
     code = cli_main(["tune", "--resume", "--sweep-dir", str(root / "sweep")])
     final = json.loads((root / "sweep" / "summary.json").read_text())
-    return {"root": root, "plan": plan, "first": first, "final": final, "resume_code": code}
+    return {"root": root, "plan": plan, "first": first, "final": final, "resume_code": code, "stored": stored}
 
 
 def by_lr(summary):
@@ -121,14 +132,29 @@ def test_interrupted_sweep_resumes_and_keeps_finished_trials(sweep):
         if row["trial_id"] in done_before:  # kept, not run again
             before = done_before[row["trial_id"]]
             assert (row["status"], row["attempts"], row["reports"]) == (before["status"], 1, before["reports"])
-    # Running when interrupted, its run dir then deleted: rebuilt from the checkpoint it reported to Tune at its
-    # first report (checkpoint_every=1: the step of that report or later, depending on how far the trial got before
-    # the report went out) and continued from there, not from step 0; trial.json came back with it.
+    # Running when interrupted: its Train checkpoints (checkpoint_every=1) were in the sweep's Tune storage, not in
+    # its run dir, and the resumed attempt continued from the newest of them, not from step 0.
     restarted = by_lr(final)[LRS[2]]
     assert restarted["attempts"] == 2 and 1 <= restarted["resumed_from"] < ROWS // BATCH
-    assert restarted["restored_from_tune"] == restarted["resumed_from"]
+    assert sweep["stored"][restarted["trial_id"]], "no Train checkpoint in the sweep's Tune storage"
+    assert not list((sweep["root"] / "sweep" / "trials" / restarted["trial_id"]).rglob("step-*"))
     assert restarted["status"] in ("finished", "stopped_early")
     assert len(final["teacher_passes"]) == 2  # one per driver run
+
+
+@pytest.mark.ray
+def test_dev_evaluations_reach_tune_through_ray_train(sweep):
+    """What Tune ranks a trial by is rank 0's ``ray.train.report`` of each evaluation (with the path of the Train
+    checkpoint reported with it, in the sweep's Tune storage), except the last, which the trial reports itself once
+    its model is written."""
+    plan = sweep["plan"]
+    row = by_lr(sweep["first"])[1e-3]
+    results = RecordResults.results[1e-3]
+    from_train = [r for r in results if "checkpoint_path" in r]
+    assert [r["step"] for r in from_train] == list(range(EVAL_EVERY, ROWS // BATCH, EVAL_EVERY))
+    assert all(r["checkpoint_path"].startswith(str(plan.train_storage(row["trial_id"]))) for r in from_train)
+    assert all(r["best_stsb_dev"] == max(x["stsb_dev"] for x in from_train[:i + 1]) for i, r in enumerate(from_train))
+    assert results[-1]["step"] == ROWS // BATCH and "checkpoint_path" not in results[-1]
 
 
 @pytest.mark.ray

@@ -85,12 +85,13 @@ def actor_reservation(cfg: Any) -> Reservation:
     )
 
 
-def init_ray(cfg: Any = None, **init_kwargs: Any) -> Callable[[], None]:
+def init_ray(cfg: Any = None, *, dashboard: bool = False, **init_kwargs: Any) -> Callable[[], None]:
     """Connect to the cluster in ``RAY_ADDRESS`` (or the one already initialised), else start a local Ray.
 
     A local Ray gets ``num_cpus`` from ``cfg.resources.num_cpus``; extra ``init_kwargs`` go to ``ray.init`` for it
     (tests pass ``object_store_memory`` and a short ``_temp_dir``). When connecting, no resources are passed: the
-    cluster has its own. Returns `configure_data_context`'s function that puts Ray Data's settings back.
+    cluster has its own. ``dashboard``: the local Ray also runs its dashboard, which serves Ray's state API
+    (`start_local_ray`). Returns `configure_data_context`'s function that puts Ray Data's settings back.
     """
     import ray
 
@@ -102,10 +103,43 @@ def init_ray(cfg: Any = None, **init_kwargs: Any) -> Callable[[], None]:
         ray.init(**init_kwargs)
     else:
         num_cpus = cfg.resources.num_cpus if cfg is not None else None
-        kwargs = {"address": "local", "include_dashboard": False, "num_cpus": num_cpus} | init_kwargs
-        log.info("starting a local Ray (%s CPUs)", kwargs["num_cpus"])
-        ray.init(**kwargs)
+        log.info("starting a local Ray (%s CPUs)", init_kwargs.get("num_cpus", num_cpus))
+        start_local_ray(dashboard=dashboard, **({"num_cpus": num_cpus} | init_kwargs))
     return configure_data_context(cfg)
+
+
+def start_local_ray(*, dashboard: bool = False, **init_kwargs: Any) -> None:
+    """``ray.init(address="local", ...)``; with ``dashboard``, a Ray whose workers can reach its state API.
+
+    A Ray Tune sweep needs that: when Tune stops a trial, the trial's Ray Train controller dies with it, and Train's
+    placement-group cleaner (an actor) learns of the death through the state API, which the dashboard serves, and
+    only then gives the Train run's CPUs back; without it the next trial waits for them forever. The cleaner finds
+    the cluster through ``RAY_ADDRESS`` or, failing that, the single Ray on the machine (two local Rays: it gives
+    up). So the GCS gets a port chosen here, and ``RAY_ADDRESS`` naming it is in the environment the Ray processes
+    inherit while they start; this process's own environment is put back afterwards, so a later ``init_ray`` here
+    starts a new Ray instead of connecting to a stopped one. A cluster started with ``ray start`` has both already.
+    """
+    import socket
+
+    import ray
+
+    if not dashboard:
+        ray.init(address="local", include_dashboard=False, **init_kwargs)
+        return
+    with socket.socket() as probe:  # a free port for the GCS
+        probe.bind(("", 0))
+        port = probe.getsockname()[1]
+    started_with = {"RAY_GCS_SERVER_PORT": str(port), "RAY_ADDRESS": f"{ray.util.get_node_ip_address()}:{port}"}
+    before = {key: os.environ.get(key) for key in started_with}
+    os.environ.update(started_with)
+    try:
+        ray.init(address="local", include_dashboard=True, **init_kwargs)
+    finally:
+        for key, value in before.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
 
 
 def prepare_worker_environment() -> None:

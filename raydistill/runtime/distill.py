@@ -87,7 +87,8 @@ def _summary_params(cfg: JobConfig) -> dict[str, Any]:
 
 def run_distillation(cfg: JobConfig, *, results_dir: str | os.PathLike | None = None,
                      result_path: str | os.PathLike | None = None, command: str | None = None,
-                     evaluate: bool = True, tracker=None, progress: ProgressHook | None = None) -> dict[str, Any]:
+                     evaluate: bool = True, tracker=None, progress: ProgressHook | None = None,
+                     tune_trial: bool = False) -> dict[str, Any]:
     """Train ``cfg``'s method end to end and return the result record (also written as JSON).
 
     ``results_dir`` (default ``results``, relative to the working directory) / ``result_path``: where the record
@@ -99,7 +100,10 @@ def run_distillation(cfg: JobConfig, *, results_dir: str | os.PathLike | None = 
     teacher-cache counts when there was a teacher pass}, step_offset)`` once a stage's data is built, ``("step",
     metrics, step)`` after every optimiser step, ``("eval", {"stsb_dev", "best_stsb_dev"}, step)`` after every
     dev evaluation and ``("start", {"resumed_from", "pid", "world_size"}, step)`` whenever the learners (re)start
-    (``pid``: rank 0's process); steps count over all stages. ``raydistill.runtime.tune`` reports to Ray Tune from it.
+    (``pid``: rank 0's process); steps count over all stages.
+    ``tune_trial``: the job is a Ray Tune trial (``raydistill.runtime.tune``): every stage's Train workers send their
+    dev evaluations to the trial through ``ray.train.report``, except the last stage's final one, which the trial
+    reports after this returns.
     """
     from raydistill.methods import stage_plan
     from raydistill.runtime.checkpoint import RunDirLock
@@ -118,7 +122,7 @@ def run_distillation(cfg: JobConfig, *, results_dir: str | os.PathLike | None = 
     try:
         _refuse_incompatible_checkpoints(stages)
         return _run_locked(cfg, stages, run_dir, results_dir, result_path, command, evaluate, tracker, progress,
-                           started, cpu_started, sigterm)
+                           started, cpu_started, sigterm, tune_trial)
     finally:
         sigterm.restore()
         lock.release()
@@ -161,7 +165,8 @@ class _StopOnSigterm:
 
 
 def _run_locked(cfg, stages, run_dir: Path, results_dir, result_path, command, evaluate, tracker, progress,
-                started: float, cpu_started: float, sigterm: _StopOnSigterm) -> dict[str, Any]:
+                started: float, cpu_started: float, sigterm: _StopOnSigterm, tune_trial: bool = False
+                ) -> dict[str, Any]:
     from raydistill.evaluation.results import git_sha
     from raydistill.runtime.checkpoint import OutputDirError, check_output_dir
     from raydistill.runtime.cluster import (
@@ -209,7 +214,15 @@ def _run_locked(cfg, stages, run_dir: Path, results_dir, result_path, command, e
         step_offset = 0
         for stage in stages:
             try:
-                summary, data_info = _run_stage(stage, tracker, init_model, step_offset, history, progress)
+                tune = None
+                if tune_trial:
+                    from raydistill.runtime.train_loop import TuneReporting
+
+                    earlier = [s["best_stsb_dev"] for s in stage_summaries if s.get("best_stsb_dev") is not None]
+                    tune = TuneReporting(step_offset=step_offset, stage=stage.index,
+                                         best_before=max(earlier) if earlier else None,
+                                         hold_back_final=stage.index == len(stages))
+                summary, data_info = _run_stage(stage, tracker, init_model, step_offset, history, progress, tune)
             except PreemptedError:
                 if own_tracker:
                     tracker.end("KILLED")  # stopped from outside, not failed: the run resumes from its checkpoint
@@ -235,7 +248,7 @@ def _run_locked(cfg, stages, run_dir: Path, results_dir, result_path, command, e
 
 
 def _run_stage(stage, tracker, init_model: str | None, step_offset: int, history: list[dict[str, Any]],
-               progress: ProgressHook | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
+               progress: ProgressHook | None = None, tune=None) -> tuple[dict[str, Any], dict[str, Any]]:
     from raydistill.runtime.learner_group import LearnerGroup
     from raydistill.runtime.stage_data import build_stage_data
 
@@ -279,7 +292,7 @@ def _run_stage(stage, tracker, init_model: str | None, step_offset: int, history
             progress("eval", metrics, step_offset + step)
 
     group = LearnerGroup(cfg, spec, run_dir=stage.run_dir, init_model=init_model,
-                         teacher_dim=getattr(data, "teacher_dim", None), name=stage.name)
+                         teacher_dim=getattr(data, "teacher_dim", None), name=stage.name, tune=tune)
     total_steps = group.total_steps(data)
     print(f"[{stage.name}] stage {stage.index}: {data.num_rows} rows, {total_steps} steps of "
           f"{cfg.train.batch_size} x {group.world_size} learner(s)", flush=True)

@@ -108,10 +108,13 @@ class LearnerGroup:
         init_model: start the student from this directory (a previous stage's ``best/``).
         teacher_dim: width of the teacher vectors in the batches (None: read from the data).
         name: label of the progress lines.
+        tune: a ``train_loop.TuneReporting`` when the job is a Ray Tune trial: rank 0's dev evaluations then go to
+            the trial through ``ray.train.report`` (``tune_callback.EvalReportsToTune``); needs Train workers.
     """
 
     def __init__(self, cfg: JobConfig, spec=None, *, run_dir: str | os.PathLike | None = None,
-                 init_model: str | None = None, teacher_dim: int | None = None, name: str | None = None):
+                 init_model: str | None = None, teacher_dim: int | None = None, name: str | None = None,
+                 tune=None):
         self.cfg = cfg
         self.spec = spec if spec is not None else get_method(cfg.method)
         self.run_dir = Path(run_dir if run_dir is not None else cfg.resolved_run_dir()).absolute()
@@ -121,6 +124,10 @@ class LearnerGroup:
         self.num_learners = int(cfg.resources.learner.num_learners)
         self.max_restarts = int(cfg.extra.get("max_restarts", 3))
         self.call_timeout_s = float(cfg.extra.get("learner_timeout_s") or LEARNER_TIMEOUT_S)
+        self.tune = tune
+        if tune is not None and self.num_learners == 0:
+            raise ValueError(f"{self.name}: a Ray Tune trial reports through Ray Train workers; "
+                             "resources.learner.num_learners must be >= 1 (Train's local mode cannot report to Tune)")
 
     @property
     def world_size(self) -> int:
@@ -163,12 +170,12 @@ class LearnerGroup:
         loop = LoopConfig(cfg=self.cfg, spec=self.spec, run_dir=str(self.run_dir), total_steps=total,
                           num_rows=data.num_rows, teacher_dim=self.teacher_dim, init_model=self.init_model,
                           name=self.name, events=None, local_mode=self.num_learners == 0,
-                          checkpoints_in_run_dir=not self.cfg.extra.get("storage_path"))
+                          checkpoints_in_run_dir=not self.cfg.extra.get("storage_path"), tune=self.tune)
         if latest is None:  # a fresh start: the samples the workers fit the projection and fill the queues from
             loop.projection_sample = self._projection_sample(data)
             loop.queue_sample = self._queue_sample(data)
         datasets = None
-        if hasattr(data, "epoch_stream") and not loop.local_mode:
+        if hasattr(data, "epoch_stream") and not loop.local_mode and self.tune is None:
             from raydistill.runtime.train_loop import STREAM, steps_per_epoch
 
             rows_per_epoch = steps_per_epoch(data.num_rows, self.cfg.train.batch_size, self.world_size) * \
@@ -177,10 +184,14 @@ class LearnerGroup:
             datasets = {STREAM: data.epoch_stream(first_epoch, self.cfg.train.epochs, rows_per_epoch)}
             loop.teacher = dict(getattr(data, "teacher", {}) or {})
         else:
-            # A labelled set rides in the loop config. So does the corpus in local mode: the loop runs in this
-            # process, which holds the text columns it built, and the stream's per-epoch sort would need Ray Data
-            # shuffle tasks that a Tune trial's placement group cannot fit (measured: "cannot fit into any bundles").
+            # A labelled set rides in the loop config. So does the corpus in local mode (the loop runs in this
+            # process, which holds the text columns it built) and in a Tune trial: there the stream's per-epoch sort
+            # runs shuffle tasks that Ray places inside the Train worker's own placement-group bundle, which the
+            # worker fills (measured: "cannot fit into any bundles"); the workers read the text columns from the
+            # dataset's blocks instead, and the teacher vectors still come per batch from the memory-mapped cache.
             loop.array_data = data
+            if self.tune is not None and hasattr(data, "ship_columns"):
+                data.ship_columns = True
         if loop.local_mode:
             result = self._fit_local(loop, datasets, events)
         else:
@@ -211,9 +222,15 @@ class LearnerGroup:
                 {"GPU": float(resources.num_gpus)} if resources.num_gpus > 0 else {})})
         storage = self.cfg.extra.get("storage_path")
         storage = f"{str(storage).rstrip('/')}/{self.run_dir.name}" if storage else str(self.run_dir)
+        callbacks = None
+        if loop.tune is not None:
+            from raydistill.runtime.tune_callback import EvalReportsToTune
+
+            callbacks = [EvalReportsToTune()]
         run = RunConfig(name=TRAIN_RUN_NAME, storage_path=storage,
                         failure_config=FailureConfig(max_failures=self.max_restarts),
-                        checkpoint_config=CheckpointConfig(num_to_keep=self.cfg.train.keep_last))
+                        checkpoint_config=CheckpointConfig(num_to_keep=self.cfg.train.keep_last),
+                        callbacks=callbacks)
         # Every worker reads the whole ordered stream and keeps its own batches (exact order, exact resume). Local
         # mode hands the loop the dataset itself, whose context epoch_stream set to preserve order.
         data_config = None

@@ -251,7 +251,15 @@ class TrainingData:
         return self._dataset
 
     # Sent to another process (a Ray Train worker) without the local copy; it is read back from the dataset there.
+    # ``ship_columns`` (a Ray Tune trial's workers): the text columns travel instead and no dataset is made, because
+    # making one runs a Ray task, which Tune captures into the trial's placement group, where it never runs.
+    ship_columns: bool = False
+
     def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        if self.ship_columns and self._columns is not None:
+            state["_dataset"] = None
+            return state
         self.dataset  # noqa: B018 - made here, while this process still holds the columns
         state = dict(self.__dict__)
         state["_columns"] = None

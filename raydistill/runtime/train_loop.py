@@ -25,6 +25,11 @@ directory and reports it; Train persists it to ``RunConfig(storage_path)/<name>/
 ``train.keep_last`` of them. Train's local mode keeps a reported checkpoint only in memory, so there rank 0 writes
 it to ``<run_dir>/checkpoints/`` itself: the same layout either way.
 
+In a Ray Tune trial (``LoopConfig.tune``), rank 0's report of every step with a dev evaluation also carries
+``best_stsb_dev`` (``TUNE_METRIC``), ``stsb_dev``, ``stage`` and the step counted over the trial's stages;
+``tune_callback.EvalReportsToTune`` forwards those reports, and only those, to the trial: ASHA ranks trials on
+what ``ray.train.report`` sent.
+
 Events (``start``, ``step``, ``eval``) go from rank 0 to the driver through an ``EventRelay`` (a Ray actor the
 driver owns; in local mode a plain object calling the driver's callbacks): the driver logs them to MLflow, prints
 the progress lines and answers with the stop request of a SIGTERM, which rank 0 passes to every worker.
@@ -44,10 +49,13 @@ import numpy as np
 from raydistill.runtime import checkpoint as ckpt
 from raydistill.runtime.config import JobConfig
 
-__all__ = ["LoopConfig", "EventRelay", "LocalEvents", "train_worker", "steps_per_epoch", "STREAM"]
+__all__ = ["LoopConfig", "TuneReporting", "EventRelay", "LocalEvents", "train_worker", "steps_per_epoch", "STREAM",
+           "TUNE_METRIC"]
 
 # The name of the Ray Data stream in ``datasets``.
 STREAM = "train"
+# What Ray Tune ranks a trial by (ASHA, the searchers): the best STS-B dev of the trial so far.
+TUNE_METRIC = "best_stsb_dev"
 # How long rank 0 waits for the driver's relay to take an event before it gives up on the driver.
 EVENT_TIMEOUT_S = 120.0
 
@@ -55,6 +63,21 @@ EVENT_TIMEOUT_S = 120.0
 def steps_per_epoch(num_rows: int, batch_size: int, world_size: int) -> int:
     """Optimiser steps of one epoch: one step takes one batch per worker; the epoch's leftover batches are dropped."""
     return (num_rows // batch_size) // max(1, world_size)
+
+
+@dataclass
+class TuneReporting:
+    """The job is a Ray Tune trial: what rank 0 adds to the report of each step with a dev evaluation.
+
+    Steps count over the trial's stages (ASHA's time axis must not go back when stage 2 starts), and the trial's
+    best includes its earlier stages'. ``hold_back_final``: the trial's very last evaluation is not sent from here;
+    the trial reports it once the job has written its outputs, so a stop decision made on it cannot cut them.
+    """
+
+    step_offset: int = 0
+    stage: int = 1
+    best_before: float | None = None
+    hold_back_final: bool = False
 
 
 @dataclass
@@ -76,6 +99,7 @@ class LoopConfig:
     projection_sample: tuple[list[str], np.ndarray, str] | None = None  # (texts, teacher vectors [n, D], view)
     queue_sample: list[tuple[np.ndarray, np.ndarray]] | None = None  # per teacher queue: (vectors [K, D], groups)
     local_mode: bool = False
+    tune: TuneReporting | None = None  # set when the job is a Ray Tune trial
 
     def as_dict(self) -> dict[str, Any]:
         return {"loop": self}
@@ -235,6 +259,7 @@ class _Worker:
             threads=None if loop.local_mode else self.cfg.resources.learner.threads, device=device)
         self.evaluated_at = -1
         self.best_cache: dict[str, float] = {}
+        self.last_dev: float | None = None
         self.restarts = 0  # of the worker group, as the relay counted them (recorded in the checkpoints)
 
     @property
@@ -428,7 +453,7 @@ class _Worker:
         if trained:
             # The final checkpoint lets a re-run of the finished job skip training (it resumes at the end).
             self._report({"step": step}, step, epoch, batch_in_epoch,
-                         extra={"finished": True, "early_stopped": early_stopped}, checkpoint=True)
+                         extra={"finished": True, "early_stopped": early_stopped}, checkpoint=True, final=True)
         if early_stopped:
             self._print(f"early stop at step {step}: {train.patience} evaluations without a new best")
         return {"preempted": False, "early_stopped": early_stopped, "epoch": epoch, "batch_in_epoch": batch_in_epoch}
@@ -447,8 +472,13 @@ class _Worker:
             return
         score = self.learner.evaluate_dev()
         self.best_cache = self.learner.best_info()
+        self.last_dev = float(score)
         _push(self.events, "eval", {"stsb_dev": score, "best_stsb_dev": self.best_cache["best_stsb_dev"],
                                     "best_step": self.best_cache["best_step"]}, step)
+
+    def _tune_metrics(self, step: int, final: bool) -> dict[str, Any]:
+        return _tune_metrics_of(self.loop.tune, self.rank, step, self.evaluated_at, self.last_dev, self.best_cache,
+                                final)
 
     def _early_stop(self) -> bool:
         return self._agree(bool(self.cfg.train.patience) and self.rank == 0 and self.learner.should_stop_now())
@@ -465,9 +495,12 @@ class _Worker:
         return bool(decision.item())
 
     def _report(self, metrics: dict[str, float], step: int, epoch: int, batch_in_epoch: int,
-                extra: dict[str, Any] | None, checkpoint: bool) -> None:
-        """``ray.train.report`` of this step's metrics, with the checkpoint of this step boundary if ``checkpoint``."""
+                extra: dict[str, Any] | None, checkpoint: bool, final: bool = False) -> None:
+        """``ray.train.report`` of this step's metrics, with the checkpoint of this step boundary if ``checkpoint``
+        (``final``: the report after the last step)."""
         import ray.train
+
+        metrics = {**metrics, **self._tune_metrics(step, final or step >= self.loop.total_steps)}
 
         if not checkpoint:
             _train_api("report", metrics)
@@ -490,6 +523,20 @@ class _Worker:
         finally:
             if staging is not None:
                 shutil.rmtree(staging, ignore_errors=True)
+
+
+def _tune_metrics_of(tune: TuneReporting | None, rank: int, step: int, evaluated_at: int, last_dev: float | None,
+                     best_cache: dict[str, float], final: bool) -> dict[str, Any]:
+    """What a step's report adds for Ray Tune (``TuneReporting``): nothing unless this is rank 0 of a Tune trial
+    and the step had a dev evaluation."""
+    if tune is None or rank != 0 or evaluated_at != step or last_dev is None or not best_cache:
+        return {}
+    if final and tune.hold_back_final:
+        return {}
+    best = float(best_cache["best_stsb_dev"])
+    if tune.best_before is not None:
+        best = max(best, float(tune.best_before))
+    return {"step": tune.step_offset + int(step), "stage": tune.stage, "stsb_dev": last_dev, TUNE_METRIC: best}
 
 
 def _train_api(name: str, *args, local_value=None, **kwargs):

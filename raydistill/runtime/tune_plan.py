@@ -87,6 +87,11 @@ class SweepPlan:
     def trial_dir(self, trial_id: str) -> Path:
         return Path(self.sweep_dir) / "trials" / trial_id
 
+    def train_storage(self, trial_id: str) -> Path:
+        """Where a trial's Train runs persist their checkpoints: inside the trial's directory of the sweep's Tune
+        storage, so a trial restored elsewhere (another node sharing that storage) resumes from them."""
+        return self.tune_dir / trial_id / "train"
+
     def param_objects(self) -> dict[str, Param]:
         return {key: Param(key, *next(iter(spec.items()))) for key, spec in self.params.items()}
 
@@ -105,8 +110,8 @@ class SweepPlan:
         return JobConfig.from_dict(self.base_config, source=f"{self.sweep_dir}/sweep.json (base_config)")
 
     def trial_config(self, params: dict[str, Any], run_dir: str | os.PathLike, trial_id: str) -> JobConfig:
-        """The base config with ``params``, run in the trial process: in-process learner with the trial's threads
-        and GPUs, absolute run/cache/tracking locations (Tune trials may change directory)."""
+        """The base config with ``params``, run by a trial: its Train workers (``resources_per_trial``), their
+        checkpoints in the sweep's Tune storage (``train_storage``), absolute run/cache/tracking locations."""
         from raydistill.runtime.preflight import preflight
 
         settings = self.sweep_settings
@@ -115,7 +120,9 @@ class SweepPlan:
         if self.cache_dir:
             data["cache_dir"] = self.cache_dir
         learner = data.setdefault("resources", {}).setdefault("learner", {})
-        learner.update(num_learners=0, threads=settings.trial_threads(), num_gpus=settings.num_gpus)
+        learner.update(num_learners=settings.num_learners, num_cpus=settings.num_cpus,
+                       threads=settings.trial_threads(), num_gpus=settings.num_gpus)
+        data.setdefault("extra", {})["storage_path"] = str(self.train_storage(trial_id))
         data["tracking"] = {**data.get("tracking", {}), **dataclasses.asdict(self.tracking(f"trial-{trial_id}"))}
         return preflight(JobConfig.from_dict(data, source=f"trial {trial_id} of sweep {self.name}"))
 

@@ -50,7 +50,6 @@ def summarize(plan: SweepPlan, teacher_pass: dict[str, Any], started: float) -> 
             "stopped_early": status == "stopped_early", "best_stsb_dev": _round(state.best_stsb_dev),
             "best_step": state.best_step, "last_step": state.last_step, "total_steps": state.total_steps,
             "reports": state.reports, "attempts": state.attempts, "resumed_from": state.resumed_from,
-            "restored_from_tune": state.restored_from_tune,
             "teacher_forward_sentences": state.teacher_forward_sentences,
             "teacher_cache_hits": state.teacher_cache_hits, "error": error if status == "failed" else None,
             "start_point": _canonical(params) in start_points, "run_dir": str(run_dir),
@@ -101,15 +100,14 @@ def _round(value: float | None) -> float | None:
 
 
 def prune_checkpoints(plan: SweepPlan, summary: dict[str, Any]) -> None:
-    """Step checkpoints of trials that Tune will not run again (a queue of 131072 x 768 is 400 MB each), in their
-    run dirs (every stage's) and the copies Tune keeps in the sweep's storage; only an interrupted trial needs its
-    own to continue on --resume. Every trial keeps its best model."""
+    """Step checkpoints of trials that Tune will not run again (a queue of 131072 x 768 is 400 MB each): their Train
+    runs' storage in the sweep's Tune directory (and any in their run dirs); only an interrupted trial needs its own
+    to continue on --resume. Every trial keeps its best model."""
     for row in summary["trials"]:
         if row["status"] != "interrupted":
             for root in Path(row["run_dir"]).rglob("checkpoints"):
                 shutil.rmtree(root, ignore_errors=True)
-            for copy in (plan.tune_dir / row["trial_id"]).glob("checkpoint_*"):
-                shutil.rmtree(copy, ignore_errors=True)
+            shutil.rmtree(plan.train_storage(row["trial_id"]), ignore_errors=True)
 
 
 def finish_trial_runs(plan: SweepPlan, summary: dict[str, Any]) -> None:

@@ -53,9 +53,10 @@ class SweepSettings:
     max_concurrent_trials: int | None = None
     grace_evals: int = 2
     reduction_factor: float = 2.0
-    num_cpus: float = 1.0
-    num_gpus: float = 0.0
+    num_cpus: float = 1.0  # per Train worker of a trial
+    num_gpus: float = 0.0  # per Train worker of a trial
     threads: int | None = None
+    num_learners: int = 1  # Train workers per trial (data parallel); a trial reports to Tune from rank 0
 
     @staticmethod
     def check_field(name: str, value: Any) -> Any:
@@ -68,7 +69,7 @@ class SweepSettings:
             if value not in ALGORITHMS:
                 raise ValueError(f"expected one of {', '.join(ALGORITHMS)}, got {value!r}")
             return value
-        if name in ("num_samples", "max_concurrent_trials", "grace_evals", "threads"):
+        if name in ("num_samples", "max_concurrent_trials", "grace_evals", "threads", "num_learners"):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"expected an integer >= 1, got {value!r}")
             return value
@@ -92,6 +93,10 @@ class SweepSettings:
     def updated(self, values: dict[str, Any]) -> "SweepSettings":
         checked = {k: self.check_field(k, v) for k, v in values.items() if v is not None}
         return dataclasses.replace(self, **checked)
+
+    def trial_cpus(self) -> float:
+        """CPUs one trial's Train workers hold."""
+        return self.num_cpus * self.num_learners
 
     def trial_threads(self) -> int:
         """Torch threads of a trial's learner: ``threads``, else the trial's whole CPUs (at least 1)."""

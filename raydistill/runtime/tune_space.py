@@ -104,7 +104,8 @@ _SETTING_SECTIONS = {
     "search": {"num_samples": "num_samples", "time_budget": "time_budget_s", "algorithm": "algorithm",
                "seed": "seed", "max_concurrent_trials": "max_concurrent_trials"},
     "scheduler": {"grace_evals": "grace_evals", "reduction_factor": "reduction_factor"},
-    "resources_per_trial": {"num_cpus": "num_cpus", "num_gpus": "num_gpus", "threads": "threads"},
+    "resources_per_trial": {"num_cpus": "num_cpus", "num_gpus": "num_gpus", "threads": "threads",
+                            "num_learners": "num_learners"},
 }
 _METHOD_KEYS = ("base", "start_from", "space")
 

@@ -51,7 +51,7 @@ def run_sweep(plan: SweepPlan, *, resume: bool = False, callbacks: list | None =
                          f"remove {sweep_dir} and start again")
     sweep_dir.mkdir(parents=True, exist_ok=True)
     base = plan.base()
-    init_ray(base)
+    init_ray(base, dashboard=True)  # Train's cleanup of a stopped trial's workers reads the state API
     data_cpus = trial_data_cpus(plan)
     concurrency = trial_concurrency(plan.sweep_settings, float(ray.cluster_resources().get("CPU", 0)),
                                     data_cpus=data_cpus)
@@ -73,6 +73,7 @@ def run_sweep(plan: SweepPlan, *, resume: bool = False, callbacks: list | None =
                            "resources_per_trial.num_cpus": settings.num_cpus,
                            "resources_per_trial.num_gpus": settings.num_gpus,
                            "resources_per_trial.threads": settings.trial_threads(),
+                           "resources_per_trial.num_learners": settings.num_learners,
                            "space_file": plan.space_file, "config_hash": base.config_hash(),
                            "start_from": json.dumps(plan.start_from)}
                           | {f"space.{key}": param.describe() for key, param in plan.param_objects().items()})
@@ -123,12 +124,13 @@ def trial_concurrency(settings: SweepSettings, cluster_cpus: float, data_cpus: f
     """How many trials may run at once: their CPUs plus ``data_cpus`` left free for the Ray Data tasks trials
     start outside their placement group (``trial_data_cpus``)."""
     free = cluster_cpus - data_cpus
-    if settings.num_cpus > free + 1e-9:
+    per_trial = settings.trial_cpus()
+    if per_trial > free + 1e-9:
         raise SpaceError(
-            f"resources_per_trial.num_cpus = {settings.num_cpus:g} leaves no CPU for Ray Data on a cluster of "
-            f"{cluster_cpus:g} CPUs (each trial's data tasks need {data_cpus:g} CPU outside the trials): use "
-            f"--cpus-per-trial {max(0.25, free):g} or less")
-    cap = max(1, int(math.floor(free / settings.num_cpus + 1e-9)))
+            f"resources_per_trial: {settings.num_learners} Train worker(s) x num_cpus {settings.num_cpus:g} leave no "
+            f"CPU for Ray Data on a cluster of {cluster_cpus:g} CPUs (each trial's data tasks need {data_cpus:g} CPU "
+            f"outside the trials): use --cpus-per-trial {max(0.25, free / settings.num_learners):g} or less")
+    cap = max(1, int(math.floor(free / per_trial + 1e-9)))
     return min(cap, settings.max_concurrent_trials or cap)
 
 
@@ -170,8 +172,10 @@ def _tuner(plan: SweepPlan, max_t: int, *, resume: bool, callbacks: list | None,
     from ray.tune.schedulers import ASHAScheduler
 
     settings = plan.sweep_settings
+    # A trial only drives its Train run, whose workers hold the CPUs and GPUs (resources_per_trial); Tune refuses an
+    # empty bundle, so the trial asks for one byte of memory. How many trials run at once is trial_concurrency's.
     trainable = tune.with_resources(tune.with_parameters(distill_trial, plan=plan.to_dict()),
-                                    {"cpu": settings.num_cpus, "gpu": settings.num_gpus})
+                                    {"cpu": 0, "memory": 1})
     if resume:
         return tune.Tuner.restore(str(plan.tune_dir), trainable=trainable, resume_unfinished=True,
                                   resume_errored=False, restart_errored=False)
@@ -195,14 +199,12 @@ def _tuner(plan: SweepPlan, max_t: int, *, resume: bool, callbacks: list | None,
     tune_config = tune.TuneConfig(metric=METRIC, mode="max", search_alg=search, scheduler=scheduler,
                                   num_samples=settings.num_samples, max_concurrent_trials=max_concurrent,
                                   time_budget_s=settings.time_budget_s, trial_dirname_creator=trial_dirname,
-                                  # the next trial runs in the finished one's process: no new worker, no second
-                                  # import of torch/transformers/ray.data (bench/sweep.py measures the difference)
-                                  reuse_actors=True)
+                                  # A reused trial process keeps a stopped trial's Train run: its rank 0 waits
+                                  # forever in ray.train.report on Tune's result queue, which Tune no longer drains.
+                                  # A new process per trial ends the stopped trial's Train run with it.
+                                  reuse_actors=False)
     run_config = tune.RunConfig(name=plan.tune_dir.name, storage_path=str(plan.tune_dir.parent),
                                 failure_config=tune.FailureConfig(max_failures=0, fail_fast=False),
-                                # each trial's newest step checkpoint (tune_trial.snapshot_run_dir): what a restore on
-                                # another node continues from
-                                checkpoint_config=tune.CheckpointConfig(num_to_keep=1),
                                 callbacks=callbacks, verbose=verbose)
     return tune.Tuner(trainable, param_space=plan.param_space(), tune_config=tune_config, run_config=run_config)
 

@@ -1,10 +1,14 @@
-"""One Tune trial (``distill_trial``): ``run_distillation`` of the plan's base config with the sampled values, STS-B
-dev reported to Tune at every evaluation, and what the trial knows about itself in ``trial.json`` (``TrialState``).
+"""One Tune trial (``distill_trial``): ``run_distillation`` of the plan's base config with the sampled values, on Ray
+Train workers, and what the trial knows about itself in ``trial.json`` (``TrialState``).
 
-Each report carries the trial's newest step checkpoint to Tune as a ``tune.Checkpoint`` (``snapshot_run_dir``), so
-Tune keeps it in the sweep's storage (``RunConfig.storage_path``: a local path or any pyarrow filesystem URI). A
-trial restarted where its run dir is missing (another node, a lost disk) rebuilds the run dir from it
-(``restore_run_dir``) and the learner resumes there.
+Metrics reach Tune through Ray Train: rank 0's ``ray.train.report`` of every step with an STS-B dev evaluation
+carries ``best_stsb_dev`` (``train_loop.TuneReporting``) and ``tune_callback.EvalReportsToTune`` forwards it to
+this trial, where ASHA ranks it. The trial's very last evaluation is reported here instead, after the job has
+written its model and record, so a stop decision made on it cannot cut them.
+
+Checkpoints: the trial's Train runs persist theirs in the sweep's Tune storage (``SweepPlan.train_storage``, set as
+the config's ``extra.storage_path``). A trial that Tune restarts (``raydistill tune --resume``, or on another node
+sharing that storage) runs the same Train runs again, and Train resumes each from its newest checkpoint there.
 
 Torch, Ray and the training runtime are imported inside ``distill_trial``: it runs in a Tune worker, not where the
 plan is made.
@@ -15,8 +19,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import os
-import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,9 +28,10 @@ from raydistill.runtime.tune_plan import SweepPlan, write_json
 
 __all__ = ["METRIC", "TrialState", "distill_trial", "plain_value"]
 
-METRIC = "best_stsb_dev"  # what trials report and ASHA ranks them by: the best STS-B dev so far
+# What trials report and ASHA ranks them by: the best STS-B dev so far (train_loop.TUNE_METRIC, the same name; not
+# imported from there because the train loop imports torch, and plans are made without it).
+METRIC = "best_stsb_dev"
 TRIAL_STATE = "trial.json"
-SNAPSHOT_DIR = ".tune-snapshot"  # inside the trial's run dir: hard links need the same filesystem
 
 
 @dataclass
@@ -48,8 +51,7 @@ class TrialState:
     teacher_forward_sentences: int = 0
     teacher_cache_hits: int = 0
     teacher_cache_misses: int = 0
-    resumed_from: int | None = None  # the checkpoint step a restarted attempt continued from
-    restored_from_tune: int | None = None  # the checkpoint step rebuilt from Tune's storage (run dir was missing)
+    resumed_from: int | None = None  # the checkpoint step (over all stages) a restarted attempt continued from
     error: str | None = None
 
     @classmethod
@@ -66,16 +68,15 @@ class TrialState:
 
 
 class _TrialReporter:
-    """The ``run_distillation`` progress hook: STS-B dev to Tune at every evaluation, the mean loss in between."""
+    """The ``run_distillation`` progress hook of a trial: keeps ``trial.json`` up to date. The evaluations reach Tune
+    from the Train workers; ``finish`` reports the last one."""
 
     def __init__(self, state: TrialState, run_dir: Path, num_stages: int):
         self.state, self.run_dir, self.num_stages = state, run_dir, num_stages
         self.final_step: int | None = None
-        self.loss_sum, self.loss_count, self.lr = 0.0, 0, None
         self.stage = 1
-        self.pending: dict[str, Any] | None = None
-        self.reported = 0
-        self.snapshot_step = -1  # the newest checkpoint step already handed to Tune
+        self.last_dev: float | None = None
+        self.started = False
 
     def __call__(self, event: str, info: dict[str, Any], step: int) -> None:
         state = self.state
@@ -88,75 +89,35 @@ class _TrialReporter:
                 self.final_step = int(info["step_offset"]) + int(info["total_steps"])
             state.total_steps = self.final_step or state.total_steps
             state.save(self.run_dir)
+        elif event == "start":
+            if info.get("resumed_from") is not None and not self.started and step > 0:
+                state.resumed_from = int(step)  # steps over all stages, as Tune sees them
+            self.started = True
+            state.save(self.run_dir)
         elif event == "step":
-            if math.isfinite(info.get("loss", math.nan)):
-                self.loss_sum += float(info["loss"])
-                self.loss_count += 1
-            self.lr = info.get("lr", self.lr)
             state.last_step = step
         elif event == "eval":
             best = info.get("best_stsb_dev")
             if best is not None and math.isfinite(best) and (state.best_stsb_dev is None or best > state.best_stsb_dev):
                 state.best_stsb_dev, state.best_step = float(best), step
+            self.last_dev = float(info["stsb_dev"])
             state.last_step = step
-            metrics = self._metrics(info, step)
+            state.reports += 1  # dev evaluations of the trial (each goes to Tune, the last one from ``finish``)
             state.save(self.run_dir)
-            if self.final_step is not None and step >= self.final_step:
-                # The last evaluation goes to Tune after run_distillation returns: a stop decision made on it
-                # (ASHA, a time budget) must not cut the trial's final checkpoint, plots and artifacts.
-                self.pending = metrics
-            else:
-                self._report(metrics)
-
-    def _metrics(self, info: dict[str, Any], step: int) -> dict[str, Any]:
-        metrics = {
-            "stsb_dev": float(info["stsb_dev"]),
-            METRIC: float(self.state.best_stsb_dev if self.state.best_stsb_dev is not None else info["stsb_dev"]),
-            "step": int(step), "stage": self.stage, "total_steps": int(self.final_step or 0),
-            "teacher_forward_sentences": self.state.teacher_forward_sentences,
-            "teacher_cache_hits": self.state.teacher_cache_hits, "attempt": self.state.attempts,
-        }
-        if self.loss_count:
-            metrics["loss"] = self.loss_sum / self.loss_count
-        if self.lr is not None:
-            metrics["lr"] = float(self.lr)
-        self.loss_sum, self.loss_count = 0.0, 0
-        return metrics
-
-    def _report(self, metrics: dict[str, Any]) -> None:
-        from ray import tune
-
-        self.state.reports += 1
-        self.reported += 1
-        self.state.save(self.run_dir)
-        staging = self.run_dir / SNAPSHOT_DIR
-        try:
-            step = snapshot_run_dir(self.run_dir, staging, newer_than=self.snapshot_step)
-            checkpoint = tune.Checkpoint.from_directory(str(staging)) if step is not None else None
-            # Tune copies the checkpoint into its storage before report returns; it may stop the trial here (ASHA,
-            # the time budget): it raises SystemExit in this thread.
-            tune.report(metrics, checkpoint=checkpoint)
-            if step is not None:
-                self.snapshot_step = step
-        finally:
-            shutil.rmtree(staging, ignore_errors=True)
 
     def finish(self, record: dict[str, Any]) -> None:
-        """Report the held-back final evaluation (or, when this attempt evaluated nothing, the run's best)."""
-        if self.pending is not None:
-            metrics, self.pending = self.pending, None
-        elif self.reported == 0:
-            training = record.get("training", {})
-            best = training.get("best_stsb_dev")
-            if best is None:
-                return
-            metrics = {"stsb_dev": float(best), METRIC: float(best), "step": int(training.get("steps", 0)),
-                       "stage": self.stage, "total_steps": int(self.final_step or training.get("steps", 0)),
-                       "teacher_forward_sentences": self.state.teacher_forward_sentences,
-                       "teacher_cache_hits": self.state.teacher_cache_hits, "attempt": self.state.attempts}
-        else:
+        """Report the trial's final evaluation (its best over the whole run) to Tune."""
+        from ray import tune
+
+        best = record.get("training", {}).get("best_stsb_dev", self.state.best_stsb_dev)
+        if best is None:
             return
-        self._report(metrics)
+        step = int(self.state.last_step)  # steps over all stages, as the workers reported them
+        tune.report({"stsb_dev": float(self.last_dev if self.last_dev is not None else best), METRIC: float(best),
+                     "step": step, "stage": self.stage,
+                     "total_steps": int(self.final_step or step),
+                     "teacher_forward_sentences": self.state.teacher_forward_sentences,
+                     "teacher_cache_hits": self.state.teacher_cache_hits, "attempt": self.state.attempts})
 
 
 def distill_trial(config: dict[str, Any], plan: dict[str, Any]) -> None:
@@ -165,7 +126,6 @@ def distill_trial(config: dict[str, Any], plan: dict[str, Any]) -> None:
     from ray import tune
 
     from raydistill.methods import stage_plan
-    from raydistill.runtime import checkpoint as ckpt
     from raydistill.runtime.distill import run_distillation
 
     sweep = SweepPlan.from_dict(plan)
@@ -173,14 +133,8 @@ def distill_trial(config: dict[str, Any], plan: dict[str, Any]) -> None:
     params = {key: plain_value(value) for key, value in config.items()}
     run_dir = sweep.trial_dir(trial_id)
     run_dir.mkdir(parents=True, exist_ok=True)
-    restored = restore_run_dir(tune.get_checkpoint(), run_dir)  # before trial.json is read: it comes back too
     state = TrialState.load(run_dir, trial_id)
-    if restored is not None:
-        state.restored_from_tune = restored
-        print(f"[tune] trial {trial_id}: run dir rebuilt from Tune's checkpoint (step {restored})", flush=True)
     state.params, state.attempts, state.status, state.error = params, state.attempts + 1, "running", None
-    latest = ckpt.latest_checkpoint(run_dir)  # what the learner will continue from (a restarted attempt)
-    state.resumed_from = int(ckpt.read_manifest(latest)["step"]) if latest is not None else None
     threads = sweep.sweep_settings.trial_threads()
     torch.set_num_threads(threads)
     tracker = Tracker(sweep.tracking(f"trial-{trial_id}"), parent_run_id=sweep.parent_run_id,
@@ -196,9 +150,9 @@ def distill_trial(config: dict[str, Any], plan: dict[str, Any]) -> None:
         cfg = sweep.trial_config(params, run_dir, trial_id)
         reporter = _TrialReporter(state, run_dir, num_stages=len(stage_plan(cfg)))
         print(f"[tune] trial {trial_id} (attempt {state.attempts}): {params}", flush=True)
-        record = run_distillation(cfg, evaluate=False, tracker=tracker, progress=reporter,
+        record = run_distillation(cfg, evaluate=False, tracker=tracker, progress=reporter, tune_trial=True,
                                   command=f"raydistill tune (sweep {sweep.name}, trial {trial_id})")
-    except SystemExit:  # Tune stopped this trial inside tune.report (ASHA or the time budget)
+    except SystemExit:  # Tune stopped this trial (ASHA or the time budget)
         state.status = "stopped"
         state.save(run_dir)
         tracker.set_tags({"raydistill.trial_status": "stopped_early"})
@@ -218,73 +172,6 @@ def distill_trial(config: dict[str, Any], plan: dict[str, Any]) -> None:
     tracker.set_tags({"raydistill.trial_status": "finished"})
     tracker.end("FINISHED")
     reporter.finish(record)
-
-
-def _checkpoint_roots(run_dir: Path) -> list[Path]:
-    """The run dirs under a trial's run dir that hold step checkpoints: the trial's own and each stage's."""
-    return [root.parent for root in sorted(run_dir.rglob("checkpoints")) if root.is_dir()
-            and SNAPSHOT_DIR not in root.relative_to(run_dir).parts]
-
-
-def snapshot_run_dir(run_dir: Path, staging: Path, newer_than: int = -1) -> int | None:
-    """Fill ``staging`` with what a restarted trial needs of ``run_dir``: every stage's newest verified step
-    checkpoint (hard links: a written checkpoint never changes) and copies of every other file (``best/`` models,
-    ``trial.json``, configs), except plots and the run-dir lock. Returns the newest checkpoint step, or None (and
-    ``staging`` stays empty) when there is no checkpoint newer than ``newer_than``."""
-    from raydistill.runtime import checkpoint as ckpt
-
-    roots = _checkpoint_roots(run_dir)
-    # Manifests first (cheap): a report with no newer checkpoint hashes nothing.
-    listed = [ckpt.latest_checkpoint(root) for root in roots]
-    if max((int(ckpt.read_manifest(path)["step"]) for path in listed if path is not None), default=-1) <= newer_than:
-        return None
-    newest, latest = -1, {}
-    for root in roots:
-        path, manifest = ckpt.latest_good_checkpoint(root, report=lambda message: None)
-        if path is not None:
-            latest[root] = path
-            newest = max(newest, int(manifest["step"]))
-    if newest <= newer_than:
-        return None
-    shutil.rmtree(staging, ignore_errors=True)
-    for directory, subdirs, files in os.walk(run_dir):
-        here = Path(directory)
-        relative = here.relative_to(run_dir)
-        if relative.parts[:1] in ((SNAPSHOT_DIR,), ("plots",)):
-            subdirs[:] = []
-            continue
-        if here.name == "checkpoints" and here.parent in roots:
-            subdirs[:] = []
-            if here.parent not in latest:
-                continue
-            target = staging / relative / latest[here.parent].name
-            target.mkdir(parents=True)
-            for file in latest[here.parent].iterdir():
-                os.link(file, target / file.name)
-            continue
-        for name in files:
-            if name != ckpt.LOCK_FILE:
-                (staging / relative).mkdir(parents=True, exist_ok=True)
-                shutil.copy2(here / name, staging / relative / name)
-    return newest
-
-
-def restore_run_dir(checkpoint, run_dir: Path) -> int | None:
-    """Rebuild ``run_dir`` from Tune's ``checkpoint`` when the run dir has no step checkpoint of its own (a trial
-    restored on another node); returns the restored step, or None when nothing was restored. A run dir that still
-    has checkpoints is left alone: the learner continues from its newest good one."""
-    from raydistill.runtime import checkpoint as ckpt
-
-    if checkpoint is None or any(ckpt.list_checkpoints(root) for root in _checkpoint_roots(run_dir)):
-        return None
-    with checkpoint.as_directory() as directory:
-        source = Path(directory)
-        steps = [int(ckpt.verify_checkpoint(path)["step"]) for root in _checkpoint_roots(source)
-                 for path in ckpt.list_checkpoints(root)]
-        if not steps:
-            return None
-        shutil.copytree(source, run_dir, dirs_exist_ok=True)
-    return max(steps)
 
 
 def plain_value(value: Any) -> Any:
