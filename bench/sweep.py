@@ -13,9 +13,11 @@ with the cache warm, and reports:
     sweep_vs_separate_runs          sweep wall ÷ N × (teacher pass + single student-only run): what N independent
                                     jobs without a shared cache would cost
 
-Ray is started before the clock, so neither side pays its start-up. Trials reserve 0.5 CPU and run 1 thread each:
-two at a time on 2 cores, with one CPU left unreserved for the Ray Data tasks inside the trials
-(``tune.trial_concurrency``); the single run uses the job's own resources (2 threads), as a user would run it.
+Ray is started before the clock (with the dashboard, as ``raydistill tune`` starts it), so neither side pays its
+start-up. Each trial trains on one Ray Train worker of 1 CPU and 1 thread: two at a time on 2 cores, nothing held
+back (``tune.trial_concurrency``: the trials read the cache); every trial pays its Train start-up (controller,
+worker group, process group), which the bound below does not contain. The single run uses the job's own resources
+(Train's local mode, 2 threads), as a user would run it.
 
     python bench/sweep.py                                # prints the summary and the JSON
     python bench/sweep.py --write results/bench-sweep.json
@@ -42,7 +44,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--teacher", default="minilm-l6", help="the cost ratio, not the teacher, is measured")
     parser.add_argument("--sentences", type=int, default=1024, help="corpus rows (Flickr captions)")
     parser.add_argument("--batch", type=int, default=64)
-    parser.add_argument("--cpus-per-trial", type=float, default=0.5)
+    parser.add_argument("--cpus-per-trial", type=float, default=1.0)
     parser.add_argument("--tracking-uri", default=None,
                         help="MLflow store for the sweep's runs (default: a temporary sqlite file, deleted after)")
     parser.add_argument("--write", type=Path, default=None, help=f"e.g. {RESULTS.name}/bench-sweep.json")
@@ -65,7 +67,7 @@ def main(argv: list[str] | None = None) -> dict:
                       "num_cpus": args.cpus_per_trial, "time_budget_s": None},
             tracking_uri=tracking_uri, evaluate_sets=(), command=common.command_line())
         base = plan.base()
-        init_ray(base)
+        init_ray(base, dashboard=True)
 
         started = time.perf_counter()
         summary = tune.run_sweep(plan, verbose=0)
