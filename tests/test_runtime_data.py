@@ -6,6 +6,7 @@ inside the teacher's transformer, in the Ray Data actor that ran it; they are no
 
 from __future__ import annotations
 
+import os
 import shutil
 
 import numpy as np
@@ -312,6 +313,32 @@ def test_init_ray_joins_the_running_ray_and_keeps_data_off_actor_cpus(ray_sessio
         assert options.exclude_resources.cpu == 2.0  # the global setting is untouched
     finally:
         options.exclude_resources = before
+
+
+@pytest.mark.ray
+def test_a_local_ray_with_the_dashboard_tells_its_processes_where_it_is(ray_session):
+    """The tests' Ray starts as ``raydistill tune`` starts one (``start_local_ray(dashboard=True)``): its processes
+    find it through ``RAY_ADDRESS`` and its state API answers them, which is how Ray Train's placement-group cleaner
+    learns that a stopped trial's controller died; this process's own environment is as it was."""
+    import ray
+
+    @ray.remote(num_cpus=0)
+    def where_and_state(actor_id: str) -> tuple[str, bool]:
+        from ray.util.state import get_actor
+
+        return os.environ.get("RAY_ADDRESS", ""), get_actor(actor_id, timeout=30).state == "ALIVE"
+
+    @ray.remote(num_cpus=0)
+    class Alive:
+        def ping(self) -> bool:
+            return True
+
+    alive = Alive.remote()
+    assert ray.get(alive.ping.remote())
+    address, found_alive = ray.get(where_and_state.remote(alive._actor_id.hex()))
+    assert address == ray.get_runtime_context().gcs_address and found_alive
+    assert "RAY_ADDRESS" not in os.environ and "RAY_GCS_SERVER_PORT" not in os.environ
+    ray.kill(alive)
 
 
 @pytest.mark.ray
