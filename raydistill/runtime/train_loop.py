@@ -236,7 +236,21 @@ def _stream_steps(shard, teacher: dict[str, Any], batch_size: int, world: int, r
 
 def train_worker(config: dict[str, Any]) -> dict[str, Any]:
     """Ray Train's ``train_loop_per_worker``: train to the end (or a stop) and return rank 0's summary."""
+    _quiet_report_logs()
     return _Worker(config["loop"]).run()
+
+
+def _quiet_report_logs() -> None:
+    """A Train worker logs every ``ray.train.report`` at INFO ("Reporting training result N: ..."), a line per step
+    that reaches the driver's console in a Tune trial; the driver's progress lines already summarise them. The
+    logger is named after its module's file."""
+    import logging
+
+    try:
+        from ray.train.v2._internal.execution import context as train_context
+    except ImportError:  # another Ray layout: its lines stay
+        return
+    logging.getLogger(train_context.__file__).setLevel(logging.WARNING)
 
 
 class _Worker:
