@@ -103,8 +103,9 @@ def init_ray(cfg: Any = None, *, dashboard: bool = False, **init_kwargs: Any) ->
         ray.init(**init_kwargs)
     else:
         num_cpus = cfg.resources.num_cpus if cfg is not None else None
-        log.info("starting a local Ray (%s CPUs)", init_kwargs.get("num_cpus", num_cpus))
-        start_local_ray(dashboard=dashboard, **({"num_cpus": num_cpus} | init_kwargs))
+        kwargs = {"num_cpus": num_cpus} | init_kwargs
+        log.info("starting a local Ray (%s CPUs)", kwargs["num_cpus"])
+        start_local_ray(dashboard=dashboard, **kwargs)
     return configure_data_context(cfg)
 
 

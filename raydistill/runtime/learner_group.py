@@ -185,10 +185,11 @@ class LearnerGroup:
             loop.teacher = dict(getattr(data, "teacher", {}) or {})
         else:
             # A labelled set rides in the loop config. So does the corpus in local mode (the loop runs in this
-            # process, which holds the text columns it built) and in a Tune trial: there the stream's per-epoch sort
-            # runs shuffle tasks that Ray places inside the Train worker's own placement-group bundle, which the
-            # worker fills (measured: "cannot fit into any bundles"); the workers read the text columns from the
-            # dataset's blocks instead, and the teacher vectors still come per batch from the memory-mapped cache.
+            # process, which holds the text columns it built) and in a Tune trial: there making the Dataset and its
+            # per-epoch sort run Ray tasks that Tune captures into the trial's CPU-less placement group, where they
+            # never run (measured: "cannot fit into any bundles"); the text columns travel to the workers with the
+            # data instead (``ship_columns``), and the teacher vectors still come per batch from the memory-mapped
+            # cache.
             loop.array_data = data
             if self.tune is not None and hasattr(data, "ship_columns"):
                 data.ship_columns = True

@@ -256,10 +256,8 @@ class TrainingData:
     ship_columns: bool = False
 
     def __getstate__(self) -> dict[str, Any]:
-        state = dict(self.__dict__)
         if self.ship_columns and self._columns is not None:
-            state["_dataset"] = None
-            return state
+            return {**self.__dict__, "_dataset": None}
         self.dataset  # noqa: B018 - made here, while this process still holds the columns
         state = dict(self.__dict__)
         state["_columns"] = None

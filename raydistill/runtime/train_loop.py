@@ -255,11 +255,13 @@ def _quiet_report_logs() -> None:
 
 class _Worker:
     def __init__(self, loop: LoopConfig):
+        import ray.train
+
         from raydistill.runtime.learner import DistillLearner
 
         self.loop, self.cfg = loop, loop.cfg
-        context = _train_api("get_context")  # None: local mode inside a Tune trial, one worker
-        self.rank, self.world = (int(context.get_world_rank()), int(context.get_world_size())) if context else (0, 1)
+        context = ray.train.get_context()
+        self.rank, self.world = int(context.get_world_rank()), int(context.get_world_size())
         self.events = loop.events
         queues = _get(self.events.shared_queues.remote()) if self._remote_events else []
         device = None
@@ -339,10 +341,12 @@ class _Worker:
         # Train's own checkpoint (the newest its controller registered), then the run dir's newest good one if that
         # is newer: a worker killed right after a report leaves a persisted checkpoint that the controller had not
         # registered yet, and local mode registers none. A damaged newer checkpoint is skipped, and the log says so.
+        import ray.train
+
         in_run_dir = None
         if self.loop.checkpoints_in_run_dir:
             in_run_dir, _ = ckpt.latest_good_checkpoint(self.loop.run_dir, report=self._print)
-        candidates = [("train", _train_api("get_checkpoint")), ("run_dir", in_run_dir)]
+        candidates = [("train", ray.train.get_checkpoint()), ("run_dir", in_run_dir)]
         manifest: dict[str, Any] | None = None
         for source, where in candidates:
             if where is not None:
@@ -491,8 +495,17 @@ class _Worker:
                                     "best_step": self.best_cache["best_step"]}, step)
 
     def _tune_metrics(self, step: int, final: bool) -> dict[str, Any]:
-        return _tune_metrics_of(self.loop.tune, self.rank, step, self.evaluated_at, self.last_dev, self.best_cache,
-                                final)
+        """What a step's report adds for Ray Tune (``TuneReporting``): nothing unless this is rank 0 of a Tune trial
+        and the step had a dev evaluation (the trial's very last one is held back if ``hold_back_final``)."""
+        tune = self.loop.tune
+        if tune is None or self.rank != 0 or self.evaluated_at != step or self.last_dev is None or not self.best_cache:
+            return {}
+        if final and tune.hold_back_final:
+            return {}
+        best = float(self.best_cache["best_stsb_dev"])
+        if tune.best_before is not None:
+            best = max(best, float(tune.best_before))
+        return {"step": tune.step_offset + int(step), "stage": tune.stage, "stsb_dev": self.last_dev, TUNE_METRIC: best}
 
     def _early_stop(self) -> bool:
         return self._agree(bool(self.cfg.train.patience) and self.rank == 0 and self.learner.should_stop_now())
@@ -517,7 +530,7 @@ class _Worker:
         metrics = {**metrics, **self._tune_metrics(step, final or step >= self.loop.total_steps)}
 
         if not checkpoint:
-            _train_api("report", metrics)
+            ray.train.report(metrics)
             return
         extra = {"world_size": self.world, "restarts": self.restarts, "evaluated_at": self.evaluated_at,
                  **(extra or {})}
@@ -525,7 +538,7 @@ class _Worker:
         if self.loop.local_mode:
             # Local mode keeps reported checkpoints in memory only: persist into the run dir's layout ourselves.
             self.learner.save_checkpoint(epoch, batch_in_epoch, extra)
-            _train_api("report", metrics)
+            ray.train.report(metrics)
             return
         staging = tempfile.mkdtemp(prefix="raydistill-ckpt-") if self.rank == 0 else None
         try:
@@ -537,32 +550,6 @@ class _Worker:
         finally:
             if staging is not None:
                 shutil.rmtree(staging, ignore_errors=True)
-
-
-def _tune_metrics_of(tune: TuneReporting | None, rank: int, step: int, evaluated_at: int, last_dev: float | None,
-                     best_cache: dict[str, float], final: bool) -> dict[str, Any]:
-    """What a step's report adds for Ray Tune (``TuneReporting``): nothing unless this is rank 0 of a Tune trial
-    and the step had a dev evaluation."""
-    if tune is None or rank != 0 or evaluated_at != step or last_dev is None or not best_cache:
-        return {}
-    if final and tune.hold_back_final:
-        return {}
-    best = float(best_cache["best_stsb_dev"])
-    if tune.best_before is not None:
-        best = max(best, float(tune.best_before))
-    return {"step": tune.step_offset + int(step), "stage": tune.stage, "stsb_dev": last_dev, TUNE_METRIC: best}
-
-
-def _train_api(name: str, *args, local_value=None, **kwargs):
-    """``ray.train.<name>(*args, **kwargs)``; in a Ray Tune trial that runs Train's local mode in its own process,
-    where ray.train's worker calls raise DeprecationWarning (Tune's report carries the metrics there, from the
-    driver's progress hook), ``local_value``: what local mode would have answered (no context, no checkpoint)."""
-    import ray.train
-
-    try:
-        return getattr(ray.train, name)(*args, **kwargs)
-    except DeprecationWarning:
-        return local_value
 
 
 def _barrier(world: int) -> None:
