@@ -154,7 +154,7 @@ def _run_tune(args: argparse.Namespace) -> int:
                     "seed": args.seed, "max_concurrent_trials": args.max_concurrent,
                     "grace_evals": args.grace_evals, "reduction_factor": args.reduction_factor,
                     "num_cpus": args.cpus_per_trial, "num_gpus": args.gpus_per_trial,
-                    "threads": args.threads_per_trial}
+                    "threads": args.threads_per_trial, "num_learners": args.learners_per_trial}
         values = {"train.lr": args.lr, "loss.queue_size": args.queue_size, "loss.tau_teacher": args.tau_teacher,
                   "loss.tau_student": args.tau_student}
         from raydistill.shipped import resolve_config
@@ -209,6 +209,9 @@ def _add_tune_parser(sub) -> None:
     tu.add_argument("--cpus-per-trial", type=_positive_float)
     tu.add_argument("--gpus-per-trial", type=_non_negative_float)
     tu.add_argument("--threads-per-trial", type=_positive_int, help="torch threads (default: the trial's CPUs)")
+    tu.add_argument("--learners-per-trial", type=_non_negative_int,
+                    help="Ray Train workers per trial (default 1); 0: each trial trains in its own process, which "
+                         "saves the worker group's start-up on short trials")
     tu.add_argument("--max-concurrent", type=_positive_int, help="trials at once (default: as resources allow)")
     tu.add_argument("--grace-evals", type=_positive_int, help="ASHA: dev evaluations before a trial can stop")
     tu.add_argument("--reduction-factor", type=_reduction_factor, help="ASHA reduction factor (> 1)")
@@ -290,6 +293,16 @@ def _positive_int(text: str) -> int:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
     if value <= 0:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+    return value
+
+
+def _non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {value}")
     return value
 
 

@@ -67,13 +67,13 @@ def one_thread(one_thread):
     yield
 
 
-def write_space(path, student, teacher, root, lrs=LRS, tau_teacher=None):
+def write_space(path, student, teacher, root, lrs=LRS, tau_teacher=None, num_learners=1):
     space = {
         "student": "tiny",
         "description": "test space",
         "search": {"num_samples": 1, "algorithm": "random", "seed": 0, "max_concurrent_trials": 1},
         "scheduler": {"grace_evals": 1, "reduction_factor": 2},
-        "resources_per_trial": {"num_cpus": 1, "num_gpus": 0},
+        "resources_per_trial": {"num_cpus": 1, "num_gpus": 0, "num_learners": num_learners},
         "methods": {"congen": {
             "base": {
                 "cache_dir": str(root / "embeddings"),
@@ -221,10 +221,13 @@ def test_mlflow_has_one_parent_run_and_a_child_run_per_trial(sweep):
             # what its first attempt logged beyond the checkpoint it came back from: steps, not entries, must cover
             # the run.
             steps = {point.step for point in client.get_metric_history(child.info.run_id, "stsb_dev")}
-            assert set(range(EVAL_EVERY, row["last_step"] + 1, EVAL_EVERY)) <= steps
-            assert steps <= set(range(EVAL_EVERY, row["total_steps"] + 1, EVAL_EVERY))
-            if row["attempts"] == 1:
-                assert max(steps) == row["last_step"]
+            # Every evaluation up to the last one Tune decided on is there. Tune stops a trial after that report
+            # while its worker trains on, so a stopped trial may have trained (and logged) a step or two more.
+            reported = {result["step"] for result in RecordResults.results[row["params"]["train.lr"]]}
+            assert set(range(EVAL_EVERY, max(reported) + 1, EVAL_EVERY)) <= steps
+            assert steps <= set(range(EVAL_EVERY, row["last_step"] + 1, EVAL_EVERY))
+            if row["status"] == "finished":
+                assert max(steps) == row["last_step"] == row["total_steps"]
             assert len(client.get_metric_history(child.info.run_id, "loss")) >= row["last_step"]
 
 
@@ -341,6 +344,29 @@ def test_two_trials_train_at_once_on_two_cpus(tmp_path, ray_session, tiny_bert, 
     assert summary["concurrent_trials"] == 2
     assert summary["ended_by"] == "completed"
     assert summary["counts"]["finished"] + summary["counts"]["stopped_early"] == 2
+
+
+@pytest.mark.ray
+def test_local_mode_trials_train_in_their_own_process_and_report_to_tune(tmp_path, ray_session,  # noqa: F811
+                                                                         tiny_bert, tiny_teacher):
+    """``num_learners: 0``: each trial runs Train's local mode in its own (reused) process, sends its evaluations
+    with ``ray.tune.report`` and keeps its checkpoints in its run dir; ASHA and the NaN failure work as with
+    workers."""
+    from raydistill.runtime.tune import plan_sweep, run_sweep
+
+    lrs = [1e-3, 0.5, 1e6]
+    space = write_space(tmp_path / "tiny.yaml", tiny_bert, tiny_teacher, tmp_path, lrs=lrs, num_learners=0)
+    plan = plan_sweep(str(tiny_bert), "congen", str(tiny_teacher), space_file=space, sweep_dir=tmp_path / "sweep",
+                      experiment="test-tune-local-mode", evaluate_sets=(), results_dir=tmp_path / "results",
+                      command="pytest tests/test_tune.py")
+    RecordResults.results = {}
+    summary = run_sweep(plan, callbacks=[RecordResults()], verbose=0)
+    rows = by_lr(summary)
+    assert rows[1e-3]["status"] == "finished" and rows[1e-3]["last_step"] == ROWS // BATCH
+    assert [r["step"] for r in RecordResults.results[1e-3]] == list(range(EVAL_EVERY, ROWS // BATCH + 1, EVAL_EVERY))
+    assert rows[0.5]["status"] == "stopped_early" and rows[0.5]["last_step"] < ROWS // BATCH
+    assert rows[1e6]["status"] == "failed" and "loss is nan" in rows[1e6]["error"]
+    assert not plan.train_storage(rows[1e-3]["trial_id"]).exists()  # no Train workers, no Train storage
 
 
 def test_a_trial_that_would_take_every_cpu_is_refused_before_it_starts():

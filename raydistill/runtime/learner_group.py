@@ -109,7 +109,8 @@ class LearnerGroup:
         teacher_dim: width of the teacher vectors in the batches (None: read from the data).
         name: label of the progress lines.
         tune: a ``train_loop.TuneReporting`` when the job is a Ray Tune trial: rank 0's dev evaluations then go to
-            the trial through ``ray.train.report`` (``tune_callback.EvalReportsToTune``); needs Train workers.
+            the trial through ``ray.train.report`` (``tune_callback.EvalReportsToTune``); in local mode the loop,
+            running in the trial's process, reports them with ``ray.tune.report``.
     """
 
     def __init__(self, cfg: JobConfig, spec=None, *, run_dir: str | os.PathLike | None = None,
@@ -125,9 +126,6 @@ class LearnerGroup:
         self.max_restarts = int(cfg.extra.get("max_restarts", 3))
         self.call_timeout_s = float(cfg.extra.get("learner_timeout_s") or LEARNER_TIMEOUT_S)
         self.tune = tune
-        if tune is not None and self.num_learners == 0:
-            raise ValueError(f"{self.name}: a Ray Tune trial reports through Ray Train workers; "
-                             "resources.learner.num_learners must be >= 1 (Train's local mode cannot report to Tune)")
 
     @property
     def world_size(self) -> int:
@@ -224,7 +222,7 @@ class LearnerGroup:
         storage = self.cfg.extra.get("storage_path")
         storage = f"{str(storage).rstrip('/')}/{self.run_dir.name}" if storage else str(self.run_dir)
         callbacks = None
-        if loop.tune is not None:
+        if loop.tune is not None and not local:  # local mode reports to Tune itself (train_loop)
             from raydistill.runtime.tune_callback import EvalReportsToTune
 
             callbacks = [EvalReportsToTune()]

@@ -28,7 +28,8 @@ it to ``<run_dir>/checkpoints/`` itself: the same layout either way.
 In a Ray Tune trial (``LoopConfig.tune``), rank 0's report of every step with a dev evaluation also carries
 ``best_stsb_dev`` (``TUNE_METRIC``), ``stsb_dev``, ``stage`` and the step counted over the trial's stages;
 ``tune_callback.EvalReportsToTune`` forwards those reports, and only those, to the trial: ASHA ranks trials on
-what ``ray.train.report`` sent.
+what ``ray.train.report`` sent. A trial in Train's local mode (``num_learners: 0``: the loop runs in the trial's own
+process, where ``ray.train.report`` refuses to run) sends the same metrics with ``ray.tune.report`` instead.
 
 Events (``start``, ``step``, ``eval``) go from rank 0 to the driver through an ``EventRelay`` (a Ray actor the
 driver owns; in local mode a plain object calling the driver's callbacks): the driver logs them to MLflow, prints
@@ -260,8 +261,11 @@ class _Worker:
         from raydistill.runtime.learner import DistillLearner
 
         self.loop, self.cfg = loop, loop.cfg
-        context = ray.train.get_context()
-        self.rank, self.world = int(context.get_world_rank()), int(context.get_world_size())
+        if loop.local_mode:  # one process; inside a Tune trial ray.train's worker calls refuse to run there
+            self.rank, self.world = 0, 1
+        else:
+            context = ray.train.get_context()
+            self.rank, self.world = int(context.get_world_rank()), int(context.get_world_size())
         self.events = loop.events
         queues = _get(self.events.shared_queues.remote()) if self._remote_events else []
         device = None
@@ -346,7 +350,8 @@ class _Worker:
         in_run_dir = None
         if self.loop.checkpoints_in_run_dir:
             in_run_dir, _ = ckpt.latest_good_checkpoint(self.loop.run_dir, report=self._print)
-        candidates = [("train", ray.train.get_checkpoint()), ("run_dir", in_run_dir)]
+        registered = None if self.loop.local_mode else ray.train.get_checkpoint()
+        candidates = [("train", registered), ("run_dir", in_run_dir)]
         manifest: dict[str, Any] | None = None
         for source, where in candidates:
             if where is not None:
@@ -527,19 +532,27 @@ class _Worker:
         (``final``: the report after the last step)."""
         import ray.train
 
-        metrics = {**metrics, **self._tune_metrics(step, final or step >= self.loop.total_steps)}
+        tune_metrics = self._tune_metrics(step, final or step >= self.loop.total_steps)
+        metrics = {**metrics, **tune_metrics}
+        extra = {"world_size": self.world, "restarts": self.restarts, "evaluated_at": self.evaluated_at,
+                 **(extra or {})}
+        if self.loop.local_mode:
+            # Local mode keeps reported checkpoints in memory only: persist into the run dir's layout ourselves.
+            if checkpoint:
+                self.learner.save_checkpoint(epoch, batch_in_epoch, extra)
+            if self.loop.tune is None:
+                ray.train.report(metrics)
+            elif tune_metrics:
+                # A Tune trial training in its own process: ray.train.report refuses to run inside a Tune function,
+                # so the evaluation goes to Tune directly. Tune may stop the trial here (SystemExit).
+                from ray import tune
 
+                tune.report(tune_metrics)
+            return
         if not checkpoint:
             ray.train.report(metrics)
             return
-        extra = {"world_size": self.world, "restarts": self.restarts, "evaluated_at": self.evaluated_at,
-                 **(extra or {})}
         name = f"step-{int(step):07d}"
-        if self.loop.local_mode:
-            # Local mode keeps reported checkpoints in memory only: persist into the run dir's layout ourselves.
-            self.learner.save_checkpoint(epoch, batch_in_epoch, extra)
-            ray.train.report(metrics)
-            return
         staging = tempfile.mkdtemp(prefix="raydistill-ckpt-") if self.rank == 0 else None
         try:
             reported = None

@@ -111,7 +111,8 @@ class SweepPlan:
 
     def trial_config(self, params: dict[str, Any], run_dir: str | os.PathLike, trial_id: str) -> JobConfig:
         """The base config with ``params``, run by a trial: its Train workers (``resources_per_trial``), their
-        checkpoints in the sweep's Tune storage (``train_storage``), absolute run/cache/tracking locations."""
+        checkpoints in the sweep's Tune storage (``train_storage``; in local mode, the trial's run dir), absolute
+        run/cache/tracking locations."""
         from raydistill.runtime.preflight import preflight
 
         settings = self.sweep_settings
@@ -122,7 +123,8 @@ class SweepPlan:
         learner = data.setdefault("resources", {}).setdefault("learner", {})
         learner.update(num_learners=settings.num_learners, num_cpus=settings.num_cpus,
                        threads=settings.trial_threads(), num_gpus=settings.num_gpus)
-        data.setdefault("extra", {})["storage_path"] = str(self.train_storage(trial_id))
+        if settings.num_learners:  # local mode keeps its checkpoints in the trial's run dir
+            data.setdefault("extra", {})["storage_path"] = str(self.train_storage(trial_id))
         data["tracking"] = {**data.get("tracking", {}), **dataclasses.asdict(self.tracking(f"trial-{trial_id}"))}
         return preflight(JobConfig.from_dict(data, source=f"trial {trial_id} of sweep {self.name}"))
 

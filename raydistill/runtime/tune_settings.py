@@ -56,7 +56,9 @@ class SweepSettings:
     num_cpus: float = 1.0  # per Train worker of a trial
     num_gpus: float = 0.0  # per Train worker of a trial
     threads: int | None = None
-    num_learners: int = 1  # Train workers per trial (data parallel); a trial reports to Tune from rank 0
+    # Train workers per trial (data parallel; rank 0 reports to Tune); 0: Train's local mode, the trial trains in its
+    # own process (no worker group to start: for short trials)
+    num_learners: int = 1
 
     @staticmethod
     def check_field(name: str, value: Any) -> Any:
@@ -69,7 +71,11 @@ class SweepSettings:
             if value not in ALGORITHMS:
                 raise ValueError(f"expected one of {', '.join(ALGORITHMS)}, got {value!r}")
             return value
-        if name in ("num_samples", "max_concurrent_trials", "grace_evals", "threads", "num_learners"):
+        if name == "num_learners":
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"expected an integer >= 0 (0: the trial trains in its own process), got {value!r}")
+            return value
+        if name in ("num_samples", "max_concurrent_trials", "grace_evals", "threads"):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"expected an integer >= 1, got {value!r}")
             return value
@@ -95,8 +101,8 @@ class SweepSettings:
         return dataclasses.replace(self, **checked)
 
     def trial_cpus(self) -> float:
-        """CPUs one trial's Train workers hold."""
-        return self.num_cpus * self.num_learners
+        """CPUs one trial's Train workers hold (local mode: the trial process itself)."""
+        return self.num_cpus * max(1, self.num_learners)
 
     def trial_threads(self) -> int:
         """Torch threads of a trial's learner: ``threads``, else the trial's whole CPUs (at least 1)."""

@@ -127,9 +127,10 @@ def trial_concurrency(settings: SweepSettings, cluster_cpus: float, data_cpus: f
     per_trial = settings.trial_cpus()
     if per_trial > free + 1e-9:
         raise SpaceError(
-            f"resources_per_trial: {settings.num_learners} Train worker(s) x num_cpus {settings.num_cpus:g} leave no "
-            f"CPU for Ray Data on a cluster of {cluster_cpus:g} CPUs (each trial's data tasks need {data_cpus:g} CPU "
-            f"outside the trials): use --cpus-per-trial {max(0.25, free / settings.num_learners):g} or less")
+            f"resources_per_trial: {max(1, settings.num_learners)} Train worker(s) x num_cpus {settings.num_cpus:g} "
+            f"leave no CPU for Ray Data on a cluster of {cluster_cpus:g} CPUs (each trial's data tasks need "
+            f"{data_cpus:g} CPU outside the trials): use --cpus-per-trial "
+            f"{max(0.25, free / max(1, settings.num_learners)):g} or less")
     cap = max(1, int(math.floor(free / per_trial + 1e-9)))
     return min(cap, settings.max_concurrent_trials or cap)
 
@@ -172,10 +173,12 @@ def _tuner(plan: SweepPlan, max_t: int, *, resume: bool, callbacks: list | None,
     from ray.tune.schedulers import ASHAScheduler
 
     settings = plan.sweep_settings
+    in_process = settings.num_learners == 0
     # A trial only drives its Train run, whose workers hold the CPUs and GPUs (resources_per_trial); Tune refuses an
-    # empty bundle, so the trial asks for one byte of memory. How many trials run at once is trial_concurrency's.
-    trainable = tune.with_resources(tune.with_parameters(distill_trial, plan=plan.to_dict()),
-                                    {"cpu": 0, "memory": 1})
+    # empty bundle, so the trial asks for one byte of memory. In local mode the trial process trains and holds them.
+    # How many trials run at once is trial_concurrency's.
+    resources = {"cpu": settings.num_cpus, "gpu": settings.num_gpus} if in_process else {"cpu": 0, "memory": 1}
+    trainable = tune.with_resources(tune.with_parameters(distill_trial, plan=plan.to_dict()), resources)
     if resume:
         return tune.Tuner.restore(str(plan.tune_dir), trainable=trainable, resume_unfinished=True,
                                   resume_errored=False, restart_errored=False)
@@ -201,8 +204,10 @@ def _tuner(plan: SweepPlan, max_t: int, *, resume: bool, callbacks: list | None,
                                   time_budget_s=settings.time_budget_s, trial_dirname_creator=trial_dirname,
                                   # A reused trial process keeps a stopped trial's Train run: its rank 0 waits
                                   # forever in ray.train.report on Tune's result queue, which Tune no longer drains.
-                                  # A new process per trial ends the stopped trial's Train run with it.
-                                  reuse_actors=False)
+                                  # A new process per trial ends the stopped trial's Train run with it. In local
+                                  # mode the run is the trial's own thread, which the stop ends: the next trial
+                                  # reuses the process (no second import of torch and the model code).
+                                  reuse_actors=in_process)
     run_config = tune.RunConfig(name=plan.tune_dir.name, storage_path=str(plan.tune_dir.parent),
                                 failure_config=tune.FailureConfig(max_failures=0, fail_fast=False),
                                 callbacks=callbacks, verbose=verbose)
