@@ -283,6 +283,11 @@ def test_training_data_stream_is_deterministic_and_resumable(ray_session, tmp_pa
     np.testing.assert_array_equal(_iterate_epoch(clone, 0, 32)[0]["teacher_control"], batch["teacher_control"])
     assert list(_iterate_epoch(clone, 0, 32)[0]["text_control"]) == texts
 
+    # A driver whose workers stream the rows drops its own copy; it reads them back from the dataset if asked.
+    data.release_columns()
+    assert data._columns is None
+    assert [b["idx"].tolist() for b in _iterate_epoch(data, 0, 32)] == [b["idx"].tolist() for b in epoch0]
+
 
 @pytest.mark.ray
 def test_init_ray_joins_the_running_ray_and_keeps_data_off_actor_cpus(ray_session):

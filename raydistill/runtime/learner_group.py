@@ -181,6 +181,7 @@ class LearnerGroup:
             first_epoch = min(int(manifest["epoch"]) if manifest else 0, self.cfg.train.epochs - 1)
             datasets = {STREAM: data.epoch_stream(first_epoch, self.cfg.train.epochs, rows_per_epoch)}
             loop.teacher = dict(getattr(data, "teacher", {}) or {})
+            data.release_columns()  # the workers stream the rows; the driver keeps no copy of the corpus
         else:
             # A labelled set rides in the loop config. So does the corpus in local mode (the loop runs in this
             # process, which holds the text columns it built) and in a Tune trial: there making the Dataset and its

@@ -263,6 +263,12 @@ class TrainingData:
         state["_columns"] = None
         return state
 
+    def release_columns(self) -> None:
+        """Drop this process's copy of the text columns once the rows are in the Ray Dataset (what Ray Train workers
+        stream); ``columns`` reads them back from the dataset if this process needs them again."""
+        self.dataset  # noqa: B018 - made here, while this process still holds the columns
+        self._columns = None
+
     @property
     def teacher_dim(self) -> int | None:
         dims = [reader.dim for reader in self.teacher.values()]
