@@ -21,6 +21,7 @@ import json
 import os
 import shutil
 import signal
+from pathlib import Path
 
 import pytest
 import yaml
@@ -110,7 +111,8 @@ def sweep(tmp_path_factory, ray_session, tiny_bert, tiny_teacher):  # noqa: F811
               for row in interrupted}
     code = cli_main(["tune", "--resume", "--sweep-dir", str(root / "sweep")])
     final = json.loads((root / "sweep" / "summary.json").read_text())
-    return {"root": root, "plan": plan, "first": first, "final": final, "resume_code": code, "stored": stored}
+    return {"root": root, "plan": plan, "first": first, "final": final, "resume_code": code, "stored": stored,
+            "results": RecordResults.results}
 
 
 def by_lr(summary):
@@ -149,7 +151,7 @@ def test_dev_evaluations_reach_tune_through_ray_train(sweep):
     its model is written."""
     plan = sweep["plan"]
     row = by_lr(sweep["first"])[1e-3]
-    results = RecordResults.results[1e-3]
+    results = sweep["results"][1e-3]
     from_train = [r for r in results if "checkpoint_path" in r]
     assert [r["step"] for r in from_train] == list(range(EVAL_EVERY, ROWS // BATCH, EVAL_EVERY))
     assert all(r["checkpoint_path"].startswith(str(plan.train_storage(row["trial_id"]))) for r in from_train)
@@ -223,7 +225,7 @@ def test_mlflow_has_one_parent_run_and_a_child_run_per_trial(sweep):
             steps = {point.step for point in client.get_metric_history(child.info.run_id, "stsb_dev")}
             # Every evaluation up to the last one Tune decided on is there. Tune stops a trial after that report
             # while its worker trains on, so a stopped trial may have trained (and logged) a step or two more.
-            reported = {result["step"] for result in RecordResults.results[row["params"]["train.lr"]]}
+            reported = {result["step"] for result in sweep["results"][row["params"]["train.lr"]]}
             assert set(range(EVAL_EVERY, max(reported) + 1, EVAL_EVERY)) <= steps
             assert steps <= set(range(EVAL_EVERY, row["last_step"] + 1, EVAL_EVERY))
             if row["status"] == "finished":
@@ -350,22 +352,31 @@ def test_two_trials_train_at_once_on_two_cpus(tmp_path, ray_session, tiny_bert, 
 def test_local_mode_trials_train_in_their_own_process_and_report_to_tune(tmp_path, ray_session,  # noqa: F811
                                                                          tiny_bert, tiny_teacher):
     """``num_learners: 0``: each trial runs Train's local mode in its own (reused) process, sends its evaluations
-    with ``ray.tune.report`` and keeps its checkpoints in its run dir; ASHA and the NaN failure work as with
-    workers."""
-    from raydistill.runtime.tune import plan_sweep, run_sweep
+    with ``ray.tune.report`` and keeps its checkpoints in its run dir; ASHA, the NaN failure and an interrupted
+    sweep's resume work as with workers."""
+    from raydistill.runtime.tune import plan_sweep, resume_sweep, run_sweep
 
-    lrs = [1e-3, 0.5, 1e6]
-    space = write_space(tmp_path / "tiny.yaml", tiny_bert, tiny_teacher, tmp_path, lrs=lrs, num_learners=0)
+    space = write_space(tmp_path / "tiny.yaml", tiny_bert, tiny_teacher, tmp_path, num_learners=0)
     plan = plan_sweep(str(tiny_bert), "congen", str(tiny_teacher), space_file=space, sweep_dir=tmp_path / "sweep",
                       experiment="test-tune-local-mode", evaluate_sets=(), results_dir=tmp_path / "results",
                       command="pytest tests/test_tune.py")
+    InterruptAt.armed = True
     RecordResults.results = {}
-    summary = run_sweep(plan, callbacks=[RecordResults()], verbose=0)
-    rows = by_lr(summary)
+    first = run_sweep(plan, callbacks=[InterruptAt(lr=LRS[2], step=EVAL_EVERY), RecordResults()], verbose=0)
+    assert first["ended_by"] == "interrupted"
+    interrupted = by_lr(first)[LRS[2]]
+    assert interrupted["status"] == "interrupted"
+    assert list(Path(interrupted["run_dir"]).rglob("step-*")), "no checkpoint in the interrupted trial's run dir"
+    final = resume_sweep(plan.sweep_dir, verbose=0)
+    rows = by_lr(final)
+    assert final["ended_by"] == "completed" and sorted(rows) == sorted(LRS)
     assert rows[1e-3]["status"] == "finished" and rows[1e-3]["last_step"] == ROWS // BATCH
     assert [r["step"] for r in RecordResults.results[1e-3]] == list(range(EVAL_EVERY, ROWS // BATCH + 1, EVAL_EVERY))
     assert rows[0.5]["status"] == "stopped_early" and rows[0.5]["last_step"] < ROWS // BATCH
     assert rows[1e6]["status"] == "failed" and "loss is nan" in rows[1e6]["error"]
+    restarted = rows[LRS[2]]
+    assert restarted["attempts"] == 2 and 1 <= restarted["resumed_from"] < ROWS // BATCH
+    assert restarted["status"] in ("finished", "stopped_early")
     assert not plan.train_storage(rows[1e-3]["trial_id"]).exists()  # no Train workers, no Train storage
 
 
