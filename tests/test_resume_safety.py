@@ -22,6 +22,7 @@ pytest_plugins = ["tests.reliability_log"]
 
 # The tiny ConGen set-up of the learner tests (fixtures in conftest.py), not a copy of it.
 from tests.test_learner import BATCH, TEACHER_DIM, congen_config
+from tests.ray_fixtures import ray_session  # noqa: F401, E402 - the session-wide Ray fixture
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -149,3 +150,20 @@ def test_stop_request_checkpoints_at_the_next_step_boundary(tiny_bert, tiny_teac
     summary = LearnerGroup(cfg, get_method("congen"), run_dir=tmp_path, teacher_dim=TEACHER_DIM).fit(
         data, on_metrics=lambda metrics, step: steps.append(step))
     assert summary["resumed_from"] == 2 and steps == [3, 4]  # no step redone
+
+
+@pytest.mark.ray
+def test_a_diverged_run_on_a_train_worker_fails_once_without_a_restart(ray_session, tiny_bert,  # noqa: F811
+                                                                       tiny_teacher, teacher_vectors, paraphrases,
+                                                                       tmp_path):
+    """A NaN loss on a Ray Train worker ends the run with the learner's FloatingPointError: the worker returns it and
+    the driver raises it, so Train's FailureConfig does not restart the worker group to diverge again."""
+    cfg = congen_config(tiny_bert, tiny_teacher, tmp_path, lr=1e6, eval_every=100)
+    cfg = cfg.with_overrides(["resources.learner.num_learners=1", "resources.learner.num_cpus=1",
+                              "resources.learner.threads=1"])
+    data = congen_data(cfg, paraphrases, teacher_vectors)
+    starts: list[int] = []
+    group = LearnerGroup(cfg, get_method("congen"), run_dir=tmp_path, teacher_dim=TEACHER_DIM)
+    with pytest.raises(FloatingPointError, match=r"loss is (nan|inf) at step"):
+        group.fit(data, on_event=lambda kind, info, step: starts.append(step) if kind == "start" else None)
+    assert starts == [0]  # one start of the worker group: no restart

@@ -197,6 +197,8 @@ class LearnerGroup:
         else:
             result = self._fit_workers(loop, datasets, events)
         out = result.return_value
+        if out.get("diverged"):
+            raise FloatingPointError(out["diverged"])
         if out.get("aborted"):
             raise self._unresponsive(self.call_timeout_s)
         if out.get("preempted"):

@@ -306,6 +306,8 @@ class _Worker:
         if self._agree(reply["abort"]):
             return {"step": self.learner.step, "aborted": True}
         outcome = self._train_from(position, stop_requested=reply["stop"])
+        if outcome.get("diverged"):
+            return {"step": self.learner.step, **outcome}
         cpu = self.learner.all_reduce_mean({"cpu_s": _cpu_seconds() - started_cpu})["cpu_s"] * self.world
         return {"step": self.learner.step, "history": self.learner.get_history(), "best": self.learner.best_info(),
                 "resumed_from": resumed_from, "cpu_s": cpu, "weights_crc_by_rank": self._weights_crc_by_rank(),
@@ -444,7 +446,14 @@ class _Worker:
         if step < total and epoch < train.epochs and not early_stopped and not preempted:
             for ep, step_in_epoch, batch in self._steps(epoch, batch_in_epoch // self.world):
                 epoch = ep
-                metrics = learner.train_step(batch)
+                try:
+                    metrics = learner.train_step(batch)
+                except FloatingPointError as exc:
+                    if self.world > 1:
+                        raise  # the other workers wait in a collective: Train's failure handling ends the group
+                    # A diverged run diverges again from its last checkpoint: end it (the driver raises the error)
+                    # instead of letting Train's FailureConfig restart it.
+                    return {"diverged": str(exc)}
                 step, trained = learner.step, True
                 batch_in_epoch = (step_in_epoch + 1) * self.world
                 merged = learner.all_reduce_mean(metrics)
