@@ -167,3 +167,25 @@ def test_a_diverged_run_on_a_train_worker_fails_once_without_a_restart(ray_sessi
     with pytest.raises(FloatingPointError, match=r"loss is (nan|inf) at step"):
         group.fit(data, on_event=lambda kind, info, step: starts.append(step) if kind == "start" else None)
     assert starts == [0]  # one start of the worker group: no restart
+
+
+@pytest.mark.ray
+def test_a_bad_batch_on_one_of_two_workers_stops_both_at_the_same_step(ray_session, tiny_bert,  # noqa: F811
+                                                                       tiny_teacher, teacher_vectors, paraphrases,
+                                                                       tmp_path):
+    """Only one worker's batch holds a NaN teacher vector: the workers agree before DDP's collectives, so both stop
+    at that step with the error of the worker that met it. (Measured before the workers agreed: the worker that
+    met it raised alone, the other waited in DDP's collective, and the run had not ended after 10 minutes.)"""
+    cfg = congen_config(tiny_bert, tiny_teacher, tmp_path, eval_every=100)
+    # A random queue start: the poisoned row must reach one worker's batch only, not every worker's queue.
+    cfg = cfg.with_overrides(["resources.learner.num_learners=2", "resources.learner.num_cpus=0.5",
+                              "resources.learner.threads=1", "loss.queue_init=random"])
+    poisoned = np.array(teacher_vectors, dtype=np.float32, copy=True)
+    poisoned[5, 0] = np.nan
+    data = congen_data(cfg, paraphrases, poisoned)
+    starts: list[int] = []
+    group = LearnerGroup(cfg, get_method("congen"), run_dir=tmp_path, teacher_dim=TEACHER_DIM)
+    with pytest.raises(FloatingPointError, match=r"worker [01]: congen: non-finite teacher vectors in column "
+                                                 r"teacher_control at step [12] \(1 of 16 rows"):
+        group.fit(data, on_event=lambda kind, info, step: starts.append(step) if kind == "start" else None)
+    assert starts == [0]

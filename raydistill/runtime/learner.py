@@ -237,6 +237,23 @@ class DistillLearner:
         output = self.loss_module(features, labels)
         return output.loss, output.parts
 
+    def _stop_if_any_worker(self, problem: str | None) -> None:
+        """Raise FloatingPointError(``problem``) on every worker when any worker has one: a worker that raised alone
+        would leave the others waiting in DDP's next collective. Without DDP, raise it here if there is one."""
+        if self._ddp is None:
+            if problem:
+                raise FloatingPointError(problem)
+            return
+        import torch.distributed as dist
+
+        flag = torch.tensor([1 if problem else 0], dtype=torch.int64, device=self.device)  # NCCL: on the GPU
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        if not flag.item():
+            return
+        problems: list[str | None] = [None] * self.world_size
+        dist.all_gather_object(problems, problem)
+        raise FloatingPointError(next((f"worker {rank}: {text}" for rank, text in enumerate(problems) if text)))
+
     def all_reduce_mean(self, values: dict[str, float]) -> dict[str, float]:
         """``values`` averaged over the workers (the same keys on every worker); unchanged without DDP."""
         if self._ddp is None:
@@ -254,14 +271,14 @@ class DistillLearner:
     def train_step(self, batch: dict[str, np.ndarray]) -> dict[str, float]:
         """One optimiser step on ``batch``; returns loss, its parts, lr, grad norm and sentences/s."""
         started = time.perf_counter()
-        _check_teacher_vectors(batch, self.step + 1, self.spec.name)
+        self._stop_if_any_worker(_teacher_vector_problem(batch, self.step + 1, self.spec.name))
         self.student.train()
         self.loss_module.train()
         # Through DDP when several workers train: its forward arms the gradient all-reduce that backward runs.
         loss, parts = self._ddp(batch) if self._ddp is not None else self._forward(batch)
-        if not torch.isfinite(loss):
-            raise FloatingPointError(f"{self.spec.name}: loss is {loss.item()} at step {self.step + 1} "
-                                     f"(parts {parts}); lower train.lr or check the temperatures in loss.*")
+        self._stop_if_any_worker(None if torch.isfinite(loss) else (
+            f"{self.spec.name}: loss is {loss.item()} at step {self.step + 1} (parts {parts}); lower train.lr or "
+            "check the temperatures in loss.*"))
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         params = self._trainable()
@@ -537,8 +554,8 @@ def _bucket_tokens(cfg: JobConfig, device: torch.device) -> int | None:
     return CPU_TRAIN_BUCKET_TOKENS if device.type == "cpu" else None
 
 
-def _check_teacher_vectors(batch: dict[str, np.ndarray], step: int, method: str) -> None:
-    """A NaN/inf teacher vector would train the student towards NaN; stop at the step that would read it."""
+def _teacher_vector_problem(batch: dict[str, np.ndarray], step: int, method: str) -> str | None:
+    """Why the run must stop at this step, or None: a NaN/inf teacher vector would train the student towards NaN."""
     for name, column in batch.items():
         if not name.startswith("teacher"):
             continue
@@ -549,10 +566,10 @@ def _check_teacher_vectors(batch: dict[str, np.ndarray], step: int, method: str)
             continue
         if values.dtype.kind == "f" and len(values) and not np.isfinite(values).all():
             rows = np.flatnonzero(~np.isfinite(values.reshape(len(values), -1)).all(axis=1))
-            raise FloatingPointError(f"{method}: non-finite teacher vectors in column {name} at step {step} "
-                                     f"({len(rows)} of {len(values)} rows, first at row {int(rows[0])}); the run "
-                                     "stopped before training on them. Re-run to resume: the teacher cache "
-                                     "recomputes non-finite vectors it holds")
+            return (f"{method}: non-finite teacher vectors in column {name} at step {step} ({len(rows)} of "
+                    f"{len(values)} rows, first at row {int(rows[0])}); the run stopped before training on them. "
+                    "Re-run to resume: the teacher cache recomputes non-finite vectors it holds")
+    return None
 
 
 def _rng_state() -> dict[str, Any]:

@@ -449,10 +449,9 @@ class _Worker:
                 try:
                     metrics = learner.train_step(batch)
                 except FloatingPointError as exc:
-                    if self.world > 1:
-                        raise  # the other workers wait in a collective: Train's failure handling ends the group
-                    # A diverged run diverges again from its last checkpoint: end it (the driver raises the error)
-                    # instead of letting Train's FailureConfig restart it.
+                    # Raised on every worker at once (the learner agrees on it). A diverged run diverges again from
+                    # its last checkpoint: end it (the driver raises the error) instead of letting Train's
+                    # FailureConfig restart it.
                     return {"diverged": str(exc)}
                 step, trained = learner.step, True
                 batch_in_epoch = (step_in_epoch + 1) * self.world
