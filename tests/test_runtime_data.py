@@ -288,6 +288,22 @@ def test_training_data_stream_is_deterministic_and_resumable(ray_session, tmp_pa
     assert data._columns is None
     assert [b["idx"].tolist() for b in _iterate_epoch(data, 0, 32)] == [b["idx"].tolist() for b in epoch0]
 
+    # Train's local mode (the learner in this process) streams the rows through Ray Data too, and trains on exactly
+    # the batches of the seeded order; the driver holds no copy of the text columns afterwards.
+    import zlib
+
+    from raydistill.methods import get_method
+    from raydistill.runtime.learner_group import LearnerGroup
+    from raydistill.runtime.preflight import preflight
+
+    local = preflight(cfg.with_overrides([f"run_dir={tmp_path / 'run'}", "train.batch_size=32", "train.epochs=1",
+                                          "train.eval_every=100", "loss.queue_size=64", "tracking.enabled=false",
+                                          "resources.learner.num_learners=0", "resources.learner.threads=1"]))
+    summary = LearnerGroup(local, get_method("congen"), run_dir=tmp_path / "run", teacher_dim=32).fit(data)
+    assert data._columns is None
+    trained = [row["batch_crc32"] for row in summary["history"] if "batch_crc32" in row]
+    assert trained == [zlib.crc32(np.ascontiguousarray(b["idx"], dtype=np.int64).tobytes()) for b in epoch0]
+
 
 @pytest.mark.ray
 def test_init_ray_joins_the_running_ray_and_keeps_data_off_actor_cpus(ray_session):

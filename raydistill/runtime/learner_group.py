@@ -7,9 +7,9 @@
                     (``use_gpu`` when ``num_gpus > 0``). DDP averages the gradients (gloo on CPU, NCCL on GPU),
                     so one step consumes N batches (batch ``b`` of an epoch goes to worker ``b mod N``) and the
                     weights stay identical on every worker.
-    datasets        with Train workers, a corpus streams from Ray Data (``{"train": TrainingData.epoch_stream(...)}``,
-                    not split: every worker keeps its own batches of the seeded order); a labelled set, and the
-                    corpus in local mode (the driver built its text columns), ride in the loop config
+    datasets        a corpus streams from Ray Data (``{"train": TrainingData.epoch_stream(...)}``, not split: every
+                    worker, or the local-mode loop, keeps its own batches of the seeded order), and the driver drops
+                    its text columns; a labelled set, and a Tune trial's corpus, ride in the loop config
     FailureConfig   ``extra.max_restarts`` (default 3) worker-group failures are retried: Train starts new workers,
                     which resume from the newest reported checkpoint (weights, AdamW, schedule, queues, RNG, data
                     position)
@@ -173,7 +173,7 @@ class LearnerGroup:
             loop.projection_sample = self._projection_sample(data)
             loop.queue_sample = self._queue_sample(data)
         datasets = None
-        if hasattr(data, "epoch_stream") and not loop.local_mode and self.tune is None:
+        if hasattr(data, "epoch_stream") and self.tune is None:
             from raydistill.runtime.train_loop import STREAM, steps_per_epoch
 
             rows_per_epoch = steps_per_epoch(data.num_rows, self.cfg.train.batch_size, self.world_size) * \
@@ -181,11 +181,10 @@ class LearnerGroup:
             first_epoch = min(int(manifest["epoch"]) if manifest else 0, self.cfg.train.epochs - 1)
             datasets = {STREAM: data.epoch_stream(first_epoch, self.cfg.train.epochs, rows_per_epoch)}
             loop.teacher = dict(getattr(data, "teacher", {}) or {})
-            data.release_columns()  # the workers stream the rows; the driver keeps no copy of the corpus
+            data.release_columns()  # the loop streams the rows; the driver keeps no copy of the corpus
         else:
-            # A labelled set rides in the loop config. So does the corpus in local mode (the loop runs in this
-            # process, which holds the text columns it built) and in a Tune trial: there making the Dataset and its
-            # per-epoch sort run Ray tasks that Tune captures into the trial's CPU-less placement group, where they
+            # A labelled set rides in the loop config. So does the corpus of a Tune trial: there making the Dataset
+            # and its per-epoch sort run Ray tasks that Tune captures into the trial's placement group, where they
             # never run (measured: "cannot fit into any bundles"); the text columns travel to the workers with the
             # data instead (``ship_columns``), and the teacher vectors still come per batch from the memory-mapped
             # cache.

@@ -243,9 +243,9 @@ class TrainingData:
 
     @property
     def dataset(self):
-        """The rows as a Ray Dataset, made from the local columns on first use. A run whose learner trains in this
-        process (Train's local mode, every Tune trial) never makes it and so starts no Ray task: ``from_arrow``
-        waits for a task, which a trial holding every CPU of the cluster would wait for forever."""
+        """The rows as a Ray Dataset, made from the local columns on first use. A Tune trial never makes it and so
+        starts no Ray task: ``from_arrow`` waits for a task, which Tune would capture into the trial's placement
+        group, where it never runs."""
         if self._dataset is None:
             self._dataset = _columns_dataset(self._columns)
         return self._dataset

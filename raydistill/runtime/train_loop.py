@@ -16,9 +16,9 @@
 Data: a corpus (``TrainingData``) streams from Ray Data: the job passes ``TrainingData.epoch_stream`` as
 ``datasets={"train": ...}`` unsplit (every worker reads the whole ordered stream and keeps its own batches; texts
 are cheap to read twice, and the teacher vectors are read only for the worker's own batches), so the order does not
-depend on how Ray schedules blocks, and a resume skips the consumed batches exactly. A labelled set (``ArrayData``:
-a few thousand rows) travels in the loop config, and so does the corpus in Train's local mode, where the loop runs in
-the driver that built its text columns (``iter_batches``: the same batches; teacher vectors from the cache).
+depend on how Ray schedules blocks, and a resume skips the consumed batches exactly; Train's local mode reads the
+same stream in the driver. A labelled set (``ArrayData``: a few thousand rows) travels in the loop config, and so
+does a Tune trial's corpus (``iter_batches``: the same batches; teacher vectors from the cache).
 
 Checkpoints: with Train workers, rank 0 writes the atomic checkpoint (checkpoint.py) into a local temporary
 directory and reports it; Train persists it to ``RunConfig(storage_path)/<name>/step-XXXXXXX`` and keeps
