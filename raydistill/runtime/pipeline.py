@@ -264,8 +264,8 @@ class TrainingData:
         return state
 
     def release_columns(self) -> None:
-        """Drop this process's copy of the text columns once the rows are in the Ray Dataset (what Ray Train workers
-        stream); ``columns`` reads them back from the dataset if this process needs them again."""
+        """Drop this process's copy of the text columns once the rows are in the Ray Dataset (what the training loop
+        streams); ``columns`` reads them back from the dataset if this process needs them again."""
         self.dataset  # noqa: B018 - made here, while this process still holds the columns
         self._columns = None
 
