@@ -85,10 +85,8 @@ def main(argv: list[str] | None = None) -> dict:
                                 "plan": plan}
             print(f"learners per trial {learners}: sweep {sweeps[learners]['sweep_s']:.0f} s", flush=True)
         headline = sweeps[modes[0]]
-        plan, summary, sweep_s = headline["plan"], headline["summary"], headline["sweep_s"]
-        passes = summary["teacher_passes"]
-        teacher_s = sum(p["seconds"] for p in passes)
-        rows = passes[0]["sentences"]
+        plan = headline["plan"]
+        rows = headline["summary"]["teacher_passes"][0]["sentences"]
         views = len(with_method_defaults(plan.base()).data.teacher_views) or 1
 
         # One normal job of the same config (the space's start point), cache now warm: the student-only cost.
@@ -119,23 +117,17 @@ def main(argv: list[str] | None = None) -> dict:
                 "teacher_pass_s": round(teacher_s, 1), "sweep_s": round(sweep_s, 1),
                 "trial_status": summary["counts"], "ended_by": summary["ended_by"]}
 
-    forward = summary["teacher_forward_sentences"]
+    by_mode = {str(learners): measured(sweep) for learners, sweep in sweeps.items()}
     result = {
-        "bench": "sweep",
-        **{key: value for key, value in measured(headline).items()
-           if key in ("sweep_teacher_passes_per_view", "sweep_vs_cache_bound", "sweep_vs_separate_runs")},
-        "learners_per_trial": modes[0],
+        "bench": "sweep", **by_mode[str(modes[0])], "learners_per_trial": modes[0],
         "trials": args.trials, "student": args.student, "teacher": args.teacher, "method": "congen",
-        "corpus_rows": rows, "teacher_views": views, "batch": args.batch,
-        "cpus_per_trial": args.cpus_per_trial,
-        "concurrent_trials": summary["concurrent_trials"],
-        "teacher_forward_sentences": forward, "single_run_teacher_forward_sentences": single_teacher,
-        "teacher_pass_s": round(teacher_s, 1), "single_run_s": round(single_s, 1), "sweep_s": round(sweep_s, 1),
-        "trial_status": summary["counts"], "ended_by": summary["ended_by"],
-        "by_learners_per_trial": {str(learners): measured(sweep) for learners, sweep in sweeps.items()},
+        "corpus_rows": rows, "teacher_views": views, "batch": args.batch, "cpus_per_trial": args.cpus_per_trial,
+        "single_run_teacher_forward_sentences": single_teacher, "single_run_s": round(single_s, 1),
+        "by_learners_per_trial": by_mode,
     }
-    print(f"sweep of {args.trials} trials: {sweep_s:.0f} s; teacher pass {teacher_s:.0f} s once "
-          f"({forward['total']} sentences through the teacher for {rows} rows x {views} view(s); trials "
+    forward = result["teacher_forward_sentences"]
+    print(f"sweep of {args.trials} trials: {result['sweep_s']:.0f} s; teacher pass {result['teacher_pass_s']:.0f} s "
+          f"once ({forward['total']} sentences through the teacher for {rows} rows x {views} view(s); trials "
           f"{forward['trials']}); single run {single_s:.0f} s")
     print(f"sweep / (teacher + N x single) = {result['sweep_vs_cache_bound']:.2f}; sweep / N separate runs = "
           f"{result['sweep_vs_separate_runs']:.2f}")

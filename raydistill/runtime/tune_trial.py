@@ -3,12 +3,14 @@ Train workers, and what the trial knows about itself in ``trial.json`` (``TrialS
 
 Metrics reach Tune through Ray Train: rank 0's ``ray.train.report`` of every step with an STS-B dev evaluation
 carries ``best_stsb_dev`` (``train_loop.TuneReporting``) and ``tune_callback.EvalReportsToTune`` forwards it to
-this trial, where ASHA ranks it. The trial's very last evaluation is reported here instead, after the job has
-written its model and record, so a stop decision made on it cannot cut them.
+this trial, where ASHA ranks it. With ``num_learners: 0`` the loop runs in Train's local mode in this process and
+sends the same metrics with ``ray.tune.report``. The trial's very last evaluation is reported here instead, after
+the job has written its model and record, so a stop decision made on it cannot cut them.
 
 Checkpoints: the trial's Train runs persist theirs in the sweep's Tune storage (``SweepPlan.train_storage``, set as
 the config's ``extra.storage_path``). A trial that Tune restarts (``raydistill tune --resume``, or on another node
-sharing that storage) runs the same Train runs again, and Train resumes each from its newest checkpoint there.
+sharing that storage) runs the same Train runs again, and Train resumes each from its newest checkpoint there. In
+local mode they stay in the trial's run dir, where a restart on the same machine finds them.
 
 Torch, Ray and the training runtime are imported inside ``distill_trial``: it runs in a Tune worker, not where the
 plan is made.
@@ -69,7 +71,7 @@ class TrialState:
 
 class _TrialReporter:
     """The ``run_distillation`` progress hook of a trial: keeps ``trial.json`` up to date. The evaluations reach Tune
-    from the Train workers; ``finish`` reports the last one."""
+    from the training loop; ``finish`` reports the last one."""
 
     def __init__(self, state: TrialState, run_dir: Path, num_stages: int):
         self.state, self.run_dir, self.num_stages = state, run_dir, num_stages
