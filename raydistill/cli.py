@@ -152,7 +152,8 @@ def _run_tune(args: argparse.Namespace) -> int:
     else:
         settings = {"num_samples": args.num_samples, "time_budget_s": args.time_budget, "algorithm": args.search,
                     "seed": args.seed, "max_concurrent_trials": args.max_concurrent,
-                    "grace_evals": args.grace_evals, "reduction_factor": args.reduction_factor,
+                    "scheduler": args.scheduler, "grace_evals": args.grace_evals,
+                    "reduction_factor": args.reduction_factor, "perturbation_evals": args.perturbation_evals,
                     "num_cpus": args.cpus_per_trial, "num_gpus": args.gpus_per_trial,
                     "threads": args.threads_per_trial, "num_learners": args.learners_per_trial}
         values = {"train.lr": args.lr, "loss.queue_size": args.queue_size, "loss.tau_teacher": args.tau_teacher,
@@ -190,7 +191,7 @@ def _sts_sets() -> tuple[str, ...]:
 
 def _add_tune_parser(sub) -> None:
     tu = sub.add_parser("tune", help="Ray Tune search of a method's lr, temperatures and queue size for a student",
-                        description="Ray Tune sweep (ASHA on STS-B dev) for one student; see docs/tune.md.")
+                        description="Ray Tune sweep (ASHA or PBT on STS-B dev) for one student; see docs/tune.md.")
     tu.add_argument("--student", type=_student, help="preset (raydistill models) or a local model directory")
     tu.add_argument("--method", type=_method, default="congen", help="distillation method (default congen)")
     tu.add_argument("--teacher", default=None, help="default mpnet-base for methods with a teacher")
@@ -213,6 +214,11 @@ def _add_tune_parser(sub) -> None:
                     help="Ray Train workers per trial (default 1); 0: each trial trains in its own process, which "
                          "saves the worker group's start-up on short trials")
     tu.add_argument("--max-concurrent", type=_positive_int, help="trials at once (default: as resources allow)")
+    tu.add_argument("--scheduler", choices=("asha", "pbt"),
+                    help="asha (default): stop weak trials early; pbt: weak trials continue a strong trial's "
+                         "checkpoint with perturbed lr / temperatures (needs --learners-per-trial 0)")
+    tu.add_argument("--perturbation-evals", type=_positive_int,
+                    help="PBT: dev evaluations between a trial's exploit/explore decisions (default 2)")
     tu.add_argument("--grace-evals", type=_positive_int, help="ASHA: dev evaluations before a trial can stop")
     tu.add_argument("--reduction-factor", type=_reduction_factor, help="ASHA reduction factor (> 1)")
     tu.add_argument("--lr", type=_positive_floats, metavar="A,B,..", help="learning rates to choose from")

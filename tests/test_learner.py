@@ -152,6 +152,41 @@ def test_checkpoint_of_a_different_config_is_refused(tiny_bert, tiny_teacher, te
         other_learner.load_checkpoint(path)
 
 
+def test_a_checkpoint_continued_with_another_learning_rate_or_temperature(tiny_bert, tiny_teacher, teacher_vectors,
+                                                                          paraphrases, tmp_path):
+    """What a PBT trial does with another trial's checkpoint: keys ``may_differ`` accepts (the learning rate, a
+    temperature) may differ; the schedule goes on from the checkpoint's step with the new peak learning rate, and
+    the weights and queue are the checkpoint's. A key the checkpoint's state depends on (the queue size) is still
+    refused."""
+    from raydistill.runtime.tune_settings import pbt_mutable
+
+    cfg = congen_config(tiny_bert, tiny_teacher, tmp_path, warmup_ratio=0.1)
+    batches = congen_batches(paraphrases, teacher_vectors)
+    donor = DistillLearner(cfg, total_steps=20, teacher_dim=TEACHER_DIM, run_dir=tmp_path)
+    for batch in batches[:3]:
+        donor.train_step(batch)
+    path = donor.save_checkpoint(epoch=0, batch_in_epoch=3)
+
+    other = cfg.with_overrides(["train.lr=5e-4", "loss.tau_student=0.05"])
+    learner = DistillLearner(other, total_steps=20, teacher_dim=TEACHER_DIM, run_dir=tmp_path)
+    with pytest.raises(ckpt.CheckpointMismatchError, match=r"train\.lr"):
+        learner.load_checkpoint(path)  # without may_differ: refused, as any other config
+    manifest = learner.load_checkpoint(path, may_differ=pbt_mutable)
+    assert manifest["step"] == 3 and learner.step == 3
+    for name, tensor in donor.loss_module.state_dict().items():  # the queue is the checkpoint's
+        assert torch.equal(tensor, learner.loss_module.state_dict()[name]), name
+    factor = learner.scheduler.lr_lambdas[0](3)  # past the 2 warm-up steps: (20 - 3) / (20 - 2)
+    assert factor == pytest.approx(17 / 18)
+    assert [group["lr"] for group in learner.optimizer.param_groups] == pytest.approx([5e-4 * factor] * 2)
+    assert learner.train_step(batches[3])["lr"] == pytest.approx(5e-4 * factor)
+    assert learner.loss_module.tau_student == 0.05
+
+    bigger_queue = DistillLearner(cfg.with_overrides(["train.lr=5e-4", "loss.queue_size=128"]), total_steps=20,
+                                  teacher_dim=TEACHER_DIM, run_dir=tmp_path)
+    with pytest.raises(ckpt.CheckpointMismatchError, match=r"loss\.queue_size"):
+        bigger_queue.load_checkpoint(path, may_differ=pbt_mutable)
+
+
 def test_dev_evaluation_saves_a_sentence_transformers_best_model(tiny_bert, tiny_teacher, tmp_path):
     from sentence_transformers import SentenceTransformer
 

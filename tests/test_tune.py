@@ -63,23 +63,36 @@ class RecordResults(Callback):
         RecordResults.results.setdefault(trial.config.get("train.lr"), []).append(dict(result))
 
 
+class RecordCheckpoints(Callback):
+    """The manifest of every checkpoint Tune persisted, per trial, read when Tune registered it (the sweep's end
+    deletes those of finished trials)."""
+
+    manifests: dict[str, list[dict]] = {}
+
+    def on_checkpoint(self, iteration, trials, trial, checkpoint, **info):
+        manifest = json.loads((Path(checkpoint.path) / "manifest.json").read_text())
+        RecordCheckpoints.manifests.setdefault(trial.trial_id, []).append(manifest)
+
+
 @pytest.fixture(autouse=True)
 def one_thread(one_thread):
     yield
 
 
-def write_space(path, student, teacher, root, lrs=LRS, tau_teacher=None, num_learners=1):
+def write_space(path, student, teacher, root, lrs=LRS, tau_teacher=None, num_learners=1, scheduler=None,
+                concurrent=1, eval_every=EVAL_EVERY, keep_checkpoints=4):
     space = {
         "student": "tiny",
         "description": "test space",
-        "search": {"num_samples": 1, "algorithm": "random", "seed": 0, "max_concurrent_trials": 1},
-        "scheduler": {"grace_evals": 1, "reduction_factor": 2},
-        "resources_per_trial": {"num_cpus": 1, "num_gpus": 0, "num_learners": num_learners},
+        "search": {"num_samples": 1, "algorithm": "random", "seed": 0, "max_concurrent_trials": concurrent},
+        "scheduler": scheduler or {"grace_evals": 1, "reduction_factor": 2},
+        "resources_per_trial": {"num_cpus": 1, "num_gpus": 0, "num_learners": num_learners,
+                                "keep_checkpoints": keep_checkpoints},
         "methods": {"congen": {
             "base": {
                 "cache_dir": str(root / "embeddings"),
                 "data": {"corpus": "flickr", "max_sentences": ROWS, "max_length": 32, "teacher_max_length": 32},
-                "train": {"batch_size": BATCH, "lr": 1e-3, "epochs": 1, "eval_every": EVAL_EVERY,
+                "train": {"batch_size": BATCH, "lr": 1e-3, "epochs": 1, "eval_every": eval_every,
                           "checkpoint_every": 1, "keep_last": 1},
                 "loss": {"queue_size": 64, "tau_teacher": 0.05, "tau_student": 0.07},
                 "resources": {"num_cpus": 2, "teacher": {"num_actors": 1, "num_cpus": 1, "threads": 1,
@@ -351,9 +364,9 @@ def test_two_trials_train_at_once_on_two_cpus(tmp_path, ray_session, tiny_bert, 
 @pytest.mark.ray
 def test_local_mode_trials_train_in_their_own_process_and_report_to_tune(tmp_path, ray_session,  # noqa: F811
                                                                          tiny_bert, tiny_teacher):
-    """``num_learners: 0``: each trial runs Train's local mode in its own (reused) process, sends its evaluations
-    with ``ray.tune.report`` and keeps its checkpoints in its run dir; ASHA, the NaN failure and an interrupted
-    sweep's resume work as with workers."""
+    """``num_learners: 0``: each trial runs Train's local mode in its own (reused) process and sends its evaluations
+    with their checkpoints through ``ray.tune.report`` into the sweep's Tune storage; ASHA, the NaN failure and an
+    interrupted sweep's resume work as with workers."""
     from raydistill.runtime.tune import plan_sweep, resume_sweep, run_sweep
 
     space = write_space(tmp_path / "tiny.yaml", tiny_bert, tiny_teacher, tmp_path, num_learners=0)
@@ -366,7 +379,8 @@ def test_local_mode_trials_train_in_their_own_process_and_report_to_tune(tmp_pat
     assert first["ended_by"] == "interrupted"
     interrupted = by_lr(first)[LRS[2]]
     assert interrupted["status"] == "interrupted"
-    assert list(Path(interrupted["run_dir"]).rglob("step-*")), "no checkpoint in the interrupted trial's run dir"
+    # Each evaluation's checkpoint went to Tune, into the sweep's Tune storage (what a restore on another node reads).
+    assert sorted(plan.tune_dir.joinpath(interrupted["trial_id"]).glob("checkpoint_*")), "no checkpoint in Tune's storage"
     final = resume_sweep(plan.sweep_dir, verbose=0)
     rows = by_lr(final)
     assert final["ended_by"] == "completed" and sorted(rows) == sorted(LRS)
@@ -378,6 +392,72 @@ def test_local_mode_trials_train_in_their_own_process_and_report_to_tune(tmp_pat
     assert restarted["attempts"] == 2 and 1 <= restarted["resumed_from"] < ROWS // BATCH
     assert restarted["status"] in ("finished", "stopped_early")
     assert not plan.train_storage(rows[1e-3]["trial_id"]).exists()  # no Train workers, no Train storage
+
+
+@pytest.mark.ray
+def test_pbt_continues_the_weak_trial_from_the_strong_trials_checkpoint(tmp_path, ray_session,  # noqa: F811
+                                                                        tiny_bert, tiny_teacher):
+    """``scheduler: pbt`` with local-mode trials: every evaluation reaches Tune with its checkpoint, in the sweep's
+    Tune storage; the trial whose learning rate wrecks the student (0.5) is restarted by PBT from the good trial's
+    checkpoint with a perturbed learning rate, and so ends with at least the good trial's dev score at that step
+    (on its own it stays near 3, far below)."""
+    from raydistill.runtime.tune import plan_sweep, run_sweep
+
+    space = write_space(tmp_path / "tiny.yaml", tiny_bert, tiny_teacher, tmp_path, lrs=[1e-3, 0.5], num_learners=0,
+                        scheduler={"name": "pbt", "perturbation_evals": 1, "quantile_fraction": 0.5}, concurrent=2,
+                        # an evaluation a second: every checkpoint is kept, so the donor's outlives the restart
+                        eval_every=1, keep_checkpoints=ROWS // BATCH)
+    plan = plan_sweep(str(tiny_bert), "congen", str(tiny_teacher), space_file=space, sweep_dir=tmp_path / "sweep",
+                      experiment="test-tune-pbt", evaluate_sets=(), results_dir=tmp_path / "results",
+                      command="pytest tests/test_tune.py")
+    assert plan.pbt_mutations() == {"train.lr": [1e-3, 0.5]}
+    RecordResults.results, RecordCheckpoints.manifests = {}, {}
+    summary = run_sweep(plan, callbacks=[RecordResults(), RecordCheckpoints()], verbose=0)
+    assert summary["ended_by"] == "completed" and summary["scheduler"]["name"] == "PBT"
+    rows = {row["trial_id"]: row for row in summary["trials"]}
+    assert [row["status"] for row in rows.values()] == ["finished", "finished"]
+    continuing = [row for row in rows.values() if row["continued"]]
+    assert continuing, f"PBT never continued a trial from another's checkpoint: {summary['trials']}"
+    trial = continuing[0]
+    first = trial["continued"][0]
+    donor = rows[first["from_trial"]]
+    assert donor["trial_id"] != trial["trial_id"] and first["step"] >= 1
+    # Evaluations went to Tune with their checkpoints, persisted in the sweep's Tune storage (no Train storage); the
+    # sweep's end deleted them, as the trials are finished.
+    for trial_id, row in rows.items():
+        assert any(m["extra"]["trial_id"] == trial_id for m in RecordCheckpoints.manifests[trial_id]), trial_id
+        assert not list(plan.tune_dir.joinpath(trial_id).glob("checkpoint_*"))
+        assert not plan.train_storage(trial_id).exists()
+    # After the take-over the trial's checkpoints are its own again, written from the donor's weights on.
+    after = [m for m in RecordCheckpoints.manifests[trial["trial_id"]] if m["step"] > first["step"]]
+    assert after and all(m["extra"]["trial_id"] == trial["trial_id"] for m in after)
+    donor_dev_then = max(r["best_stsb_dev"] for r in RecordResults.results[1e-3] if r["step"] <= first["step"])
+    assert trial["best_stsb_dev"] >= donor_dev_then - 1e-6
+    assert trial["best_stsb_dev"] > 10, "the wrecked trial's own level; it did not take over the good run"
+    assert trial["last_step"] == ROWS // BATCH and trial["attempts"] >= 2
+
+
+def test_pbt_is_refused_where_it_cannot_work(tmp_path, tiny_bert, tiny_teacher):
+    """Before Ray starts: PBT needs local-mode trials (Tune must hold the checkpoints), a searched value it may
+    change in a running trial, and a searcher that does not model finished trials."""
+    from raydistill.runtime.tune import SpaceError, plan_sweep
+
+    space = write_space(tmp_path / "tiny.yaml", tiny_bert, tiny_teacher, tmp_path, scheduler={"name": "pbt"})
+
+    def plan(**settings):
+        return plan_sweep(str(tiny_bert), "congen", str(tiny_teacher), space_file=space, settings=settings,
+                          sweep_dir=tmp_path / "sweep", evaluate_sets=())
+
+    with pytest.raises(SpaceError, match="num_learners: 0"):
+        plan()
+    with pytest.raises(SpaceError, match="optuna"):
+        plan(num_learners=0, algorithm="optuna")
+    assert plan(num_learners=0).algorithm == "random"
+    data = yaml.safe_load(space.read_text())
+    data["methods"]["congen"]["space"] = {"loss.queue_size": {"choice": [32, 64]}}  # the checkpoint holds the queue
+    space.write_text(yaml.safe_dump(data, sort_keys=False))
+    with pytest.raises(SpaceError, match="none of the searched keys"):
+        plan(num_learners=0)
 
 
 def test_a_trial_that_would_take_every_cpu_is_refused_before_it_starts():

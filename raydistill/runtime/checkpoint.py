@@ -53,7 +53,7 @@ import re
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -525,9 +525,14 @@ def latest_good_checkpoint(run_dir: str | os.PathLike, report=None) -> tuple[Pat
     return None, None
 
 
-def check_compatible(manifest: dict[str, Any], config, path: str | os.PathLike = "checkpoint") -> None:
+def check_compatible(manifest: dict[str, Any], config, path: str | os.PathLike = "checkpoint",
+                     may_differ: Callable[[str], bool] | None = None) -> None:
     """Raise CheckpointMismatchError naming both hashes and the differing keys if ``config`` trains something else
-    (another config, or the same corpus path with other content)."""
+    (another config, or the same corpus path with other content).
+
+    ``may_differ(key)``: keys whose change the loader applies itself (a PBT trial continuing another trial's
+    checkpoint with a new learning rate or temperature); a checkpoint that differs only in those is accepted.
+    """
     mine = config.config_hash()
     theirs = manifest.get("config_hash")
     stored_data = manifest.get("data_fingerprint") or {}
@@ -537,6 +542,8 @@ def check_compatible(manifest: dict[str, Any], config, path: str | os.PathLike =
         return
     stored = manifest.get("config") or {}
     keys = config.diff_keys(stored) if stored and theirs != mine else []
+    if keys and may_differ is not None and not changed_data and all(may_differ(key) for key in keys):
+        return
     details = []
     flat_stored, flat_mine = _flatten(stored), _flatten(config.to_dict())
     for key in keys[:12]:
@@ -580,8 +587,9 @@ def check_resume(run_dir: str | os.PathLike, config, world_size: int | None = No
 
 
 def load_checkpoint(path: str | os.PathLike, config=None, map_location: str | torch.device = "cpu",
-                    ) -> tuple[dict[str, Any], dict[str, Any]]:
-    """``(manifest, state)`` of a complete, verified checkpoint; refuses one written by another config (when given).
+                    may_differ: Callable[[str], bool] | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``(manifest, state)`` of a complete, verified checkpoint; refuses one written by another config (when given),
+    unless only keys ``may_differ`` accepts differ (``check_compatible``).
 
     Files are loaded with ``weights_only=True``: tensors and plain containers only, never arbitrary objects.
     """
@@ -590,7 +598,7 @@ def load_checkpoint(path: str | os.PathLike, config=None, map_location: str | to
     path = Path(path)
     manifest = verify_checkpoint(path)
     if config is not None:
-        check_compatible(manifest, config, path)
+        check_compatible(manifest, config, path, may_differ)
     state = {}
     for entry in manifest["files"]:
         file = path / entry["name"]

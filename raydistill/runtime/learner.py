@@ -455,10 +455,15 @@ class DistillLearner:
                                     keep_last=self.cfg.train.keep_last, extra=extra)
         return str(path)
 
-    def load_checkpoint(self, path: str | os.PathLike) -> dict[str, Any]:
-        """Restore from ``path``; refuses a checkpoint written by a different config. Returns its manifest."""
-        manifest, state = ckpt.load_checkpoint(path, config=self.cfg, map_location=self.device)
+    def load_checkpoint(self, path: str | os.PathLike, may_differ=None) -> dict[str, Any]:
+        """Restore from ``path``; refuses a checkpoint written by a different config, unless only keys
+        ``may_differ(key)`` accepts differ (a PBT trial continuing another trial's checkpoint: its learning rate
+        replaces the checkpoint's). Returns its manifest."""
+        manifest, state = ckpt.load_checkpoint(path, config=self.cfg, map_location=self.device, may_differ=may_differ)
         self.load_state_dict(state)
+        written_lr = (manifest.get("config") or {}).get("train", {}).get("lr", self.cfg.train.lr)
+        if float(written_lr) != float(self.cfg.train.lr):
+            self._restart_schedule_at(float(self.cfg.train.lr))
         # best/ may be newer than the checkpoint (a new best after the last checkpoint, then a crash): keep its score,
         # or a replayed evaluation that is better than the checkpoint's best but worse than best/ would overwrite it.
         info_path = self.run_dir / "best" / BEST_INFO
@@ -468,6 +473,15 @@ class DistillLearner:
                 self.best = _Best(score=float(info["stsb_dev"]), step=int(info["step"]),
                                   evals_without_improvement=self.best.evals_without_improvement)
         return manifest
+
+    def _restart_schedule_at(self, lr: float) -> None:
+        """Peak learning rate ``lr`` for the restored optimiser: the schedule goes on from its step with the new peak,
+        as if the run had been started with it."""
+        self.scheduler.base_lrs = [lr] * len(self.optimizer.param_groups)
+        for group, factor in zip(self.optimizer.param_groups, self.scheduler.lr_lambdas):
+            group["initial_lr"] = lr
+            group["lr"] = lr * factor(self.scheduler.last_epoch)
+        self.scheduler._last_lr = [group["lr"] for group in self.optimizer.param_groups]
 
     def get_history(self) -> list[dict[str, Any]]:
         return list(self.history)

@@ -101,6 +101,7 @@ class Tracker:
         self.failed_reason: str | None = None
         self._client = None
         self._ended = False
+        self._logged_params: dict[str, str] = {}  # a resumed run's params (MLflow refuses to change one)
         if not self.cfg.enabled:
             return
         self._guard("start run", self._start, tags or {})
@@ -128,6 +129,7 @@ class Tracker:
                 client.log_batch(run.info.run_id, tags=[RunTag(k, str(v)) for k, v in tags.items()],
                                  synchronous=True)
             self._client, self.run_id, self.experiment_id = client, run.info.run_id, run.info.experiment_id
+            self._logged_params = dict(run.data.params)
             return
         experiment = client.get_experiment_by_name(self.cfg.experiment)
         if experiment is None:
@@ -200,13 +202,20 @@ class Tracker:
         from mlflow.entities import Param
 
         flat = flatten_params(params)
-        items = [Param(k, v) for k, v in flat.items()]
+        # A resumed run that goes on with other values (a PBT trial continuing another trial's checkpoint): MLflow
+        # params are write-once and a changed one fails the whole batch, so the first values stay and the new ones
+        # become tags.
+        changed = {k: v for k, v in flat.items() if k in self._logged_params and self._logged_params[k] != v}
+        if changed:
+            self.set_tags({f"raydistill.changed_param.{k}": v for k, v in changed.items()})
+        items = [Param(k, v) for k, v in flat.items() if k not in changed]
 
         def send():
             for i in range(0, len(items), _PARAMS_PER_BATCH):
                 self._client.log_batch(self.run_id, params=items[i:i + _PARAMS_PER_BATCH], synchronous=True)
 
         self._guard("log_params", send)
+        self._logged_params.update((item.key, item.value) for item in items)
 
     def log_metrics(self, metrics: Mapping[str, Any], step: int | None = None) -> None:
         if not self.active:

@@ -23,13 +23,17 @@ does a Tune trial's corpus (``iter_batches``: the same batches; teacher vectors 
 Checkpoints: with Train workers, rank 0 writes the atomic checkpoint (checkpoint.py) into a local temporary
 directory and reports it; Train persists it to ``RunConfig(storage_path)/<name>/step-XXXXXXX`` and keeps
 ``train.keep_last`` of them. Train's local mode keeps a reported checkpoint only in memory, so there rank 0 writes
-it to ``<run_dir>/checkpoints/`` itself: the same layout either way.
+it to ``<run_dir>/checkpoints/`` itself: the same layout either way. A Tune trial in local mode also reports the
+checkpoint of each dev evaluation to Tune (``ray.tune.report``), which persists it in the sweep's storage; a
+restarted trial resumes from the one Tune hands back (``ray.tune.get_checkpoint``), which under PBT may be another
+trial's, written with another learning rate or temperature (``tune_settings.pbt_mutable``).
 
 In a Ray Tune trial (``LoopConfig.tune``), rank 0's report of every step with a dev evaluation also carries
 ``best_stsb_dev`` (``TUNE_METRIC``), ``stsb_dev``, ``stage`` and the step counted over the trial's stages;
 ``tune_callback.EvalReportsToTune`` forwards those reports, and only those, to the trial: ASHA ranks trials on
 what ``ray.train.report`` sent. A trial in Train's local mode (``num_learners: 0``: the loop runs in the trial's own
-process, where ``ray.train.report`` refuses to run) sends the same metrics with ``ray.tune.report`` instead.
+process, where ``ray.train.report`` refuses to run) sends the same metrics with ``ray.tune.report`` instead, each
+with its checkpoint.
 
 Events (``start``, ``step``, ``eval``) go from rank 0 to the driver through an ``EventRelay`` (a Ray actor the
 driver owns; in local mode a plain object calling the driver's callbacks): the driver logs them to MLflow, prints
@@ -49,6 +53,7 @@ import numpy as np
 
 from raydistill.runtime import checkpoint as ckpt
 from raydistill.runtime.config import JobConfig
+from raydistill.runtime.tune_settings import pbt_mutable
 
 __all__ = ["LoopConfig", "TuneReporting", "EventRelay", "LocalEvents", "train_worker", "steps_per_epoch", "STREAM",
            "TUNE_METRIC"]
@@ -352,7 +357,14 @@ class _Worker:
         in_run_dir = None
         if self.loop.checkpoints_in_run_dir:
             in_run_dir, _ = ckpt.latest_good_checkpoint(self.loop.run_dir, report=self._print)
-        registered = None if self.loop.local_mode else ray.train.get_checkpoint()
+        if not self.loop.local_mode:
+            registered = ray.train.get_checkpoint()
+        elif self.loop.tune is not None:  # a Tune trial in its own process: the checkpoint Tune restored it with
+            from ray import tune
+
+            registered = tune.get_checkpoint()
+        else:
+            registered = None
         candidates = [("train", registered), ("run_dir", in_run_dir)]
         manifest: dict[str, Any] | None = None
         for source, where in candidates:
@@ -380,7 +392,10 @@ class _Worker:
                 return None
             if manifest["step"] <= newer_than:
                 return None
-            return {**self.learner.load_checkpoint(directory), "_path": where.path}
+            # In a Tune trial the checkpoint may be another trial's (PBT), written with another learning rate or
+            # temperature: those keys may differ, the learner applies its own.
+            may_differ = pbt_mutable if self.loop.tune is not None else None
+            return {**self.learner.load_checkpoint(directory, may_differ=may_differ), "_path": where.path}
 
     def _fit_projection(self) -> None:
         """``student_projection_init: least_squares``: every worker fits the new projection to the same teacher
@@ -551,11 +566,7 @@ class _Worker:
             if self.loop.tune is None:
                 ray.train.report(metrics)
             elif tune_metrics:
-                # A Tune trial training in its own process: ray.train.report refuses to run inside a Tune function,
-                # so the evaluation goes to Tune directly. Tune may stop the trial here (SystemExit).
-                from ray import tune
-
-                tune.report(tune_metrics)
+                self._report_to_tune(tune_metrics, epoch, batch_in_epoch, extra)
             return
         if not checkpoint:
             ray.train.report(metrics)
@@ -571,6 +582,24 @@ class _Worker:
         finally:
             if staging is not None:
                 shutil.rmtree(staging, ignore_errors=True)
+
+
+    def _report_to_tune(self, tune_metrics: dict[str, Any], epoch: int, batch_in_epoch: int,
+                        extra: dict[str, Any]) -> None:
+        """A Tune trial training in its own process: ``ray.train.report`` refuses to run inside a Tune function, so
+        the evaluation goes to Tune directly, with this step's checkpoint. Tune copies it into the sweep's storage,
+        where a restored trial finds it on any node sharing that storage, and where PBT takes it to continue a
+        weaker trial from this one. Tune may stop the trial here (SystemExit)."""
+        from ray import tune
+
+        staging = tempfile.mkdtemp(prefix="raydistill-ckpt-")
+        try:
+            path = self.learner.save_checkpoint(epoch, batch_in_epoch,
+                                                {**extra, "trial_id": tune.get_context().get_trial_id()},
+                                                run_dir=staging)
+            tune.report(tune_metrics, checkpoint=tune.Checkpoint.from_directory(path))
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
 
 
 def _barrier(world: int) -> None:

@@ -5,12 +5,12 @@
     raydistill tune --resume --student bert-mini            # or --resume --sweep-dir DIR
 
 ``plan_sweep`` checks the space file and the base config before Ray starts; ``run_sweep`` has the teacher encode the
-corpus once for all trials, runs the trials under ASHA (metric: the best STS-B dev so far) and exports the best
-trial's model and job config. docs/tune.md describes the space files, the sweep directory, resume and MLflow.
+corpus once for all trials, runs the trials under ASHA or PBT (metric: the best STS-B dev so far) and exports the
+best trial's model and job config. docs/tune.md describes the space files, the sweep directory, resume and MLflow.
 
 Each module imports only the ones listed before it:
 
-    tune_settings.py  SweepSettings: search budget and algorithm, ASHA, resources per trial; parse_duration
+    tune_settings.py  SweepSettings: search budget and algorithm, ASHA or PBT, resources per trial; parse_duration
     tune_space.py     search-space files: found, read and checked (SearchSpace, Param, SpaceError)
     tune_plan.py      plan_sweep and SweepPlan (sweep.json): base config + searched values, checked before Ray starts
     tune_trial.py     distill_trial, the Tune trainable, and its trial.json

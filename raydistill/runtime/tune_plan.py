@@ -19,7 +19,7 @@ from typing import Any, Iterable
 
 from raydistill.runtime.config import ConfigError, JobConfig, TrackingConfig
 from raydistill.runtime.tracking import resolve_tracking_uri
-from raydistill.runtime.tune_settings import SweepSettings
+from raydistill.runtime.tune_settings import SweepSettings, pbt_mutable
 from raydistill.runtime.tune_space import MethodSpace, Param, SearchSpace, SpaceError, load_space, space_for
 from raydistill.shipped import shipped_config
 
@@ -98,6 +98,10 @@ class SweepPlan:
     def param_space(self) -> dict[str, Any]:
         return {key: param.to_tune() for key, param in self.param_objects().items()}
 
+    def pbt_mutations(self) -> dict[str, Any]:
+        """PBT's ``hyperparam_mutations``: the searched keys it may change in a running trial (``pbt_mutable``)."""
+        return {key: param.to_pbt() for key, param in self.param_objects().items() if pbt_mutable(key)}
+
     def expected_trials(self) -> int:
         grid = math.prod(len(spec["grid"]) for spec in self.params.values() if "grid" in spec)
         return int(self.sweep_settings.num_samples) * grid
@@ -111,8 +115,8 @@ class SweepPlan:
 
     def trial_config(self, params: dict[str, Any], run_dir: str | os.PathLike, trial_id: str) -> JobConfig:
         """The base config with ``params``, run by a trial: its Train workers (``resources_per_trial``), their
-        checkpoints in the sweep's Tune storage (``train_storage``; in local mode, the trial's run dir), absolute
-        run/cache/tracking locations."""
+        checkpoints in the sweep's Tune storage (``train_storage``; in local mode the trial reports its checkpoints
+        to Tune itself), absolute run/cache/tracking locations."""
         from raydistill.runtime.preflight import preflight
 
         settings = self.sweep_settings
@@ -123,7 +127,7 @@ class SweepPlan:
         learner = data.setdefault("resources", {}).setdefault("learner", {})
         learner.update(num_learners=settings.num_learners, num_cpus=settings.num_cpus,
                        threads=settings.trial_threads(), num_gpus=settings.num_gpus)
-        if settings.num_learners:  # local mode keeps its checkpoints in the trial's run dir
+        if settings.num_learners:  # local mode: Tune persists the checkpoints the trial reports (train_loop)
             data.setdefault("extra", {})["storage_path"] = str(self.train_storage(trial_id))
         data["tracking"] = {**data.get("tracking", {}), **dataclasses.asdict(self.tracking(f"trial-{trial_id}"))}
         return preflight(JobConfig.from_dict(data, source=f"trial {trial_id} of sweep {self.name}"))
@@ -200,7 +204,9 @@ def plan_sweep(student: str, method: str = "congen", teacher: str | None = None,
                           f"{key}={value!r}")
     for i, point in enumerate(section.start_from):
         _check_values(base, point, space, f"{where}.start_from", f"start_from[{i}] {point}")
-    algorithm = _resolve_algorithm(sweep_settings.algorithm, params, space)
+    algorithm = _resolve_algorithm(sweep_settings.algorithm, params, space, sweep_settings.scheduler)
+    if sweep_settings.scheduler == "pbt":
+        _check_pbt(base, params, sweep_settings)
 
     name = _sweep_name(method, student, teacher)
     sweep_path = Path(sweep_dir).expanduser().resolve() if sweep_dir else default_sweep_dir(method, student, teacher)
@@ -266,15 +272,21 @@ def _check_values(base: JobConfig, values: dict[str, Any], space: SearchSpace, w
         raise space.error(where, message) from None
 
 
-def _resolve_algorithm(requested: str, params: dict[str, Param], space: SearchSpace) -> str:
+def _resolve_algorithm(requested: str, params: dict[str, Param], space: SearchSpace, scheduler: str = "asha") -> str:
     """``auto``: Optuna's TPE when optuna is installed and no entry is a ``grid``, else seeded random search.
 
     The spaces are the papers' small categorical grids and a CPU budget buys 10-30 trials. TPE starts with random
     trials and models the good region only after them, so random search (no extra package, reproducible from the
-    seed) loses little and is the fallback.
+    seed) loses little and is the fallback. PBT draws each trial's start at random and then changes the values
+    itself, which a model of finished trials' values cannot describe: random search.
     """
     has_grid = any(p.kind == "grid" for p in params.values())
     optuna_available = _optuna_available()
+    if scheduler == "pbt":
+        if requested == "optuna":
+            raise SpaceError("scheduler pbt changes a trial's values while it runs, which optuna's model of "
+                             "finished trials cannot follow: use --search random (or auto)")
+        return "random"
     if requested == "optuna":
         if not optuna_available:
             raise SpaceError("search algorithm 'optuna' needs the optuna package: pip install 'raydistill[optuna]' "
@@ -286,6 +298,26 @@ def _resolve_algorithm(requested: str, params: dict[str, Param], space: SearchSp
     if requested == "random" or has_grid or not optuna_available:
         return "random"
     return "optuna"
+
+
+def _check_pbt(base: JobConfig, params: dict[str, Param], settings: SweepSettings) -> None:
+    """PBT continues a weaker trial from a stronger trial's checkpoint, which Tune must hold and the trial must be
+    able to load with changed values: refuse, before Ray starts, a sweep where that cannot happen."""
+    from raydistill.methods import stage_plan, with_method_defaults
+
+    if settings.num_learners != 0:
+        raise SpaceError(
+            "scheduler pbt needs resources_per_trial.num_learners: 0 (--learners-per-trial 0): a trial continues "
+            "another trial's checkpoint, which Tune must hold, and a trial's Ray Train workers hand Tune only the "
+            "path of theirs (Ray Train's TuneReportCallback), while a trial in Train's local mode reports its "
+            "checkpoints to Tune itself")
+    if not any(pbt_mutable(key) for key in params):
+        raise SpaceError(f"scheduler pbt: none of the searched keys ({', '.join(params) or 'none'}) can change in a "
+                         "running trial; PBT changes train.lr and the loss temperatures (loss.tau_*, "
+                         "loss.temperature)")
+    if len(stage_plan(with_method_defaults(base))) > 1:
+        raise SpaceError(f"scheduler pbt: method {base.method!r} trains in several stages, and a trial continuing "
+                         "another's checkpoint would have to continue its stages too; use the asha scheduler")
 
 
 def _optuna_available() -> bool:

@@ -50,6 +50,7 @@ def summarize(plan: SweepPlan, teacher_pass: dict[str, Any], started: float) -> 
             "stopped_early": status == "stopped_early", "best_stsb_dev": _round(state.best_stsb_dev),
             "best_step": state.best_step, "last_step": state.last_step, "total_steps": state.total_steps,
             "reports": state.reports, "attempts": state.attempts, "resumed_from": state.resumed_from,
+            "continued": state.continued,
             "teacher_forward_sentences": state.teacher_forward_sentences,
             "teacher_cache_hits": state.teacher_cache_hits, "error": error if status == "failed" else None,
             "start_point": _canonical(params) in start_points, "run_dir": str(run_dir),
@@ -74,8 +75,10 @@ def summarize(plan: SweepPlan, teacher_pass: dict[str, Any], started: float) -> 
     summary = {
         "sweep": plan.name, "sweep_dir": plan.sweep_dir, "student": plan.student, "method": plan.method,
         "teacher": plan.teacher, "space_file": plan.space_file, "search_algorithm": plan.algorithm,
-        "scheduler": {"name": "ASHA", "metric": METRIC, "time_attr": "step", "grace_evals": settings.grace_evals,
-                      "reduction_factor": settings.reduction_factor},
+        "scheduler": {"name": settings.scheduler.upper(), "metric": METRIC, "time_attr": "step"}
+        | ({"perturbation_evals": settings.perturbation_evals, "quantile_fraction": settings.quantile_fraction,
+            "mutations": sorted(plan.pbt_mutations())} if settings.scheduler == "pbt" else
+           {"grace_evals": settings.grace_evals, "reduction_factor": settings.reduction_factor}),
         "settings": plan.settings, "space": plan.params, "start_from": plan.start_from,
         "ended_by": ended_by, "trials_expected": plan.expected_trials(), "trials_total": len(rows),
         "trials": rows, "counts": counts,
@@ -101,13 +104,15 @@ def _round(value: float | None) -> float | None:
 
 def prune_checkpoints(plan: SweepPlan, summary: dict[str, Any]) -> None:
     """Step checkpoints of trials that Tune will not run again (a queue of 131072 x 768 is 400 MB each): their Train
-    runs' storage in the sweep's Tune directory (and any in their run dirs); only an interrupted trial needs its own
-    to continue on --resume. Every trial keeps its best model."""
+    runs' storage in the sweep's Tune directory, the checkpoints a local-mode trial reported to Tune, and any in their
+    run dirs; only an interrupted trial needs its own to continue on --resume. Every trial keeps its best model."""
     for row in summary["trials"]:
         if row["status"] != "interrupted":
             for root in Path(row["run_dir"]).rglob("checkpoints"):
                 shutil.rmtree(root, ignore_errors=True)
             shutil.rmtree(plan.train_storage(row["trial_id"]), ignore_errors=True)
+            for reported in (plan.tune_dir / row["trial_id"]).glob("checkpoint_*"):
+                shutil.rmtree(reported, ignore_errors=True)
 
 
 def finish_trial_runs(plan: SweepPlan, summary: dict[str, Any]) -> None:

@@ -1,5 +1,5 @@
-"""A sweep's settings (``SweepSettings``: search budget and algorithm, ASHA, resources per trial), checked field by
-field, and the duration and number parsing they share with space files."""
+"""A sweep's settings (``SweepSettings``: search budget and algorithm, the scheduler (ASHA or PBT), resources per
+trial), checked field by field, and the duration and number parsing they share with space files."""
 
 from __future__ import annotations
 
@@ -9,9 +9,22 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["ALGORITHMS", "SweepSettings", "parse_duration", "yaml_number"]
+__all__ = ["ALGORITHMS", "SCHEDULERS", "SweepSettings", "parse_duration", "pbt_mutable", "yaml_number"]
 
 ALGORITHMS = ("auto", "random", "optuna")
+# asha: stop the weaker trials at each rung; pbt: the weaker trials continue a stronger one's checkpoint with
+# perturbed values (Population Based Training)
+SCHEDULERS = ("asha", "pbt")
+
+
+def pbt_mutable(key: str) -> bool:
+    """Whether PBT may change ``key`` in a running trial: a value the checkpoint it continues from does not hold.
+
+    The learning rate is put back into the optimiser and its schedule after a checkpoint loads, and the loss reads
+    its temperatures at every step. Any other searched key (the queue size: the checkpoint holds the queue) is drawn
+    once per trial and, when a trial continues another trial's checkpoint, taken over from that trial with it.
+    """
+    return key == "train.lr" or (key.startswith("loss.") and key.rsplit(".", 1)[-1].startswith(("tau", "temperature")))
 
 
 def parse_duration(value: Any) -> float:
@@ -51,8 +64,14 @@ class SweepSettings:
     algorithm: str = "auto"
     seed: int = 0
     max_concurrent_trials: int | None = None
-    grace_evals: int = 2
-    reduction_factor: float = 2.0
+    scheduler: str = "asha"
+    grace_evals: int = 2  # ASHA
+    reduction_factor: float = 2.0  # ASHA
+    perturbation_evals: int = 2  # PBT: dev evaluations between two exploit/explore decisions of a trial
+    quantile_fraction: float = 0.25  # PBT: the bottom fraction continues from the top fraction's checkpoints
+    # Checkpoints Tune keeps per local-mode trial (one per evaluation). PBT hands a weaker trial a stronger trial's
+    # newest one, which must outlive the stronger trial's next keep_checkpoints - 1 evaluations, until it is loaded.
+    keep_checkpoints: int = 4
     num_cpus: float = 1.0  # per Train worker of a trial
     num_gpus: float = 0.0  # per Train worker of a trial
     threads: int | None = None
@@ -71,11 +90,21 @@ class SweepSettings:
             if value not in ALGORITHMS:
                 raise ValueError(f"expected one of {', '.join(ALGORITHMS)}, got {value!r}")
             return value
+        if name == "scheduler":
+            if value not in SCHEDULERS:
+                raise ValueError(f"expected one of {', '.join(SCHEDULERS)}, got {value!r}")
+            return value
+        if name == "quantile_fraction":
+            value = yaml_number(value)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 0.5:
+                raise ValueError(f"expected a number in (0, 0.5], got {value!r}")
+            return float(value)
         if name == "num_learners":
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise ValueError(f"expected an integer >= 0 (0: the trial trains in its own process), got {value!r}")
             return value
-        if name in ("num_samples", "max_concurrent_trials", "grace_evals", "threads"):
+        if name in ("num_samples", "max_concurrent_trials", "grace_evals", "perturbation_evals", "keep_checkpoints",
+                    "threads"):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"expected an integer >= 1, got {value!r}")
             return value

@@ -56,6 +56,13 @@ class Param:
             return tune.grid_search(list(self.values))
         return getattr(tune, self.kind)(*self.values)
 
+    def to_pbt(self):
+        """What PBT's explore step draws a new value from: the list of values (it moves to a neighbour or
+        resamples), or the distribution."""
+        if self.kind in ("choice", "grid"):
+            return list(self.values)
+        return self.to_tune()
+
     def describe(self) -> str:
         return f"{self.kind}{list(self.values)}"
 
@@ -103,9 +110,10 @@ _TOP_KEYS = ("student", "description", "search", "scheduler", "resources_per_tri
 _SETTING_SECTIONS = {
     "search": {"num_samples": "num_samples", "time_budget": "time_budget_s", "algorithm": "algorithm",
                "seed": "seed", "max_concurrent_trials": "max_concurrent_trials"},
-    "scheduler": {"grace_evals": "grace_evals", "reduction_factor": "reduction_factor"},
+    "scheduler": {"name": "scheduler", "grace_evals": "grace_evals", "reduction_factor": "reduction_factor",
+                  "perturbation_evals": "perturbation_evals", "quantile_fraction": "quantile_fraction"},
     "resources_per_trial": {"num_cpus": "num_cpus", "num_gpus": "num_gpus", "threads": "threads",
-                            "num_learners": "num_learners"},
+                            "num_learners": "num_learners", "keep_checkpoints": "keep_checkpoints"},
 }
 _METHOD_KEYS = ("base", "start_from", "space")
 

@@ -1,5 +1,5 @@
 """Running a sweep (``run_sweep``, ``resume_sweep``): how many trials fit the cluster, the teacher pass shared by
-every trial, the Tuner (ASHA on STS-B dev, seeded random search or Optuna), then the report.
+every trial, the Tuner (ASHA or PBT on STS-B dev, seeded random search or Optuna), then the report.
 
 Ray, and the modules that import torch, are imported inside the functions that use them.
 """
@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import random
 import shutil
 import time
 from pathlib import Path
@@ -64,12 +65,15 @@ def run_sweep(plan: SweepPlan, *, resume: bool = False, callbacks: list | None =
     plan.save()
     if not resume:
         settings = plan.sweep_settings
+        scheduler = ({"scheduler.perturbation_evals": settings.perturbation_evals,
+                      "scheduler.quantile_fraction": settings.quantile_fraction,
+                      "scheduler.mutations": ",".join(plan.pbt_mutations())} if settings.scheduler == "pbt" else
+                     {"scheduler.grace_evals": settings.grace_evals,
+                      "scheduler.reduction_factor": settings.reduction_factor})
         parent.log_params({"student": plan.student, "method": plan.method, "teacher": plan.teacher or "none",
                            "search.algorithm": plan.algorithm, "search.num_samples": settings.num_samples,
                            "search.seed": settings.seed, "search.time_budget_s": settings.time_budget_s,
-                           "scheduler": "ASHA", "scheduler.metric": METRIC,
-                           "scheduler.grace_evals": settings.grace_evals,
-                           "scheduler.reduction_factor": settings.reduction_factor,
+                           "scheduler": settings.scheduler.upper(), "scheduler.metric": METRIC, **scheduler,
                            "resources_per_trial.num_cpus": settings.num_cpus,
                            "resources_per_trial.num_gpus": settings.num_gpus,
                            "resources_per_trial.threads": settings.trial_threads(),
@@ -170,7 +174,7 @@ def _tuner(plan: SweepPlan, max_t: int, *, resume: bool, callbacks: list | None,
     """A new Tuner for the plan, or (``resume``) the saved one: finished, stopped and failed trials are kept, running
     ones restart from their own last checkpoint."""
     from ray import tune
-    from ray.tune.schedulers import ASHAScheduler
+    from ray.tune.schedulers import ASHAScheduler, PopulationBasedTraining
 
     settings = plan.sweep_settings
     in_process = settings.num_learners == 0
@@ -183,9 +187,18 @@ def _tuner(plan: SweepPlan, max_t: int, *, resume: bool, callbacks: list | None,
         return tune.Tuner.restore(str(plan.tune_dir), trainable=trainable, resume_unfinished=True,
                                   resume_errored=False, restart_errored=False)
     eval_every = int(plan.base_config.get("train", {}).get("eval_every") or 1)
-    grace = max(1, min(settings.grace_evals * eval_every, max_t))
-    scheduler = ASHAScheduler(time_attr="step", max_t=max(max_t, grace), grace_period=grace,
-                              reduction_factor=settings.reduction_factor, stop_last_trials=False)
+    if settings.scheduler == "pbt":
+        # Every evaluation a local-mode trial reports carries its checkpoint (train_loop), so a trial PBT picks as
+        # a donor always has one at the result PBT decided on. PBT draws its donors and new values with the random
+        # module: seeded, a sweep's decisions follow its seed as far as trial timing allows.
+        random.seed(settings.seed)
+        scheduler = PopulationBasedTraining(time_attr="step", perturbation_interval=settings.perturbation_evals *
+                                            eval_every, hyperparam_mutations=plan.pbt_mutations(),
+                                            quantile_fraction=settings.quantile_fraction)
+    else:
+        grace = max(1, min(settings.grace_evals * eval_every, max_t))
+        scheduler = ASHAScheduler(time_attr="step", max_t=max(max_t, grace), grace_period=grace,
+                                  reduction_factor=settings.reduction_factor, stop_last_trials=False)
     points = [dict(p) for p in plan.start_from]
     max_concurrent = concurrency  # trial_concurrency: the CPU cap and max_concurrent_trials, whichever is lower
     if plan.algorithm == "optuna":
@@ -210,6 +223,10 @@ def _tuner(plan: SweepPlan, max_t: int, *, resume: bool, callbacks: list | None,
                                   reuse_actors=in_process)
     run_config = tune.RunConfig(name=plan.tune_dir.name, storage_path=str(plan.tune_dir.parent),
                                 failure_config=tune.FailureConfig(max_failures=0, fail_fast=False),
+                                # Local-mode trials report a checkpoint with each evaluation; the newest few are
+                                # what a restored trial or a PBT donor needs.
+                                checkpoint_config=tune.CheckpointConfig(num_to_keep=settings.keep_checkpoints)
+                                if in_process else None,
                                 callbacks=callbacks, verbose=verbose)
     return tune.Tuner(trainable, param_space=plan.param_space(), tune_config=tune_config, run_config=run_config)
 

@@ -10,7 +10,9 @@ the job has written its model and record, so a stop decision made on it cannot c
 Checkpoints: the trial's Train runs persist theirs in the sweep's Tune storage (``SweepPlan.train_storage``, set as
 the config's ``extra.storage_path``). A trial that Tune restarts (``raydistill tune --resume``, or on another node
 sharing that storage) runs the same Train runs again, and Train resumes each from its newest checkpoint there. In
-local mode they stay in the trial's run dir, where a restart on the same machine finds them.
+local mode every evaluation reaches Tune with its checkpoint, which Tune keeps in the trial's directory of its
+storage and hands back to a restarted trial (``ray.tune.get_checkpoint``). Under PBT that checkpoint may be
+another trial's: the trial then continues that trial's run with its own perturbed values (``_take_over_donor_run``).
 
 Torch, Ray and the training runtime are imported inside ``distill_trial``: it runs in a Tune worker, not where the
 plan is made.
@@ -54,6 +56,8 @@ class TrialState:
     teacher_cache_hits: int = 0
     teacher_cache_misses: int = 0
     resumed_from: int | None = None  # the checkpoint step (over all stages) a restarted attempt continued from
+    # PBT: each time this trial went on from another trial's checkpoint: {attempt, from_trial, step, params}
+    continued: list[dict[str, Any]] = field(default_factory=list)
     error: str | None = None
 
     @classmethod
@@ -150,6 +154,13 @@ def distill_trial(config: dict[str, Any], plan: dict[str, Any]) -> None:
                        | {"tune.trial_id": trial_id, "tune.threads": threads})
     try:
         cfg = sweep.trial_config(params, run_dir, trial_id)
+        continued = _take_over_donor_run(tune.get_checkpoint(), state, cfg, sweep)
+        if continued is not None or state.attempts == 1:
+            # The values over the trial's steps (PBT changes them): a metric per searched number, from where it applies.
+            tracker.log_metrics({f"tune.{key}": value for key, value in params.items()},
+                                step=continued["step"] if continued else 0)
+        if continued is not None:
+            tracker.set_tags({"raydistill.continued_from": continued["from_trial"]})
         reporter = _TrialReporter(state, run_dir, num_stages=len(stage_plan(cfg)))
         print(f"[tune] trial {trial_id} (attempt {state.attempts}): {params}", flush=True)
         record = run_distillation(cfg, evaluate=False, tracker=tracker, progress=reporter, tune_trial=True,
@@ -174,6 +185,68 @@ def distill_trial(config: dict[str, Any], plan: dict[str, Any]) -> None:
     tracker.set_tags({"raydistill.trial_status": "finished"})
     tracker.end("FINISHED")
     reporter.finish(record)
+
+
+def _take_over_donor_run(checkpoint, state: TrialState, cfg, sweep: SweepPlan) -> dict[str, Any] | None:
+    """PBT restarts a weaker trial from a stronger trial's checkpoint (the donor's) with perturbed values. The trial
+    then continues the donor's run: its own checkpoints belong to the run it leaves, so they go, and the donor's
+    best model so far becomes its own (the learner keeps it unless an evaluation beats it). Returns the entry added
+    to ``state.continued``, or None when the checkpoint is the trial's own (or there is none)."""
+    import shutil
+
+    from raydistill.runtime import checkpoint as ckpt
+
+    if checkpoint is None:
+        return None
+    try:
+        with checkpoint.as_directory() as directory:
+            manifest = ckpt.verify_checkpoint(directory)
+    except (FileNotFoundError, ckpt.CheckpointError) as exc:
+        raise ckpt.CheckpointError(
+            f"the checkpoint Tune restarted trial {state.trial_id} from is gone or incomplete ({exc}); under PBT it "
+            "is another trial's, deleted once that trial wrote resources_per_trial.keep_checkpoints newer ones "
+            "before this trial could load it: keep more") from exc
+    donor = (manifest.get("extra") or {}).get("trial_id")
+    if donor in (None, state.trial_id):
+        return None
+    run_dir = cfg.resolved_run_dir()
+    shutil.rmtree(ckpt.checkpoint_root(run_dir), ignore_errors=True)
+    best = _adopt_best_model(sweep.trial_dir(donor) / "best", run_dir, cfg.config_hash())
+    entry = {"attempt": state.attempts, "from_trial": donor, "step": int(manifest["step"]),
+             "params": dict(state.params)}
+    state.continued.append(entry)
+    state.best_stsb_dev, state.best_step = (best["stsb_dev"], best["step"]) if best else (None, None)
+    print(f"[tune] trial {state.trial_id} continues trial {donor}'s run from its step {manifest['step']} with "
+          f"{state.params}", flush=True)
+    return entry
+
+
+def _adopt_best_model(donor_best: Path, run_dir: Path, config_hash: str) -> dict[str, Any] | None:
+    """Copy the donor trial's best model into ``run_dir/best``, marked as this trial's (its ``config_hash``), so the
+    learner counts it as the best so far; returns its info, or None when the donor has none yet. The donor may swap
+    in a newer best while it is copied: then the copy is taken again."""
+    import shutil
+
+    from raydistill.runtime.learner import BEST_INFO
+
+    target, staging = run_dir / "best", run_dir / ".best.adopted"
+    for _ in range(3):
+        shutil.rmtree(staging, ignore_errors=True)
+        try:
+            shutil.copytree(donor_best, staging)
+            info = json.loads((staging / BEST_INFO).read_text(encoding="utf-8"))
+            break
+        except FileNotFoundError:
+            continue
+    else:
+        shutil.rmtree(staging, ignore_errors=True)
+        shutil.rmtree(target, ignore_errors=True)
+        return None
+    info["config_hash"] = config_hash
+    (staging / BEST_INFO).write_text(json.dumps(info, indent=2), encoding="utf-8")
+    shutil.rmtree(target, ignore_errors=True)
+    staging.rename(target)
+    return info
 
 
 def plain_value(value: Any) -> Any:
