@@ -6,9 +6,10 @@ for ``--steps`` optimiser steps, without the final 7-STS evaluation. This proces
 the child's whole process tree every 0.2 s (the driver, the local Ray it starts: GCS, raylet, the learner and
 Ray Data workers) and keeps the peak of the sum and of the driver alone.
 
-What grows with the corpus is what the job keeps per row: the texts of each view, the embedding cache's index
-(~100 bytes a sentence), the Ray Dataset of texts in the object store. The teacher's vectors are not among them:
-batches read their rows' vectors from the memory-mapped cache. To keep the teacher out of the measurement, the
+What grows with the corpus is what the job keeps per row: the texts of each view while the driver builds the rows
+(then they are in the memory-mapped rows file, whose pages every process that reads them maps), the embedding
+cache's index (~100 bytes a sentence). The teacher's vectors are not among them: batches read their rows' vectors
+from the memory-mapped cache. To keep the teacher out of the measurement, the
 bench fills a fresh cache per size, with random unit vectors of that size's sentences under mpnet-base's identity,
 so the job's teacher pass finds every sentence cached (it loads no teacher) and the cache is as large as a real
 job's. The corpus is ``mixed`` (269,672 sentences) plus, to reach 300,000,

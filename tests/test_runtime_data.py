@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -251,10 +252,12 @@ def test_training_data_stream_is_deterministic_and_resumable(ray_session, tmp_pa
     assert data.num_rows == 200 and data.teacher_dim == 32
     assert (data.cache_stats["hits"], data.cache_stats["misses"], data.cache_stats["teacher_forward_sentences"]) \
         == (200, 0, 0)
-    # The teacher's vectors are no column: neither the dataset nor the local copy holds them whole; each batch
-    # reads its own rows' vectors from the memory-mapped cache.
-    assert set(data.dataset.columns()) == {"idx", "group", "text_control", "text_generalize"}
-    assert not any(name.startswith("teacher_") for name in data.columns())
+    # The rows live in their memory-mapped rows file under the cache dir, named by content; the teacher's vectors
+    # are no column of it: each batch reads its own rows' vectors from the memory-mapped cache.
+    rows_file = Path(data.rows_path)
+    assert rows_file.parent == cache_root / "rows" and rows_file.suffix == ".arrow"
+    assert data.column_names == ["idx", "group", "text_control", "text_generalize"]
+    assert build_training_data(cfg).rows_path == data.rows_path  # the same rows: the same file, written once
 
     epoch0 = _iterate_epoch(data, 0, 32)
     assert len(epoch0) == data.num_batches(32) == 6  # 200 // 32, last partial batch dropped
@@ -272,24 +275,29 @@ def test_training_data_stream_is_deterministic_and_resumable(ray_session, tmp_pa
     expected = teacher.encode(texts)
     np.testing.assert_allclose(batch["teacher_control"], expected, atol=1e-5)  # rows joined to the right text
 
-    # A copy sent to another process (pickled without its local columns) reads the same batches from the dataset.
+    # A copy sent to another process (a Tune trial's Train worker) carries the locations, not the rows, and reads
+    # the same batches.
     import pickle
 
     pickled = pickle.dumps(data)
-    assert len(pickled) < 32 * 200 * 4  # less than the 200 rows' vectors alone: it carries the cache's location
+    assert len(pickled) < 2000  # the 200 rows' texts alone are ~10 kB, their vectors 25 kB
     clone = pickle.loads(pickled)
-    assert clone._columns is None
     assert [b["idx"].tolist() for b in _iterate_epoch(clone, 0, 32)] == [b["idx"].tolist() for b in epoch0]
     np.testing.assert_array_equal(_iterate_epoch(clone, 0, 32)[0]["teacher_control"], batch["teacher_control"])
     assert list(_iterate_epoch(clone, 0, 32)[0]["text_control"]) == texts
 
-    # A driver whose workers stream the rows drops its own copy; it reads them back from the dataset if asked.
-    data.release_columns()
-    assert data._columns is None
-    assert [b["idx"].tolist() for b in _iterate_epoch(data, 0, 32)] == [b["idx"].tolist() for b in epoch0]
+    # The Ray Data stream of epochs 1..2 (what Train workers read): Data's tasks read the rows file; in order, its
+    # batches are iter_batches' batches of each epoch, the partial last batch of an epoch left out.
+    stream = data.epoch_stream(1, 3, rows_per_epoch=6 * 32)
+    streamed = list(stream.iter_batches(batch_size=32, batch_format="numpy"))
+    expected = _iterate_epoch(data, 1, 32) + _iterate_epoch(data, 2, 32)
+    assert [(int(b["epoch"][0]), int(b["position"][0])) for b in streamed] == \
+        [(ep, 32 * b) for ep in (1, 2) for b in range(6)]
+    assert [b["idx"].tolist() for b in streamed] == [b["idx"].tolist() for b in expected]
+    assert [list(b["text_generalize"]) for b in streamed] == [list(b["text_generalize"]) for b in expected]
 
     # Train's local mode (the learner in this process) streams the rows through Ray Data too, and trains on exactly
-    # the batches of the seeded order; the driver holds no copy of the text columns afterwards.
+    # the batches of the seeded order.
     import zlib
 
     from raydistill.methods import get_method
@@ -300,7 +308,6 @@ def test_training_data_stream_is_deterministic_and_resumable(ray_session, tmp_pa
                                           "train.eval_every=100", "loss.queue_size=64", "tracking.enabled=false",
                                           "resources.learner.num_learners=0", "resources.learner.threads=1"]))
     summary = LearnerGroup(local, get_method("congen"), run_dir=tmp_path / "run", teacher_dim=32).fit(data)
-    assert data._columns is None
     trained = [row["batch_crc32"] for row in summary["history"] if "batch_crc32" in row]
     assert trained == [zlib.crc32(np.ascontiguousarray(b["idx"], dtype=np.int64).tobytes()) for b in epoch0]
 

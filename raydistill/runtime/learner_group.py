@@ -7,9 +7,10 @@
                     (``use_gpu`` when ``num_gpus > 0``). DDP averages the gradients (gloo on CPU, NCCL on GPU),
                     so one step consumes N batches (batch ``b`` of an epoch goes to worker ``b mod N``) and the
                     weights stay identical on every worker.
-    datasets        a corpus streams from Ray Data (``{"train": TrainingData.epoch_stream(...)}``, not split: every
-                    worker, or the local-mode loop, keeps its own batches of the seeded order), and the driver drops
-                    its text columns; a labelled set, and a Tune trial's corpus, ride in the loop config
+    datasets        a corpus streams from Ray Data (``{"train": TrainingData.epoch_stream(...)}``, read from the
+                    memory-mapped rows file by Data's tasks, not split: every worker, or the local-mode loop, keeps
+                    its own batches of the seeded order); a labelled set, and a Tune trial's corpus (the rows file's
+                    location), ride in the loop config
     FailureConfig   ``extra.max_restarts`` (default 3) worker-group failures are retried: Train starts new workers,
                     which resume from the newest reported checkpoint (weights, AdamW, schedule, queues, RNG, data
                     position)
@@ -181,16 +182,12 @@ class LearnerGroup:
             first_epoch = min(int(manifest["epoch"]) if manifest else 0, self.cfg.train.epochs - 1)
             datasets = {STREAM: data.epoch_stream(first_epoch, self.cfg.train.epochs, rows_per_epoch)}
             loop.teacher = dict(getattr(data, "teacher", {}) or {})
-            data.release_columns()  # the loop streams the rows; the driver keeps no copy of the corpus
         else:
-            # A labelled set rides in the loop config. So does the corpus of a Tune trial: there making the Dataset
-            # and its per-epoch sort run Ray tasks that Tune captures into the trial's placement group, where they
-            # never run (measured: "cannot fit into any bundles"); the text columns travel to the workers with the
-            # data instead (``ship_columns``), and the teacher vectors still come per batch from the memory-mapped
-            # cache.
+            # A labelled set rides in the loop config. So does the corpus of a Tune trial, as the locations of its
+            # memory-mapped rows file and teacher cache, which the workers read batch by batch: a Ray Data task
+            # started inside a trial is captured into the trial's placement group, where it never runs (measured:
+            # "cannot fit into any bundles").
             loop.array_data = data
-            if self.tune is not None and hasattr(data, "ship_columns"):
-                data.ship_columns = True
         if loop.local_mode:
             result = self._fit_local(loop, datasets, events)
         else:

@@ -1,7 +1,9 @@
-"""Training data: sentences -> views -> cached teacher embeddings -> a Ray Dataset streamed as numpy batches.
+"""Training data: sentences -> views -> cached teacher embeddings -> a memory-mapped rows file -> a Ray Dataset
+streamed as numpy batches.
 
     rows = load_training_texts(cfg.data, seed)      # [{"idx": 0, "text_con": ..., "text_gen": ...}, ...]
-    data = build_training_data(cfg)                 # texts as a Ray Dataset; every teacher view's vectors cached
+    data = build_training_data(cfg)                 # every teacher view's vectors cached; the rows in a rows file
+    stream = data.epoch_stream(0, epochs, rows_per_epoch)          # what Ray Train workers read (Ray Data)
     for batch in data.iter_batches(epoch, batch_size, skip_batches=k):   # resume lands on batch k exactly
         batch["text_con"], batch["teacher_con"]     # object array [B], float32 [B, D]
 
@@ -41,6 +43,7 @@ import math
 import re
 import zlib
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Iterator
 
 import numpy as np
@@ -48,7 +51,7 @@ import numpy as np
 from raydistill.runtime.config import DataConfig, JobConfig
 
 __all__ = ["TrainingData", "load_training_texts", "build_training_data", "cache_teacher_vectors", "view_seed",
-           "EVALUATION_SETS", "SOURCE_SETS", "LONG_TEXT_CHARS",
+           "write_rows_file", "EVALUATION_SETS", "SOURCE_SETS", "LONG_TEXT_CHARS",
            "read_training_corpus", "has_caption_groups"]
 
 log = logging.getLogger(__name__)
@@ -224,65 +227,36 @@ def _make_view(view: str, spec: str, texts: list[str], groups: list[tuple[str, .
 
 @dataclass
 class TrainingData:
-    """Training rows as a Ray Dataset plus a deterministic, resumable batch iterator.
+    """Training rows in a memory-mapped rows file, plus a deterministic, resumable batch iterator.
 
-    ``dataset`` columns: ``idx`` int64, ``group`` int64 (the row's caption group, or an id of its own: see
-    ``_row_group_ids``), ``text_<view>`` string per view. Teacher vectors are not a column: each batch reads its
-    rows' vectors of every teacher view from the memory-mapped embedding cache (``teacher[view]``, a
-    ``TeacherVectors``), so no process holds the corpus's vectors whole. ``iter_batches`` reads a local copy of the
-    text columns (fetched from the dataset once per process), so batch order depends only on ``(seed, epoch)``.
+    The rows file (``write_rows_file``) holds the columns ``idx`` int64, ``group`` int64 (the row's caption group,
+    or an id of its own: see ``_row_group_ids``) and ``text_<view>`` string per view. Teacher vectors are not a
+    column: each batch reads its rows' vectors of every teacher view from the memory-mapped embedding cache
+    (``teacher[view]``, a ``TeacherVectors``). A process reads both through memory maps, so no process holds the
+    corpus or its vectors as its own copy: the pages are the OS page cache's, shared by every process on the
+    machine, and a copy of this object sent to another process carries only the locations. Batch order depends only
+    on ``(seed, epoch)``.
     """
 
     num_rows: int
     cache_stats: dict[str, Any]
+    rows_path: str  # the rows file (write_rows_file)
     seed: int = 0
     shuffle: bool = True
     teacher: dict[str, Any] = field(default_factory=dict)  # view -> TeacherVectors
-    _columns: dict[str, np.ndarray] | None = field(default=None, repr=False)
-    _dataset: Any = field(default=None, repr=False)  # ray.data.Dataset, made on first use (``dataset``)
-
-    @property
-    def dataset(self):
-        """The rows as a Ray Dataset, made from the local columns on first use. A Tune trial never makes it and so
-        starts no Ray task: ``from_arrow`` waits for a task, which Tune would capture into the trial's placement
-        group, where it never runs."""
-        if self._dataset is None:
-            self._dataset = _columns_dataset(self._columns)
-        return self._dataset
-
-    # Sent to another process (a Ray Train worker) without the local copy; it is read back from the dataset there.
-    # ``ship_columns`` (a Ray Tune trial's workers): the text columns travel instead and no dataset is made, because
-    # making one runs a Ray task, which Tune captures into the trial's placement group, where it never runs.
-    ship_columns: bool = False
-
-    def __getstate__(self) -> dict[str, Any]:
-        if self.ship_columns and self._columns is not None:
-            return {**self.__dict__, "_dataset": None}
-        self.dataset  # noqa: B018 - made here, while this process still holds the columns
-        state = dict(self.__dict__)
-        state["_columns"] = None
-        return state
-
-    def release_columns(self) -> None:
-        """Drop this process's copy of the text columns once the rows are in the Ray Dataset (what the training loop
-        streams); ``columns`` reads them back from the dataset if this process needs them again."""
-        self.dataset  # noqa: B018 - made here, while this process still holds the columns
-        self._columns = None
 
     @property
     def teacher_dim(self) -> int | None:
         dims = [reader.dim for reader in self.teacher.values()]
         return dims[0] if dims else None
 
-    def columns(self) -> dict[str, np.ndarray]:
-        """The text, idx and group columns, whole (teacher vectors are read per batch: ``rows``)."""
-        if self._columns is None:
-            self._columns = _dataset_columns(self.dataset)
-        return self._columns
+    @property
+    def column_names(self) -> list[str]:
+        return list(_mapped_rows(self.rows_path).column_names)
 
     def rows(self, indices: np.ndarray) -> dict[str, np.ndarray]:
         """The rows ``indices`` as a batch: every column, plus ``teacher_<view>`` float32 [B, D] per teacher view."""
-        batch = {name: column[indices] for name, column in self.columns().items()}
+        batch = _take_rows(self.rows_path, np.asarray(indices, dtype=np.int64))
         for view, vectors in self.teacher.items():
             batch[f"teacher_{view}"] = vectors(batch[f"text_{view}"])
         return batch
@@ -294,25 +268,28 @@ class TrainingData:
         return epoch_order(self.num_rows, self.seed, epoch, self.shuffle)
 
     def epoch_stream(self, first_epoch: int, epochs: int, rows_per_epoch: int):
-        """The rows of epochs ``first_epoch .. epochs - 1`` as one Ray Dataset, each epoch in its seeded order.
+        """The rows of epochs ``first_epoch .. epochs - 1`` as a Ray Dataset, each epoch in its seeded order.
 
-        What Ray Train workers stream (``datasets={"train": ...}``): every row carries its ``epoch`` and its
-        ``position`` in that epoch's order (``epoch_order``), each epoch keeps its first ``rows_per_epoch``
-        positions (the whole steps of the epoch; the rest is what ``drop_last`` drops) and is sorted by position,
-        so batches of ``batch_size`` rows read in order are exactly ``iter_batches``' batches, whatever blocks Ray
-        ran where. Each map task recomputes the epoch's permutation from ``(seed, epoch)``: no process holds a
-        column of the corpus to build it. Read with ``preserve_order`` (set on the returned dataset's context).
+        What Ray Train workers stream (``datasets={"train": ...}``): the stream is ``ray.data.range`` over the
+        positions of those epochs, each epoch's first ``rows_per_epoch`` (the whole steps of the epoch; the rest is
+        what ``drop_last`` drops); each map task turns its positions into row ids by the epoch's permutation,
+        recomputed from ``(seed, epoch)``, and reads those rows from the memory-mapped rows file. Every row carries
+        its ``epoch`` and its ``position`` in that epoch's order (``epoch_order``), so batches of ``batch_size`` rows
+        read in order are exactly ``iter_batches``' batches, whatever blocks Ray ran where, and no process, the
+        driver included, holds a column of the corpus to build it. Read with ``preserve_order`` (set on the returned
+        dataset's context).
         """
-        import functools
+        import ray.data
 
-        parts = []
-        for epoch in range(int(first_epoch), int(epochs)):
-            position = functools.partial(_with_epoch_position, num_rows=self.num_rows, seed=self.seed, epoch=epoch,
-                                         shuffle=self.shuffle, rows_per_epoch=int(rows_per_epoch))
-            parts.append(self.dataset.map_batches(position, batch_format="numpy").sort("position"))
-        if not parts:
-            raise ValueError(f"epoch_stream: no epoch from {first_epoch} to {epochs}")
-        stream = parts[0].union(*parts[1:]) if len(parts) > 1 else parts[0]
+        first_epoch, epochs, rows_per_epoch = int(first_epoch), int(epochs), int(rows_per_epoch)
+        total = (epochs - first_epoch) * rows_per_epoch
+        if total <= 0:
+            raise ValueError(f"epoch_stream: no rows from epoch {first_epoch} to {epochs} ({rows_per_epoch} a epoch)")
+        read = functools.partial(_read_stream_rows, rows_path=self.rows_path, num_rows=self.num_rows,
+                                 seed=self.seed, shuffle=self.shuffle, first_epoch=first_epoch,
+                                 rows_per_epoch=rows_per_epoch)
+        stream = ray.data.range(total, override_num_blocks=max(1, math.ceil(total / STREAM_BLOCK_ROWS)))
+        stream = stream.map_batches(read, batch_format="numpy")
         stream.context.execution_options.preserve_order = True
         # Read inside the training loop, whose progress lines already say where it is: no per-epoch bars.
         stream.context.enable_progress_bars = False
@@ -328,6 +305,12 @@ class TrainingData:
             yield self.rows(order[b * batch_size:(b + 1) * batch_size])
 
 
+# Rows per block of the training stream: a block's texts are a few MB, and a 300k-row epoch is ~40 map tasks.
+STREAM_BLOCK_ROWS = 8192
+# Where the rows files live, under the job's cache dir (next to the teacher's embedding cache).
+ROWS_DIR = "rows"
+
+
 def epoch_order(num_rows: int, seed: int, epoch: int, shuffle: bool = True) -> np.ndarray:
     """Row ids in the order of epoch ``epoch``: a permutation drawn from ``(seed, epoch)`` (identity unshuffled)."""
     if not shuffle:
@@ -336,47 +319,83 @@ def epoch_order(num_rows: int, seed: int, epoch: int, shuffle: bool = True) -> n
 
 
 @functools.lru_cache(maxsize=2)
-def _epoch_positions(num_rows: int, seed: int, epoch: int, shuffle: bool) -> np.ndarray:
-    """position[row id] = where the row comes in epoch ``epoch`` (cached: every block of an epoch needs it)."""
-    positions = np.empty(num_rows, dtype=np.int64)
-    positions[epoch_order(num_rows, seed, epoch, shuffle)] = np.arange(num_rows, dtype=np.int64)
-    positions.setflags(write=False)
-    return positions
+def _cached_epoch_order(num_rows: int, seed: int, epoch: int, shuffle: bool) -> np.ndarray:
+    """``epoch_order``, kept: every block of an epoch needs it."""
+    order = epoch_order(num_rows, seed, epoch, shuffle)
+    order.setflags(write=False)
+    return order
 
 
-def _with_epoch_position(batch: dict[str, np.ndarray], *, num_rows: int, seed: int, epoch: int, shuffle: bool,
-                         rows_per_epoch: int) -> dict[str, np.ndarray]:
-    """The block's rows that epoch ``epoch`` trains on, with their ``epoch`` and ``position`` columns."""
-    position = _epoch_positions(num_rows, seed, epoch, shuffle)[np.asarray(batch["idx"], dtype=np.int64)]
-    keep = position < rows_per_epoch
-    out = {name: np.asarray(column)[keep] for name, column in batch.items()}
-    out["epoch"] = np.full(int(keep.sum()), epoch, dtype=np.int64)
-    out["position"] = position[keep]
+def _read_stream_rows(batch: dict[str, np.ndarray], *, rows_path: str, num_rows: int, seed: int, shuffle: bool,
+                      first_epoch: int, rows_per_epoch: int) -> dict[str, np.ndarray]:
+    """Positions of the stream (``batch["id"]``) -> those rows, with their ``epoch`` and ``position`` columns."""
+    ids = np.asarray(batch["id"], dtype=np.int64)
+    epoch = first_epoch + ids // rows_per_epoch  # [n]
+    position = ids % rows_per_epoch  # [n]
+    row_ids = np.empty_like(ids)
+    for ep in np.unique(epoch):  # a block spans at most two epochs
+        here = epoch == ep
+        row_ids[here] = _cached_epoch_order(num_rows, seed, int(ep), shuffle)[position[here]]
+    out = _take_rows(rows_path, row_ids)
+    out["epoch"], out["position"] = epoch, position
     return out
 
 
-def _dataset_columns(dataset) -> dict[str, np.ndarray]:
-    parts: dict[str, list[np.ndarray]] = {}
-    for block in dataset.iter_batches(batch_size=None, batch_format="numpy"):
-        for name, values in block.items():
-            parts.setdefault(name, []).append(np.asarray(values))
-    columns = {name: np.concatenate(chunks) for name, chunks in parts.items()}
-    order = np.argsort(columns["idx"], kind="stable")  # blocks may arrive in any order
-    out = {}
-    for name, column in columns.items():
-        column = column[order]
-        if name.startswith("text_"):
-            column = column.astype(object)
-        out[name] = column
-    return out
+@functools.lru_cache(maxsize=4)
+def _mapped_rows(rows_path: str):
+    """The rows file as an Arrow table over a read-only memory map (zero-copy; kept open per process)."""
+    import pyarrow as pa
+
+    with pa.memory_map(rows_path, "r") as source:
+        return pa.ipc.open_file(source).read_all()
+
+
+def _take_rows(rows_path: str, row_ids: np.ndarray) -> dict[str, np.ndarray]:
+    """Rows ``row_ids`` of the rows file as numpy columns (texts as object arrays)."""
+    import pyarrow as pa
+
+    taken = _mapped_rows(rows_path).take(pa.array(row_ids, type=pa.int64()))
+    return {name: (np.asarray(taken.column(name).to_pylist(), dtype=object) if name.startswith("text_")
+                   else taken.column(name).to_numpy())
+            for name in taken.column_names}
+
+
+def write_rows_file(columns: dict[str, np.ndarray], cache_dir) -> Path:
+    """Write the rows' ``idx``, ``group`` and ``text_<view>`` columns as an uncompressed Arrow IPC file
+    ``<cache_dir>/rows/<sha256 of its content>.arrow`` and return its path.
+
+    Named by its content, the file is written once and shared by every job and trial that trains on the same rows
+    (a sweep's trials find the one the sweep's shared teacher pass wrote); it is never stale. Readers memory-map it
+    (``_mapped_rows``). On a multi-node cluster the cache dir is shared storage, as for the teacher's vectors.
+    """
+    import hashlib
+    import os
+
+    import pyarrow as pa
+
+    table = pa.table({name: (pa.array(list(column), type=pa.string()) if name.startswith("text_")
+                             else pa.array(column)) for name, column in columns.items()})
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_file(sink, table.schema) as writer:
+        writer.write_table(table)
+    content = sink.getvalue()
+    path = Path(cache_dir) / ROWS_DIR / f"{hashlib.sha256(memoryview(content)).hexdigest()[:32]}.arrow"
+    if not path.is_file():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+        with open(tmp, "wb") as file:
+            file.write(memoryview(content))
+        os.replace(tmp, path)  # readers never see half a file
+    return path
 
 
 def build_training_data(cfg: JobConfig) -> TrainingData:
     """Texts and views of ``cfg.data``, with every sentence of ``cfg.data.teacher_views`` in the teacher's cache.
 
     Needs Ray (``cluster.init_ray``): teacher embeddings that are not cached yet are computed by a Ray Data actor
-    pool and appended to the cache as they arrive; the rows become a Ray Dataset of texts when one is first needed
-    (``TrainingData.dataset``), and batches read their teacher vectors from the cache.
+    pool and appended to the cache as they arrive. The rows go to their rows file (``write_rows_file``) and this
+    process drops its copy: batches and the training stream read the rows file, and their teacher vectors from the
+    cache.
     """
     import ray
 
@@ -395,21 +414,9 @@ def build_training_data(cfg: JobConfig) -> TrainingData:
     teacher, cache_stats = cache_teacher_vectors(cfg, {view: list(columns[f"text_{view}"])
                                                        for view in cfg.data.teacher_views})
     cache_stats["input"] = input_stats
-
-    return TrainingData(num_rows=len(columns["idx"]), cache_stats=cache_stats, seed=cfg.seed,
-                        shuffle=cfg.data.shuffle, teacher=teacher, _columns=columns)
-
-
-def _columns_dataset(columns: dict[str, np.ndarray]):
-    """The text, idx and group columns as a Ray Dataset of up to 64 blocks."""
-    import pyarrow as pa
-    import ray.data
-
-    table = pa.table({name: (pa.array(list(column), type=pa.string()) if name.startswith("text_")
-                             else pa.array(column)) for name, column in columns.items()})
-    num_rows = len(columns["idx"])
-    num_blocks = max(1, min(64, math.ceil(num_rows / 8192)))
-    return ray.data.from_arrow(table, override_num_blocks=num_blocks)
+    rows_path = write_rows_file(columns, cfg.resolved_cache_dir())
+    return TrainingData(num_rows=len(columns["idx"]), cache_stats=cache_stats, rows_path=str(rows_path),
+                        seed=cfg.seed, shuffle=cfg.data.shuffle, teacher=teacher)
 
 
 def cache_teacher_vectors(cfg: JobConfig, texts_by_view: dict[str, list[str]]) -> tuple[dict[str, Any], dict[str, Any]]:
