@@ -24,7 +24,7 @@ Checkpoints: with Train workers, rank 0 writes the atomic checkpoint (checkpoint
 directory and reports it; Train persists it to ``RunConfig(storage_path)/<name>/step-XXXXXXX`` and keeps
 ``train.keep_last`` of them. Train's local mode keeps a reported checkpoint only in memory, so there rank 0 writes
 it to ``<run_dir>/checkpoints/`` itself: the same layout either way. A Tune trial in local mode also reports the
-checkpoint of each dev evaluation to Tune (``ray.tune.report``), which persists it in the sweep's storage; a
+checkpoint due at a dev evaluation to Tune (``ray.tune.report``), which persists it in the sweep's storage; a
 restarted trial resumes from the one Tune hands back (``ray.tune.get_checkpoint``), which under PBT may be another
 trial's, written with another learning rate or temperature (``tune_settings.pbt_mutable``).
 
@@ -32,8 +32,8 @@ In a Ray Tune trial (``LoopConfig.tune``), rank 0's report of every step with a 
 ``best_stsb_dev`` (``TUNE_METRIC``), ``stsb_dev``, ``stage`` and the step counted over the trial's stages;
 ``tune_callback.EvalReportsToTune`` forwards those reports, and only those, to the trial: ASHA ranks trials on
 what ``ray.train.report`` sent. A trial in Train's local mode (``num_learners: 0``: the loop runs in the trial's own
-process, where ``ray.train.report`` refuses to run) sends the same metrics with ``ray.tune.report`` instead, each
-with its checkpoint.
+process, where ``ray.train.report`` refuses to run) sends the same metrics with ``ray.tune.report`` instead, with
+the step's checkpoint when one is due.
 
 Events (``start``, ``step``, ``eval``) go from rank 0 to the driver through an ``EventRelay`` (a Ray actor the
 driver owns; in local mode a plain object calling the driver's callbacks): the driver logs them to MLflow, prints
@@ -560,13 +560,15 @@ class _Worker:
         extra = {"world_size": self.world, "restarts": self.restarts, "evaluated_at": self.evaluated_at,
                  **(extra or {})}
         if self.loop.local_mode:
-            # Local mode keeps reported checkpoints in memory only: persist into the run dir's layout ourselves.
+            # Local mode keeps reported checkpoints in memory only: persist into the run dir's layout ourselves,
+            # or, in a Tune trial, have Tune persist the checkpoint of an evaluation in the sweep's storage.
+            if self.loop.tune is not None and tune_metrics:
+                self._report_to_tune(tune_metrics, epoch, batch_in_epoch, extra, checkpoint)
+                return
             if checkpoint:
                 self.learner.save_checkpoint(epoch, batch_in_epoch, extra)
             if self.loop.tune is None:
                 ray.train.report(metrics)
-            elif tune_metrics:
-                self._report_to_tune(tune_metrics, epoch, batch_in_epoch, extra)
             return
         if not checkpoint:
             ray.train.report(metrics)
@@ -585,13 +587,17 @@ class _Worker:
 
 
     def _report_to_tune(self, tune_metrics: dict[str, Any], epoch: int, batch_in_epoch: int,
-                        extra: dict[str, Any]) -> None:
+                        extra: dict[str, Any], checkpoint: bool) -> None:
         """A Tune trial training in its own process: ``ray.train.report`` refuses to run inside a Tune function, so
-        the evaluation goes to Tune directly, with this step's checkpoint. Tune copies it into the sweep's storage,
-        where a restored trial finds it on any node sharing that storage, and where PBT takes it to continue a
-        weaker trial from this one. Tune may stop the trial here (SystemExit)."""
+        the evaluation goes to Tune directly, with this step's checkpoint when one is due (under PBT every
+        evaluation's: ``SweepPlan.trial_config``). Tune copies it into the sweep's storage, where a restored trial
+        finds it on any node sharing that storage, and where PBT takes it to continue a weaker trial from this one;
+        the run dir gets no second copy. Tune may stop the trial here (SystemExit)."""
         from ray import tune
 
+        if not checkpoint:
+            tune.report(tune_metrics)
+            return
         staging = tempfile.mkdtemp(prefix="raydistill-ckpt-")
         try:
             path = self.learner.save_checkpoint(epoch, batch_in_epoch,

@@ -129,6 +129,9 @@ class SweepPlan:
                        threads=settings.trial_threads(), num_gpus=settings.num_gpus)
         if settings.num_learners:  # local mode: Tune persists the checkpoints the trial reports (train_loop)
             data.setdefault("extra", {})["storage_path"] = str(self.train_storage(trial_id))
+        if settings.scheduler == "pbt":  # PBT may hand any evaluation's checkpoint to a weaker trial
+            train = data.setdefault("train", {})
+            train["checkpoint_every"] = int(train.get("eval_every") or 1)
         data["tracking"] = {**data.get("tracking", {}), **dataclasses.asdict(self.tracking(f"trial-{trial_id}"))}
         return preflight(JobConfig.from_dict(data, source=f"trial {trial_id} of sweep {self.name}"))
 

@@ -188,8 +188,8 @@ def _tuner(plan: SweepPlan, max_t: int, *, resume: bool, callbacks: list | None,
                                   resume_errored=False, restart_errored=False)
     eval_every = int(plan.base_config.get("train", {}).get("eval_every") or 1)
     if settings.scheduler == "pbt":
-        # Every evaluation a local-mode trial reports carries its checkpoint (train_loop), so a trial PBT picks as
-        # a donor always has one at the result PBT decided on. PBT draws its donors and new values with the random
+        # Under PBT every evaluation a local-mode trial reports carries its checkpoint (checkpoint_every is the
+        # evaluation interval: SweepPlan.trial_config), so a donor PBT picks has one at the result it decided on. PBT draws its donors and new values with the random
         # module: seeded, a sweep's decisions follow its seed as far as trial timing allows.
         random.seed(settings.seed)
         scheduler = PopulationBasedTraining(time_attr="step", perturbation_interval=settings.perturbation_evals *
