@@ -380,7 +380,7 @@ def test_local_mode_trials_train_in_their_own_process_and_report_to_tune(tmp_pat
     interrupted = by_lr(first)[LRS[2]]
     assert interrupted["status"] == "interrupted"
     # Each evaluation's checkpoint went to Tune, into the sweep's Tune storage (what a restore on another node reads).
-    assert sorted(plan.tune_dir.joinpath(interrupted["trial_id"]).glob("checkpoint_*")), "no checkpoint in Tune's storage"
+    assert sorted(plan.tune_dir.joinpath(interrupted["trial_id"]).glob("checkpoint_*")), "none in Tune's storage"
     final = resume_sweep(plan.sweep_dir, verbose=0)
     rows = by_lr(final)
     assert final["ended_by"] == "completed" and sorted(rows) == sorted(LRS)

@@ -392,6 +392,9 @@ class _Worker:
                 return None
             if manifest["step"] <= newer_than:
                 return None
+            written_in = (manifest.get("extra") or {}).get("stage")
+            if self.loop.tune is not None and written_in is not None and written_in != self.loop.tune.stage:
+                return None  # the trial's checkpoint of another stage (steps count per stage)
             # In a Tune trial the checkpoint may be another trial's (PBT), written with another learning rate or
             # temperature: those keys may differ, the learner applies its own.
             may_differ = pbt_mutable if self.loop.tune is not None else None
@@ -561,13 +564,15 @@ class _Worker:
                  **(extra or {})}
         if self.loop.local_mode:
             # Local mode keeps reported checkpoints in memory only: persist into the run dir's layout ourselves,
-            # or, in a Tune trial, have Tune persist the checkpoint of an evaluation in the sweep's storage.
-            if self.loop.tune is not None and tune_metrics:
-                self._report_to_tune(tune_metrics, epoch, batch_in_epoch, extra, checkpoint)
-                return
-            if checkpoint:
+            # or, in a Tune trial, have Tune persist the checkpoint of an evaluation in the sweep's storage. A run's
+            # final checkpoint stays in the run dir, where a trial restarted in a later stage finds this one done.
+            to_tune = self.loop.tune is not None and bool(tune_metrics)
+            checkpoint_to_tune = to_tune and checkpoint and not final
+            if checkpoint and not checkpoint_to_tune:
                 self.learner.save_checkpoint(epoch, batch_in_epoch, extra)
-            if self.loop.tune is None:
+            if to_tune:
+                self._report_to_tune(tune_metrics, epoch, batch_in_epoch, extra, checkpoint_to_tune)
+            elif self.loop.tune is None:
                 ray.train.report(metrics)
             return
         if not checkpoint:
@@ -585,7 +590,6 @@ class _Worker:
             if staging is not None:
                 shutil.rmtree(staging, ignore_errors=True)
 
-
     def _report_to_tune(self, tune_metrics: dict[str, Any], epoch: int, batch_in_epoch: int,
                         extra: dict[str, Any], checkpoint: bool) -> None:
         """A Tune trial training in its own process: ``ray.train.report`` refuses to run inside a Tune function, so
@@ -600,9 +604,11 @@ class _Worker:
             return
         staging = tempfile.mkdtemp(prefix="raydistill-ckpt-")
         try:
-            path = self.learner.save_checkpoint(epoch, batch_in_epoch,
-                                                {**extra, "trial_id": tune.get_context().get_trial_id()},
-                                                run_dir=staging)
+            # Which trial and stage wrote it: a trial that PBT restarts from another trial's checkpoint takes over
+            # that trial's run, and only the stage that wrote a checkpoint resumes from it.
+            path = self.learner.save_checkpoint(
+                epoch, batch_in_epoch, {**extra, "trial_id": tune.get_context().get_trial_id(),
+                                        "stage": self.loop.tune.stage}, run_dir=staging)
             tune.report(tune_metrics, checkpoint=tune.Checkpoint.from_directory(path))
         finally:
             shutil.rmtree(staging, ignore_errors=True)

@@ -189,8 +189,9 @@ def _tuner(plan: SweepPlan, max_t: int, *, resume: bool, callbacks: list | None,
     eval_every = int(plan.base_config.get("train", {}).get("eval_every") or 1)
     if settings.scheduler == "pbt":
         # Under PBT every evaluation a local-mode trial reports carries its checkpoint (checkpoint_every is the
-        # evaluation interval: SweepPlan.trial_config), so a donor PBT picks has one at the result it decided on. PBT draws its donors and new values with the random
-        # module: seeded, a sweep's decisions follow its seed as far as trial timing allows.
+        # evaluation interval: SweepPlan.trial_config), so a donor PBT picks has one at the result it decided on.
+        # PBT draws its donors and new values with the random module: seeded, a sweep's decisions follow its seed
+        # as far as trial timing allows.
         random.seed(settings.seed)
         scheduler = PopulationBasedTraining(time_attr="step", perturbation_interval=settings.perturbation_evals *
                                             eval_every, hyperparam_mutations=plan.pbt_mutations(),

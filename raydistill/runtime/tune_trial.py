@@ -10,9 +10,10 @@ the job has written its model and record, so a stop decision made on it cannot c
 Checkpoints: the trial's Train runs persist theirs in the sweep's Tune storage (``SweepPlan.train_storage``, set as
 the config's ``extra.storage_path``). A trial that Tune restarts (``raydistill tune --resume``, or on another node
 sharing that storage) runs the same Train runs again, and Train resumes each from its newest checkpoint there. In
-local mode every evaluation reaches Tune with its checkpoint, which Tune keeps in the trial's directory of its
-storage and hands back to a restarted trial (``ray.tune.get_checkpoint``). Under PBT that checkpoint may be
-another trial's: the trial then continues that trial's run with its own perturbed values (``_take_over_donor_run``).
+local mode an evaluation at a checkpoint step (every evaluation under PBT) reaches Tune with its checkpoint, which
+Tune keeps in the trial's directory of its storage and hands back to a restarted trial (``ray.tune.get_checkpoint``).
+Under PBT that checkpoint may be another trial's: the trial then continues that trial's run with its own perturbed
+values (``_take_over_donor_run``).
 
 Torch, Ray and the training runtime are imported inside ``distill_trial``: it runs in a Tune worker, not where the
 plan is made.
