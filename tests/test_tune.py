@@ -424,13 +424,12 @@ def test_pbt_continues_the_weak_trial_from_the_strong_trials_checkpoint(tmp_path
     assert donor["trial_id"] != trial["trial_id"] and first["step"] >= 1
     # Evaluations went to Tune with their checkpoints, persisted in the sweep's Tune storage (no Train storage); the
     # sweep's end deleted them, as the trials are finished.
+    # A trial that took over another's run writes its checkpoints as its own from then on.
     for trial_id, row in rows.items():
-        assert any(m["extra"]["trial_id"] == trial_id for m in RecordCheckpoints.manifests[trial_id]), trial_id
+        written_by = {m["extra"]["trial_id"] for m in RecordCheckpoints.manifests[trial_id]}
+        assert written_by == {trial_id}, (trial_id, written_by)
         assert not list(plan.tune_dir.joinpath(trial_id).glob("checkpoint_*"))
         assert not plan.train_storage(trial_id).exists()
-    # After the take-over the trial's checkpoints are its own again, written from the donor's weights on.
-    after = [m for m in RecordCheckpoints.manifests[trial["trial_id"]] if m["step"] > first["step"]]
-    assert after and all(m["extra"]["trial_id"] == trial["trial_id"] for m in after)
     donor_dev_then = max(r["best_stsb_dev"] for r in RecordResults.results[1e-3] if r["step"] <= first["step"])
     assert trial["best_stsb_dev"] >= donor_dev_then - 1e-6
     assert trial["best_stsb_dev"] > 10, "the wrecked trial's own level; it did not take over the good run"
