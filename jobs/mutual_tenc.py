@@ -8,8 +8,9 @@
 
 It ends with, per family and encoder, the start, the best model by STS-B dev (the start is a candidate) and whether
 training improved on the start; <run dir>/summary.json holds the same. Standalone it starts a local Ray; under
-`ray job submit` it joins the cluster (RAY_ADDRESS). A re-run with the same --run-dir resumes after the last
-completed stage. Under `ray job submit`, relative output paths resolve against $RAYDISTILL_OUTPUT_ROOT (pass it with
+`ray job submit` it joins the cluster (RAY_ADDRESS). A re-run with the same --run-dir skips every completed stage
+and continues a stage stopped by SIGTERM or Ctrl-C from its saved step. Under `ray job submit`, relative output paths
+resolve against $RAYDISTILL_OUTPUT_ROOT (pass it with
 --runtime-env-json '{"env_vars": {"RAYDISTILL_OUTPUT_ROOT": "'$PWD'"}}'), because the job runs in a temporary copy
 of the working directory.
 """

@@ -155,7 +155,8 @@ def _run_tune(args: argparse.Namespace) -> int:
                     "scheduler": args.scheduler, "grace_evals": args.grace_evals,
                     "reduction_factor": args.reduction_factor, "perturbation_evals": args.perturbation_evals,
                     "num_cpus": args.cpus_per_trial, "num_gpus": args.gpus_per_trial,
-                    "threads": args.threads_per_trial, "num_learners": args.learners_per_trial}
+                    "threads": args.threads_per_trial, "num_learners": args.learners_per_trial,
+                    "max_trial_failures": args.max_trial_failures}
         values = {"train.lr": args.lr, "loss.queue_size": args.queue_size, "loss.tau_teacher": args.tau_teacher,
                   "loss.tau_student": args.tau_student}
         from raydistill.shipped import resolve_config
@@ -213,6 +214,9 @@ def _add_tune_parser(sub) -> None:
     tu.add_argument("--learners-per-trial", type=_non_negative_int,
                     help="Ray Train workers per trial (default 1); 0: each trial trains in its own process, which "
                          "saves the worker group's start-up on short trials")
+    tu.add_argument("--max-trial-failures", type=_non_negative_int,
+                    help="times a trial whose process was lost (OOM kill, node loss, preemption) is restarted from "
+                         "its newest checkpoint (default 2; a trial whose own code raised is not retried)")
     tu.add_argument("--max-concurrent", type=_positive_int, help="trials at once (default: as resources allow)")
     tu.add_argument("--scheduler", choices=("asha", "pbt"),
                     help="asha (default): stop weak trials early; pbt: weak trials continue a strong trial's "

@@ -33,8 +33,17 @@ def ray_session():
         temp_dir = tempfile.mkdtemp(prefix="rd-ray-", dir="/tmp")
         # With the state API, through which Ray Train removes the placement group of a Train run whose controller
         # died (a Tune trial that ASHA stopped); a Ray start costs the same with it.
-        start_local_ray(dashboard=True, num_cpus=2, object_store_memory=256 * 2**20,
-                        _temp_dir=temp_dir, log_to_driver=True)
+        for attempt in (1, 2):
+            try:
+                start_local_ray(dashboard=True, num_cpus=2, object_store_memory=256 * 2**20,
+                                _temp_dir=temp_dir, log_to_driver=True)
+                break
+            except Exception:
+                # Ray gives its raylet 30 s to register; on a machine loaded by other test sessions it can miss that
+                # once. A second start is cheaper than every Ray test of the session failing at setup.
+                ray.shutdown()
+                if attempt == 2:
+                    raise
         _STATE["temp_dir"] = temp_dir
     configure_data_context()
     yield ray

@@ -16,7 +16,9 @@ did not happen.
 
 At the end of the session the rows are merged into ``docs/reliability.json`` (``$RAYDISTILL_RELIABILITY_LOG``
 overrides the path): rows of the tests that ran replace their previous rows, rows of tests that did not run are
-kept, rows of test files that no longer exist are dropped. Paths are made machine-independent (pytest's temp dir
+kept, rows of test files that no longer exist are dropped. A test that failed before recording all its rows (an
+assertion before ``record``) does not make its cases vanish from the table: its previous rows whose case it did
+not record again stay, marked ``failed``. Paths are made machine-independent (pytest's temp dir
 becomes ``<tmp>``, the checkout ``.``), so re-running unchanged tests rewrites the same file.
 ``python scripts/reliability_table.py`` renders the markdown.
 """
@@ -32,6 +34,8 @@ from typing import Any
 
 import pytest
 
+from raydistill.fileio import atomic_write_text
+
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_LOG = ROOT / "docs" / "reliability.json"
 LOG_ENV = "RAYDISTILL_RELIABILITY_LOG"
@@ -42,7 +46,7 @@ _OUTCOME = pytest.StashKey[str]()
 @dataclass
 class _SessionLog:
     rows: list[dict[str, Any]] = field(default_factory=list)
-    ran: set[str] = field(default_factory=set)  # node ids of tests that used the fixture this session
+    ran: dict[str, str] = field(default_factory=dict)  # node id -> outcome, of tests that used the fixture
     replacements: list[tuple[str, str]] = field(default_factory=list)
 
 
@@ -106,9 +110,10 @@ def reliability(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPat
     callspec = getattr(request.node, "callspec", None)
     position = [request.node.location[1], *(callspec.indices.values() if callspec else ())]
     recorder = Recorder(request.node.nodeid, position, session_log)
-    session_log.ran.add(request.node.nodeid)
+    session_log.ran[request.node.nodeid] = "failed"  # until the test's outcome is known
     yield recorder
     outcome = request.node.stash.get(_OUTCOME, "failed")
+    session_log.ran[request.node.nodeid] = outcome
     for row in recorder.rows:
         row["outcome"] = outcome
     session_log.rows.extend(recorder.rows)
@@ -122,15 +127,23 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     merge_rows(path, session_log.rows, session_log.ran)
 
 
-def merge_rows(path: Path, new_rows: list[dict[str, Any]], ran: set[str]) -> None:
-    """Replace the rows of the tests in ``ran`` by ``new_rows``; keep other tests' rows whose files still exist."""
-    kept: list[dict[str, Any]] = []
+def merge_rows(path: Path, new_rows: list[dict[str, Any]], ran: set[str] | dict[str, str]) -> None:
+    """Replace the rows of the tests in ``ran`` by ``new_rows``; keep other tests' rows whose files still exist.
+
+    ``ran``: the node ids of the tests that ran, or a mapping node id -> outcome. A test that failed and recorded
+    fewer rows than it has in the log keeps its previous rows of the cases it did not record again, marked
+    ``failed``: the table shows the case failing instead of dropping it.
+    """
+    previous: list[dict[str, Any]] = []
     if path.is_file():
         try:
-            kept = json.loads(path.read_text(encoding="utf-8")).get("rows", [])
+            previous = json.loads(path.read_text(encoding="utf-8")).get("rows", [])
         except (json.JSONDecodeError, AttributeError):
-            kept = []  # a corrupt log is regenerated from this run rather than blocking it
-    kept = [row for row in kept if row.get("test") not in ran and (ROOT / row.get("test", "").split("::")[0]).is_file()]
+            previous = []  # a corrupt log is regenerated from this run rather than blocking it
+    outcomes = ran if isinstance(ran, dict) else {}
+    kept = [row for row in previous if (ROOT / row.get("test", "").split("::")[0]).is_file()
+            and (row.get("test") not in ran or _kept_as_failed(row, outcomes, previous, new_rows))]
+    kept = [dict(row, outcome="failed") if row.get("test") in ran else row for row in kept]
     rows = sorted(kept + new_rows, key=lambda row: (row["test"].split("::")[0], row.get("position", [0]),
                                                     row["test"]))
     document = {
@@ -139,7 +152,15 @@ def merge_rows(path: Path, new_rows: list[dict[str, Any]], ran: set[str]) -> Non
         "rows": rows,
     }
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(document, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
+    atomic_write_text(path, json.dumps(document, indent=2, ensure_ascii=False) + "\n")
 
+
+def _kept_as_failed(row: dict[str, Any], outcomes: dict[str, str], previous: list[dict[str, Any]],
+                    new_rows: list[dict[str, Any]]) -> bool:
+    """Whether ``row``, a previous row of a test that ran again, stays (as failed): the test failed, recorded fewer
+    rows than before, and none of its new rows is of this case."""
+    test = row.get("test")
+    recorded = [new for new in new_rows if new.get("test") == test]
+    failed = outcomes.get(test) == "failed" or any(new.get("outcome") == "failed" for new in recorded)
+    before = sum(1 for old in previous if old.get("test") == test)
+    return failed and len(recorded) < before and all(new.get("case") != row.get("case") for new in recorded)

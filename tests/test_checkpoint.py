@@ -507,3 +507,103 @@ def test_resume_with_another_lr_corpus_content_or_learner_count_is_refused_befor
             "refused: it changes the steps per epoch, the total steps and the LR schedule",
         message=messages["lr"] + " / " + messages["corpus"] + " / " + messages["learners"],
         lost="nothing: the checkpoint and config.yaml are left as they were")
+
+
+def test_runtime_settings_may_change_between_invocations_and_training_settings_may_not(tmp_path, reliability):
+    written_by = make_config()
+    run_dir = tmp_path / "run"
+    path = ckpt.save_checkpoint(run_dir, step=5, epoch=0, batch_in_epoch=5, config=written_by, state={"s": {}},
+                                extra={"world_size": 1})
+    runtime_changes = ["extra.learner_timeout_s=1800", "extra.max_restarts=6", "extra.log_every=5",
+                       "train.keep_last=1", "train.checkpoint_every=50"]
+    relaunched = written_by.with_overrides(runtime_changes)
+    resumed_from = ckpt.check_resume(run_dir, relaunched, world_size=1)
+    # A checkpoint whose hash an older raydistill took over more settings resumes when the training fields agree.
+    older_hash = json.loads((path / "manifest.json").read_text())
+    older_hash["config_hash"] = "0123456789abcdef"
+    ckpt.check_compatible(older_hash, relaunched, path)
+    with pytest.raises(ckpt.CheckpointMismatchError) as caught:
+        ckpt.check_resume(run_dir, relaunched.with_overrides(["train.lr=1e-4"]), world_size=1)
+    message = str(caught.value)
+    reliability.record(
+        "checkpoint", "resume-runtime-settings",
+        input="a run dir with a checkpoint, resumed with " + ", ".join(runtime_changes) + "; then also train.lr 1e-4",
+        did=f"the runtime settings resumed from {Path(resumed_from).name if resumed_from else None} (the config "
+            "hash leaves out one declared list of runtime-only fields); the learning rate change was refused, the "
+            "message naming the settings that may change",
+        message=message, lost="nothing: the checkpoint is resumed, or left as it was")
+    assert resumed_from == path
+    assert "train.lr" in message and "extra.learner_timeout_s" in message and "train.keep_last" in message
+
+
+def _save_in(home, config, step=5):
+    """A checkpoint where Train would persist it: ``<home>/checkpoints/step-XXXXXXX``."""
+    return ckpt.save_checkpoint(home, step=step, epoch=0, batch_in_epoch=step, config=config, state={"s": {}},
+                                extra={"world_size": 1})
+
+
+def test_adding_dropping_changing_or_sharing_checkpoint_storage_is_refused_before_ray(tmp_path, no_ray_start,
+                                                                                     monkeypatch, reliability):
+    from raydistill.methods import with_method_defaults
+    from raydistill.runtime import pipeline
+    from raydistill.runtime.distill import run_distillation
+
+    monkeypatch.setattr(pipeline, "build_training_data", lambda *a, **k: pytest.fail("teacher pass before refusal"))
+    storage = tmp_path / "storage"
+    plain = with_method_defaults(JobConfig.from_dict(job_dict(tmp_path, resources={"learner": {"num_learners": 1}})))
+    run_dir = plain.resolved_run_dir()
+    stored = plain.with_overrides([f"extra.storage_path={storage}"])
+    messages = {}
+
+    # A run dir that trained without a storage path, started again with one: refused before Ray, naming both places.
+    _save_in(run_dir, plain)
+    with pytest.raises(ckpt.CheckpointMismatchError) as caught:
+        run_distillation(stored, results_dir=tmp_path / "results")
+    messages["added"] = str(caught.value)
+    assert f"{run_dir}/checkpoints (the run dir)" in messages["added"] and f"{storage}/run/checkpoints" in \
+        messages["added"]
+
+    # A run that keeps its checkpoints in the storage folder (as its config.yaml says, written at its start):
+    # dropping or changing the storage is refused, and the checks see its checkpoints there.
+    ckpt.shutil.rmtree(run_dir)
+    run_dir.mkdir()
+    stored.to_yaml(run_dir / "config.yaml")
+    written = _save_in(storage / "run", stored)
+    assert ckpt.check_resume(run_dir, stored, world_size=1) == written
+    with pytest.raises(ckpt.CheckpointMismatchError) as caught:
+        ckpt.check_resume(run_dir, plain, world_size=1)
+    messages["dropped"] = str(caught.value)
+    elsewhere = stored.with_overrides([f"extra.storage_path={tmp_path / 'elsewhere'}"])
+    with pytest.raises(ckpt.CheckpointMismatchError) as caught:
+        ckpt.check_resume(run_dir, elsewhere, world_size=1)
+    messages["changed"] = str(caught.value)
+    assert f"{storage}/run/checkpoints" in messages["changed"] and f"{tmp_path / 'elsewhere'}/run/checkpoints" in \
+        messages["changed"]
+    with pytest.raises(ckpt.CheckpointMismatchError, match="trained with 1 learner.*asks for 2"):
+        ckpt.check_resume(run_dir, stored.with_overrides(["resources.learner.num_learners=2"]), world_size=2)
+
+    # Another run dir of the same name on the same storage: refused, naming the run that owns the folder (the run
+    # records its checkpoint home, and the folder its owner, when it starts training: LearnerGroup.fit).
+    assert ckpt.claim_checkpoint_home(run_dir, stored) == f"{storage}/run"
+    assert ckpt.check_resume(run_dir, stored, world_size=1) == written
+    other = stored.with_overrides([f"run_dir={tmp_path / 'other' / 'run'}"])
+    with pytest.raises(ckpt.CheckpointMismatchError) as caught:
+        ckpt.check_resume(other.resolved_run_dir(), other, world_size=1)
+    messages["shared"] = str(caught.value)
+    assert str(run_dir) in messages["shared"] and str(other.resolved_run_dir()) in messages["shared"]
+    # The same run moved elsewhere (its record travels with it) still owns its storage folder.
+    moved = tmp_path / "moved" / "run"
+    moved.parent.mkdir()
+    os.replace(run_dir, moved)
+    assert ckpt.check_resume(moved, stored.with_overrides([f"run_dir={moved}"]), world_size=1) == written
+    reliability.record(
+        "checkpoint", "storage-path-change-refused",
+        input="a run dir with checkpoints, started again with extra.storage_path added; a run with its checkpoints "
+              "in <storage>/run, started without it, with another storage path, with 2 learners; another run dir "
+              "named run on the same storage",
+        did="each refused (CheckpointMismatchError) before Ray and before the teacher pass, naming where the "
+            "checkpoints are and where this config would look (the run dir records its checkpoint home, the "
+            "storage folder its owner); the learner-count check reads the storage folder's checkpoints",
+        message=" / ".join(messages.values()),
+        lost="nothing: the checkpoints and best/ are left as they were")
+    assert all("step 0" in messages[key] for key in ("added", "dropped", "changed"))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import textwrap
 
 import pytest
@@ -9,6 +10,8 @@ import pytest
 from raydistill.runtime.cluster import ResourceError, check_resources
 from raydistill.runtime.config import ConfigError, JobConfig
 from raydistill.runtime.preflight import preflight
+
+pytest_plugins = ["tests.reliability_log"]
 
 CONGEN_YAML = """\
 method: congen
@@ -113,7 +116,6 @@ def test_validate_accepts_a_good_config(congen_file):
         ("loss.queue_size=32", r"field 'loss\.queue_size': K=32 is smaller than train\.batch_size=64"),
         ("loss.tau_teacher=0", r"field 'loss\.tau_teacher': temperature must be a number > 0, got 0"),
         ("loss.tau_student=-0.05", r"field 'loss\.tau_student': temperature must be a number > 0, got -0\.05"),
-        ("loss.temperature=.nan", r"field 'loss\.temperature': temperature must be a number > 0"),
         ("loss.queue_size=-1", r"field 'loss\.queue_size': -1 must be >= 0"),
         ("train.batch_size=0", r"field 'train\.batch_size': must be > 0, got 0"),
         ("train.warmup_ratio=1.5", r"field 'train\.warmup_ratio': 1\.5 must be in \[0, 1\)"),
@@ -300,3 +302,45 @@ def test_every_shipped_config_loads_and_validates(path):
         preflight_st_mse(JobConfig.from_yaml(path, []))
     else:
         preflight(JobConfig.from_yaml(path, []))
+
+
+def test_non_finite_numbers_and_mistyped_runtime_settings_are_refused_before_ray(tmp_path, congen_file,
+                                                                                  reliability):
+    from raydistill.runtime.tenc_config import TencConfig
+
+    text = CONGEN_YAML.replace("lr: 3e-4", "lr: .nan")
+    nan_lr = _write(tmp_path / "nan.yaml", text)
+    cases = [  # (how the config is made, the error it must raise)
+        (lambda: JobConfig.from_yaml(nan_lr),
+         rf"{nan_lr}:{_line_of(text, 'lr: .nan')}: field 'train\.lr': expected a finite number, got nan"),
+        (lambda: JobConfig.from_yaml(congen_file, overrides=["train.lr=.inf"]), r"--set field 'train\.lr'"),
+        (lambda: JobConfig.from_yaml(congen_file, overrides=["train.grad_clip=nan"]), r"field 'train\.grad_clip'"),
+        (lambda: JobConfig.from_yaml(congen_file, overrides=["loss.tau_teacher=-.inf"]), r"field 'loss\.tau_teacher'"),
+        (lambda: TencConfig.from_dict({"families": ["bert-tiny"], "bi": {"lr": float("inf")}}), r"field 'bi\.lr'"),
+        (lambda: TencConfig.from_dict({"families": ["bert-tiny"], "label_weight_temperature": "nan"}),
+         r"field 'label_weight_temperature'"),
+    ]
+    runtime = [("extra.max_restarts='x'", r"field 'extra\.max_restarts': expected an integer >= 0"),
+               ("extra.max_restarts=-1", r"field 'extra\.max_restarts'"),
+               ("extra.learner_timeout_s=-1", r"field 'extra\.learner_timeout_s': expected a number of seconds > 0"),
+               ("extra.log_every=0", r"field 'extra\.log_every': expected an integer >= 1"),
+               ("extra.storage_path=5", r"field 'extra\.storage_path': expected a non-empty path")]
+    cases += [(lambda override=override: preflight(JobConfig.from_yaml(congen_file, overrides=[override])), pattern)
+              for override, pattern in runtime]
+    messages = []
+    for make, pattern in cases:
+        try:
+            make()
+            messages.append("accepted")
+        except ConfigError as exc:
+            messages.append(str(exc))
+    reliability.record(
+        "config", "config-nonfinite-refused",
+        input="train.lr: .nan in the YAML file; --set train.lr=.inf, train.grad_clip=nan, loss.tau_teacher=-.inf; "
+              "Trans-Encoder bi.lr inf and label_weight_temperature 'nan'; extra.max_restarts 'x' and -1, "
+              "extra.learner_timeout_s -1, extra.log_every 0, extra.storage_path 5",
+        did="each refused (ConfigError) while the config loads or in preflight, before Ray starts, naming the file "
+            "and line (or --set) and the field",
+        message=" / ".join(messages), lost="nothing: refused before the job started")
+    for (_, pattern), message in zip(cases, messages):
+        assert re.search(pattern, message), (pattern, message)

@@ -182,3 +182,31 @@ def test_dvbert_job_records_teacher_accuracy_and_refuses_weak_teachers_before_th
               for info in (json.loads(p.read_text()) for p in (home / "dvbert-teachers").glob("*/teacher_info.json"))}
     assert accuracy == {model: pytest.approx(value, abs=1e-4) for model, value in cached.items()}
 
+
+
+class _RunsCodeWhenUnpickled:
+    """A pickled object whose loading creates a file: what a crafted ``nli_head.pt`` would do, harmlessly."""
+
+    def __init__(self, marker: Path):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (open, (str(self.marker), "w"))
+
+
+def test_a_fold_head_holding_a_pickled_object_is_refused_without_running_it(tiny_bert, tmp_path, monkeypatch):
+    import dataclasses
+
+    import torch
+
+    # torch >= 2.6 already defaults to weights_only=True; this variable turns that default off (as older torch
+    # had it), so only an explicit weights_only=True keeps the payload from running.
+    monkeypatch.setenv("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD", "1")
+    fold_dir, marker = tmp_path / "fold-0", tmp_path / "payload-ran"
+    fold_dir.mkdir()
+    (fold_dir / "nli_head.json").write_text(json.dumps(
+        {"encoder": str(tiny_bert), "labels": list(dv.NLI_LABELS), "training": dataclasses.asdict(small_training())}))
+    torch.save({"weight": _RunsCodeWhenUnpickled(marker)}, fold_dir / "nli_head.pt")
+    with pytest.raises(Exception, match="(?i)weights.only|unpickl|unsupported global"):
+        dv.load_teacher(fold_dir)
+    assert not marker.exists()

@@ -216,6 +216,66 @@ def test_learner_worker_sigkilled_mid_epoch_resumes_from_the_checkpoint(distill_
         lost=lost_text(numbers), **numbers)
 
 
+def test_train_worker_killed_while_ray_persists_its_checkpoint_resumes_from_the_previous_one(
+        distill_runs, seed_spread, reliability, capsys):
+    """With Train workers, rank 0 writes a checkpoint into a local staging directory and Ray Train copies it, file by
+    file, into ``<run_dir>/checkpoints/step-XXXXXXX`` (not atomically). The worker is SIGKILLed in the middle of that
+    copy: the half-copied directory must never be loaded, and the restarted worker resumes from the previous
+    complete checkpoint.
+
+    The copy is held mid-file by a named pipe put where step 10's ``student.pt`` will be copied: Ray's copy blocks on
+    it until this test reads the first bytes, then the worker is killed; the pipe is replaced by the bytes that had
+    arrived, which is what a copy killed mid-file leaves on disk."""
+    reference = distill_runs.reference()
+    workers = Workers()
+    cfg = distill_runs.config("persist-kill")
+    target = ckpt.checkpoint_root(cfg.resolved_run_dir()) / f"step-{2 * CHECKPOINT_EVERY:07d}"
+    pipe = target / "student.pt"
+    caught: dict[str, object] = {}
+
+    def hold_the_copy_and_kill_the_worker() -> None:
+        with open(pipe, "rb") as reader:  # blocks until Ray's copy opens the file for writing
+            caught["arrived"] = reader.read(4096)
+            caught["manifest_copied"] = (target / ckpt.MANIFEST).is_file()
+            caught["pid"] = int(workers.current["pid"])
+            os.kill(caught["pid"], signal.SIGKILL)
+        partial = target / "student.pt.partial"
+        partial.write_bytes(caught["arrived"])
+        os.replace(partial, pipe)  # before the restarted worker looks (it starts in seconds, this takes ms)
+
+    def set_the_trap(info: dict) -> None:
+        workers(info)
+        if "pid" not in caught and not pipe.exists():
+            target.mkdir(parents=True)
+            os.mkfifo(pipe)
+            threading.Thread(target=hold_the_copy_and_kill_the_worker, daemon=True).start()
+
+    try:
+        run = distill_runs.run("persist-kill", on_start=set_the_trap)
+    finally:
+        if "pid" not in caught and pipe.exists() and not pipe.is_file():  # release the waiting reader
+            os.close(os.open(pipe, os.O_WRONLY | os.O_NONBLOCK))
+    assert "pid" in caught, "the worker was never killed while its checkpoint was copied"
+    out = [worker_line(line) for line in capsys.readouterr().out.splitlines()]
+    restart_line = next(line for line in out if RESTART_LINE in line)
+    # The workers' own lines reach this process through Ray's log monitor, possibly after the run returned.
+    worker_said = [line for line in out if "resuming from" in line or "checkpoint damaged" in line]
+    numbers = check_resumed(run, reference, seed_spread)
+    skipped = ("its manifest had arrived, so the resume listed it, found student.pt shorter than the manifest says "
+               "and skipped it" if caught["manifest_copied"] else "without its manifest it was never listed")
+    did = (f"Ray Train's copy of checkpoint step 10 into the run dir was cut after {len(caught['arrived'])} bytes of "
+           f"student.pt; Ray Train restarted the worker group; the half-copied directory was not loaded ({skipped}); "
+           f"the new worker resumed from checkpoint step {numbers['resumed_from']}, the last complete one, and every "
+           f"step's loss equals the uninterrupted run's (max difference {numbers['max_loss_difference']:.1e})")
+    reliability.record(
+        "checkpoint", "process killed while writing a checkpoint",
+        input=f"SIGKILL of rank 0's Ray Train worker while Ray Train copied its staged checkpoint of step "
+              f"{2 * CHECKPOINT_EVERY} into <run_dir>/checkpoints/ (the Train-worker path)",
+        did=did, message=" / ".join([restart_line, *worker_said]), lost=lost_text(numbers), **numbers)
+    assert run.training["restarts"] == 1
+    assert numbers["resumed_from"] == CHECKPOINT_EVERY, "the resume did not fall back to the previous checkpoint"
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # The shared queue (two learners)
 
@@ -261,82 +321,6 @@ def test_shared_queue_actor_killed_two_learners_resume_from_the_checkpoint(disti
             "(gathered into each checkpointed step) equal the uninterrupted run's, none skipped or repeated",
         message=restart_line.strip(),
         lost=lost_text(numbers), **numbers)
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# The teacher pool (Ray Data)
-
-
-def test_teacher_actor_killed_during_the_embedding_pass_completes_with_exact_counts(teacher_dir, real_sentences,
-                                                                                  tmp_path, reliability):
-    from raydistill.runtime.config import RoleResources
-    from raydistill.runtime.embedding_cache import EmbeddingCache, ensure_teacher_embeddings
-    from raydistill.runtime.teacher import TeacherEncoder, TeacherSpec
-
-    texts = list(dict.fromkeys(real_sentences))[:1200]
-    spec = TeacherSpec(model=str(teacher_dir), max_length=32,
-                       resources=RoleResources(num_actors=1, num_cpus=1, threads=1, batch_size=8))
-    killed: list[int] = []
-    stop = threading.Event()
-
-    def kill_the_pool_actor_mid_block() -> None:
-        while not stop.is_set():
-            busy = [p for p in descendants("TeacherEmbed") if ".submit" in " ".join(p.cmdline())]
-            if busy:
-                time.sleep(0.2)  # a few batches into its block
-                busy[0].kill()
-                killed.append(busy[0].pid)
-                return
-            time.sleep(0.01)
-
-    killer = threading.Thread(target=kill_the_pool_actor_mid_block, daemon=True)
-    killer.start()
-    try:
-        embeddings, stats = ensure_teacher_embeddings(texts, "control", spec, tmp_path / "cache")
-    finally:
-        stop.set()
-        killer.join(timeout=10)
-    assert killed, "the teacher pool's actor was never killed (the pass ended first)"
-
-    # Every sentence once through the delivered outputs, in order, equal to an in-process teacher's vectors.
-    assert (stats["misses"], stats["teacher_forward_sentences"], stats["hits"]) == (len(texts), len(texts), 0)
-    direct = TeacherEncoder(**spec.encoder_kwargs()).encode(texts)
-    np.testing.assert_allclose(embeddings, direct, atol=1e-5)
-    cache = EmbeddingCache(tmp_path / "cache", spec.identity())
-    # Rows on disk, not distinct keys: a retried block appended twice would keep the key count and double the rows.
-    rows_on_disk, keys_on_disk = part_rows(cache.dir)
-    assert rows_on_disk == len(texts), f"the cache's parts hold {rows_on_disk} rows for {len(texts)} sentences"
-    assert len(set(keys_on_disk)) == len(texts)
-    assert len(cache) == len(texts)
-    hit, cached = cache.lookup(texts)
-    assert hit.all() and np.array_equal(cached, embeddings)
-    reliability.record(
-        "fault", "cache-rows-once",
-        input=f"SIGKILL of the Ray Data TeacherEmbed pool actor while it embedded a block ({len(texts)} "
-              "sentences, 1 pool actor, batches of 8)",
-        did="Ray Data restarted the pool actor and retried the block (its default max_restarts=-1, "
-            "max_task_retries=-1 for pool actors); the pass returned every embedding, equal to an in-process "
-            f"teacher's, and the cache's part files hold {rows_on_disk} rows for {len(texts)} sentences: each "
-            f"sentence once ({len(texts)} misses, {len(texts)} counted through the teacher)",
-        lost="the killed block's teacher work, recomputed; no embedding lost or duplicated",
-        killed_pid_count=len(killed))
-
-
-def part_rows(cache_dir) -> tuple[int, list[bytes]]:
-    """Rows in the cache's part files (every ``part-*`` file, whatever its format) and their keys."""
-    import pyarrow.parquet as pq
-
-    rows, keys = 0, []
-    for part in sorted(cache_dir.glob("part-*")):
-        if part.suffix == ".npy":
-            table = np.load(part, mmap_mode="r")
-            rows += len(table)
-            keys += [bytes(key) for key in table["key"]]
-        elif part.suffix == ".parquet":
-            table = pq.read_table(part)
-            rows += table.num_rows
-            keys += [bytes(key) for key in table.column("text_hash").to_pylist()]
-    return rows, keys
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -502,9 +486,9 @@ def test_sigterm_checkpoints_at_the_next_step_and_the_resume_redoes_nothing(dist
 
 
 def test_unresponsive_learner_ends_the_job_within_the_timeout(distill_runs, reliability):
-    """A learner worker that stops answering (SIGSTOP: alive to the OS and to Ray, but silent), as a lost or
-    partitioned node looks to the driver: the job ends after ``extra.learner_timeout_s`` without an event of the
-    workers, saying how to resume."""
+    """A learner worker that stops answering (SIGSTOP: alive to the OS and to Ray, but silent): the job ends after
+    ``extra.learner_timeout_s`` without an event of the workers, saying how to resume. (A killed Ray head is
+    tests/test_cluster_faults.py.)"""
     from raydistill.runtime.learner_group import LearnerUnresponsiveError
 
     # Longer than any step of this tiny job on a loaded machine (start-up has its own, longer bound).
@@ -536,9 +520,9 @@ def test_unresponsive_learner_ends_the_job_within_the_timeout(distill_runs, reli
     assert "extra.learner_timeout_s" in message and "run the same command again with run_dir" in message
     assert "checkpoint step-0000005" in message or "checkpoint step-0000010" in message
     reliability.record(
-        "fault", "ray-head-lost",
+        "fault", "learner-unresponsive",
         input=f"SIGSTOP of rank 0's Ray Train worker process when the driver saw step {FAULT_AFTER_STEP} of {STEPS} "
-              f"(alive to the OS and to Ray but silent, as a lost node or head looks to the driver); "
+              f"(alive to the OS and to Ray but silent); "
               f"extra.learner_timeout_s={timeout_s:g} (default 600)",
         did=f"no event of the workers arrived for {timeout_s:g} s; the job stopped within {timeout_s:g} s (+30 s "
             "allowed for the step in flight) of the worker freezing, with LearnerUnresponsiveError saying how to "

@@ -18,11 +18,17 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
 import reliability_table  # noqa: E402
 
+from tests.reliability_log import merge_rows  # noqa: E402
+
 # Cases the reliability docs promise by name (README's reliability section); each must have a passing row.
 PROMISED_CASES = (
     "checkpoint-pickle-refused", "checkpoint-truncated-fallback", "resume-config-changed-before-ray",
     "run-dir-locked", "resave-crash-safe", "sigterm-checkpoint", "nonfinite-grad", "ray-head-lost",
     "driver-kill-exact", "queue-kill-all-ranks", "cache-rows-once",
+    "cache-nan-recomputed", "teacher-identity-full", "resume-runtime-settings", "storage-path-change-refused",
+    "tune-trial-retried", "rows-file-verified", "cache-disk-full", "sigterm-teacher-pass", "sigterm-main-job",
+    "result-not-overwritten", "state-files-durable", "config-nonfinite-refused", "tracking-retries", "node-lost",
+    "unsafe-names-refused", "learner-unresponsive",
 )
 
 
@@ -81,3 +87,30 @@ def test_the_checks_catch_what_they_name(tmp_path, rows):
     vanished = dict(rows[0], test=rows[0]["test"].split("::")[0] + "::test_that_was_renamed")
     function = vanished["test"].split("::")[-1]
     assert function not in _test_functions(ROOT / vanished["test"].split("::")[0])
+
+
+def _row(test: str, case: str, outcome: str = "passed", position: int = 0) -> dict:
+    return {"area": "fault", "case": case, "input": "x", "did": "y", "lost": "z", "test": test,
+            "position": [1, position], "outcome": outcome}
+
+
+@pytest.mark.parametrize("outcome, recorded, expected", [
+    # A test that failed before recording anything keeps both its cases, failed.
+    ("failed", [], [("one", "failed"), ("two", "failed")]),
+    # One case recorded (failed) before the assertion that failed: the other stays, failed.
+    ("failed", [("two", "failed")], [("one", "failed"), ("two", "failed")]),
+    # A passing test that records fewer cases than before renamed or dropped one: the old case goes.
+    ("passed", [("one", "passed")], [("one", "passed")]),
+    # A failing test that recorded as many rows as before: its new rows replace the old ones.
+    ("failed", [("one", "failed"), ("three", "failed")], [("one", "failed"), ("three", "failed")]),
+], ids=["failed-nothing-recorded", "failed-one-of-two", "passed-fewer", "failed-as-many"])
+def test_merge_rows_shows_a_failed_test_instead_of_dropping_its_rows(tmp_path, outcome, recorded, expected):
+    test = "tests/test_reliability_docs.py::test_x"
+    other = "tests/test_reliability_docs.py::test_other"
+    log = tmp_path / "reliability.json"
+    merge_rows(log, [_row(test, "one", position=0), _row(test, "two", position=1), _row(other, "kept")], set())
+    merge_rows(log, [_row(test, case, result, position=i) for i, (case, result) in enumerate(recorded)],
+               {test: outcome})
+    rows = json.loads(log.read_text(encoding="utf-8"))["rows"]
+    assert sorted((r["case"], r["outcome"]) for r in rows if r["test"] == test) == expected
+    assert [(r["case"], r["outcome"]) for r in rows if r["test"] == other] == [("kept", "passed")]

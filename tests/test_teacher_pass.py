@@ -1,7 +1,7 @@
 """The teacher pass: precision choice, token-budget batches, a memory-mapped cache that resumes an interrupted pass.
 
 These run in process (``ensure_teacher_embeddings(..., in_process=True)``) with a tiny teacher; the Ray Data pool is
-covered by tests/test_runtime_data.py and tests/test_faults.py.
+covered by tests/test_runtime_data.py and tests/test_teacher_cache_safety.py.
 """
 
 from __future__ import annotations

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import logging
 import socket
+import subprocess
+import sys
 import time
 
 import numpy as np
@@ -12,6 +14,8 @@ import pytest
 from raydistill.runtime.config import TrackingConfig
 from raydistill.runtime.plots import plot_dev_scatter, plot_learning_curve
 from raydistill.runtime.tracking import Tracker, flatten_params, resolve_tracking_uri
+
+pytest_plugins = ["tests.reliability_log"]
 
 
 def _fake_training_step(step: int) -> float:
@@ -114,6 +118,7 @@ def test_unusable_tracking_uri_warns_once_and_training_continues(kind, tmp_path,
     assert not tracker.active and tracker.run_id is None and tracker.failed_reason
     warnings = [r for r in caplog.records if "tracking disabled" in r.getMessage()]
     assert len(warnings) == 1 and uri in warnings[0].getMessage()
+    assert tracker.lost_metrics == 5 and any("lost 5 metric value(s)" in r.getMessage() for r in caplog.records)
     assert time.perf_counter() - started < 10  # MLflow's own retries would take ~100 s
 
 
@@ -184,3 +189,48 @@ def test_raydistill_ui_prints_the_training_runs_link_of_each_experiment(mlflow_d
     link = training_runs_url("http://127.0.0.1:5077", experiment.experiment_id)
     assert link == f"http://127.0.0.1:5077/#/experiments/{experiment.experiment_id}?workflowType=machine_learning"
     assert f"raydistill-ui: {link}" in capsys.readouterr().out
+
+
+# Another process holds an exclusive transaction on the store (as a trial does while MLflow migrates or writes) for
+# a little longer than one attempt waits for it (the sqlite probe's 5 s): the first attempt meets a real "database
+# is locked".
+HOLD_EXCLUSIVE = """
+import sqlite3, sys, time
+connection = sqlite3.connect(sys.argv[1], isolation_level=None)
+connection.execute("BEGIN EXCLUSIVE")
+print("locked", flush=True)
+time.sleep(float(sys.argv[2]))
+connection.execute("COMMIT")
+"""
+
+
+def test_a_locked_sqlite_store_is_retried_and_nothing_is_lost(mlflow_dir, caplog, reliability):
+    from mlflow import MlflowClient
+
+    uri = f"sqlite:///{mlflow_dir}/mlflow.db"
+    cfg = TrackingConfig(tracking_uri=uri, experiment="raydistill-locked")
+    with Tracker(cfg, run_name="creates-the-store") as first:
+        assert first.active, first.failed_reason
+    holder = subprocess.Popen([sys.executable, "-c", HOLD_EXCLUSIVE, str(mlflow_dir / "mlflow.db"), "5.5"],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        with caplog.at_level(logging.WARNING, logger="raydistill.runtime.tracking"):
+            tracker = Tracker(cfg, run_name="while-locked")
+            for step in range(1, 4):
+                tracker.log_metrics({"loss": _fake_training_step(step)}, step=step)
+            tracker.end()
+    finally:
+        holder.wait(timeout=60)
+    retried = [r.getMessage() for r in caplog.records if "retrying in" in r.getMessage()]
+    logged = ([m.value for m in MlflowClient(tracking_uri=uri).get_metric_history(tracker.run_id, "loss")]
+              if tracker.run_id else [])
+    reliability.record("fault", "tracking-retries",
+                       input="MLflow sqlite store held in an exclusive transaction by another process for 5.5 s "
+                             "while a run starts and logs metrics",
+                       did=f"retried {tracker.retries} time(s) with back-off, then logged the run "
+                           f"({len(logged)} of 3 metric values); tracking stayed on",
+                       message=retried[0] if retried else "", lost=f"{tracker.lost_metrics} metric values")
+    assert tracker.active is False and tracker.failed_reason is None, tracker.failed_reason
+    assert tracker.retries >= 1 and "database is locked" in retried[0]
+    assert logged == [pytest.approx(_fake_training_step(s)) for s in (1, 2, 3)] and tracker.lost_metrics == 0

@@ -21,6 +21,9 @@ import json
 import os
 import shutil
 import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -29,6 +32,8 @@ import yaml
 from raydistill.cli import main as cli_main
 from raydistill.runtime.preflight import preflight
 from tests.ray_fixtures import ray_session  # noqa: F401 - the session-wide Ray fixture
+
+pytest_plugins = ["tests.reliability_log"]
 
 ROWS, BATCH, EVAL_EVERY = 128, 16, 2  # 8 steps, dev evaluations at steps 2, 4, 6, 8
 LRS = [1e-3, 0.5, 3e-4, 1e6]
@@ -52,6 +57,24 @@ class InterruptAt(Callback):
         if InterruptAt.armed and trial.config.get("train.lr") == self.lr and result.get("step", 0) >= self.step:
             InterruptAt.armed = False
             os.kill(os.getpid(), signal.SIGINT)
+
+
+class KillTrialProcessAt(Callback):
+    """SIGKILLs the process of the trial with learning rate ``lr`` (as the OOM killer would) when Tune has registered
+    its first checkpoint; the trial is then held in ``ray.tune.report``, so the checkpoint is its newest. Disarmed
+    afterwards."""
+
+    armed = True
+    killed: dict = {}
+
+    def __init__(self, lr: float):
+        self.lr = lr
+
+    def on_checkpoint(self, iteration, trials, trial, checkpoint, **info):
+        if KillTrialProcessAt.armed and trial.config.get("train.lr") == self.lr:
+            KillTrialProcessAt.armed = False
+            KillTrialProcessAt.killed = {"pid": trial.last_result["pid"], "step": trial.last_result["step"]}
+            os.kill(trial.last_result["pid"], signal.SIGKILL)
 
 
 class RecordResults(Callback):
@@ -363,19 +386,34 @@ def test_two_trials_train_at_once_on_two_cpus(tmp_path, ray_session, tiny_bert, 
 
 @pytest.mark.ray
 def test_local_mode_trials_train_in_their_own_process_and_report_to_tune(tmp_path, ray_session,  # noqa: F811
-                                                                         tiny_bert, tiny_teacher):
+                                                                         tiny_bert, tiny_teacher, reliability):
     """``num_learners: 0``: each trial runs Train's local mode in its own (reused) process and sends its evaluations
     with their checkpoints through ``ray.tune.report`` into the sweep's Tune storage; ASHA, the NaN failure and an
-    interrupted sweep's resume work as with workers."""
+    interrupted sweep's resume work as with workers. The first trial's process is SIGKILLed at its first checkpoint:
+    Tune restarts it from that checkpoint (``max_trial_failures``), while the NaN trial, which failed by its own
+    error, is not run again."""
     from raydistill.runtime.tune import plan_sweep, resume_sweep, run_sweep
 
     space = write_space(tmp_path / "tiny.yaml", tiny_bert, tiny_teacher, tmp_path, num_learners=0)
     plan = plan_sweep(str(tiny_bert), "congen", str(tiny_teacher), space_file=space, sweep_dir=tmp_path / "sweep",
                       experiment="test-tune-local-mode", evaluate_sets=(), results_dir=tmp_path / "results",
                       command="pytest tests/test_tune.py")
-    InterruptAt.armed = True
+    InterruptAt.armed = KillTrialProcessAt.armed = True
     RecordResults.results = {}
-    first = run_sweep(plan, callbacks=[InterruptAt(lr=LRS[2], step=EVAL_EVERY), RecordResults()], verbose=0)
+    first = run_sweep(plan, callbacks=[InterruptAt(lr=LRS[2], step=EVAL_EVERY), RecordResults(),
+                                       KillTrialProcessAt(lr=1e-3)], verbose=0)
+    killed, retried = KillTrialProcessAt.killed, by_lr(first)[1e-3]
+    reliability.record(
+        "fault", "tune-trial-retried",
+        input=f"a local-mode trial's process SIGKILLed (pid {killed.get('pid')}) after its first checkpoint "
+              f"(step {killed.get('step')} of {ROWS // BATCH}), resources_per_trial.max_failures 2",
+        did=f"Tune restarted the trial from that checkpoint (attempt {retried['attempts']} resumed from step "
+            f"{retried['resumed_from']}) and it ended {retried['status']} at step {retried['last_step']}; the trial "
+            "with a NaN loss (its own error) was not run again",
+        lost=f"{(killed.get('step') or 0) - (retried['resumed_from'] or 0)} step(s): the trial came back from the "
+             "checkpoint of the step it was killed at", test_part="retry-after-trial-kill")
+    assert killed and retried["attempts"] == 2 and retried["resumed_from"] == killed["step"] == EVAL_EVERY
+    assert retried["status"] == "finished" and retried["last_step"] == ROWS // BATCH
     assert first["ended_by"] == "interrupted"
     interrupted = by_lr(first)[LRS[2]]
     assert interrupted["status"] == "interrupted"
@@ -388,10 +426,122 @@ def test_local_mode_trials_train_in_their_own_process_and_report_to_tune(tmp_pat
     assert [r["step"] for r in RecordResults.results[1e-3]] == list(range(EVAL_EVERY, ROWS // BATCH + 1, EVAL_EVERY))
     assert rows[0.5]["status"] == "stopped_early" and rows[0.5]["last_step"] < ROWS // BATCH
     assert rows[1e6]["status"] == "failed" and "loss is nan" in rows[1e6]["error"]
+    assert rows[1e6]["attempts"] == 1 and not rows[1e6]["lost"]  # its own error: Tune's retries refused at once
     restarted = rows[LRS[2]]
     assert restarted["attempts"] == 2 and 1 <= restarted["resumed_from"] < ROWS // BATCH
     assert restarted["status"] in ("finished", "stopped_early")
     assert not plan.train_storage(rows[1e-3]["trial_id"]).exists()  # no Train workers, no Train storage
+
+
+def _wait_until(condition, timeout_s: float, what: str):
+    deadline = time.monotonic() + timeout_s
+    while not (value := condition()):
+        assert time.monotonic() < deadline, f"gave up after {timeout_s:.0f}s waiting for {what}"
+        time.sleep(0.05)
+    return value
+
+
+def _gone(pid: int) -> bool:
+    import psutil
+
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+@pytest.mark.ray
+def test_a_sweep_whose_driver_was_killed_resumes_each_trial_from_its_checkpoint(tmp_path, ray_session,  # noqa: F811
+                                                                                 tiny_bert, tiny_teacher,
+                                                                                 reliability):
+    """``raydistill tune`` as its own process, SIGKILLed once the trial has a checkpoint in the sweep's Tune
+    storage (no summary, no clean-up: what a lost driver node leaves); ``--resume`` then continues the trial from
+    its newest checkpoint, losing at most one evaluation interval."""
+    import ray
+
+    from raydistill.runtime.tune import resume_sweep
+    from raydistill.runtime.tune_trial import TrialState
+
+    space = write_space(tmp_path / "tiny.yaml", tiny_bert, tiny_teacher, tmp_path, lrs=[1e-3], num_learners=0)
+    sweep_dir = tmp_path / "sweep"
+    log = (tmp_path / "driver.log").open("w")
+    # The driver joins the session's Ray (a Ray start is ~9 s); its trial processes belong to its job and die with it.
+    driver = subprocess.Popen(
+        [sys.executable, "-m", "raydistill.cli", "tune", "--student", str(tiny_bert), "--teacher", str(tiny_teacher),
+         "--space", str(space), "--sweep-dir", str(sweep_dir), "--no-evaluate", "--results-dir",
+         str(tmp_path / "results"), "--experiment", "test-tune-driver-kill"],
+        env={**os.environ, "RAY_ADDRESS": ray.get_runtime_context().gcs_address, "OMP_NUM_THREADS": "1"},
+        stdout=log, stderr=subprocess.STDOUT)
+    try:
+        checkpoint = _wait_until(lambda: sorted(sweep_dir.glob("tune/*/checkpoint_*")), 180,
+                                 f"a trial checkpoint (driver log: {tmp_path / 'driver.log'})")[0]
+        driver.send_signal(signal.SIGKILL)
+    finally:
+        driver.kill()
+        driver.wait()
+        log.close()
+    trial_id = checkpoint.parent.name
+    run_dir = sweep_dir / "trials" / trial_id
+    pid = TrialState.load(run_dir, trial_id).pid
+    _wait_until(lambda: _gone(pid), 60, f"trial process {pid} to die with its driver")
+    before = TrialState.load(run_dir, trial_id)  # what the trial had trained when it died
+    assert not (sweep_dir / "summary.json").exists() and before.status == "running"
+    summary = resume_sweep(sweep_dir, verbose=0)
+    row = summary["trials"][0]
+    reliability.record(
+        "fault", "tune-trial-retried",
+        input=f"the sweep driver (raydistill tune) SIGKILLed with its one local-mode trial at step {before.last_step} "
+              f"of {ROWS // BATCH} (a checkpoint in Tune's storage); then raydistill tune --resume",
+        did=f"--resume continued trial {trial_id} from step {row['resumed_from']} (attempt {row['attempts']}); "
+            f"it ended {row['status']} at step {row['last_step']}, the sweep {summary['ended_by']}",
+        lost=f"{before.last_step - (row['resumed_from'] or 0)} step(s) (an evaluation interval is {EVAL_EVERY})",
+        test_part="resume-after-driver-kill")
+    assert summary["ended_by"] == "completed" and row["trial_id"] == trial_id and row["attempts"] == 2
+    assert row["resumed_from"] and before.last_step - row["resumed_from"] <= EVAL_EVERY
+    assert row["status"] == "finished" and row["last_step"] == ROWS // BATCH
+
+
+def test_a_second_driver_on_a_sweep_in_use_is_refused(tmp_path, tiny_bert, tiny_teacher, capsys, reliability):
+    """A second ``--resume`` (or sweep) on a sweep directory whose driver runs is refused before Ray starts, naming
+    the holder; a symlink planted as the lock file is not followed."""
+    from raydistill.runtime.tune import SpaceError, plan_sweep, resume_sweep, run_sweep
+    from raydistill.runtime.tune_sweep import SWEEP_LOCK, SweepLockedError
+
+    space = write_space(tmp_path / "tiny.yaml", tiny_bert, tiny_teacher, tmp_path, num_learners=0)
+    plan = plan_sweep(str(tiny_bert), "congen", str(tiny_teacher), space_file=space, sweep_dir=tmp_path / "sweep",
+                      evaluate_sets=())
+    plan.save()
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time\nfrom raydistill.runtime.tune_sweep import SweepLock\n"
+         "with SweepLock(sys.argv[1]):\n    print('locked', flush=True)\n    time.sleep(120)", plan.sweep_dir],
+        stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        with pytest.raises(SweepLockedError) as resumed:
+            resume_sweep(plan.sweep_dir, verbose=0)
+        with pytest.raises(SweepLockedError):
+            run_sweep(plan, verbose=0)  # a new sweep on the same directory
+        code = cli_main(["tune", "--resume", "--sweep-dir", plan.sweep_dir])
+        cli_error = capsys.readouterr().err.strip()
+    finally:
+        holder.kill()
+        holder.wait()
+    lock = Path(plan.sweep_dir) / SWEEP_LOCK
+    lock.unlink()
+    target = tmp_path / "elsewhere"
+    lock.symlink_to(target)
+    with pytest.raises(SpaceError, match="not a symlink") as linked:
+        resume_sweep(plan.sweep_dir, verbose=0)
+    reliability.record(
+        "fault", "tune-trial-retried",
+        input="raydistill tune --resume on a sweep directory whose lock another live driver holds (pid "
+              f"{holder.pid}); then the lock file replaced by a symlink",
+        did=f"refused before Ray started, naming the holder (exit code {code}); the symlink was not followed",
+        lost="nothing: the running sweep is untouched", message=f"{cli_error} / {linked.value}",
+        test_part="second-resume-refused")
+    assert f"pid {holder.pid}" in str(resumed.value) and "in use by another sweep driver" in str(resumed.value)
+    assert code == 2 and f"pid {holder.pid}" in cli_error
+    assert not target.exists()
 
 
 @pytest.mark.ray

@@ -4,11 +4,16 @@
 ``raydistill/schemas/result.schema.json`` (JSON Schema draft 2020-12) and writes atomically, so a results/ file is
 either complete and valid or absent, never half-written. `format_scores_table` renders rows of such records as a
 markdown table.
+
+A run never overwrites another run's record: `result_path_of_run` keeps ``results/<name>.json`` for the run whose
+``training.run_dir`` it records (a rerun or resume of that run updates it) and sends any other run to
+``results/<name>-<run id>.json`` (``run_id``: 8 hex digits of the run dir's absolute path), saying so.
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import hashlib
 import json
 import math
 import os
@@ -23,6 +28,7 @@ from typing import Any
 import jsonschema
 
 from raydistill.evaluation.sts import STS7
+from raydistill.fileio import atomic_write_text
 
 __all__ = [
     "SCHEMA_PATH",
@@ -31,6 +37,8 @@ __all__ = [
     "validate_result",
     "validate_result_file",
     "write_result",
+    "result_path_of_run",
+    "run_id",
     "format_scores_table",
     "git_sha",
     "default_command",
@@ -156,8 +164,8 @@ def write_result(path: str | os.PathLike, **fields: Any) -> dict:
     """Validate and atomically write one result record; return it.
 
     ``git_sha``, ``date`` (ISO 8601, UTC) and ``command`` (`default_command`) are filled in unless given.
-    The file has sorted keys and 2-space indentation (stable diffs) and appears whole or not at all: it is
-    written to a temporary name beside it, flushed to disk, then renamed over `path`.
+    The file has sorted keys and 2-space indentation (stable diffs) and appears whole or not at all
+    (``raydistill.fileio.atomic_write_text``). Overwrites `path`: pick it with `result_path_of_run`.
     """
     record = dict(fields)
     record.setdefault("git_sha", git_sha())
@@ -167,17 +175,40 @@ def write_result(path: str | os.PathLike, **fields: Any) -> dict:
     validate_result(record, str(path))
     text = json.dumps(record, indent=2, sort_keys=True, allow_nan=False, ensure_ascii=False) + "\n"
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        with open(tmp, "w", encoding="utf-8") as stream:
-            stream.write(text)
-            stream.flush()
-            os.fsync(stream.fileno())
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
+    atomic_write_text(path, text)
     return record
+
+
+def run_id(run_dir: str | os.PathLike) -> str:
+    """A short, stable id of a run: 8 hex digits of its run dir's absolute path."""
+    return hashlib.sha256(os.path.abspath(os.fspath(run_dir)).encode()).hexdigest()[:8]
+
+
+def _recorded_run_dir(path: Path) -> str | None:
+    try:
+        record = json.loads(path.read_text(encoding="utf-8"))
+        recorded = (record.get("training") or {}).get("run_dir")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return os.path.abspath(recorded) if isinstance(recorded, str) and recorded else None
+
+
+def result_path_of_run(path: str | os.PathLike, run_dir: str | os.PathLike, report=print) -> Path:
+    """Where the record of the run in ``run_dir`` goes: ``path`` when it is free or already holds this run's record
+    (its ``training.run_dir``), else ``<stem>-<run id>.json`` beside it, with a message through ``report``. A file
+    without a recorded run dir (an older record, or one written by hand) counts as another run's."""
+    path, own = Path(path), os.path.abspath(os.fspath(run_dir))
+    if not path.exists() or _recorded_run_dir(path) == own:
+        return path
+    other = _recorded_run_dir(path) or "a run that did not record its run dir"
+    alternative = path.with_name(f"{path.stem}-{run_id(own)}{path.suffix}")
+    if alternative.exists() and _recorded_run_dir(alternative) != own:
+        raise ResultError(str(alternative), [("training.run_dir", f"holds the record of another run "
+                                              f"({_recorded_run_dir(alternative)}), and {path} that of {other}; "
+                                              "move one of them away or pass another result path")])
+    report(f"{path} holds the record of {other}, not of this run ({own}); writing {alternative.name} beside it "
+           f"instead. To make this run the record, move {alternative.name} over {path.name}")
+    return alternative
 
 
 def format_scores_table(results: list[dict]) -> str:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import difflib
 import inspect
+import math
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -248,11 +249,32 @@ class MethodSpec:
             if key not in allowed:
                 raise cfg._error(f"extra.{key}", f"unknown field for method {cfg.method!r}"
                                                  f"{_did_you_mean(key, allowed)}; allowed: {', '.join(sorted(allowed))}")
-        bucket_tokens = cfg.extra.get("bucket_tokens")
-        if bucket_tokens is not None and (isinstance(bucket_tokens, bool) or not isinstance(bucket_tokens, int)
-                                          or bucket_tokens < 0):
-            raise cfg._error("extra.bucket_tokens", f"expected an integer >= 0 (padded tokens per length-sorted "
-                                                    f"sub-batch; 0 = the batch in one call), got {bucket_tokens!r}")
+        for key, (accepts, expected) in _COMMON_EXTRA_TYPES.items():
+            value = cfg.extra.get(key)
+            if value is not None and not accepts(value):
+                raise cfg._error(f"extra.{key}", f"expected {expected}, got {value!r}")
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_positive_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0
+
+
+# The runtime's ``extra`` settings: (check, what is expected). Checked with the config, before Ray starts, because the
+# runtime reads them only once the learners start (after the teacher pass).
+_COMMON_EXTRA_TYPES: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "max_restarts": (lambda v: _is_int(v) and v >= 0, "an integer >= 0 (worker-group failures retried)"),
+    "learner_timeout_s": (_is_positive_number, "a number of seconds > 0 (how long the learners may send nothing)"),
+    "log_every": (lambda v: _is_int(v) and v >= 1, "an integer >= 1 (steps between progress lines)"),
+    "storage_path": (lambda v: isinstance(v, str) and bool(v.strip()),
+                     "a non-empty path or pyarrow filesystem URI (where Ray Train persists the checkpoints)"),
+    "teacher_encoder": (lambda v: v in ("bi", "cross"), "'bi' (sentence embeddings) or 'cross' (pair scores)"),
+    "bucket_tokens": (lambda v: _is_int(v) and v >= 0, "an integer >= 0 (padded tokens per length-sorted "
+                                                       "sub-batch; 0 = the batch in one call)"),
+}
 
 
 def _did_you_mean(key: str, allowed) -> str:

@@ -20,6 +20,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from raydistill.fileio import atomic_write_json
+
 METADATA_FILE = "raydistill_model.json"
 
 # Families whose position ids start at `pad_token_id + 1` (fairseq heritage): a checkpoint with 514 position
@@ -102,7 +104,7 @@ def write_metadata(directory: Path, inherited: dict[str, Any], encoder: dict[str
 
     kept = {key: value for key, value in inherited.items() if key != "files"}
     metadata = {**kept, "encoder": encoder, "raydistill_version": __version__}
-    (directory / METADATA_FILE).write_text(json.dumps(metadata, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    atomic_write_json(directory / METADATA_FILE, metadata, sort_keys=True)
 
 
 def usable_max_length(config, tokenizer, requested: int | None, source: Path) -> int:

@@ -18,7 +18,6 @@ Directories round-trip with sentence-transformers: `from_pretrained` honours an 
 from __future__ import annotations
 
 import importlib.metadata
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -525,7 +524,9 @@ class BiEncoder(nn.Module):
 
 
 def write_json(path: Path, content: Any) -> None:
-    path.write_text(json.dumps(content, indent=2) + "\n", encoding="utf-8")
+    from raydistill.fileio import atomic_write_json
+
+    atomic_write_json(path, content)
 
 
 def sentence_transformers_config() -> dict[str, Any]:

@@ -59,6 +59,8 @@ from typing import Any, Iterator, Literal, Sequence
 
 import torch
 
+from raydistill.fileio import atomic_write_json
+
 logger = logging.getLogger(__name__)
 
 Selection = Literal["activation", "weight_norm"]
@@ -423,7 +425,7 @@ def derive_student(
         "seconds": round(time.perf_counter() - started, 2),
         "raydistill_version": _raydistill_version(),
     }
-    (target / "raydistill_model.json").write_text(json.dumps(metadata, indent=2) + "\n")
+    atomic_write_json(target / "raydistill_model.json", metadata)
     logger.info(
         "Derived %s from %s (%s): layers %s, hidden %d/%d (score share %.3f), %d/%d heads of %d (%s), "
         "FFN %d/%d by %s, in %.1f s",
@@ -452,7 +454,7 @@ def _copy_sentence_transformers_files(source: Path, target: Path, hidden: int) -
             pooling = json.loads((source / module["path"] / "config.json").read_text())
             pooling["word_embedding_dimension"] = hidden
             (target / module["path"]).mkdir(parents=True, exist_ok=True)
-            (target / module["path"] / "config.json").write_text(json.dumps(pooling, indent=2) + "\n")
+            atomic_write_json(target / module["path"] / "config.json", pooling)
 
 
 @contextlib.contextmanager

@@ -45,6 +45,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
+from raydistill.fileio import atomic_write_json, open_lock_file
+
 # The hub is unreachable here; make every Hugging Face library in this process fail fast instead of retrying.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -293,14 +295,17 @@ def cache_problems(path: Path, plan: dict[str, Any] | None = None, *, full_hash:
 def _build_lock(target: Path) -> Iterator[None]:
     """Serialise builders of one cached model across processes (Ray actors may resolve the same preset at once)."""
     target.parent.mkdir(parents=True, exist_ok=True)
-    with open(target.parent / f".{target.name}.lock", "w") as lock_file:
+    fd = open_lock_file(target.parent / f".{target.name}.lock")  # no symlink followed, nothing truncated
+    try:
         try:
             import fcntl
 
-            fcntl.flock(lock_file, fcntl.LOCK_EX)
+            fcntl.flock(fd, fcntl.LOCK_EX)
         except ImportError:  # no fcntl (Windows): the atomic rename below still keeps readers safe
             pass
         yield
+    finally:
+        os.close(fd)
 
 
 def build_cached(name: str, plan: dict[str, Any], build: Callable[[Path], dict[str, Any]]) -> Path:
@@ -325,7 +330,7 @@ def build_cached(name: str, plan: dict[str, Any], build: Callable[[Path], dict[s
             for file in tmp_dir.rglob("*"):  # some writers create private files; a cache is shared like the dir
                 file.chmod((0o777 if file.is_dir() else 0o666) & ~umask)
             metadata = {**metadata, "plan": plan, "files": _file_manifest(tmp_dir)}
-            (tmp_dir / METADATA_FILE).write_text(json.dumps(metadata, indent=2) + "\n")
+            atomic_write_json(tmp_dir / METADATA_FILE, metadata)
             if target.exists():
                 stale = Path(tempfile.mkdtemp(prefix=f".{name}.stale-", dir=target.parent))
                 os.replace(target, stale / name)

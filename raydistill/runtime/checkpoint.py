@@ -30,10 +30,14 @@ which ``list_checkpoints`` still lists (and the next save renames back), so a lo
 exists. Only the newest ``keep_last`` step checkpoints are kept.
 
 A checkpoint is refused when the config that wrote it hashes differently (``JobConfig.config_hash``, which ignores
-fields that do not change training: resources, tracking, eval cadence, run/cache dirs), or when the content of a
+the fields that do not change training, ``config.RUNTIME_ONLY_FIELDS``: resources, tracking, eval and checkpoint
+cadence, keep_last, timeouts, restarts, logging, run/cache dirs), or when the content of a
 ``file:`` corpus changed since (``data_fingerprint``: its sha256, because the config names only the path). The message
 names both hashes and the differing keys, because silently resuming a run with another learning rate, teacher or
-corpus corrupts it. ``check_resume`` runs this check in the driver before Ray starts or ``config.yaml`` is written.
+corpus corrupts it. ``check_resume`` runs this check in the driver before Ray starts or ``config.yaml`` is written,
+where the run keeps its checkpoints (``checkpoint_home``: the run dir, or ``<extra.storage_path>/<run dir name>``
+with Train workers), and first refuses a run whose checkpoints are elsewhere than its config now points (the run dir
+records the place, ``claim_checkpoint_home``) or whose storage folder another run dir owns.
 
 Output directories fail early: ``check_output_dir`` (run by ``preflight`` for run_dir and the embedding
 cache, before Ray or any model starts) refuses a directory that cannot be created or written, or whose filesystem
@@ -52,12 +56,15 @@ import os
 import re
 import shutil
 import tempfile
+import uuid
 from pathlib import Path
 from typing import Any, Callable
 
 import torch
 
 from raydistill.evaluation.results import git_sha
+from raydistill.fileio import fsync_dir, pid_alive
+from raydistill.runtime.config import RUNTIME_ONLY_FIELDS
 
 __all__ = [
     "CheckpointError",
@@ -70,6 +77,11 @@ __all__ = [
     "verify_checkpoint",
     "latest_good_checkpoint",
     "check_resume",
+    "checkpoint_home",
+    "claim_checkpoint_home",
+    "resume_point",
+    "STORAGE_RECORD",
+    "STORAGE_OWNER",
     "data_fingerprint",
     "check_compatible",
     "checkpoint_root",
@@ -169,7 +181,9 @@ class RunDirLock:
 
         report = report or log.warning
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        from raydistill.fileio import open_lock_file
+
+        fd = open_lock_file(self.path)  # never through a symlink, nor a hard link to another file
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as exc:
@@ -279,7 +293,7 @@ def save_checkpoint(run_dir: str | os.PathLike, *, step: int, epoch: int, batch_
             json.dump(manifest, fh, indent=2, default=str)
             fh.flush()
             os.fsync(fh.fileno())
-        _fsync_dir(tmp)
+        fsync_dir(tmp)
     except (OSError, RuntimeError) as exc:
         # torch.save reports a failed write as RuntimeError ("... file write failed"), with the OSError as cause.
         cause = exc if isinstance(exc, OSError) else exc.__cause__ or exc.__context__
@@ -298,7 +312,7 @@ def save_checkpoint(run_dir: str | os.PathLike, *, step: int, epoch: int, batch_
         shutil.rmtree(old, ignore_errors=True)
     else:
         os.replace(tmp, final)
-    _fsync_dir(root)
+    fsync_dir(root)
     _prune(root, keep_last)
     return final
 
@@ -375,29 +389,6 @@ def data_fingerprint(config) -> dict[str, str]:
     return {"data.corpus": digest.hexdigest()}
 
 
-def _fsync_dir(path: Path) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def _sweep_stale_tmp(root: Path) -> None:
     """Tidy what writers that are gone left behind; directories of a live writer (another job) are not touched.
 
@@ -407,12 +398,12 @@ def _sweep_stale_tmp(root: Path) -> None:
     """
     for path in sorted(root.iterdir()):
         tmp = _TMP_DIR.match(path.name)
-        if tmp and (int(tmp.group(1)) == os.getpid() or not _pid_alive(int(tmp.group(1)))):
+        if tmp and (int(tmp.group(1)) == os.getpid() or not pid_alive(int(tmp.group(1)))):
             log.info("removing incomplete checkpoint %s (its writer died mid-write)", path)
             shutil.rmtree(path, ignore_errors=True)
     for path in sorted(root.iterdir()):
         old = _OLD_DIR.match(path.name)
-        if not old or (int(old.group(2)) != os.getpid() and _pid_alive(int(old.group(2)))):
+        if not old or (int(old.group(2)) != os.getpid() and pid_alive(int(old.group(2)))):
             continue
         final = root / f"step-{old.group(1)}"
         if not final.exists() and (path / MANIFEST).is_file():
@@ -542,6 +533,8 @@ def check_compatible(manifest: dict[str, Any], config, path: str | os.PathLike =
         return
     stored = manifest.get("config") or {}
     keys = config.diff_keys(stored) if stored and theirs != mine else []
+    if stored and not keys and not changed_data:
+        return  # same training fields; the hash was taken while more settings were hashed (an older raydistill)
     if keys and may_differ is not None and not changed_data and all(may_differ(key) for key in keys):
         return
     details = []
@@ -557,22 +550,27 @@ def check_compatible(manifest: dict[str, Any], config, path: str | os.PathLike =
     raise CheckpointMismatchError(
         f"{path} was written by a different config (hash {theirs}, this run {mine}); differing keys: "
         + "; ".join(details) + more
-        + ". Resume with the original config and data, or give this run another run_dir.")
+        + ". Resume with the original config and data, or give this run another run_dir. (Settings that do not "
+        + f"change training may differ between runs: {', '.join(RUNTIME_ONLY_FIELDS)}.)")
+
+
 
 
 def check_resume(run_dir: str | os.PathLike, config, world_size: int | None = None) -> Path | None:
     """Refuse, before anything starts, to resume ``run_dir`` with a config that trains something else.
 
-    Reads manifests only (the newest checkpoint whose manifest parses). ``world_size``: the learners this run will
+    Reads manifests only (the newest checkpoint whose manifest parses), where the run keeps its checkpoints
+    (``checkpoint_home``: the run dir or its ``extra.storage_path`` folder); a run whose checkpoints are somewhere
+    else than this config would look, or whose storage folder belongs to another run dir, is refused first
+    (``claim_checkpoint_home`` records both when the run starts training). ``world_size``: the learners this run will
     use; a checkpoint trained with another count is refused, because the number of learners sets the steps of an
     epoch (one step consumes one batch per learner), hence the total steps and the LR schedule the checkpoint's
     optimiser and scheduler are part-way through. Returns the checkpoint that will be resumed, or None.
     """
-    for path in reversed(list_checkpoints(run_dir)):
-        try:
-            manifest = read_manifest(path)
-        except CheckpointError:
-            continue  # a damaged manifest: the resume falls back past it, and says so
+    home = checkpoint_home(run_dir, config)
+    _refuse_moved_checkpoints(run_dir, home)
+    _refuse_foreign_storage(run_dir, home)
+    for path, manifest in _manifests_newest_first(home):
         check_compatible(manifest, config, path)
         written_with = (manifest.get("extra") or {}).get("world_size")
         if world_size is not None and written_with is not None and int(written_with) != int(world_size):
@@ -618,3 +616,178 @@ def _flatten(plain: Any, prefix: str = "") -> dict[str, Any]:
             out.update(_flatten(v, f"{prefix}{k}."))
         return out
     return {prefix.rstrip("."): plain}
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Where a run keeps its checkpoints
+#
+# A run dir records where its checkpoints live (STORAGE_RECORD), and a storage folder names the run dir that owns
+# it (STORAGE_OWNER): a run whose checkpoints are elsewhere than its config now points would start at step 0 and
+# overwrite best/, and two run dirs of the same name sharing <storage_path>/<name> would resume each other's.
+
+STORAGE_RECORD = "checkpoint_storage.json"
+STORAGE_OWNER = ".raydistill-owner.json"
+
+
+def checkpoint_home(run_dir: str | os.PathLike, config) -> str:
+    """The folder whose ``checkpoints/`` holds the run's checkpoints: ``<extra.storage_path>/<run dir name>`` when
+    Train workers persist them there, else the run dir (also in Train's local mode, ``num_learners: 0``, where Train
+    persists nothing and rank 0 writes them into the run dir). Local paths come back absolute."""
+    return _home(run_dir, (config.extra or {}).get("storage_path"), config.resources.learner.num_learners)
+
+
+def _home(run_dir: str | os.PathLike, storage: str | None, num_learners: int) -> str:
+    if not storage or int(num_learners) == 0:
+        return str(Path(run_dir).resolve())
+    if "://" not in str(storage):
+        storage = str(Path(storage).expanduser().resolve())
+    return f"{str(storage).rstrip('/')}/{Path(run_dir).resolve().name}"
+
+
+def claim_checkpoint_home(run_dir: str | os.PathLike, config) -> str:
+    """Record in the run dir where its checkpoints live and, in a storage folder, which run dir owns it; returns
+    the home. Call under the run-dir lock, after ``check_resume`` accepted the run."""
+    from raydistill.fileio import atomic_write_json
+
+    run_dir = Path(run_dir).resolve()
+    home = checkpoint_home(run_dir, config)
+    record = _read_json(run_dir / STORAGE_RECORD)
+    run_id = record.get("run_id") or uuid.uuid4().hex
+    run_dir.mkdir(parents=True, exist_ok=True)
+    atomic_write_json(run_dir / STORAGE_RECORD, {"checkpoint_home": home, "run_id": run_id,
+                                                 "storage_path": (config.extra or {}).get("storage_path")})
+    if home != str(run_dir):
+        owner = json.dumps({"run_dir": str(run_dir), "run_id": run_id}, indent=2)
+        local = _local_path(home)
+        if local is None:
+            import pyarrow.fs
+
+            fs, path = pyarrow.fs.FileSystem.from_uri(home)
+            fs.create_dir(path, recursive=True)
+            with fs.open_output_stream(f"{path}/{STORAGE_OWNER}") as out:
+                out.write(owner.encode())
+        else:
+            local.mkdir(parents=True, exist_ok=True)
+            atomic_write_json(local / STORAGE_OWNER, json.loads(owner))
+    return home
+
+
+def resume_point(home: str) -> tuple[Any, dict[str, Any] | None]:
+    """``(checkpoint, manifest)`` a run in ``home`` resumes from: the newest that verifies (local), or the newest
+    whose manifest reads (a remote storage, where Train's own record picks the checkpoint); ``(None, None)``."""
+    local = _local_path(home)
+    if local is not None:
+        return latest_good_checkpoint(local, report=lambda message: None)
+    return next(_manifests_newest_first(home), (None, None))
+
+
+def _refuse_moved_checkpoints(run_dir: str | os.PathLike, home: str) -> None:
+    """The run's checkpoints are at ``home``, where this config looks, or nowhere yet."""
+    run_dir = Path(run_dir).resolve()
+    recorded = _read_json(run_dir / STORAGE_RECORD).get("checkpoint_home") or _home_before_the_record(run_dir)
+    if recorded is None or recorded == home or not _has_checkpoints(recorded):
+        return
+
+    def where(folder: str) -> str:
+        return f"{folder}/checkpoints" + (" (the run dir)" if folder == str(run_dir) else "")
+
+    raise CheckpointMismatchError(
+        f"{run_dir}: this run's checkpoints are in {where(recorded)}, but this config would keep them in "
+        f"{where(home)} (extra.storage_path; Train's local mode, resources.learner.num_learners: 0, keeps them in "
+        f"the run dir). Starting there would train from step 0 and overwrite {run_dir / 'best'}. Resume with the "
+        f"extra.storage_path (and learner mode) that wrote them, move the checkpoints to the new place and update "
+        f"{run_dir / STORAGE_RECORD}, or give this run another run_dir.")
+
+
+def _home_before_the_record(run_dir: Path) -> str | None:
+    """Where a run dir written before STORAGE_RECORD existed kept its checkpoints: the run dir if it holds some,
+    else the storage folder its ``config.yaml`` (the last start's config) names."""
+    if list_checkpoints(run_dir):
+        return str(run_dir)
+    try:
+        import yaml
+
+        previous = yaml.safe_load((run_dir / "config.yaml").read_text(encoding="utf-8"))
+        learner = (previous.get("resources") or {}).get("learner") or {}
+        return _home(run_dir, (previous.get("extra") or {}).get("storage_path"), learner.get("num_learners") or 0)
+    except (OSError, ValueError, TypeError, AttributeError, yaml.YAMLError):
+        return None
+
+
+def _refuse_foreign_storage(run_dir: str | os.PathLike, home: str) -> None:
+    """A storage folder belongs to the run dir that first trained there (same path, or the same run moved)."""
+    run_dir = Path(run_dir).resolve()
+    if home == str(run_dir):
+        return
+    owner = _read_owner(home)
+    if not owner or owner.get("run_dir") == str(run_dir):
+        return
+    mine = _read_json(run_dir / STORAGE_RECORD).get("run_id")
+    if mine is not None and owner.get("run_id") == mine:
+        return  # this run dir, moved since
+    raise CheckpointMismatchError(
+        f"{home} holds the checkpoints of the run in {owner.get('run_dir', '?')} ({home}/{STORAGE_OWNER}); this "
+        f"run dir is {run_dir}. Two runs sharing it would resume each other's checkpoints: give this run another "
+        f"extra.storage_path or a run_dir of another name.")
+
+
+def _local_path(home: str) -> Path | None:
+    """``home`` as a local path, or None for a remote (pyarrow filesystem) URI."""
+    if home.startswith("file://"):
+        return Path(home[len("file://"):])
+    return None if "://" in home else Path(home)
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _read_owner(home: str) -> dict[str, Any]:
+    local = _local_path(home)
+    if local is not None:
+        return _read_json(local / STORAGE_OWNER)
+    try:
+        import pyarrow.fs
+
+        fs, path = pyarrow.fs.FileSystem.from_uri(home)
+        with fs.open_input_stream(f"{path}/{STORAGE_OWNER}") as stream:
+            data = json.loads(stream.read().decode("utf-8"))
+    except (OSError, ValueError, ImportError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _has_checkpoints(home: str) -> bool:
+    try:
+        return next(_manifests_newest_first(home), None) is not None
+    except OSError:
+        return True  # unreachable storage: assume the run's checkpoints are there rather than start over
+
+
+def _manifests_newest_first(home: str):
+    """``(checkpoint, manifest)`` of every checkpoint in ``home`` whose manifest parses, newest first (a damaged
+    manifest is skipped: the resume falls back past it, and says so)."""
+    local = _local_path(home)
+    if local is not None:
+        for path in reversed(list_checkpoints(local)):
+            try:
+                yield path, read_manifest(path)
+            except CheckpointError:
+                continue
+        return
+    import pyarrow.fs
+
+    fs, root = pyarrow.fs.FileSystem.from_uri(f"{home.rstrip('/')}/checkpoints")
+    infos = fs.get_file_info(pyarrow.fs.FileSelector(root, allow_not_found=True))
+    steps = sorted((info for info in infos if info.type == pyarrow.fs.FileType.Directory
+                    and _STEP_DIR.match(info.base_name)), key=lambda info: info.base_name, reverse=True)
+    for info in steps:
+        try:
+            with fs.open_input_stream(f"{info.path}/{MANIFEST}") as stream:
+                yield f"{home.rstrip('/')}/checkpoints/{info.base_name}", json.loads(stream.read().decode("utf-8"))
+        except (OSError, ValueError):
+            continue

@@ -1,4 +1,6 @@
-"""Starting or joining Ray, and checking that the configured roles fit the cluster before any actor starts.
+"""Starting or joining Ray, checking that the configured roles fit the cluster before any actor starts, and keeping
+the driver's own helper actors on the driver's node (`on_the_driver_node`), so that losing another node loses only
+what Ray Train can restart.
 
 The same job script runs standalone (``python jobs/congen.py``: a private local Ray with the config's CPU count) and
 under ``ray job submit`` (the job supervisor sets ``RAY_ADDRESS``: connect, and take the cluster's resources as they
@@ -29,6 +31,7 @@ __all__ = [
     "check_resources",
     "configure_data_context",
     "init_ray",
+    "on_the_driver_node",
     "prepare_worker_environment",
     "warn_if_outputs_are_ephemeral",
 ]
@@ -143,6 +146,17 @@ def start_local_ray(*, dashboard: bool = False, **init_kwargs: Any) -> None:
                 os.environ[key] = value
 
 
+def on_the_driver_node() -> Any:
+    """A scheduling strategy that keeps an actor on this process's node, for actors that only serve the driver (the
+    learners' event relay). There it dies only with the driver's node, which ends the job anyway, as Ray Train
+    places its own controller; placed by Ray on another node, it would die with that node and end a job that
+    Train could otherwise restart on the nodes that remain (measured: a lost worker node ended the job)."""
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    return NodeAffinitySchedulingStrategy(node_id=ray.get_runtime_context().get_node_id(), soft=False)
+
+
 def prepare_worker_environment() -> None:
     """Environment that the workers of a local Ray inherit from this process (set before ``ray.init``).
 
@@ -226,6 +240,13 @@ def check_resources(cfg: Any, available: dict[str, float] | None = None) -> None
         if teacher_gpus > gpus - held_gpus + 1e-9:
             problems.append(f"teacher pool asks for {teacher_gpus:g} GPU, {gpus - held_gpus:g} left: set "
                             "resources.teacher.num_gpus: 0 or use a GPU cluster")
+    for family, custom in (getattr(r, "families", None) or {}).items():
+        for resource, amount in custom.items():
+            have = float(available.get(resource, 0))
+            if 2 * amount > have + 1e-9:  # the family's bi- and cross-encoder actor each ask for it
+                problems.append(f"family {family}'s two actors ask for 2 x {amount:g} of the custom resource "
+                                f"{resource!r}; the cluster has {have:g}: start a node with `ray start --resources "
+                                f"'{{\"{resource}\": 2}}'` or change resources.families.{family}")
     if problems:
         source = f"{cfg._source}: " if cfg._source else ""
         raise ResourceError(f"{source}resources do not fit ({where}):\n  - " + "\n  - ".join(problems))

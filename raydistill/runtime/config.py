@@ -16,7 +16,7 @@ config fails in a second instead of after the teacher pass.
 
     cfg = JobConfig.from_yaml("configs/congen.yaml", overrides=["train.lr=1e-4", "loss.queue_size=16384"])
     cfg.validate()             # the schema; preflight(cfg) checks models, files and directories
-    cfg.config_hash()          # stable across processes; ignores resources/tracking/eval cadence/run_dir
+    cfg.config_hash()          # stable across processes; ignores RUNTIME_ONLY_FIELDS (resources, tracking, ...)
 """
 
 from __future__ import annotations
@@ -47,6 +47,7 @@ __all__ = [
     "JobConfig",
     "raydistill_home",
     "DEFAULT_HASH_EXCLUDE",
+    "RUNTIME_ONLY_FIELDS",
 ]
 
 
@@ -141,9 +142,18 @@ class TrackingConfig:
     run_name: str | None = None
 
 
-# Fields that do not change what is trained: a checkpoint may be resumed across them.
-# Where checkpoints are stored (extra.storage_path) moves a run, it does not change what it trains.
-DEFAULT_HASH_EXCLUDE = ("resources", "tracking", "train.eval_every", "run_dir", "cache_dir", "extra.storage_path")
+# Fields that change how a run is executed, watched or kept, never what it trains: they may change between the
+# invocations of one run, and a checkpoint resumes across them. The config hash leaves out exactly these, and a
+# "written by a different config" refusal names them as the settings that may change. (Where the checkpoints live,
+# extra.storage_path, is left out too but checked on its own: checkpoint.check_resume refuses to move a started run.)
+# train.checkpoint_every only places the next checkpoints: saving reads the state and draws no random number, and a
+# resume continues from the manifest's step, epoch and batch, so the steps trained are the same at any interval.
+RUNTIME_ONLY_FIELDS = (
+    "resources", "tracking", "run_dir", "cache_dir",
+    "train.eval_every", "train.checkpoint_every", "train.keep_last",
+    "extra.learner_timeout_s", "extra.max_restarts", "extra.log_every", "extra.storage_path",
+)
+DEFAULT_HASH_EXCLUDE = RUNTIME_ONLY_FIELDS
 
 _SECTION_ALIASES = {
     # runtime.md writes the Data cap as a nested block; both spellings load into data_max_cpus.
@@ -232,7 +242,9 @@ class JobConfig:
     def to_yaml(self, path: str | os.PathLike | None = None) -> str:
         text = yaml.safe_dump(self.to_dict(), sort_keys=False, default_flow_style=False)
         if path is not None:
-            Path(path).write_text(text, encoding="utf-8")
+            from raydistill.fileio import atomic_write_text
+
+            atomic_write_text(path, text)
         return text
 
     # ------------------------------------------------------------------------------------------------------------
@@ -241,8 +253,7 @@ class JobConfig:
     def hashed_fields(self, exclude: tuple[str, ...] = DEFAULT_HASH_EXCLUDE) -> dict[str, Any]:
         """The config as ``config_hash`` sees it: minus ``exclude`` (dotted paths) and minus the fields added after
         run directories existed while they hold their default (so old run directories keep their hash)."""
-        plain = self.to_dict()
-        return _drop_paths(plain, exclude + paths_at_default(plain, _HASHED_ONLY_WHEN_SET))
+        return hashed_fields_of(self.to_dict(), exclude)
 
     def config_hash(self, exclude: tuple[str, ...] = DEFAULT_HASH_EXCLUDE) -> str:
         """sha256 (16 hex chars) of the canonical JSON of ``hashed_fields(exclude)``."""
@@ -250,10 +261,11 @@ class JobConfig:
         return hashlib.sha256(canonical.encode()).hexdigest()[:16]
 
     def diff_keys(self, other: "JobConfig | dict", exclude: tuple[str, ...] = DEFAULT_HASH_EXCLUDE) -> list[str]:
-        """Dotted paths whose values differ (for "checkpoint was written by another config" messages)."""
-        mine = _flatten(_drop_paths(self.to_dict(), exclude))
+        """Dotted paths of hashed fields whose values differ (for "checkpoint was written by another config"
+        messages); empty when ``other`` trains the same thing, even if an older version hashed it otherwise."""
+        mine = _flatten(self.hashed_fields(exclude))
         theirs_dict = other.to_dict() if isinstance(other, JobConfig) else other
-        theirs = _flatten(_drop_paths(theirs_dict, exclude))
+        theirs = _flatten(hashed_fields_of(theirs_dict, exclude))
         return sorted(k for k in mine.keys() | theirs.keys() if mine.get(k, _MISSING) != theirs.get(k, _MISSING))
 
     # ------------------------------------------------------------------------------------------------------------
@@ -460,6 +472,7 @@ def _coerce(value: Any, hint: Any, path: str, source: str | None, lines: dict[st
             raise fail(f"a mapping of {hint.__name__} fields")
         return _build(hint, value, path + ".", source, lines)
     if hint is Any:
+        _refuse_non_finite(value, path, source, lines)
         return value
     if hint is bool:
         if isinstance(value, bool):
@@ -472,15 +485,18 @@ def _coerce(value: Any, hint: Any, path: str, source: str | None, lines: dict[st
             return int(value)
         raise fail("an integer")
     if hint is float:
+        number = None
         if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-        if isinstance(value, str):
+            number = float(value)
+        elif isinstance(value, str):
             # PyYAML reads "1e-4" (no dot) as a string; accept it rather than make users write 1.0e-4.
             try:
-                return float(value)
+                number = float(value)
             except ValueError:
                 pass
-        raise fail("a number")
+        if number is None or not math.isfinite(number):
+            raise fail("a finite number")
+        return number
     if hint is str:
         if isinstance(value, str):
             return value
@@ -498,6 +514,19 @@ def _coerce(value: Any, hint: Any, path: str, source: str | None, lines: dict[st
         (item_type,) = typing.get_args(hint)
         return [_coerce(v, item_type, f"{path}[{i}]", source, lines) for i, v in enumerate(value)]
     return value
+
+
+def _refuse_non_finite(value: Any, path: str, source: str | None, lines: dict[str, int]) -> None:
+    """NaN or infinity anywhere in a free-form section (loss, extra): no setting means either, and a NaN learning
+    rate or clip would train a broken model until the first check notices."""
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ConfigError(_where(source, lines, path) + f"expected a finite number, got {value!r}")
+    if isinstance(value, dict):
+        for key, item in value.items():
+            _refuse_non_finite(item, f"{path}.{key}", source, lines)
+    elif isinstance(value, (list, tuple)):
+        for i, item in enumerate(value):
+            _refuse_non_finite(item, f"{path}[{i}]", source, lines)
 
 
 def _to_plain(obj: Any) -> Any:
@@ -530,7 +559,7 @@ def _line_of(lines: dict[str, int], path: str) -> int | None:
     while path:
         if path in lines:
             return lines[path]
-        path = path.rpartition(".")[0]
+        path = path[:path.rindex("[")] if path.endswith("]") else path.rpartition(".")[0]
     return None
 
 
@@ -611,6 +640,11 @@ def _drop_paths(plain: dict, exclude: tuple[str, ...]) -> dict:
         if isinstance(node, dict):
             node.pop(parts[-1], None)
     return plain
+
+
+def hashed_fields_of(plain: dict, exclude: tuple[str, ...] = DEFAULT_HASH_EXCLUDE) -> dict:
+    """A plain job config (also one a checkpoint stored) as the config hash sees it."""
+    return _drop_paths(plain, exclude + paths_at_default(plain, _HASHED_ONLY_WHEN_SET))
 
 
 def paths_at_default(plain: dict, defaults: dict[str, tuple]) -> tuple[str, ...]:

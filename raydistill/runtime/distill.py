@@ -7,7 +7,8 @@
     → per stage: training data (stage 1 of teacher methods: the teacher pass through the embedding cache, hits and
       misses logged) → LearnerGroup.fit, a Ray Train run (dev every train.eval_every steps, checkpoints,
       resume, restarts)
-    → 7-STS (+ STS-B dev) of the best checkpoint → results/<method>-<student>-<teacher>.json + MLflow run
+    → 7-STS (+ STS-B dev) of the best checkpoint → results/<method>-<student>-<teacher>.json + MLflow run (a file
+      that holds another run dir's record is left alone: this run's goes to ``<name>-<run id>.json``, said so)
 
 MLflow (``Tracker``; a tracking failure never stops training): params = the effective config (flattened) plus
 method/teacher/student/taus/K/lr/batch/seed/git SHA/config hash/corpus size and teacher-cache counts; metrics =
@@ -15,9 +16,13 @@ every step's loss parts, lr, sentences/s, STS-B dev at each evaluation, the fina
 directory, the result JSON, the learning curve and the STS-B dev scatter plot. Multi-stage methods log their stages
 on one step axis (stage 2 continues where stage 1 ended) with ``stage`` as a metric.
 
-SIGTERM (a preempted node, ``kill``, Slurm's time limit) does not kill the job mid-step: the learners finish the step
-in flight, checkpoint at that step boundary, the MLflow run ends KILLED and ``PreemptedError`` is raised (the job
-scripts exit with status 143); the same command with the same run_dir resumes at that step.
+SIGTERM (a preempted node, ``kill``, Slurm's time limit) or SIGINT (Ctrl-C) stops the job cleanly wherever it is
+(``stopping``): during training the learners finish the step in flight and checkpoint at that step boundary
+(``PreemptedError``); during the teacher pass the vectors encoded so far go to the teacher cache; between stages or
+during the final evaluation the job stops at once (finished stages keep their final checkpoints). The MLflow run
+ends KILLED and ``JobStopped`` says what was kept and how to resume (the job scripts exit with 128 + the signal:
+143 for SIGTERM, 130 for SIGINT); the same command with the same run_dir resumes: no step is trained twice and no
+cached sentence goes through the teacher again.
 """
 
 from __future__ import annotations
@@ -28,13 +33,12 @@ import logging
 import os
 import resource
 import shutil
-import signal
-import threading
 import time
 from pathlib import Path
 from typing import Any, Callable
 
 from raydistill.runtime.config import ConfigError, JobConfig
+from raydistill.runtime.stopping import JobStopped, StopOnSignals, raise_if_stop_requested, signal_name
 
 __all__ = ["run_distillation", "result_path_for"]
 
@@ -118,14 +122,26 @@ def run_distillation(cfg: JobConfig, *, results_dir: str | os.PathLike | None = 
     stages = stage_plan(cfg)
     run_dir = cfg.resolved_run_dir()
     lock = RunDirLock(run_dir).acquire(report=lambda message: print(f"[{cfg.method}] {message}", flush=True))
-    sigterm = _StopOnSigterm()
+    stop = StopOnSignals(cfg.method)
     try:
+        _recover_best_dirs(run_dir, stages)
         _refuse_incompatible_checkpoints(stages)
         return _run_locked(cfg, stages, run_dir, results_dir, result_path, command, evaluate, tracker, progress,
-                           started, cpu_started, sigterm, tune_trial)
+                           started, cpu_started, stop, tune_trial)
     finally:
-        sigterm.restore()
+        stop.restore()
         lock.release()
+
+
+def _recover_best_dirs(run_dir: Path, stages) -> None:
+    """A job killed between the two renames that swap in a new ``best/`` left only ``.best.old-<pid>``: put it back
+    (and sweep the staging leftovers of dead processes) before anything reads ``best/``."""
+    from raydistill.fileio import recover_directory
+
+    for folder in dict.fromkeys([run_dir, *(stage.run_dir for stage in stages)]):
+        if recover_directory(Path(folder) / "best"):
+            print(f"[{stages[0].cfg.method}] restored {Path(folder) / 'best'} from the copy a killed job had moved "
+                  "aside", flush=True)
 
 
 def _refuse_incompatible_checkpoints(stages) -> None:
@@ -138,34 +154,25 @@ def _refuse_incompatible_checkpoints(stages) -> None:
         check_resume(stage.run_dir, stage.cfg, max(1, int(stage.cfg.resources.learner.num_learners)))
 
 
-class _StopOnSigterm:
-    """While the job trains, SIGTERM asks the learners to checkpoint at the next step boundary and stop.
+# The job's SIGTERM / SIGINT handlers (``stopping``); the old name stays for callers that stop a LearnerGroup of their
+# own. Installed after Ray starts: ``ray.init`` installs a SIGTERM handler of its own (abort at once).
+_StopOnSigterm = StopOnSignals
 
-    Installed after Ray starts, because ``ray.init`` installs its own SIGTERM handler (exit at once); the previous
-    handler is put back when the job ends. Only the main thread can install signal handlers (a Tune trial runs jobs
-    in other threads; those keep the default behaviour)."""
 
-    def __init__(self):
-        self._previous = None
-
-    def install(self) -> None:
-        from raydistill.runtime.learner_group import clear_stop_request, request_stop
-
-        clear_stop_request()
-        if threading.current_thread() is threading.main_thread():
-            self._previous = signal.signal(signal.SIGTERM, lambda signum, frame: request_stop())
-
-    def restore(self) -> None:
-        from raydistill.runtime.learner_group import clear_stop_request
-
-        if self._previous is not None:
-            signal.signal(signal.SIGTERM, self._previous)
-            self._previous = None
-        clear_stop_request()
+def _explained(exc: JobStopped, cfg: JobConfig, run_dir: Path) -> JobStopped:
+    """The stop with what it kept and how to resume (printed too); a stop inside training already says so."""
+    if exc.step is not None:
+        return exc
+    where = exc.where or "between stages"
+    kept = exc.kept or "finished stages keep their final checkpoints and are not trained again"
+    message = (f"[{cfg.method}] stop requested ({signal_name()}) {where}: {kept}. Run the same command with run_dir "
+               f"{run_dir} to resume.")
+    print(message, flush=True)
+    return JobStopped(message, where=where, kept=kept)
 
 
 def _run_locked(cfg, stages, run_dir: Path, results_dir, result_path, command, evaluate, tracker, progress,
-                started: float, cpu_started: float, sigterm: _StopOnSigterm, tune_trial: bool = False
+                started: float, cpu_started: float, stop: StopOnSignals, tune_trial: bool = False
                 ) -> dict[str, Any]:
     from raydistill.evaluation.results import git_sha
     from raydistill.runtime.checkpoint import OutputDirError, check_output_dir
@@ -174,7 +181,6 @@ def _run_locked(cfg, stages, run_dir: Path, results_dir, result_path, command, e
         init_ray,
         warn_if_outputs_are_ephemeral,
     )
-    from raydistill.runtime.learner_group import PreemptedError
     from raydistill.runtime.tracking import Tracker
 
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -192,7 +198,7 @@ def _run_locked(cfg, stages, run_dir: Path, results_dir, result_path, command, e
         command = default_command()
 
     init_ray(cfg)
-    sigterm.install()
+    stop.install()  # from here to the end of the job: the teacher pass, every stage, the evaluation
     check_resources(cfg)
     sha = git_sha()  # cached: the result record written at the end carries the same
     run_name = cfg.tracking.run_name or run_dir.name
@@ -214,6 +220,7 @@ def _run_locked(cfg, stages, run_dir: Path, results_dir, result_path, command, e
         step_offset = 0
         for stage in stages:
             try:
+                raise_if_stop_requested(f"before stage {stage.index} ({stage.name})")
                 tune = None
                 if tune_trial:
                     from raydistill.runtime.train_loop import TuneReporting
@@ -223,10 +230,10 @@ def _run_locked(cfg, stages, run_dir: Path, results_dir, result_path, command, e
                                          best_before=max(earlier) if earlier else None,
                                          hold_back_final=stage.index == len(stages))
                 summary, data_info = _run_stage(stage, tracker, init_model, step_offset, history, progress, tune)
-            except PreemptedError:
+            except JobStopped as exc:
                 if own_tracker:
-                    tracker.end("KILLED")  # stopped from outside, not failed: the run resumes from its checkpoint
-                raise
+                    tracker.end("KILLED")  # stopped from outside, not failed: the run resumes from what it kept
+                raise _explained(exc, cfg, run_dir) from None
             if stage.index == 1:
                 cache_info = data_info
             stage_summaries.append({k: v for k, v in summary.items() if k != "history"} | {"data": data_info})
@@ -236,26 +243,45 @@ def _run_locked(cfg, stages, run_dir: Path, results_dir, result_path, command, e
         final_best = Path(init_model)
         model_dir = run_dir / "best"
         if final_best.resolve() != model_dir.resolve():  # multi-stage: run_dir/best is the final model
+            from raydistill.fileio import replace_directory
+
             tmp = run_dir / f".best.tmp-{os.getpid()}"
             shutil.rmtree(tmp, ignore_errors=True)
             shutil.copytree(final_best, tmp)
-            shutil.rmtree(model_dir, ignore_errors=True)
-            os.replace(tmp, model_dir)
+            replace_directory(tmp, model_dir)
 
-        record = _evaluate_and_record(cfg, stages, stage_summaries, cache_info, history, model_dir, run_dir,
-                                      tracker, result_path, command, started, cpu_started, evaluate)
+        try:
+            raise_if_stop_requested("before the final evaluation")
+            record = _evaluate_and_record(cfg, stages, stage_summaries, cache_info, history, model_dir, run_dir,
+                                          tracker, result_path, command, started, cpu_started, evaluate)
+        except JobStopped as exc:
+            exc.where = exc.where or "during the final evaluation"
+            exc.kept = "training is complete (final checkpoints, best model); the next run trains no step again"
+            if own_tracker:
+                tracker.end("KILLED")
+            raise _explained(exc, cfg, run_dir) from None
     return record
 
 
 def _run_stage(stage, tracker, init_model: str | None, step_offset: int, history: list[dict[str, Any]],
                progress: ProgressHook | None = None, tune=None) -> tuple[dict[str, Any], dict[str, Any]]:
+    from raydistill.methods import CORPUS
     from raydistill.runtime.learner_group import LearnerGroup
     from raydistill.runtime.stage_data import build_stage_data
 
     cfg, spec = stage.cfg, stage.spec
     stage.run_dir.mkdir(parents=True, exist_ok=True)
     data_started = time.perf_counter()
-    data = build_stage_data(cfg, spec)
+    try:
+        data = build_stage_data(cfg, spec)
+    except JobStopped as exc:
+        if spec.dataset == CORPUS and cfg.data.teacher_views and cfg.teacher:
+            exc.where = f"during stage {stage.index} ({stage.name})'s teacher pass"
+            exc.kept = (f"the teacher vectors encoded so far are in the teacher cache {cfg.resolved_cache_dir()}; "
+                        "the next run sends only the sentences not cached yet through the teacher")
+        else:
+            exc.where = f"while stage {stage.index} ({stage.name}) prepared its data"
+        raise
     data_seconds = time.perf_counter() - data_started
     stats = dict(getattr(data, "cache_stats", {}) or {})
     data_info = {"rows": data.num_rows, "seconds": round(data_seconds, 2), **_jsonable(stats)}
@@ -407,6 +433,10 @@ def _evaluate_and_record(cfg, stages, stage_summaries, cache_info, history, mode
     if tracker.run_id:
         record_fields["mlflow_run_id"] = tracker.run_id
     if evaluate:
+        from raydistill.evaluation.results import result_path_of_run
+
+        result_path = result_path_of_run(result_path, run_dir,
+                                         report=lambda message: print(f"[{cfg.method}] {message}", flush=True))
         result_path.parent.mkdir(parents=True, exist_ok=True)
         record = write_result(str(result_path), **record_fields)
         if not isinstance(record, dict):

@@ -58,6 +58,7 @@ from typing import Any
 
 import numpy as np
 
+from raydistill.fileio import atomic_write_json, replace_directory
 from raydistill.methods.dvbert import HEADS, TeacherTraining
 from raydistill.runtime.config import ConfigError
 
@@ -266,7 +267,8 @@ def load_teacher(fold_dir: str | Path):
     meta = json.loads((fold_dir / "nli_head.json").read_text())
     training = TeacherTraining(**meta["training"])
     teacher = build_teacher((fold_dir / meta["encoder"]).resolve(), training)
-    teacher.head.load_state_dict(torch.load(fold_dir / "nli_head.pt", map_location="cpu"))
+    # weights_only: a teacher directory is data, and a pickled object in it must not run code when loaded
+    teacher.head.load_state_dict(torch.load(fold_dir / "nli_head.pt", map_location="cpu", weights_only=True))
     return teacher.eval()
 
 
@@ -275,8 +277,8 @@ def _save_head(teacher, fold_dir: Path, encoder: str, training: TeacherTraining)
 
     fold_dir.mkdir(parents=True, exist_ok=True)
     torch.save(teacher.head.state_dict(), fold_dir / "nli_head.pt")
-    (fold_dir / "nli_head.json").write_text(json.dumps(
-        {"encoder": encoder, "labels": list(NLI_LABELS), "training": asdict(training)}, indent=2))
+    atomic_write_json(fold_dir / "nli_head.json",
+                      {"encoder": encoder, "labels": list(NLI_LABELS), "training": asdict(training)})
 
 
 def _autocast(device: str, precision: str):
@@ -421,9 +423,7 @@ def _finetune_fold(teacher, columns: dict[str, np.ndarray], train_rows: np.ndarr
 
 
 def _replace_dir(tmp: Path, final: Path) -> None:
-    if final.exists():
-        shutil.rmtree(final)
-    os.replace(tmp, final)
+    replace_directory(tmp, final)
 
 
 def train_nli_teacher(model: str, columns: dict[str, np.ndarray], fold: np.ndarray, out_dir: str,
@@ -501,7 +501,7 @@ def train_nli_teacher(model: str, columns: dict[str, np.ndarray], fold: np.ndarr
                 "heldout_accuracy": accuracy, **stats, "seconds": round(time.perf_counter() - fold_started, 1)}
         np.save(tmp / "probs.npy", probs)
         np.savez(tmp / "rows.npz", train_rows=train_rows, label_rows=label_rows)
-        (tmp / "fold_info.json").write_text(json.dumps(info, indent=2))
+        atomic_write_json(tmp / "fold_info.json", info)
         _replace_dir(tmp, fold_dir)
         fold_infos.append(info)
         print(f"[dvbert-teacher {name}] fold {f + 1}/{cfg.folds}: held-out NLI accuracy {accuracy:.3f} "
@@ -517,8 +517,7 @@ def train_nli_teacher(model: str, columns: dict[str, np.ndarray], fold: np.ndarr
             "seconds": round(time.perf_counter() - started, 1)}
     np.save(out / f"oof-probs.tmp-{os.getpid()}.npy", oof)
     os.replace(out / f"oof-probs.tmp-{os.getpid()}.npy", out / "oof-probs.npy")
-    (out / f"teacher_info.tmp-{os.getpid()}").write_text(json.dumps(info, indent=2))
-    os.replace(out / f"teacher_info.tmp-{os.getpid()}", out / "teacher_info.json")  # last: marks it complete
+    atomic_write_json(out / "teacher_info.json", info)  # last: marks it complete
     print(f"[dvbert-teacher {name}] out-of-fold NLI accuracy {accuracy:.3f} over {len(fold)} pairs, "
           f"{info['seconds']:.0f}s", flush=True)
     return info

@@ -6,7 +6,9 @@ from a checkout (``python jobs/congen.py``) and from an installed wheel (``raydi
 lists every config field with its value in that default config and its meaning. Errors the user can fix (a config
 field, a data file line, a model that is not installed, a checkpoint from another config) end the process with one
 message and exit status 2, never a traceback; so does a learner or cluster that stops answering (the message says
-how to resume). A job stopped by SIGTERM checkpoints at the next step boundary and exits with status 143.
+how to resume). A job stopped by SIGTERM or SIGINT (Ctrl-C) keeps what it did (training: a checkpoint at the next
+step boundary; the teacher pass: the vectors encoded so far; Trans-Encoder: every finished stage and the running
+stage at its next step), says how to resume, and exits with 128 + the signal: 143 for SIGTERM, 130 for SIGINT.
 """
 
 from __future__ import annotations
@@ -39,16 +41,29 @@ def _user_errors() -> tuple[type[BaseException], ...]:
     from raydistill.data.readers import DataError
     from raydistill.models.registry import ModelNotAvailableError
     from raydistill.runtime.checkpoint import CheckpointError
+    from raydistill.fileio import UnsafeLockFileError, UnsafeNameError
     from raydistill.runtime.config import ConfigError
+    from raydistill.runtime.embedding_cache import CacheDiskFullError, NonFiniteTeacherVectorsError
     from raydistill.runtime.learner_group import LearnerUnresponsiveError
+    from raydistill.runtime.pipeline import RowsFileError
 
     return (ConfigError, DataError, ModelNotAvailableError, CheckpointError, AugmentationError,
-            WordNetUnavailableError, LearnerUnresponsiveError)
+            WordNetUnavailableError, LearnerUnresponsiveError, CacheDiskFullError, NonFiniteTeacherVectorsError,
+            RowsFileError, UnsafeNameError, UnsafeLockFileError)
 
 
 USER_ERRORS = _user_errors()
 # 128 + SIGTERM, what a shell reports for a process the signal ended: schedulers read it as "preempted, requeue".
+# A stop asked by SIGINT exits with 130 (``stopping.exit_status``).
 PREEMPTED_EXIT_STATUS = 143
+
+
+def exit_stopped(exc: BaseException) -> NoReturn:
+    """A job stopped by SIGTERM / SIGINT: its message (what was kept, how to resume), then 128 + the signal."""
+    from raydistill.runtime.stopping import exit_status
+
+    print(f"stopped: {exc}", file=sys.stderr)
+    sys.exit(exit_status())
 
 
 def exit_with_user_error(exc: BaseException) -> NoReturn:
@@ -117,16 +132,15 @@ def distill_job_main(method: str, doc: str | None, argv: list[str] | None = None
     parser.add_argument("--results-dir", default="results", help="where <method>-<student>-<teacher>.json goes")
     args = parser.parse_args(argv)
     overrides = args.overrides + ([f"run_dir={args.run_dir}"] if args.run_dir else [])
-    from raydistill.runtime.learner_group import PreemptedError
+    from raydistill.runtime.stopping import JobStopped
 
     try:
         cfg = JobConfig.from_yaml(resolve_config(args.config), overrides)
         record = runner(cfg, results_dir=args.results_dir)
     except USER_ERRORS as exc:
         exit_with_user_error(exc)
-    except PreemptedError as exc:
-        print(f"preempted: {exc}", file=sys.stderr)
-        sys.exit(PREEMPTED_EXIT_STATUS)
+    except JobStopped as exc:
+        exit_stopped(exc)
     print(record["result_path"])
     return record
 
@@ -201,10 +215,14 @@ def tenc_job_main(doc: str | None, argv: list[str] | None = None, prog: str | No
             overrides.append(f"{key}={value}")
     overrides += args.max_length or []
     overrides += self_mode_overrides(args.mode, args.overrides)
+    from raydistill.runtime.stopping import JobStopped
+
     try:
         summary = run_trans_encoder(TencConfig.from_yaml(resolve_config(args.config), overrides))
     except USER_ERRORS as exc:
         exit_with_user_error(exc)
+    except JobStopped as exc:
+        exit_stopped(exc)
     print(summary.get("results_dir") or summary["run_dir"])
     return summary
 

@@ -382,22 +382,18 @@ class DistillLearner:
 
     def save_best(self) -> Path:
         """Write the student to ``<run_dir>/best`` atomically (tmp dir + rename), with its step and dev score."""
+        from raydistill.fileio import atomic_write_json, replace_directory
+
         best = self.run_dir / "best"
         tmp = self.run_dir / f".best.tmp-{os.getpid()}"
         if tmp.exists():
             shutil.rmtree(tmp)
         self.student.save(tmp)
-        (tmp / BEST_INFO).write_text(json.dumps({
+        atomic_write_json(tmp / BEST_INFO, {
             "step": self.best.step, "stsb_dev": self.best.score, "method": self.spec.name,
-            "config_hash": self.cfg.config_hash()}, indent=2))
-        if best.exists():
-            old = self.run_dir / f".best.old-{os.getpid()}"
-            os.replace(best, old)
-            os.replace(tmp, best)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(tmp, best)
-        return best
+            "config_hash": self.cfg.config_hash()})
+        # a crash between replace_directory's two renames is undone at the next start (recover_directory)
+        return replace_directory(tmp, best)
 
     def best_info(self) -> dict[str, Any]:
         return {"best_step": self.best.step, "best_stsb_dev": self.best.score}

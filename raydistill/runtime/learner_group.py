@@ -14,9 +14,11 @@
     FailureConfig   ``extra.max_restarts`` (default 3) worker-group failures are retried: Train starts new workers,
                     which resume from the newest reported checkpoint (weights, AdamW, schedule, queues, RNG, data
                     position)
-    RunConfig       ``storage_path`` = ``extra.storage_path`` (any pyarrow filesystem URI) or the stage's run dir,
-                    ``name`` ``checkpoints``: checkpoints land in ``<run_dir>/checkpoints/step-XXXXXXX`` as before,
-                    and ``train.keep_last`` of them are kept (``CheckpointConfig``)
+    RunConfig       ``storage_path`` = ``checkpoint.checkpoint_home``: ``<extra.storage_path>/<run dir name>``
+                    (any pyarrow filesystem URI) with workers, else the stage's run dir; ``name`` ``checkpoints``:
+                    checkpoints land in ``<home>/checkpoints/step-XXXXXXX``, and ``train.keep_last`` of them are kept
+                    (``CheckpointConfig``). The run dir records its home and the storage folder its owner, so a
+                    changed or shared storage is refused before anything starts (``check_resume``)
 
 What raydistill adds on top of Train: the config-hash refusal before anything starts (``check_resume``), the resume
 from the newest checkpoint that verifies (a damaged newer one is skipped, and the log says so), exact mid-epoch
@@ -24,8 +26,9 @@ resume (data position, RNG, queues), the shared teacher-queue actors (kept by th
 reaches the workers through the loop config), the least-squares projection fit and the teacher-queue start from the
 driver's seeded samples, and MLflow/progress from rank 0's events (a tracking failure never stops training).
 
-A job that is started again with the same run dir resumes the same way. Preemption: ``request_stop()`` (the
-SIGTERM handler of ``run_distillation``) reaches rank 0 with the answer to its next event; every worker finishes
+A job that is started again with the same run dir resumes the same way. Preemption: ``stopping.request_stop()``
+(the SIGTERM / SIGINT handler of ``run_distillation``; ``fit`` runs inside ``stopping.step_boundaries()``, so the
+handler only sets the flag) reaches rank 0 with the answer to its next event; every worker finishes
 the step in flight, a checkpoint is written at that step boundary, and ``fit`` raises ``PreemptedError``; the
 resumed job redoes no step. A worker group that sends no event for ``extra.learner_timeout_s`` (default
 ``LEARNER_TIMEOUT_S``; start-up gets at least ``LEARNER_START_TIMEOUT_S``) ends ``fit`` with
@@ -53,6 +56,14 @@ import numpy as np
 from raydistill.methods import get_method
 from raydistill.runtime import checkpoint as ckpt
 from raydistill.runtime.config import JobConfig
+from raydistill.runtime.stopping import (  # noqa: F401 - request_stop: re-exported
+    JobStopped,
+    clear_stop_request,
+    request_stop,
+    signal_name,
+    step_boundaries,
+    stop_requested,
+)
 
 __all__ = ["LearnerGroup", "FitSummary", "PreemptedError", "LearnerUnresponsiveError",
            "request_stop", "LEARNER_TIMEOUT_S"]
@@ -67,24 +78,11 @@ LEARNER_START_TIMEOUT_S = 600.0
 # The name of the Train run under its storage path: its checkpoints are <storage>/checkpoints/step-XXXXXXX.
 TRAIN_RUN_NAME = "checkpoints"
 
-_STOP_REQUESTED = threading.Event()
-
-
-def request_stop() -> None:
-    """Ask the running group to checkpoint at the next step boundary and stop (safe to call from a signal handler)."""
-    _STOP_REQUESTED.set()
-
-
-def clear_stop_request() -> None:
-    _STOP_REQUESTED.clear()
-
-
-class PreemptedError(RuntimeError):
-    """The job was asked to stop (SIGTERM) and stopped at a step boundary after writing a checkpoint."""
+class PreemptedError(JobStopped):
+    """The job was asked to stop (SIGTERM, SIGINT) and stopped at a step boundary after writing a checkpoint."""
 
     def __init__(self, message: str, step: int, checkpoint: str | None):
-        super().__init__(message)
-        self.step, self.checkpoint = step, checkpoint
+        super().__init__(message, step, checkpoint)
 
 
 class LearnerUnresponsiveError(RuntimeError):
@@ -162,14 +160,15 @@ class LearnerGroup:
             self.teacher_dim = _teacher_dim_of(data, self.spec, self.cfg)
         # Refuse another config's checkpoint (or another learner count) here, before any worker starts.
         ckpt.check_resume(self.run_dir, self.cfg, self.world_size)
+        home = ckpt.claim_checkpoint_home(self.run_dir, self.cfg)
         # Where the data stream starts and whether the workers start fresh; they pick (and report) the checkpoint.
-        latest, manifest = ckpt.latest_good_checkpoint(self.run_dir, report=lambda message: None)
+        latest, manifest = ckpt.resume_point(home)
         events = _Dispatcher(self, total, first_step=manifest["step"] if manifest else 0, on_metrics=on_metrics,
                              on_eval=on_eval, on_event=on_event)
         loop = LoopConfig(cfg=self.cfg, spec=self.spec, run_dir=str(self.run_dir), total_steps=total,
                           num_rows=data.num_rows, teacher_dim=self.teacher_dim, init_model=self.init_model,
                           name=self.name, events=None, local_mode=self.num_learners == 0,
-                          checkpoints_in_run_dir=not self.cfg.extra.get("storage_path"), tune=self.tune)
+                          checkpoints_in_run_dir=home == str(self.run_dir.resolve()), tune=self.tune)
         if latest is None:  # a fresh start: the samples the workers fit the projection and fill the queues from
             loop.projection_sample = self._projection_sample(data)
             loop.queue_sample = self._queue_sample(data)
@@ -188,10 +187,11 @@ class LearnerGroup:
             # started inside a trial is captured into the trial's placement group, where it never runs (measured:
             # "cannot fit into any bundles").
             loop.array_data = data
-        if loop.local_mode:
-            result = self._fit_local(loop, datasets, events)
-        else:
-            result = self._fit_workers(loop, datasets, events)
+        with step_boundaries():  # a SIGTERM / SIGINT now stops the learners at their next step boundary
+            if loop.local_mode:
+                result = self._fit_local(loop, datasets, events)
+            else:
+                result = self._fit_workers(loop, datasets, events)
         out = result.return_value
         if out.get("diverged"):
             raise FloatingPointError(out["diverged"])
@@ -218,8 +218,7 @@ class LearnerGroup:
             num_workers=self.num_learners, use_gpu=resources.num_gpus > 0,
             resources_per_worker={"CPU": float(resources.num_cpus), **(
                 {"GPU": float(resources.num_gpus)} if resources.num_gpus > 0 else {})})
-        storage = self.cfg.extra.get("storage_path")
-        storage = f"{str(storage).rstrip('/')}/{self.run_dir.name}" if storage else str(self.run_dir)
+        storage = ckpt.checkpoint_home(self.run_dir, self.cfg)
         callbacks = None
         if loop.tune is not None and not local:  # local mode reports to Tune itself (train_loop)
             from raydistill.runtime.tune_callback import EvalReportsToTune
@@ -245,7 +244,7 @@ class LearnerGroup:
         """Train's local mode: the loop runs here, and its events call the dispatcher directly."""
         from raydistill.runtime.train_loop import LocalEvents
 
-        loop.events = LocalEvents(events, _STOP_REQUESTED.is_set)
+        loop.events = LocalEvents(events, stop_requested)
         # Train's local mode logs every report at INFO ("Reported metrics: {...}"), a line per step that the
         # driver's progress lines already summarise.
         logging.getLogger("ray.train.v2._internal.execution.train_fn_utils").setLevel(logging.WARNING)
@@ -255,12 +254,14 @@ class LearnerGroup:
         """N Train workers: ``fit`` runs in a thread while this one relays rank 0's events and the stop request."""
         import ray
 
+        from raydistill.runtime.cluster import on_the_driver_node
         from raydistill.runtime.train_loop import EventRelay
 
         factory = None
         if self.num_learners > 1 and self.spec.shares_queue(self.cfg):
             factory = functools.partial(make_shared_queues, self.spec, self.cfg, self.teacher_dim)
-        relay = ray.remote(num_cpus=0)(EventRelay).remote(factory)
+        # On the driver's node: a lost worker node must not take the driver's channel to the workers with it.
+        relay = ray.remote(num_cpus=0)(EventRelay).options(scheduling_strategy=on_the_driver_node()).remote(factory)
         loop.events = relay
         trainer = self._trainer(loop, datasets, local=False)
         outcome: dict[str, Any] = {}
@@ -278,7 +279,7 @@ class LearnerGroup:
         while True:
             thread.join(0.25)
             finished = not thread.is_alive()  # checked before the drain: every event is in it then
-            if _STOP_REQUESTED.is_set() and not stop_sent:
+            if stop_requested() and not stop_sent:
                 relay.request_stop.remote()
                 stop_sent = True
             drained = ray.get(relay.drain.remote(), timeout=60)
@@ -344,7 +345,7 @@ class LearnerGroup:
 
     def _raise_preempted(self, step: int) -> None:
         latest = ckpt.latest_checkpoint(self.run_dir)
-        message = (f"[{self.name}] stop requested (SIGTERM): stopped after step {step} with checkpoint "
+        message = (f"[{self.name}] stop requested ({signal_name()}): stopped after step {step} with checkpoint "
                    f"{latest.name if latest else '?'}; run the same command with run_dir {self.run_dir} to resume "
                    f"at step {step} (no step is redone)")
         print(message, flush=True)

@@ -51,7 +51,7 @@ import numpy as np
 from raydistill.runtime.config import DataConfig, JobConfig
 
 __all__ = ["TrainingData", "load_training_texts", "build_training_data", "cache_teacher_vectors", "view_seed",
-           "write_rows_file", "EVALUATION_SETS", "SOURCE_SETS", "LONG_TEXT_CHARS",
+           "write_rows_file", "RowsFileError", "EVALUATION_SETS", "SOURCE_SETS", "LONG_TEXT_CHARS",
            "read_training_corpus", "has_caption_groups"]
 
 log = logging.getLogger(__name__)
@@ -346,8 +346,17 @@ def _mapped_rows(rows_path: str):
     """The rows file as an Arrow table over a read-only memory map (zero-copy; kept open per process)."""
     import pyarrow as pa
 
-    with pa.memory_map(rows_path, "r") as source:
-        return pa.ipc.open_file(source).read_all()
+    try:
+        with pa.memory_map(rows_path, "r") as source:
+            return pa.ipc.open_file(source).read_all()
+    except (OSError, pa.ArrowInvalid) as exc:
+        raise RowsFileError(f"rows file {rows_path} is unreadable ({exc}); it was changed after the job's driver "
+                            "checked it. Run the job again: its driver verifies the rows file and rebuilds a damaged "
+                            "one") from exc
+
+
+class RowsFileError(RuntimeError):
+    """A rows file that cannot be read; the message names it."""
 
 
 def _take_rows(rows_path: str, row_ids: np.ndarray) -> dict[str, np.ndarray]:
@@ -365,28 +374,117 @@ def write_rows_file(columns: dict[str, np.ndarray], cache_dir) -> Path:
     ``<cache_dir>/rows/<sha256 of its content>.arrow`` and return its path.
 
     Named by its content, the file is written once and shared by every job and trial that trains on the same rows
-    (a sweep's trials find the one the sweep's shared teacher pass wrote); it is never stale. Readers memory-map it
-    (``_mapped_rows``). On a multi-node cluster the cache dir is shared storage, as for the teacher's vectors.
+    (a sweep's trials find the one the sweep's shared teacher pass wrote). An existing file is reused only when its
+    content still hashes to its name (checked once per process and file state: size and modification time); a
+    torn or altered one is reported with its path and rebuilt. It is written to a temporary file, fsynced and renamed,
+    so no reader sees half a file and a crash leaves none. Readers memory-map it (``_mapped_rows``). On a multi-node
+    cluster the cache dir is shared storage, as for the teacher's vectors.
     """
-    import hashlib
-    import os
-
     import pyarrow as pa
 
     table = pa.table({name: (pa.array(list(column), type=pa.string()) if name.startswith("text_")
                              else pa.array(column)) for name, column in columns.items()})
-    sink = pa.BufferOutputStream()
-    with pa.ipc.new_file(sink, table.schema) as writer:
-        writer.write_table(table)
-    content = sink.getvalue()
-    path = Path(cache_dir) / ROWS_DIR / f"{hashlib.sha256(memoryview(content)).hexdigest()[:32]}.arrow"
-    if not path.is_file():
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-        with open(tmp, "wb") as file:
-            file.write(memoryview(content))
-        os.replace(tmp, path)  # readers never see half a file
+    digest = _write_ipc(table, _HashingSink()).hexdigest()  # the name first, serialised without keeping a copy
+    path = Path(cache_dir) / ROWS_DIR / f"{digest[:_ROWS_NAME_HEX]}.arrow"
+    if path.is_file():
+        problem = _rows_file_problem(path)
+        if problem is None:
+            return path
+        log.warning("rows file %s is damaged (%s); rebuilding it", path, problem)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    _write_rows_durably(table, path)
     return path
+
+
+# Hex digits of the content's SHA-256 in a rows file's name.
+_ROWS_NAME_HEX = 32
+# Rows files found intact in this process: path -> (size, mtime_ns) when checked.
+_VERIFIED_ROWS_FILES: dict[str, tuple[int, int]] = {}
+
+
+class _HashingSink:
+    """A write-only file object that hashes what it is given and keeps nothing; with ``stream``, also writes it."""
+
+    def __init__(self, stream=None):
+        import hashlib
+
+        self.digest, self.stream, self.closed, self.position = hashlib.sha256(), stream, False, 0
+
+    def write(self, data) -> int:
+        self.digest.update(data)
+        if self.stream is not None:
+            self.stream.write(data)
+        self.position += len(data)
+        return len(data)
+
+    def tell(self) -> int:
+        return self.position
+
+    def flush(self) -> None:
+        if self.stream is not None:
+            self.stream.flush()
+
+    def close(self) -> None:
+        self.closed = True
+
+    def writable(self) -> bool:
+        return True
+
+    def hexdigest(self) -> str:
+        return self.digest.hexdigest()
+
+
+def _write_ipc(table, sink: _HashingSink) -> _HashingSink:
+    import pyarrow as pa
+
+    with pa.PythonFile(sink, mode="w") as stream, pa.ipc.new_file(stream, table.schema) as writer:
+        writer.write_table(table)
+    return sink
+
+
+def _rows_file_problem(path: Path) -> str | None:
+    """None when the rows file's content hashes to its name, else what is wrong (remembered while intact)."""
+    import hashlib
+
+    stat = path.stat()
+    if _VERIFIED_ROWS_FILES.get(str(path)) == (stat.st_size, stat.st_mtime_ns):
+        return None
+    digest = hashlib.sha256()
+    with path.open("rb") as stream:
+        for chunk in iter(lambda: stream.read(8 << 20), b""):
+            digest.update(chunk)
+    if digest.hexdigest()[:_ROWS_NAME_HEX] != path.stem:
+        return f"its {stat.st_size} bytes hash to sha256 {digest.hexdigest()[:_ROWS_NAME_HEX]}, not to its name"
+    _VERIFIED_ROWS_FILES[str(path)] = (stat.st_size, stat.st_mtime_ns)
+    return None
+
+
+def _write_rows_durably(table, path: Path) -> None:
+    """Stream the IPC file to a temporary name, hashing as it goes, fsync, rename over ``path``, fsync the folder.
+
+    Not ``fileio.atomic_write_bytes``: that takes the content in memory, and a rows file is as large as the corpus.
+    """
+    import os
+    import uuid
+
+    from raydistill.fileio import fsync_dir
+
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+    try:
+        with open(tmp, "wb") as stream:
+            written = _write_ipc(table, _HashingSink(stream))
+            stream.flush()
+            os.fsync(stream.fileno())
+        if written.hexdigest()[:_ROWS_NAME_HEX] != path.stem:
+            raise RuntimeError(f"rows file {path}: the content written hashes to {written.hexdigest()}, not to its "
+                               "name (Arrow serialised the same table differently twice)")
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    fsync_dir(path.parent)
+    stat = path.stat()
+    _VERIFIED_ROWS_FILES[str(path)] = (stat.st_size, stat.st_mtime_ns)
 
 
 def build_training_data(cfg: JobConfig) -> TrainingData:
@@ -419,11 +517,14 @@ def build_training_data(cfg: JobConfig) -> TrainingData:
                         seed=cfg.seed, shuffle=cfg.data.shuffle, teacher=teacher)
 
 
-def cache_teacher_vectors(cfg: JobConfig, texts_by_view: dict[str, list[str]]) -> tuple[dict[str, Any], dict[str, Any]]:
+def cache_teacher_vectors(cfg: JobConfig, texts_by_view: dict[str, list[str]], *, in_process: bool = False,
+                          ) -> tuple[dict[str, Any], dict[str, Any]]:
     """The teacher pass: every text of every view in ``cfg``'s teacher cache, encoding only what it lacks.
 
     Returns ``({view: TeacherVectors}, stats)``; stats sums hits, misses and teacher_forward_sentences over the
-    views and keeps each view's own under ``views``. Needs Ray when anything is missing (a Ray Data actor pool).
+    views and keeps each view's own under ``views``. Needs Ray when anything is missing (a Ray Data actor pool), or
+    with ``in_process`` one teacher in this process. A cached vector that is not finite counts as missing and is
+    recomputed; a full disk raises ``embedding_cache.CacheDiskFullError`` (what was cached stays).
     """
     from raydistill.runtime.embedding_cache import TeacherVectors, ensure_teacher_embeddings
     from raydistill.runtime.teacher import TeacherSpec
@@ -434,7 +535,7 @@ def cache_teacher_vectors(cfg: JobConfig, texts_by_view: dict[str, list[str]]) -
         spec = TeacherSpec.from_config(cfg)
         for view, texts in texts_by_view.items():
             _, per_view[view] = ensure_teacher_embeddings(texts, view, spec, cfg.resolved_cache_dir(),
-                                                          return_vectors=False)
+                                                          in_process=in_process, return_vectors=False)
             teacher[view] = TeacherVectors(cfg.resolved_cache_dir(), spec.identity())
     stats: dict[str, Any] = {key: sum(s[key] for s in per_view.values())
                              for key in ("hits", "misses", "teacher_forward_sentences")}

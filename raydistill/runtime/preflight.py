@@ -4,7 +4,9 @@
 rules; both are pure. Preflight adds what touches the machine, explicitly, for the job and each later stage:
 
 * the models named (student, teacher, DvBERT's teachers) are presets or local directories, never a download;
-* the run and cache directories are writable;
+* the run and cache directories are writable, and the cache's filesystem has room for what the teacher pass will
+  add: the corpus's sentences x teacher views x the bytes of one cached vector of the teacher's width, plus the rows
+  file, less what that teacher's cache already holds, with a margin (``check_cache_space``);
 * every data file the job will read parses (the training corpus, the labelled sets a method trains on, the
   evaluation sets), and a ``caption`` view has caption groups to show. A bad line is a ``ConfigError`` naming the
   file, line and field; what was read stays cached in the process for the pipeline and the final evaluation.
@@ -15,7 +17,9 @@ A typo therefore costs a second, not a teacher pass. Cluster resources are check
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +28,8 @@ from raydistill.methods.dvbert import teachers_of
 from raydistill.runtime.config import ConfigError, JobConfig, _suggest
 from raydistill.runtime.pipeline import EVALUATION_SETS, SOURCE_SETS, has_caption_groups, read_training_corpus
 
-__all__ = ["preflight", "check_model", "check_models", "check_output_dirs", "check_inputs", "check_job_inputs"]
+__all__ = ["preflight", "check_model", "check_models", "check_output_dirs", "check_inputs", "check_job_inputs",
+           "check_cache_space", "teacher_cache_bytes"]
 
 # Registry data sets behind each labelled ``MethodSpec.dataset``.
 _LABELLED_SETS = {"nli_teacher_labels": ("snli_dev", "mnli_dev"), "nli_triplets": ("snli_dev", "mnli_dev"),
@@ -41,6 +46,7 @@ def preflight(cfg: JobConfig) -> JobConfig:
         check_models(stage.cfg)
         check_output_dirs(stage.cfg)
         check_inputs(stage.cfg)
+        check_cache_space(stage.cfg)
     return cfg
 
 
@@ -82,16 +88,113 @@ def _dataset_of(cfg: JobConfig) -> str:
 
 
 def check_output_dirs(cfg: JobConfig) -> None:
-    from raydistill.runtime.checkpoint import OutputDirError, check_output_dir
+    from raydistill.runtime.checkpoint import MIN_FREE_BYTES, OutputDirError, check_output_dir
 
-    checks = [("run_dir", cfg.resolved_run_dir())]
+    checks = [("run_dir", cfg.resolved_run_dir(), MIN_FREE_BYTES)]
     if cfg.data.teacher_views:
-        checks.append(("cache_dir", cfg.resolved_cache_dir()))
-    for path, directory in checks:
+        # A corpus job's cache is sized from its corpus (check_cache_space); other jobs ask the usual minimum.
+        checks.append(("cache_dir", cfg.resolved_cache_dir(), 0 if _dataset_of(cfg) == CORPUS else MIN_FREE_BYTES))
+    for path, directory, min_free in checks:
         try:
-            check_output_dir(directory)
+            check_output_dir(directory, min_free_bytes=min_free)
         except OutputDirError as exc:
             raise cfg._error(path, str(exc)) from exc
+
+
+# What the estimate of the cache's size is multiplied by, plus a fixed allowance (part headers, teacher.json).
+_CACHE_MARGIN = 1.25
+_CACHE_SLACK_BYTES = 2**20
+# Assumed when the teacher's width cannot be read without building the model (a hub id).
+_UNKNOWN_TEACHER_WIDTH = 1024
+
+
+def check_cache_space(cfg: JobConfig) -> None:
+    """The cache dir's filesystem has room for this job's teacher pass and rows file (``teacher_cache_bytes``)."""
+    if not cfg.data.teacher_views or _dataset_of(cfg) != CORPUS:
+        return
+    needed, how = teacher_cache_bytes(cfg)
+    existing = cfg.resolved_cache_dir()
+    while not existing.exists():
+        existing = existing.parent
+    free = shutil.disk_usage(existing).free
+    if free < needed:
+        raise cfg._error("cache_dir", f"{cfg.resolved_cache_dir()}: {_mib(free)} free on its filesystem, and this "
+                                      f"job's teacher cache needs about {_mib(needed)} ({how}). Free space there or "
+                                      "set cache_dir to a larger disk")
+
+
+def teacher_cache_bytes(cfg: JobConfig) -> tuple[int, str]:
+    """``(bytes, how)``: what the teacher pass and rows file of ``cfg`` will add to its cache dir, with a margin.
+
+    Sentences (the corpus, de-duplicated, capped by ``max_sentences``) x teacher views x one cached row (key and
+    float32 vector of the teacher's width), less what caches of the same teacher already hold there, plus the rows
+    file (every view's text of every row), times ``_CACHE_MARGIN``.
+    """
+    from raydistill.runtime.embedding_cache import cache_row_bytes
+
+    corpus = read_training_corpus(cfg.data.corpus)
+    texts = corpus.texts if corpus.is_pairs else list(dict.fromkeys(corpus.texts))
+    rows = len(texts) if cfg.data.max_sentences is None else min(len(texts), cfg.data.max_sentences)
+    width = teacher_width(cfg.teacher)
+    row_bytes = cache_row_bytes(width or _UNKNOWN_TEACHER_WIDTH)
+    views = len(cfg.data.teacher_views)
+    cached = _cached_teacher_bytes(cfg)
+    vectors = max(0, rows * views * row_bytes - cached)
+    sample = texts[:10_000]  # the mean length of a text: a sample is enough for an estimate
+    text_bytes = sum(len(t.encode("utf-8")) for t in sample) / max(1, len(sample))
+    rows_file = int(rows * (16 + len(cfg.data.views) * (4 + text_bytes)))
+    needed = int((vectors + rows_file) * _CACHE_MARGIN) + _CACHE_SLACK_BYTES
+    width_text = f"{width}-wide" if width else f"assumed {_UNKNOWN_TEACHER_WIDTH}-wide"
+    how = (f"{rows} sentences x {views} teacher views x {row_bytes} bytes a cached vector ({width_text} teacher)"
+           + (f", less {_mib(cached)} already cached" if cached else "")
+           + f", plus a rows file of ~{_mib(rows_file)}, plus {int((_CACHE_MARGIN - 1) * 100)}%")
+    return needed, how
+
+
+def teacher_width(model: str | None) -> int | None:
+    """Width of the teacher's sentence vectors, read from its files without loading it (None when unknown)."""
+    if model is None:
+        return None
+    directory = Path(model).expanduser()
+    if not directory.is_dir():
+        from raydistill.models.registry import PRESETS
+
+        return PRESETS[model].hidden if model in PRESETS else None
+    try:
+        modules = json.loads((directory / "modules.json").read_text()) if (directory / "modules.json").is_file() else []
+        dense = [m for m in modules if "Dense" in str(m.get("type", ""))]
+        if dense:
+            return int(json.loads((directory / dense[-1]["path"] / "config.json").read_text())["out_features"])
+        config = json.loads((directory / "config.json").read_text())
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    width = config.get("hidden_size") or config.get("d_model") or config.get("dim")
+    return int(width) if width else None
+
+
+def _cached_teacher_bytes(cfg: JobConfig) -> int:
+    """Bytes of cached vectors already under the cache dir for this teacher model and max length (the most of any
+    one cache; its ``teacher.json`` names them), so a rerun on a nearly full disk asks only for what is missing."""
+    most = 0
+    for description in cfg.resolved_cache_dir().glob("*/teacher.json"):
+        try:
+            described = json.loads(description.read_text())
+        except (OSError, ValueError):
+            continue
+        if described.get("model") == cfg.teacher and described.get("max_length") == cfg.data.teacher_max_length:
+            most = max(most, sum(_size(part) for part in description.parent.glob("part-*")))
+    return most
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:  # removed meanwhile
+        return 0
+
+
+def _mib(size: float) -> str:
+    return f"{size / 2**20:.2f} MiB" if size < 10 * 2**20 else f"{size / 2**20:.0f} MiB"
 
 
 def check_input_files(cfg: JobConfig) -> None:

@@ -503,6 +503,10 @@ def _train_evaluate_record(cfg: JobConfig, run_dir: Path, texts: list[str], vect
     }
     if tracker.run_id:
         record_fields["mlflow_run_id"] = tracker.run_id
+    from raydistill.evaluation.results import result_path_of_run
+
+    result_path = result_path_of_run(result_path, run_dir,
+                                     report=lambda message: print(f"[{METHOD}] {message}", flush=True))
     record = dict(write_result(str(result_path), **record_fields))
     print(f"[{METHOD}] 7-STS avg {scores['avg']:.2f}, STS-B dev {scores['stsb_dev']:.2f}; wrote {result_path}",
           file=sys.stdout, flush=True)

@@ -12,10 +12,11 @@ sentences or few long ones per forward, each padded only to its batch's longest)
 matrix products (a CPU with AVX512-BF16 or AMX, a CUDA GPU) the model runs in bf16 (``precision: auto``; the
 vectors are normalised in fp32). ``resolve_precision`` decides, and the log says which and why.
 
-``teacher_identity()`` names what determines the teacher's outputs (weights, tokenizer and pooling files, pooling,
-max length, encoder type, normalisation), independent of where the model directory lives. The embedding cache is
-keyed by it, which fixes the stale-cache bug of the ConGen/SCT code (fixed cache file names reused across teachers,
-docs/methods.md, ConGen and SCT).
+``teacher_identity()`` names what determines the teacher's outputs (every byte of its weights, tokenizer and pooling
+files, pooling, max length, encoder type, normalisation), independent of where the model directory lives. The
+embedding cache is keyed by it, which fixes the stale-cache bug of the ConGen/SCT code (fixed cache file names reused
+across teachers, docs/methods.md, ConGen and SCT). A large file's SHA-256 is computed once and remembered by path,
+size and modification time in ``$RAYDISTILL_HOME/file-hashes.json``, so a rerun does not read gigabytes again.
 """
 
 from __future__ import annotations
@@ -24,14 +25,14 @@ import functools
 import hashlib
 import json
 import logging
-import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from raydistill.runtime.config import JobConfig, RoleResources
+from raydistill.fileio import atomic_write_json
+from raydistill.runtime.config import JobConfig, RoleResources, raydistill_home
 
 __all__ = ["TeacherSpec", "TeacherEncoder", "TeacherActor", "TeacherEmbed", "teacher_identity", "resolve_precision",
            "bf16_support", "PRECISIONS"]
@@ -40,7 +41,9 @@ log = logging.getLogger(__name__)
 
 # Bumped when the way embeddings are computed changes (e.g. normalisation), so old caches are not reused.
 _EMBEDDING_FORMAT = 1
-_FINGERPRINT_BYTES = 1 << 20
+# Files up to this size are fed to the identity whole; larger ones (weights) by their remembered SHA-256.
+_WHOLE_FILE_BYTES = 2 << 20
+_HASH_MEMO_FILE = "file-hashes.json"
 
 PRECISIONS = ("auto", "fp32", "bf16")
 # Padded tokens per teacher forward when the config gives none. mpnet-base on 2 busy CPU cores, 192 mixed-corpus
@@ -166,8 +169,9 @@ def teacher_identity(model: str, *, encoder: str = "bi", pooling: str | None = N
 
     bf16 vectors differ from fp32 ones in the third or fourth decimal, so they get their own cache; ``fp32`` is left
     out of the fingerprint so that caches written before the precision setting existed stay valid.
-    Small files (configs, tokenizer, pooling/dense module configs) are hashed whole; weight files by name, size and
-    their first and last MiB, which tells any two real checkpoints apart without reading gigabytes on every run.
+    Every file's full content counts: small files (configs, tokenizer, pooling/dense module configs) are hashed
+    whole, and weight files by the SHA-256 of all their bytes (``file_sha256``: read once, then remembered by path,
+    size and modification time), so two teachers that differ in any tensor get different caches.
     The directory's location is not part of it, so the same weights reached through another path share a cache.
     """
     model_dir = _resolve(model)
@@ -184,14 +188,56 @@ def teacher_identity(model: str, *, encoder: str = "bi", pooling: str | None = N
             continue  # documentation and provenance metadata do not change the outputs
         size = path.stat().st_size
         digest.update(f"{rel}\0{size}\0".encode())
-        with path.open("rb") as fh:
-            if size <= 2 * _FINGERPRINT_BYTES:
-                digest.update(fh.read())
-            else:
-                digest.update(fh.read(_FINGERPRINT_BYTES))
-                fh.seek(-_FINGERPRINT_BYTES, os.SEEK_END)
-                digest.update(fh.read(_FINGERPRINT_BYTES))
+        if size <= _WHOLE_FILE_BYTES:
+            digest.update(path.read_bytes())
+        else:
+            digest.update(f"sha256:{file_sha256(path)}".encode())
     return f"{encoder}-{digest.hexdigest()[:16]}"
+
+
+_SHA256_MEMO: dict[str, dict[str, Any]] = {}  # this process's view of the memo file
+
+
+def file_sha256(path: Path) -> str:
+    """SHA-256 of every byte of ``path``, remembered by (resolved path, size, mtime) in ``$RAYDISTILL_HOME/
+    file-hashes.json``: a teacher's weights are read once, not at every job. A file replaced or rewritten gets a new
+    size or modification time and is hashed again."""
+    path = Path(path).resolve()
+    stat = path.stat()
+    state = {"size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
+    memo_path = raydistill_home() / _HASH_MEMO_FILE
+    entry = _SHA256_MEMO.get(str(path))
+    if entry is None or {k: entry.get(k) for k in state} != state:
+        _SHA256_MEMO.update(_read_hash_memo(memo_path))
+        entry = _SHA256_MEMO.get(str(path))
+    if entry is not None and {k: entry.get(k) for k in state} == state:
+        return entry["sha256"]
+    digest = hashlib.sha256()
+    with path.open("rb") as stream:
+        for chunk in iter(lambda: stream.read(8 << 20), b""):
+            digest.update(chunk)
+    _SHA256_MEMO[str(path)] = {**state, "sha256": digest.hexdigest()}
+    _write_hash_memo(memo_path, str(path), _SHA256_MEMO[str(path)])
+    return digest.hexdigest()
+
+
+def _read_hash_memo(memo_path: Path) -> dict[str, dict[str, Any]]:
+    try:
+        memo = json.loads(memo_path.read_text())
+    except (OSError, ValueError):
+        return {}  # none yet, or unreadable: hashing again is always correct
+    return memo if isinstance(memo, dict) else {}
+
+
+def _write_hash_memo(memo_path: Path, key: str, entry: dict[str, Any]) -> None:
+    """Add one entry to the memo file (re-read first: other processes add theirs), dropping files that are gone."""
+    memo = {path: value for path, value in _read_hash_memo(memo_path).items() if Path(path).exists()}
+    memo[key] = entry
+    try:
+        memo_path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_json(memo_path, memo, sort_keys=True)
+    except OSError as exc:  # a read-only home: the hash is only recomputed next time
+        log.debug("could not remember the hash of %s in %s: %s", key, memo_path, exc)
 
 
 def _head_labels(model_dir: Path) -> int:

@@ -154,6 +154,10 @@ class TencResources:
     # CPUs the actors must leave to Ray Data (the label sets' Parquet writes and the learners' reads of them): with
     # every CPU reserved its tasks never run (measured hang, docs/runtime.md, Ray behaviour).
     data_max_cpus: float = 1.0
+    # Custom Ray resources each family's two actors ask for, by family name, e.g. {bert: {node_a: 1}} with the
+    # nodes started as `ray start --resources '{"node_a": 4}'`: one family per node on a multi-node cluster. A family
+    # not named here goes wherever Ray has room.
+    families: dict[str, dict[str, float]] = field(default_factory=dict)
 
     @property
     def data_task_cpus(self) -> float:
@@ -394,6 +398,14 @@ class TencConfig:
                     raise err(f"resources.{role}.{name}", f"{getattr(rr, name)} must be >= 0")
             _positive(err, f"resources.{role}.threads", rr.threads)
             _positive(err, f"resources.{role}.batch_size", rr.batch_size)
+        family_names = [family.name for family in self.families]
+        for name, custom in r.families.items():
+            if name not in family_names:
+                raise err(f"resources.families.{name}", f"no family is named {name!r} (families: "
+                                                         f"{', '.join(family_names)})")
+            for resource, amount in custom.items():
+                if amount <= 0:
+                    raise err(f"resources.families.{name}.{resource}", f"{amount} must be > 0")
         if r.data_max_cpus < 0.5:
             raise err("resources.data_max_cpus", f"{r.data_max_cpus} is below 0.5: Ray Data needs CPU headroom or "
                                                  "its Parquet writes hang (ray-project/ray#44687)")

@@ -9,6 +9,12 @@ the same config already did.
 The label exchange: each family's labelling model scores every pair in its actor; the driver averages the scores
 and writes the stage's label set once (``tenc_labels``); each learner then reads its own training rows from that
 Parquet directory through Ray Data. The driver hands a learner only where its labels are and which column to learn.
+A stage is recorded as finished in state.json the moment its learners return, before the next stage's labels.
+
+Stopping (``stopping``): SIGTERM or SIGINT while the learners train asks each learner (``request_stop``, served on
+the actors' ``control`` concurrency group while ``fit`` runs) to save its position at the next step boundary
+(``tenc_learners.stopped_stage_file``), which the next run continues from; anywhere else (labelling, evaluation)
+the job stops at once. Either way the MLflow runs end KILLED and ``JobStopped`` says what was kept and how to resume.
 """
 
 from __future__ import annotations
@@ -49,6 +55,7 @@ from raydistill.runtime.tenc_labels import (
     read_label_set,
     write_label_set,
 )
+from raydistill.runtime.stopping import raise_if_stop_requested
 from raydistill.runtime.tenc_state import RunLayout, RunState, now
 
 __all__ = ["FamilyActors", "TransEncoderJob", "say", "scores_from_predictions"]
@@ -95,9 +102,11 @@ class FamilyActors:
             for kind in ("bi", "cross"):
                 resources: RoleResources = getattr(cfg.resources, kind)
                 device = "cuda" if resources.num_gpus > 0 else "cpu"
-                actor_class = ray.remote(learner_classes[kind])
+                # "control": request_stop runs beside a fit in progress (every other method waits its turn).
+                actor_class = ray.remote(concurrency_groups={"control": 1})(learner_classes[kind])
                 self.actors[(family.name, kind)] = actor_class.options(
                     num_cpus=resources.num_cpus, num_gpus=resources.num_gpus, name=None, max_restarts=0,
+                    resources=cfg.resources.families.get(family.name) or None,
                 ).remote(
                     family.name, pair_set_ref, dataclasses.asdict(cfg.stage_settings(family, kind)),
                     pooling=poolings.get(family.name), label_scaling=cfg.label_scaling, seed=cfg.seed,
@@ -119,6 +128,12 @@ class FamilyActors:
         if self.holding[(family, kind)] == str(checkpoint):
             return None
         return self.load(family, kind, checkpoint, cycle)
+
+    def request_stop(self, kind: str) -> None:
+        """Ask every family's ``kind`` learner to stop its ``fit`` at the next step boundary."""
+        for (family, actor_kind), actor in self.actors.items():
+            if actor_kind == kind:
+                actor.request_stop.options(concurrency_group="control").remote()
 
     def kill(self) -> None:
         import ray
@@ -147,6 +162,7 @@ class TransEncoderJob:
         self.children: dict[tuple[str, str], Any] = {}
         self.step_offsets: dict[tuple[str, str], int] = {}
         self.dev_points_logged: set[tuple[str, str, int]] = set()  # (family, kind, cycle) on the parent run
+        self.activity = "while starting"  # what the job does now: what a stop interrupted
 
     # ------------------------------------------------------------------------------------------------------------
     # Models
@@ -192,9 +208,11 @@ class TransEncoderJob:
         import ray
 
         from raydistill.runtime.checkpoint import RunDirLock
+        from raydistill.runtime.stopping import JobStopped, StopOnSignals
         from raydistill.runtime.tracking import Tracker
 
         cfg = self.cfg
+        stop = StopOnSignals("tenc")
         self.pair_set = self._build_pair_set()
         lock = RunDirLock(self.run_dir).acquire(report=say)
         restore_data_context = None
@@ -211,6 +229,7 @@ class TransEncoderJob:
                 say(f"resuming: {len(done)} completed stage(s) will be skipped ({', '.join(done)})")
 
             restore_data_context = cluster.init_ray(cfg)
+            stop.install()  # after ray.init, whose SIGTERM handler aborts the process; for the rest of the job
             cluster.check_resources(cfg)
             poolings = self._poolings()
             self.tracker = Tracker(cfg.tracking, run_name=self.run_name,
@@ -222,7 +241,11 @@ class TransEncoderJob:
             self.actors = FamilyActors(cfg, ray.put(pair_set), poolings)
             yield self
             status = "FINISHED"
+        except JobStopped as exc:
+            status = "KILLED"  # stopped from outside, not failed: the next run resumes from what was kept
+            raise self._stopped(exc) from None
         finally:
+            stop.restore()
             if self.actors is not None:
                 self.actors.kill()
             for child in self.children.values():
@@ -232,6 +255,20 @@ class TransEncoderJob:
             if restore_data_context is not None:
                 restore_data_context()
             lock.release()
+
+    def _stopped(self, exc) -> Exception:
+        """The stop, saying what was kept and how to resume (printed too)."""
+        from raydistill.runtime.stopping import JobStopped, signal_name
+
+        done = list(self.state.stages) if self.state is not None else []
+        kept = f"{len(done)} finished stage(s) kept ({', '.join(done)})" if done else "no stage had finished"
+        if exc.kept:
+            kept += f"; {exc.kept}"
+        message = (f"stop requested ({signal_name()}) {exc.where or self.activity}: {kept}. Run the same command "
+                   f"with --run-dir {self.run_dir} to resume: finished stages are skipped"
+                   + (", the stopped stage continues from its saved step" if exc.kept else "") + ".")
+        say(message)
+        return JobStopped(message, where=exc.where or self.activity, kept=kept)
 
     def _build_pair_set(self) -> PairSet:
         cfg = self.cfg
@@ -262,6 +299,7 @@ class TransEncoderJob:
     # Cycle 0: the starting bi-encoders label the first pair set and are evaluated as they are
 
     def start(self) -> None:
+        self.activity = "during cycle 0 (labelling, evaluating the starting bi-encoders)"
         key = stage_key(1, "bi2cross")
         if key not in self.state.labels and key not in self.state.stages:
             self._label(1, "bi2cross")
@@ -320,7 +358,9 @@ class TransEncoderJob:
             return
         stage_started = time.perf_counter()
         if key not in self.state.labels:  # a resumed or extended run: the labelling models make them now
+            self.activity = f"while labelling the pairs of [{key}]"
             self._label(cycle, stage)
+        self.activity = f"while training [{key}]"
         labels_dir = str(self.layout.labels_dir(cycle, stage))
         say(f"[{key}] {', '.join(self.families)} {kind}-encoders learn the "
             f"{'averaged' if self.cfg.mode == 'mutual' else 'own'} {STAGE_LABELS[stage]}-encoder labels, each "
@@ -340,21 +380,16 @@ class TransEncoderJob:
             target_column = "score" if self.cfg.mode == "mutual" else f"score_{f}"
             out_dir = self.layout.model_dir(cycle, kind, f)
             fit_refs.append(actors.actor(f, kind).fit.remote(labels_dir, target_column, cycle=cycle, stage=stage,
-                                                             out_dir=str(out_dir)))
+                                                             out_dir=str(out_dir), record=self._stage_record()))
             actors.holding[(f, kind)] = str(out_dir)  # fit leaves the best model in memory
         # The next stage's labels come from the models just trained: queue them on the same actors, so each family
         # labels as soon as its own training ends; the exchange (average, Parquet) waits for all of them.
         label_next = next_cycle <= self.cfg.cycles
         label_refs = [actors.actor(f, kind).predict_pairs.remote() for f in self.families] if label_next else []
-        summaries = dict(zip(self.families, ray.get(fit_refs)))
+        summaries = self._wait_for_fits(cycle, stage, fit_refs)
         for f in self.families:
             summaries[f]["init"] = inits[f]
-        if label_refs:
-            weights = (self._label_weights(next_cycle, next_stage, {f: float(summaries[f]["best_dev"])
-                                                                     for f in self.families})
-                       if self._weights_by_dev() else None)
-            self._record_labels(next_cycle, next_stage, dict(zip(self.families, ray.get(label_refs))), weights)
-
+        # Recorded now, before the next stage's labels: a stop from here on never trains this stage again.
         wall_s = time.perf_counter() - stage_started
         self.state.stages[key] = {
             "completed": now(),
@@ -362,11 +397,48 @@ class TransEncoderJob:
             "families": {f: {k: v for k, v in s.items() if k != "history"} for f, s in summaries.items()},
         }
         self.state.save()
-        self._track_stage(cycle, stage, summaries)
-        self.log_dev_curves()
         say(f"[{key}] complete in {wall_s:.0f} s: "
             + ", ".join(f"{f} {kind} dev {s['best_dev']:.2f} ({s['steps']} steps, {s['wall_s']:.0f} s)"
                         for f, s in summaries.items()))
+        self._track_stage(cycle, stage, summaries)
+        self.log_dev_curves()
+        raise_if_stop_requested(f"after [{key}] finished")  # a stop that came as the learners finished
+        if label_refs:
+            self.activity = f"while labelling the pairs of [{stage_key(next_cycle, next_stage)}]"
+            weights = (self._label_weights(next_cycle, next_stage, {f: float(summaries[f]["best_dev"])
+                                                                     for f in self.families})
+                       if self._weights_by_dev() else None)
+            self._record_labels(next_cycle, next_stage, dict(zip(self.families, ray.get(label_refs))), weights)
+
+    def _stage_record(self) -> dict[str, Any]:
+        """What each stage's model directory records besides its summary: which run it belongs to (a damaged
+        state.json is rebuilt from these, ``tenc_state``)."""
+        return {"config_hash": self.cfg.config_hash(), "pairs_fingerprint": self.pair_set.fingerprint}
+
+    def _wait_for_fits(self, cycle: int, stage: str, fit_refs: list) -> dict[str, dict[str, Any]]:
+        """Every family's fit summary. A SIGTERM / SIGINT meanwhile asks the learners to stop at their next step
+        boundary and save their position; the stage then ends the job with ``JobStopped``."""
+        import ray
+
+        from raydistill.runtime.stopping import JobStopped, signal_name, step_boundaries, stop_requested
+
+        key, kind = stage_key(cycle, stage), STAGE_TRAINS[stage]
+        pending, stop_sent = list(fit_refs), False
+        with step_boundaries():
+            while pending:
+                _, pending = ray.wait(pending, num_returns=len(pending), timeout=0.25)
+                if stop_requested() and not stop_sent:
+                    self.actors.request_stop(kind)
+                    stop_sent = True
+        summaries = dict(zip(self.families, ray.get(fit_refs)))
+        stopped = {f: s for f, s in summaries.items() if s.get("stopped")}
+        if stopped:
+            where = ", ".join(f"{f} after step {s['steps']}/{s['total_steps']}" for f, s in stopped.items())
+            raise JobStopped(f"stop requested ({signal_name()}) while training [{key}]",
+                             where=f"while training [{key}]",
+                             kept=f"[{key}] stopped at a step boundary ({where}), its position saved in "
+                                  f"{self.layout.model_dir(cycle, kind, '<family>')}.stopped.pt")
+        return summaries
 
     # ------------------------------------------------------------------------------------------------------------
     # Label exchange
@@ -434,6 +506,7 @@ class TransEncoderJob:
         ensemble of those models (mean of their predictions), recorded as ``name``."""
         import ray
 
+        self.activity = f"while evaluating the {kind}-encoders ({name})"
         self.evaluate_pair_auc(kind, cycles, name)  # before the result files, which carry it
         sets = list(dict.fromkeys(list(self.cfg.eval.test_sets) + [self.cfg.eval.dev_set]))
         todo = [f for f, c in cycles.items() if f"cycle={c}/{kind}/{f}" not in self.state.evaluations]
@@ -547,6 +620,7 @@ class TransEncoderJob:
         """
         import ray
 
+        self.activity = "while selecting the best models"
         best: dict[str, dict[str, Any]] = {f: {} for f in self.families}
         for kind in ("bi", "cross"):
             stage = STAGE_TRAINED_IN[kind]

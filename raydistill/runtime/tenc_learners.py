@@ -22,11 +22,15 @@ rows of a stage's label set, which it reads itself from the set's Parquet direct
 
 from __future__ import annotations
 
+import dataclasses
+import datetime as dt
 import hashlib
+import io
 import math
 import os
 import shutil
 import sys
+import threading
 import time
 import zlib
 from pathlib import Path
@@ -38,6 +42,7 @@ from torch import Tensor, nn
 
 from raydistill.runtime.pairs import PairSet
 from raydistill.runtime.tenc_labels import read_training_rows
+from raydistill.runtime.tenc_state import STAGE_RECORD
 
 __all__ = [
     "BiEncoderLearner",
@@ -49,6 +54,7 @@ __all__ = [
     "labels_digest",
     "save_model_atomically",
     "stage_seed",
+    "stopped_stage_file",
 ]
 
 
@@ -95,17 +101,90 @@ def stage_seed(seed: int, cycle: int, kind: str, family: str) -> int:
             + zlib.crc32(family.encode())) % (2**31 - 1)
 
 
-def save_model_atomically(model: nn.Module, directory: str | os.PathLike) -> Path:
-    """``model.save`` into ``<dir>.tmp-<pid>`` then rename: a stage's model directory is complete or absent."""
+def save_model_atomically(model: nn.Module, directory: str | os.PathLike,
+                          stage_record: dict[str, Any] | None = None) -> Path:
+    """``model.save`` (and ``stage_record`` as ``stage.json``) into ``<dir>.tmp-<pid>`` then rename: a stage's model
+    directory is complete or absent."""
+    from raydistill.fileio import atomic_write_json, fsync_dir
+
     final = Path(directory)
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = final.with_name(f"{final.name}.tmp-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     model.save(tmp)
+    if stage_record is not None:
+        atomic_write_json(tmp / STAGE_RECORD, stage_record, default=_json_scalar)
     if final.exists():  # a stage re-run after a crash between saving and recording it
         shutil.rmtree(final)
     os.replace(tmp, final)
+    fsync_dir(final.parent)
     return final
+
+
+def stopped_stage_file(out_dir: str | os.PathLike) -> Path:
+    """Where a stage stopped mid-way keeps its position: ``<model dir>.stopped.pt`` beside the model directory."""
+    out_dir = Path(out_dir)
+    return out_dir.with_name(f"{out_dir.name}.stopped.pt")
+
+
+def _json_scalar(value: Any):
+    if isinstance(value, (np.floating, np.integer)):
+        return value.item()
+    raise TypeError(f"not JSON serialisable: {type(value).__name__}")
+
+
+@dataclasses.dataclass
+class _StageRun:
+    """Where one ``fit`` stands: what a stopped stage saves and a resumed one restores (with the model, optimizer,
+    schedule and RNGs)."""
+
+    model: nn.Module
+    optimizer: Any
+    scheduler: Any
+    rng: np.random.Generator
+    total_steps: int
+    tag: str
+    step: int = 0
+    epoch: int = 0
+    start: int = 0  # index into this epoch's order of the next batch
+    order: np.ndarray | None = None  # this epoch's example order; None: not drawn yet
+    history: list[dict[str, float]] = dataclasses.field(default_factory=list)
+    best_score: float = -math.inf
+    best_step: int = -1
+    best_state: dict[str, Tensor] | None = None
+    loss_sum: float = 0.0
+    loss_count: int = 0
+    earlier_wall_s: float = 0.0  # wall seconds of the attempts before a stop
+    resumed_from: int | None = None
+    started: float = dataclasses.field(default_factory=time.perf_counter)
+
+    _SAVED = ("step", "epoch", "start", "order", "history", "best_score", "best_step", "best_state", "loss_sum",
+              "loss_count")
+
+    def wall_s(self) -> float:
+        return self.earlier_wall_s + time.perf_counter() - self.started
+
+    def progress(self) -> dict[str, Any]:
+        """Plain values and tensors only: the stopped-stage file is read back with ``torch.load(weights_only=True)``."""
+        saved = {name: getattr(self, name) for name in self._SAVED}
+        saved["order"] = None if self.order is None else torch.as_tensor(self.order)
+        saved["history"] = [{k: float(v) if isinstance(v, (float, np.floating)) else v for k, v in entry.items()}
+                            for entry in self.history]
+        saved["best_score"], saved["loss_sum"] = float(self.best_score), float(self.loss_sum)
+        return {**saved, "wall_s": self.wall_s()}
+
+    def restore(self, progress: dict[str, Any]) -> None:
+        for name in self._SAVED:
+            setattr(self, name, progress[name])
+        if self.order is not None:
+            self.order = self.order.numpy()
+        self.earlier_wall_s, self.resumed_from = float(progress["wall_s"]), int(progress["step"])
+
+
+def _ray_node_id() -> str | None:
+    import ray
+
+    return ray.get_runtime_context().get_node_id() if ray.is_initialized() else None
 
 
 class SymmetricCrossScorer:
@@ -178,6 +257,7 @@ class StageLearner:
         self.loss = self._new_loss()
         self.loaded_from: str | None = None
         self.cycle = 0
+        self._stop_requested = threading.Event()  # set by request_stop, from the actor's control thread
 
     def _resolve_precision(self) -> tuple[str, str]:
         """``(bf16 | fp32, why)``: CUDA follows ``amp`` (the authors' AMP); a CPU follows ``precision``."""
@@ -282,13 +362,24 @@ class StageLearner:
             raise ValueError(f"{where}: column {target_column} contains NaN or inf")
         return rows["sentence1"].tolist(), rows["sentence2"].tolist(), labels
 
-    def fit(self, labels_dir: str, target_column: str, *, cycle: int, stage: str, out_dir: str) -> dict[str, Any]:
+    def request_stop(self) -> None:
+        """Stop ``fit`` at its next step boundary, saving where the stage stands (``stopped_stage_file``). The job's
+        actors run this method on their ``control`` concurrency group, so it is served while ``fit`` runs."""
+        self._stop_requested.set()
+
+    def fit(self, labels_dir: str, target_column: str, *, cycle: int, stage: str, out_dir: str,
+            record: dict[str, Any] | None = None) -> dict[str, Any]:
         """Train on column ``target_column`` of the label set in ``labels_dir``, keep the best dev model, save it to
-        ``out_dir``.
+        ``out_dir`` with ``stage.json`` (this summary without the history, plus ``record``) inside.
 
         Returns a summary: best dev score and step, steps, wall time, the learning history (rows with ``step`` and
         ``loss`` or ``stsb_dev``), where the labels came from and where the model went. The model in memory
         afterwards is the best one.
+
+        A stop request (``request_stop``) ends the stage at the next step boundary: model, optimizer, schedule,
+        step, data-order position, RNG states and the best model so far go to ``stopped_stage_file(out_dir)``, and
+        the summary is ``{"stopped": True, "steps", "total_steps", "checkpoint"}``. The next ``fit`` of the same
+        stage (same labels, settings and start) continues from that file, step for step as if never stopped.
         """
         from raydistill.runtime.learner import build_optimizer, linear_schedule
 
@@ -297,82 +388,142 @@ class StageLearner:
         cfg = self.train_cfg
         first, second, targets = self._examples(sentence1, sentence2, labels)
         batch_size = int(cfg["batch_size"])
-        steps_per_epoch = math.ceil(len(targets) / batch_size)
-        total_steps = steps_per_epoch * int(cfg["epochs"])
+        total_steps = math.ceil(len(targets) / batch_size) * int(cfg["epochs"])
         if cfg.get("max_steps"):
             total_steps = min(total_steps, int(cfg["max_steps"]))
         optimizer = build_optimizer([model], lr=float(cfg["lr"]), weight_decay=float(cfg["weight_decay"]))
         scheduler = linear_schedule(optimizer, math.ceil(float(cfg["warmup_ratio"]) * total_steps), total_steps)
-        eval_every = int(cfg["eval_every"])
         rng = np.random.default_rng(stage_seed(self.seed, cycle, self.kind, self.family))
         torch.manual_seed(stage_seed(self.seed, cycle, self.kind, self.family) + 1)
-
         tag = f"cycle {cycle} {stage} {self.family}/{self.kind}"
-        history: list[dict[str, float]] = []
-        best_score, best_step, best_state = -math.inf, -1, None
-        step, started, loss_sum, loss_count = 0, time.perf_counter(), 0.0, 0
-        self._say(f"[{tag}] training on {len(targets):,} examples, {total_steps} steps "
-                  f"(batch {batch_size}, lr {cfg['lr']}, {cfg['epochs']} epoch(s))")
+        identity = {"cycle": cycle, "stage": stage, "labels_sha": labels_digest(labels), "target_column": target_column,
+                    "examples": len(targets), "total_steps": total_steps, "init_from": self.loaded_from,
+                    "seed": self.seed, "train": {k: cfg[k] for k in sorted(cfg)}}
+        checkpoint = stopped_stage_file(out_dir)
+        run = _StageRun(model=model, optimizer=optimizer, scheduler=scheduler, rng=rng, total_steps=total_steps,
+                        tag=tag)
+        self._resume_stopped(run, checkpoint, identity)
+        if run.resumed_from is None:
+            self._say(f"[{tag}] training on {len(targets):,} examples, {total_steps} steps "
+                      f"(batch {batch_size}, lr {cfg['lr']}, {cfg['epochs']} epoch(s))")
+        if not self._train(run, first, second, targets, batch_size, int(cfg["epochs"]), int(cfg["eval_every"])):
+            return self._stop_stage(run, checkpoint, identity)
+        model.eval()
+        if run.best_state is None:
+            raise RuntimeError(f"[{tag}] no training step was run ({len(targets)} examples, {total_steps} steps)")
+        model.load_state_dict(run.best_state)
+        wall_s = run.wall_s()
+        summary = {
+            "family": self.family, "kind": self.kind, "cycle": cycle, "stage": stage,
+            "best_dev": run.best_score, "best_step": run.best_step, "steps": run.step, "total_steps": total_steps,
+            "examples": len(targets), "wall_s": wall_s, "history": run.history, "model_dir": str(Path(out_dir)),
+            "init_from": self.loaded_from, "fingerprint": encoder_fingerprint(model), "labels_dir": str(labels_dir),
+            "target_column": target_column, "labels_sha": identity["labels_sha"], "resumed_from": run.resumed_from,
+            "node_id": _ray_node_id(),  # which node trained the stage (resources.families pins a family)
+        }
+        stage_record = {**{k: v for k, v in summary.items() if k != "history"}, **(record or {}),
+                        "completed": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")}
+        save_model_atomically(model, out_dir, stage_record=stage_record)
+        checkpoint.unlink(missing_ok=True)  # the stage is whole now; its model directory says so
+        self._say(f"[{tag}] done: {run.step} steps in {wall_s:.0f} s, best dev {run.best_score:.2f} at step "
+                  f"{run.best_step}")
+        return summary
 
-        def evaluate_now() -> None:
-            nonlocal best_score, best_step, best_state
-            if history and history[-1].get("step") == step and "stsb_dev" in history[-1]:
-                return  # already evaluated at this step (eval_every landed on an epoch end)
-            score = self.dev_score()
-            history.append({"step": step, "stsb_dev": score})
-            improved = score > best_score
-            if improved:
-                best_score, best_step = score, step
-                best_state = {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}
-            self._say(f"[{tag}] step {step}/{total_steps} dev {score:.2f}"
-                      f"{' (best)' if improved else f' (best {best_score:.2f} @ {best_step})'}")
-
+    def _train(self, run: _StageRun, first: list[str], second: list[str], targets: np.ndarray, batch_size: int,
+               epochs: int, eval_every: int) -> bool:
+        """Train from ``run``'s position to the end (True) or to a stop request at a step boundary (False)."""
+        model, grad_clip = run.model, float(self.train_cfg["grad_clip"])
         model.train()
-        for epoch in range(int(cfg["epochs"])):
-            if step >= total_steps:
-                break
-            order = rng.permutation(len(targets))
-            for start in range(0, len(order), batch_size):
-                if step >= total_steps:
-                    break
-                index = order[start:start + batch_size]
+        while run.epoch < epochs and run.step < run.total_steps:
+            if run.order is None:
+                run.order, run.start = run.rng.permutation(len(targets)), 0
+            while run.start < len(run.order) and run.step < run.total_steps:
+                if self._stop_requested.is_set():
+                    return False
+                index = run.order[run.start:run.start + batch_size]
                 batch_targets = torch.as_tensor(targets[index], dtype=torch.float32, device=self.device)
                 with self.autocast():
                     loss = self._batch_loss([first[i] for i in index], [second[i] for i in index], batch_targets)
                 loss.backward()
-                if float(cfg["grad_clip"]) > 0:
-                    torch.nn.utils.clip_grad_norm_(model.parameters(), float(cfg["grad_clip"]))
-                optimizer.step()
-                scheduler.step()
-                optimizer.zero_grad(set_to_none=True)
-                step += 1
-                loss_value = float(loss.detach())
-                if not math.isfinite(loss_value):
-                    raise FloatingPointError(f"[{tag}] loss became {loss_value} at step {step}")
-                loss_sum, loss_count = loss_sum + loss_value, loss_count + 1
-                history.append({"step": step, "loss": loss_value})
-                if step % self.log_every == 0:
-                    rate = step / max(time.perf_counter() - started, 1e-9)
-                    self._say(f"[{tag}] step {step}/{total_steps} loss {loss_sum / loss_count:.4f} "
-                              f"lr {scheduler.get_last_lr()[0]:.2e} ({rate:.2f} steps/s)")
-                    loss_sum, loss_count = 0.0, 0
-                if step % eval_every == 0 and step < total_steps:
-                    evaluate_now()
-            evaluate_now()  # end of each epoch (and of the stage, or where max_steps cut it)
-        model.eval()
-        if best_state is None:
-            raise RuntimeError(f"[{tag}] no training step was run ({len(targets)} examples, {total_steps} steps)")
-        model.load_state_dict(best_state)
-        model_dir = save_model_atomically(model, out_dir)
-        wall_s = time.perf_counter() - started
-        self._say(f"[{tag}] done: {step} steps in {wall_s:.0f} s, best dev {best_score:.2f} at step {best_step}")
-        return {
-            "family": self.family, "kind": self.kind, "cycle": cycle, "stage": stage,
-            "best_dev": best_score, "best_step": best_step, "steps": step, "examples": len(targets),
-            "wall_s": wall_s, "history": history, "model_dir": str(model_dir), "init_from": self.loaded_from,
-            "fingerprint": encoder_fingerprint(model), "labels_dir": str(labels_dir), "target_column": target_column,
-            "labels_sha": labels_digest(labels),
-        }
+                if grad_clip > 0:
+                    torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+                run.optimizer.step()
+                run.scheduler.step()
+                run.optimizer.zero_grad(set_to_none=True)
+                run.start, run.step = run.start + batch_size, run.step + 1
+                self._after_step(run, float(loss.detach()), eval_every)
+            self._evaluate(run)  # end of each epoch (and of the stage, or where max_steps cut it)
+            run.epoch, run.order = run.epoch + 1, None
+        return True
+
+    def _after_step(self, run: _StageRun, loss_value: float, eval_every: int) -> None:
+        if not math.isfinite(loss_value):
+            raise FloatingPointError(f"[{run.tag}] loss became {loss_value} at step {run.step}")
+        run.loss_sum, run.loss_count = run.loss_sum + loss_value, run.loss_count + 1
+        run.history.append({"step": run.step, "loss": loss_value})
+        if run.step % self.log_every == 0:
+            rate = (run.step - (run.resumed_from or 0)) / max(time.perf_counter() - run.started, 1e-9)
+            self._say(f"[{run.tag}] step {run.step}/{run.total_steps} loss {run.loss_sum / run.loss_count:.4f} "
+                      f"lr {run.scheduler.get_last_lr()[0]:.2e} ({rate:.2f} steps/s)")
+            run.loss_sum, run.loss_count = 0.0, 0
+        if run.step % eval_every == 0 and run.step < run.total_steps:
+            self._evaluate(run)
+
+    def _evaluate(self, run: _StageRun) -> None:
+        """Dev score at this step; the best model so far is kept (a copy on the CPU)."""
+        if run.history and run.history[-1].get("step") == run.step and "stsb_dev" in run.history[-1]:
+            return  # already evaluated at this step (eval_every landed on an epoch end)
+        score = self.dev_score()
+        run.history.append({"step": run.step, "stsb_dev": score})
+        improved = score > run.best_score
+        if improved:
+            run.best_score, run.best_step = score, run.step
+            run.best_state = {k: v.detach().to("cpu", copy=True) for k, v in run.model.state_dict().items()}
+        self._say(f"[{run.tag}] step {run.step}/{run.total_steps} dev {score:.2f}"
+                  f"{' (best)' if improved else f' (best {run.best_score:.2f} @ {run.best_step})'}")
+
+    def _stop_stage(self, run: _StageRun, checkpoint: Path, identity: dict[str, Any]) -> dict[str, Any]:
+        """Save the stage's position at this step boundary (unless no step was trained since the last save)."""
+        from raydistill.fileio import atomic_write_bytes
+
+        if run.step > (run.resumed_from or 0):
+            state = {"identity": identity, "progress": run.progress(), "model": run.model.state_dict(),
+                     "optimizer": run.optimizer.state_dict(), "scheduler": run.scheduler.state_dict(),
+                     "rng": run.rng.bit_generator.state, "torch_rng": torch.get_rng_state(),
+                     "cuda_rng": torch.cuda.get_rng_state_all() if self.device.type == "cuda" else None}
+            buffer = io.BytesIO()
+            torch.save(state, buffer)
+            checkpoint.parent.mkdir(parents=True, exist_ok=True)  # the stage's first model not saved yet
+            atomic_write_bytes(checkpoint, buffer.getvalue())
+            self._say(f"[{run.tag}] stop requested: stopped after step {run.step}/{run.total_steps}, saved to "
+                      f"{checkpoint}")
+        return {"family": self.family, "kind": self.kind, "stopped": True, "steps": run.step,
+                "total_steps": run.total_steps, "checkpoint": str(checkpoint) if checkpoint.is_file() else None}
+
+    def _resume_stopped(self, run: _StageRun, checkpoint: Path, identity: dict[str, Any]) -> None:
+        """Continue from the stage's stopped-stage file when it was written for this very stage."""
+        if not checkpoint.is_file():
+            return
+        try:
+            state = torch.load(checkpoint, map_location="cpu", weights_only=True)
+        except Exception as exc:  # noqa: BLE001 - a damaged file costs the stage's progress, never the job
+            self._say(f"[{run.tag}] {checkpoint} is unreadable ({exc}); training the stage from its start")
+            return
+        if state.get("identity") != identity:
+            differing = sorted(k for k in identity if state.get("identity", {}).get(k) != identity[k])
+            self._say(f"[{run.tag}] {checkpoint} was saved for other stage settings ({', '.join(differing)}); "
+                      "training the stage from its start")
+            return
+        run.model.load_state_dict(state["model"])
+        run.optimizer.load_state_dict(state["optimizer"])
+        run.scheduler.load_state_dict(state["scheduler"])
+        run.rng.bit_generator.state = state["rng"]
+        torch.set_rng_state(state["torch_rng"])
+        if state.get("cuda_rng") is not None and self.device.type == "cuda":
+            torch.cuda.set_rng_state_all(state["cuda_rng"])
+        run.restore(state["progress"])
+        self._say(f"[{run.tag}] resuming at step {run.step}/{run.total_steps} from {checkpoint} (the stage was "
+                  "stopped there)")
 
     def _say(self, message: str) -> None:
         print(message, file=sys.stdout, flush=True)

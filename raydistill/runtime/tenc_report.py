@@ -9,9 +9,7 @@ family, the start, the best model by dev (the start is a candidate) and whether 
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
-import shutil
 import time
 from typing import Any
 
@@ -185,9 +183,11 @@ class TencReport:
             "config": cfg.to_dict(),
         }
         summary_path = job.layout.summary_file
-        summary_path.write_text(json.dumps(summary, indent=2, default=json_default) + "\n", encoding="utf-8")
+        from raydistill.fileio import atomic_write_bytes, atomic_write_json
+
+        atomic_write_json(summary_path, summary, default=json_default)
         job.results_dir.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(summary_path, job.results_dir / "summary.json")
+        atomic_write_bytes(job.results_dir / "summary.json", summary_path.read_bytes())
         self._track_finish(best, by_family, summary_path)
         say("best models (by STS-B dev): " + "; ".join(
             f"{f}/{kind} cycle {b['cycle']} dev {b['best_dev']:.2f}"

@@ -1,7 +1,13 @@
 """A Trans-Encoder run directory: where each file lives, and ``state.json``, the record of what is done.
 
-Stages are the unit of resume: a stage is recorded only once its models are saved and the next stage's labels
-written, so a restarted job with the same config skips every completed stage and reuses its files.
+Stages are the unit of resume: a stage is recorded the moment its models are saved, so a restarted job with the same
+config skips every completed stage and reuses its files (a label set missing for the next stage is made again). A
+stage stopped mid-way (SIGTERM, SIGINT) continues from its ``<model dir>.stopped.pt`` (``tenc_learners``).
+
+A damaged state.json (not JSON, or not a run state) is moved aside to ``state.json.damaged-<time>`` and rebuilt from
+the finished stages on disk: each stage's model directory holds ``stage.json``, its summary with the config hash and
+the pair set's fingerprint, so every stage finished by this config is kept; label sets and evaluations that the
+rebuilt state lacks are made again when needed. The log says what was rebuilt.
 """
 
 from __future__ import annotations
@@ -16,10 +22,14 @@ from typing import Any
 
 import numpy as np
 
+from raydistill.fileio import atomic_write_json
 from raydistill.runtime.config import ConfigError
 from raydistill.runtime.tenc_config import STAGE_TRAINS, STAGES, TencConfig, stage_key
 
-__all__ = ["RunLayout", "RunState", "json_default", "now"]
+__all__ = ["STAGE_RECORD", "RunLayout", "RunState", "json_default", "now"]
+
+# Inside each stage's model directory: the stage's summary, which lets a damaged state.json be rebuilt from the disk.
+STAGE_RECORD = "stage.json"
 
 
 @dataclass(frozen=True)
@@ -96,11 +106,9 @@ class RunState:
     def _open(cls, run_dir: Path, cfg: TencConfig, pair_fingerprint: str, pair_count: int) -> RunState:
         path = RunLayout(run_dir).state_file
         if path.is_file():
-            try:
-                data = json.loads(path.read_text(encoding="utf-8"))
-            except json.JSONDecodeError as exc:
-                raise ConfigError(f"{path}:{exc.lineno}: the run state is not valid JSON ({exc.msg}); delete the "
-                                  "run directory or pass another --run-dir") from None
+            data, damage = _read_state(path)
+            if damage is not None:
+                return cls._rebuilt(run_dir, cfg, pair_fingerprint, pair_count, damage)
             if data.get("config_hash") != cfg.config_hash():
                 differing = cfg.diff_keys(data.get("config", {}))
                 raise ConfigError(
@@ -113,26 +121,35 @@ class RunState:
                                   "files differ. Use another --run-dir")
             data["config"] = cfg.to_dict()  # the excluded fields (cycles, eval, resources) may have changed
             return cls(path, data)
-        data = {
-            "version": 1,
-            "config_hash": cfg.config_hash(),
-            "config": cfg.to_dict(),
-            "pairs": {"fingerprint": pair_fingerprint, "count": pair_count},
-            "labels": {},
-            "stages": {},
-            "evaluations": {},
-            "created": now(),
-        }
-        state = cls(path, data)
+        state = cls(path, _new_state(cfg, pair_fingerprint, pair_count))
         state.save()
+        return state
+
+    @classmethod
+    def _rebuilt(cls, run_dir: Path, cfg: TencConfig, pair_fingerprint: str, pair_count: int,
+                 damage: str) -> RunState:
+        """A new state holding every stage of this config and pair set finished on disk (see the module docstring);
+        the damaged file is kept aside for inspection."""
+        layout = RunLayout(run_dir)
+        aside = layout.state_file.with_name(f"{layout.state_file.name}.damaged-{int(time.time())}")
+        os.replace(layout.state_file, aside)
+        data = _new_state(cfg, pair_fingerprint, pair_count)
+        data["stages"] = _finished_stages_on_disk(layout, cfg, pair_fingerprint)
+        data["rebuilt"] = {"from": "the stage.json of each stage's model directories", "damaged_file": str(aside),
+                           "damage": damage, "at": now()}
+        state = cls(layout.state_file, data)
+        state.save()
+        done = list(data["stages"])
+        print(f"[tenc] {layout.state_file} was damaged ({damage}); moved it to {aside} and rebuilt it from the "
+              f"finished stages saved under {layout.root / 'models'}: {len(done)} finished stage(s) kept"
+              + (f" ({', '.join(done)})" if done else "") + "; label sets and evaluations it lacks are made again",
+              flush=True)
         return state
 
     def save(self) -> None:
         self._count_invocation()
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_name(f".{self.path.name}.tmp-{os.getpid()}")
-        tmp.write_text(json.dumps(self.data, indent=2, default=json_default) + "\n", encoding="utf-8")
-        os.replace(tmp, self.path)
+        atomic_write_json(self.path, self.data, default=json_default)
 
     @property
     def labels(self) -> dict[str, Any]:
@@ -163,6 +180,59 @@ class RunState:
                     curves.setdefault((f, STAGE_TRAINS[stage]), []).append(
                         (cycle, float(completed["families"][f]["best_dev"])))
         return curves
+
+
+def _new_state(cfg: TencConfig, pair_fingerprint: str, pair_count: int) -> dict[str, Any]:
+    return {
+        "version": 1,
+        "config_hash": cfg.config_hash(),
+        "config": cfg.to_dict(),
+        "pairs": {"fingerprint": pair_fingerprint, "count": pair_count},
+        "labels": {},
+        "stages": {},
+        "evaluations": {},
+        "created": now(),
+    }
+
+
+def _read_state(path: Path) -> tuple[dict[str, Any] | None, str | None]:
+    """``(state, None)``, or ``(None, what is wrong)`` for a file that is not a run state."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        where = f"line {exc.lineno}: " if isinstance(exc, json.JSONDecodeError) else ""
+        return None, f"not valid JSON: {where}{getattr(exc, 'msg', exc)}"
+    missing = [key for key in ("config_hash", "pairs", "labels", "stages", "evaluations")
+               if not isinstance(data, dict) or key not in data]
+    if missing:
+        return None, f"not a run state: no {', '.join(missing)}"
+    return data, None
+
+
+def _finished_stages_on_disk(layout: RunLayout, cfg: TencConfig, pair_fingerprint: str) -> dict[str, Any]:
+    """Every stage, in run order, whose model directories all hold a ``stage.json`` of this config and pair set;
+    up to the first stage that is not finished (a later one would have learned from labels nobody can vouch for)."""
+    stages: dict[str, Any] = {}
+    cycle = 1
+    while (layout.root / "models" / f"cycle={cycle}").is_dir():
+        for stage in STAGES:
+            records = {}
+            for family in cfg.families:
+                record_file = layout.model_dir(cycle, STAGE_TRAINS[stage], family.name) / STAGE_RECORD
+                try:
+                    record = json.loads(record_file.read_text(encoding="utf-8"))
+                except (OSError, ValueError):
+                    return stages
+                if (record.get("config_hash"), record.get("pairs_fingerprint"), record.get("cycle"),
+                        record.get("stage")) != (cfg.config_hash(), pair_fingerprint, cycle, stage):
+                    return stages
+                records[family.name] = record
+            stages[stage_key(cycle, stage)] = {
+                "completed": max(r.get("completed", "") for r in records.values()),
+                "wall_s": max(float(r.get("wall_s", 0.0)) for r in records.values()),
+                "families": records, "rebuilt": True}
+        cycle += 1
+    return stages
 
 
 def _earlier_invocations(layout: RunLayout) -> list[dict[str, Any]]:

@@ -1,9 +1,12 @@
 """MLflow tracking that can never stop a training run.
 
-A distillation run is hours of CPU; its tracking is a convenience. So every MLflow call goes through one guard: the
-first failure (server down, unwritable sqlite file, bad URI, rejected value) logs **one** warning naming the URI and
-the error, and the Tracker turns into a no-op for the rest of the run. The result JSON and checkpoints, written by
-the runtime itself, remain the record of truth.
+A distillation run is hours of CPU; its tracking is a convenience. So every MLflow call goes through one guard. A
+transient error (a sqlite store locked by another writer, "database is locked"; a server that dropped the connection,
+timed out or answered 429/5xx) is retried with back-off, ``_RETRY_DELAYS_S`` (a few seconds in all), and each retry is
+logged. An error that persists through the retries, or one that retrying cannot fix (unwritable sqlite file, bad URI,
+rejected value), logs **one** warning naming the URI and the error, and the Tracker turns into a no-op for the rest of
+the run; the metric values it then drops are counted, and ``end`` logs how many were lost. The result JSON and
+checkpoints, written by the runtime itself, remain the record of truth.
 
 URIs: ``cfg.tracking_uri`` if set, else ``$MLFLOW_TRACKING_URI``, else ``sqlite:///<cwd>/mlflow.db`` as an absolute
 path (MLflow >= 3.14 puts the file store in maintenance mode, and Ray Tune trials chdir into their own directory, so
@@ -21,6 +24,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import re
 import time
 from pathlib import Path
 from typing import Any, Mapping
@@ -36,6 +40,24 @@ _MAX_PARAM_VALUE = 6000  # MLflow 3 limit
 _PARAMS_PER_BATCH = 100
 _METRICS_PER_BATCH = 1000
 _PROBE_TIMEOUT_S = 5.0
+# Waits before the 2nd, 3rd and 4th attempt of a call that failed with a transient error; a store locked longer than
+# this (plus the store's own wait per attempt) is a broken store for this run.
+_RETRY_DELAYS_S = (0.5, 1.0, 2.0)
+_TRANSIENT = re.compile(r"database is locked|database table is locked|\bbusy\b|temporarily unavailable|"
+                        r"TEMPORARILY_UNAVAILABLE|connection (?:reset|aborted|refused)|remote ?disconnected|"
+                        r"timed? ?out|\b(?:429|502|503|504)\b|too many requests|bad gateway|service unavailable",
+                        re.IGNORECASE)
+
+
+def is_transient(exc: BaseException) -> bool:
+    """Whether ``exc`` (or an error it wraps) is one that the same call may not hit a moment later."""
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, (ConnectionError, TimeoutError)) or _TRANSIENT.search(str(exc)):
+            return True
+        exc = exc.__cause__ or exc.__context__
+    return False
 
 # MLflow 3's UI opens an experiment of unknown kind on its GenAI pages ("Traces", "Token usage"), where a training
 # run does not appear. This tag is how the UI itself records "Model training" when a user picks that type, so
@@ -99,6 +121,8 @@ class Tracker:
         self.run_id: str | None = None
         self.experiment_id: str | None = None
         self.failed_reason: str | None = None
+        self.retries = 0  # transient errors retried (each one is logged)
+        self.lost_metrics = 0  # metric values not logged because tracking had failed
         self._client = None
         self._ended = False
         self._logged_params: dict[str, str] = {}  # a resumed run's params (MLflow refuses to change one)
@@ -182,16 +206,30 @@ class Tracker:
         except (urllib.error.URLError, OSError) as exc:
             raise ConnectionError(f"MLflow server not reachable at {url}: {exc}") from exc
 
-    def _guard(self, what: str, fn, *args, **kwargs) -> Any:
+    def _guard(self, what: str, fn, *args, lost: int = 0, **kwargs) -> Any:
+        """``fn(*args, **kwargs)``, retried on transient errors; None after a failure (``lost``: the metric values
+        that a failure drops)."""
         if self.failed_reason is not None:
+            self.lost_metrics += lost
             return None
-        try:
-            return fn(*args, **kwargs)
-        except Exception as exc:  # noqa: BLE001 - tracking must never stop training
-            self.failed_reason = f"{type(exc).__name__}: {exc}"
-            log.warning("MLflow tracking disabled for this run (%s failed at %s): %s; training continues",
-                        what, self.tracking_uri, self.failed_reason.splitlines()[0][:500])
-            return None
+        for attempt, delay in enumerate((*_RETRY_DELAYS_S, None), start=1):
+            try:
+                return fn(*args, **kwargs)
+            except Exception as exc:  # noqa: BLE001 - tracking must never stop training
+                if delay is not None and is_transient(exc):
+                    self.retries += 1
+                    log.warning("MLflow %s at %s failed (attempt %d of %d, %s); retrying in %.1fs", what,
+                                self.tracking_uri, attempt, len(_RETRY_DELAYS_S) + 1, _first_line(exc), delay)
+                    time.sleep(delay)
+                    continue
+                self.failed_reason = f"{type(exc).__name__}: {exc}"
+                self.lost_metrics += lost
+                tries = f" after {attempt} attempts" if attempt > 1 else ""
+                log.warning("MLflow tracking disabled for this run (%s failed at %s%s): %s; training continues, "
+                            "%d metric value(s) lost so far, later ones are counted and reported when the run ends",
+                            what, self.tracking_uri, tries, _first_line(exc), self.lost_metrics)
+                return None
+        return None
 
     # ------------------------------------------------------------------------------------------------------------
     # Logging
@@ -219,24 +257,30 @@ class Tracker:
 
     def log_metrics(self, metrics: Mapping[str, Any], step: int | None = None) -> None:
         if not self.active:
+            if self.failed_reason is not None and not self._ended:
+                self.lost_metrics += sum(1 for value in metrics.values() if _is_metric(value))
             return
         from mlflow.entities import Metric
 
         now = int(time.time() * 1000)
         items = []
         for key, value in metrics.items():
-            if isinstance(value, bool) or not isinstance(value, (int, float)) and not hasattr(value, "__float__"):
+            if not _is_metric(value):
                 continue  # strings and containers are not metrics
             number = float(value)
             if math.isfinite(number) or math.isnan(number):
                 items.append(Metric(key, number, now, int(step or 0)))
 
-        def send():
-            for i in range(0, len(items), _METRICS_PER_BATCH):
-                self._client.log_batch(self.run_id, metrics=items[i:i + _METRICS_PER_BATCH], synchronous=True)
+        sent = 0
+
+        def send():  # a retry resends only the batches not yet accepted
+            nonlocal sent
+            while sent < len(items):
+                self._client.log_batch(self.run_id, metrics=items[sent:sent + _METRICS_PER_BATCH], synchronous=True)
+                sent += _METRICS_PER_BATCH
 
         if items:
-            self._guard("log_metrics", send)
+            self._guard("log_metrics", send, lost=len(items))
 
     def set_tags(self, tags: Mapping[str, Any]) -> None:
         if not self.active:
@@ -271,6 +315,10 @@ class Tracker:
         if self.active:
             self._guard("end run", self._client.set_terminated, self.run_id, status)
         self._ended = True
+        if self.failed_reason is not None and self.lost_metrics:
+            log.warning("MLflow tracking of run %s at %s lost %d metric value(s) after it failed (%s); the result "
+                        "file and checkpoints hold the run's record", self.run_name, self.tracking_uri,
+                        self.lost_metrics, self.failed_reason.splitlines()[0][:200])
 
     def __enter__(self) -> "Tracker":
         return self
@@ -281,3 +329,11 @@ class Tracker:
     def __repr__(self) -> str:
         state = "active" if self.active else ("failed: " + self.failed_reason if self.failed_reason else "inactive")
         return f"Tracker(uri={self.tracking_uri!r}, run_id={self.run_id!r}, {state})"
+
+
+def _is_metric(value: Any) -> bool:
+    return not isinstance(value, bool) and (isinstance(value, (int, float)) or hasattr(value, "__float__"))
+
+
+def _first_line(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}".splitlines()[0][:500]

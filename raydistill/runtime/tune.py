@@ -15,7 +15,8 @@ Each module imports only the ones listed before it:
     tune_plan.py      plan_sweep and SweepPlan (sweep.json): base config + searched values, checked before Ray starts
     tune_trial.py     distill_trial, the Tune trainable, and its trial.json
     tune_report.py    summary.json, the best trial's export and STS scores, the MLflow runs' final state, the table
-    tune_sweep.py     run_sweep / resume_sweep: trial concurrency, the shared teacher pass, the Tuner, the report
+    tune_sweep.py     run_sweep / resume_sweep: one driver per sweep (SweepLock), trial concurrency, the shared
+                      teacher pass, the Tuner (lost trials retried), the report
 
 This module gathers their public names; the CLI, bench/sweep.py and the tests import them from here.
 """

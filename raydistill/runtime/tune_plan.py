@@ -328,8 +328,8 @@ def _optuna_available() -> bool:
 
 
 def write_json(path: Path, data: Any) -> None:
-    """Write ``data`` to a temporary file and rename it: a reader (or a resume) never sees half a file."""
+    """Write ``data`` atomically and durably: a reader (or a resume) never sees half a file, a crash never loses it."""
+    from raydistill.fileio import atomic_write_json
+
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(json.dumps(data, indent=2, sort_keys=False, default=str) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
+    atomic_write_json(path, data, default=str)

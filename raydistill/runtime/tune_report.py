@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from raydistill.fileio import atomic_write_text, replace_directory
 from raydistill.runtime.tracking import Tracker
 from raydistill.runtime.tune_plan import SweepPlan
 from raydistill.runtime.tune_trial import METRIC, TrialState, plain_value
@@ -45,9 +46,11 @@ def summarize(plan: SweepPlan, teacher_pass: dict[str, Any], started: float) -> 
             tune_error = trial.get_error()
             error = str(tune_error).strip().splitlines()[-1][:2000] if tune_error else "unknown error"
         best_dir = run_dir / "best"
+        # A failed trial whose process was lost (its own code raised nothing) continues on --resume: see prune
+        lost = status == "failed" and state.status in ("running", "lost", "interrupted")
         rows.append({
             "trial_id": trial.trial_id, "params": params, "status": status, "tune_status": trial.status,
-            "stopped_early": status == "stopped_early", "best_stsb_dev": _round(state.best_stsb_dev),
+            "stopped_early": status == "stopped_early", "lost": lost, "best_stsb_dev": _round(state.best_stsb_dev),
             "best_step": state.best_step, "last_step": state.last_step, "total_steps": state.total_steps,
             "reports": state.reports, "attempts": state.attempts, "resumed_from": state.resumed_from,
             "continued": state.continued,
@@ -105,9 +108,10 @@ def _round(value: float | None) -> float | None:
 def prune_checkpoints(plan: SweepPlan, summary: dict[str, Any]) -> None:
     """Step checkpoints of trials that Tune will not run again (a queue of 131072 x 768 is 400 MB each): their Train
     runs' storage in the sweep's Tune directory, the checkpoints a local-mode trial reported to Tune, and any in their
-    run dirs; only an interrupted trial needs its own to continue on --resume. Every trial keeps its best model."""
+    run dirs; only an interrupted trial, or a failed one whose process was lost (``lost``), needs its own to continue
+    on --resume. Every trial keeps its best model."""
     for row in summary["trials"]:
-        if row["status"] != "interrupted":
+        if row["status"] != "interrupted" and not row.get("lost"):
             for root in Path(row["run_dir"]).rglob("checkpoints"):
                 shutil.rmtree(root, ignore_errors=True)
             shutil.rmtree(plan.train_storage(row["trial_id"]), ignore_errors=True)
@@ -146,14 +150,13 @@ def export_best(plan: SweepPlan, summary: dict[str, Any]) -> None:
     tmp = out / f".model.tmp-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     shutil.copytree(best["best_dir"], tmp)
-    shutil.rmtree(model_dir, ignore_errors=True)
-    os.replace(tmp, model_dir)
+    replace_directory(tmp, model_dir)
     cfg = plan.export_config(best["params"])
     header = (f"# Tuned by `raydistill tune` (sweep {plan.name}, trial {best['trial_id']}, best STS-B dev "
               f"{best['best_stsb_dev']} at step {best['best_step']}).\n"
               f"# Searched values: {json.dumps(best['params'])}\n"
               f"# Train it as a normal job: python jobs/{plan.method}.py --config {out / 'config.yaml'}\n")
-    (out / "config.yaml").write_text(header + cfg.to_yaml(), encoding="utf-8")
+    atomic_write_text(out / "config.yaml", header + cfg.to_yaml())
     summary["best"].update(model_dir=str(model_dir), config_path=str(out / "config.yaml"))
     print(f"[tune] best trial {best['trial_id']}: STS-B dev {best['best_stsb_dev']} with {best['params']}; model "
           f"{model_dir}, config {out / 'config.yaml'}", flush=True)

@@ -78,6 +78,9 @@ class SweepSettings:
     # Train workers per trial (data parallel; rank 0 reports to Tune); 0: Train's local mode, the trial trains in its
     # own process (no worker group to start: for short trials)
     num_learners: int = 1
+    # Times Tune restarts a trial whose process was lost (OOM kill, node loss, preemption) from its newest
+    # checkpoint. A trial whose own code raised (a bad combination, a NaN loss) would fail the same way: not retried.
+    max_trial_failures: int = 2
 
     @staticmethod
     def check_field(name: str, value: Any) -> Any:
@@ -99,6 +102,10 @@ class SweepSettings:
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 0.5:
                 raise ValueError(f"expected a number in (0, 0.5], got {value!r}")
             return float(value)
+        if name == "max_trial_failures":
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"expected an integer >= 0 (0: a lost trial stays failed), got {value!r}")
+            return value
         if name == "num_learners":
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise ValueError(f"expected an integer >= 0 (0: the trial trains in its own process), got {value!r}")

@@ -113,7 +113,8 @@ _SETTING_SECTIONS = {
     "scheduler": {"name": "scheduler", "grace_evals": "grace_evals", "reduction_factor": "reduction_factor",
                   "perturbation_evals": "perturbation_evals", "quantile_fraction": "quantile_fraction"},
     "resources_per_trial": {"num_cpus": "num_cpus", "num_gpus": "num_gpus", "threads": "threads",
-                            "num_learners": "num_learners", "keep_checkpoints": "keep_checkpoints"},
+                            "num_learners": "num_learners", "keep_checkpoints": "keep_checkpoints",
+                            "max_failures": "max_trial_failures"},
 }
 _METHOD_KEYS = ("base", "start_from", "space")
 

@@ -30,7 +30,60 @@ from raydistill.runtime.tune_settings import SweepSettings
 from raydistill.runtime.tune_space import SpaceError
 from raydistill.runtime.tune_trial import METRIC, distill_trial
 
-__all__ = ["run_sweep", "resume_sweep", "trial_concurrency", "trial_data_cpus", "trial_dirname"]
+__all__ = ["SweepLock", "SweepLockedError", "run_sweep", "resume_sweep", "trial_concurrency", "trial_data_cpus",
+           "trial_dirname"]
+
+SWEEP_LOCK = ".sweep.lock"
+
+
+class SweepLockedError(SpaceError):
+    """Another driver runs this sweep (a sweep or a ``--resume`` on the same sweep directory)."""
+
+
+class SweepLock:
+    """One driver per sweep directory: an exclusive ``flock`` on ``<sweep_dir>/.sweep.lock``, which names its holder.
+
+    The kernel drops a flock when its process dies, however it dies (SIGKILL included), so the lock of a killed driver
+    is free for ``--resume`` at once. The file is opened without following a symlink (a link planted in a shared
+    sweep directory cannot redirect the holder's write), written in place and never removed: replacing or removing
+    it would let a third driver lock a new file while a second holds the old one.
+    """
+
+    def __init__(self, sweep_dir: str | os.PathLike):
+        self.path = Path(sweep_dir) / SWEEP_LOCK
+        self._fd: int | None = None
+
+    def __enter__(self) -> "SweepLock":
+        import fcntl
+        import socket
+        import sys
+
+        from raydistill.fileio import open_lock_file
+
+        try:
+            fd = open_lock_file(self.path)
+        except OSError as exc:
+            raise SpaceError(f"{self.path}: cannot open the sweep's lock file ({exc}); it must be a plain file "
+                             "(not a symlink) that this user can write: remove it and run the command again") from exc
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 4096, 0).decode("utf-8", "replace").strip() or "an unnamed process"
+            os.close(fd)
+            raise SweepLockedError(f"{self.path.parent} is in use by another sweep driver ({holder}); wait for it to "
+                                   "end or stop it, then run raydistill tune --resume again") from None
+        holder = (f"host {socket.gethostname()}, pid {os.getpid()}, since {time.strftime('%Y-%m-%dT%H:%M:%S%z')}: "
+                  f"{' '.join(sys.argv)[:300]}")
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, holder.encode(), 0)
+        self._fd = fd
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._fd is not None:
+            os.ftruncate(self._fd, 0)  # released: nobody to name
+            os.close(self._fd)  # closing drops the flock
+            self._fd = None
 
 
 def run_sweep(plan: SweepPlan, *, resume: bool = False, callbacks: list | None = None,
@@ -39,10 +92,18 @@ def run_sweep(plan: SweepPlan, *, resume: bool = False, callbacks: list | None =
 
     ``callbacks``: extra ``ray.tune.Callback`` objects for the Tuner (they are saved with it and come back on resume).
     """
+    started = time.time()
+    sweep_dir = Path(plan.sweep_dir)
+    sweep_dir.mkdir(parents=True, exist_ok=True)
+    with SweepLock(sweep_dir):
+        return _run_locked(plan, resume=resume, callbacks=callbacks, verbose=verbose, started=started)
+
+
+def _run_locked(plan: SweepPlan, *, resume: bool, callbacks: list | None, verbose: int,
+                started: float) -> dict[str, Any]:
     import ray
     from ray import tune
 
-    started = time.time()
     sweep_dir = Path(plan.sweep_dir)
     if not resume and (sweep_dir / "sweep.json").is_file():
         raise SpaceError(f"a sweep already exists in {sweep_dir}; continue it with --resume, or choose another "
@@ -50,7 +111,6 @@ def run_sweep(plan: SweepPlan, *, resume: bool = False, callbacks: list | None =
     if resume and not tune.Tuner.can_restore(str(plan.tune_dir)):
         raise SpaceError(f"{plan.tune_dir}: no Ray Tune state to resume (the sweep never started its trials); "
                          f"remove {sweep_dir} and start again")
-    sweep_dir.mkdir(parents=True, exist_ok=True)
     base = plan.base()
     init_ray(base, dashboard=True)  # Train's cleanup of a stopped trial's workers reads the state API
     data_cpus = trial_data_cpus(plan)
@@ -78,6 +138,7 @@ def run_sweep(plan: SweepPlan, *, resume: bool = False, callbacks: list | None =
                            "resources_per_trial.num_gpus": settings.num_gpus,
                            "resources_per_trial.threads": settings.trial_threads(),
                            "resources_per_trial.num_learners": settings.num_learners,
+                           "resources_per_trial.max_failures": settings.max_trial_failures,
                            "space_file": plan.space_file, "config_hash": base.config_hash(),
                            "start_from": json.dumps(plan.start_from)}
                           | {f"space.{key}": param.describe() for key, param in plan.param_objects().items()})
@@ -184,8 +245,10 @@ def _tuner(plan: SweepPlan, max_t: int, *, resume: bool, callbacks: list | None,
     resources = {"cpu": settings.num_cpus, "gpu": settings.num_gpus} if in_process else {"cpu": 0, "memory": 1}
     trainable = tune.with_resources(tune.with_parameters(distill_trial, plan=plan.to_dict()), resources)
     if resume:
+        # Errored trials go on from their newest checkpoint too: one whose process was lost (its retries spent, or
+        # the driver died first) continues; one whose own code raised refuses at once (distill_trial).
         return tune.Tuner.restore(str(plan.tune_dir), trainable=trainable, resume_unfinished=True,
-                                  resume_errored=False, restart_errored=False)
+                                  resume_errored=True, restart_errored=False)
     eval_every = int(plan.base_config.get("train", {}).get("eval_every") or 1)
     if settings.scheduler == "pbt":
         # Under PBT every evaluation a local-mode trial reports carries its checkpoint (checkpoint_every is the
@@ -223,7 +286,10 @@ def _tuner(plan: SweepPlan, max_t: int, *, resume: bool, callbacks: list | None,
                                   # reuses the process (no second import of torch and the model code).
                                   reuse_actors=in_process)
     run_config = tune.RunConfig(name=plan.tune_dir.name, storage_path=str(plan.tune_dir.parent),
-                                failure_config=tune.FailureConfig(max_failures=0, fail_fast=False),
+                                # A lost trial process (OOM kill, node loss, preemption) is restarted from
+                                # the trial's newest checkpoint; distill_trial refuses a retry of its own error.
+                                failure_config=tune.FailureConfig(max_failures=settings.max_trial_failures,
+                                                                  fail_fast=False),
                                 # Local-mode trials report a checkpoint with each evaluation; the newest few are
                                 # what a restored trial or a PBT donor needs.
                                 checkpoint_config=tune.CheckpointConfig(num_to_keep=settings.keep_checkpoints)

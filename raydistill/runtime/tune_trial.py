@@ -24,6 +24,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,12 +32,38 @@ from typing import Any
 from raydistill.runtime.tracking import Tracker
 from raydistill.runtime.tune_plan import SweepPlan, write_json
 
-__all__ = ["METRIC", "TrialState", "distill_trial", "plain_value"]
+__all__ = ["METRIC", "TrialNotRetried", "TrialState", "distill_trial", "lost_a_process", "plain_value"]
 
 # What trials report and ASHA ranks them by: the best STS-B dev so far (train_loop.TUNE_METRIC, the same name; not
 # imported from there because the train loop imports torch, and plans are made without it).
 METRIC = "best_stsb_dev"
 TRIAL_STATE = "trial.json"
+
+
+class TrialNotRetried(RuntimeError):
+    """A retry of a trial whose earlier attempt failed with its own error, refused before it trains."""
+
+
+def lost_a_process(exc: BaseException) -> bool:
+    """Whether ``exc`` comes from a Ray process the trial needed that died (a Train worker killed by the OOM killer,
+    a lost node, a preempted instance), as opposed to an error of the training itself (a bad combination, a NaN
+    loss). Ray wraps the first in task, actor and Train errors: the whole chain of causes is searched."""
+    import ray.exceptions as rex
+
+    lost = (rex.RayActorError, rex.WorkerCrashedError, rex.NodeDiedError, rex.OutOfMemoryError, rex.ObjectLostError)
+    pending, seen = [exc], set()
+    while pending:
+        error = pending.pop()
+        if error is None or id(error) in seen:
+            continue
+        seen.add(id(error))
+        if isinstance(error, lost):
+            return True
+        causes = [error.__cause__, error.__context__, getattr(error, "cause", None)]
+        failures = getattr(error, "worker_failures", None) or ()  # Ray Train's worker group error: rank -> error
+        causes += list(failures.values() if isinstance(failures, dict) else failures)
+        pending.extend(c for c in causes if isinstance(c, BaseException))
+    return False
 
 
 @dataclass
@@ -46,7 +73,10 @@ class TrialState:
     trial_id: str
     params: dict[str, Any] = field(default_factory=dict)
     attempts: int = 0
-    status: str = "pending"  # running | finished | stopped | failed
+    # running | finished | stopped | failed (its own error: not run again) | lost (a process it needed died: retried)
+    # | interrupted (KeyboardInterrupt and the like: runs again on --resume)
+    # "running" in a trial Tune reports failed: the trial's own process died (SIGKILL, OOM) before it could say so
+    status: str = "pending"
     mlflow_run_id: str | None = None
     best_stsb_dev: float | None = None
     best_step: int | None = None
@@ -60,6 +90,7 @@ class TrialState:
     # PBT: each time this trial went on from another trial's checkpoint: {attempt, from_trial, step, params}
     continued: list[dict[str, Any]] = field(default_factory=list)
     error: str | None = None
+    pid: int | None = None  # the process of the newest attempt (what an operator, or a fault test, would kill)
 
     @classmethod
     def load(cls, run_dir: Path, trial_id: str) -> "TrialState":
@@ -141,7 +172,13 @@ def distill_trial(config: dict[str, Any], plan: dict[str, Any]) -> None:
     run_dir = sweep.trial_dir(trial_id)
     run_dir.mkdir(parents=True, exist_ok=True)
     state = TrialState.load(run_dir, trial_id)
+    if state.status == "failed":
+        # Tune retries every failure (FailureConfig.max_failures) and --resume resumes errored trials; an error the
+        # trial's own code raised would come back the same way, so only a lost process is worth another attempt.
+        raise TrialNotRetried(f"trial {trial_id} is not run again: its attempt {state.attempts} failed with its own "
+                              f"error ({state.error}); only a trial whose process was lost is retried")
     state.params, state.attempts, state.status, state.error = params, state.attempts + 1, "running", None
+    state.pid = os.getpid()
     threads = sweep.sweep_settings.trial_threads()
     torch.set_num_threads(threads)
     tracker = Tracker(sweep.tracking(f"trial-{trial_id}"), parent_run_id=sweep.parent_run_id,
@@ -173,7 +210,9 @@ def distill_trial(config: dict[str, Any], plan: dict[str, Any]) -> None:
         tracker.end("KILLED")
         raise
     except BaseException as exc:
-        state.status, state.error = "failed", f"{type(exc).__name__}: {exc}"[:2000]
+        # failed: an error of the training itself, which a retry would repeat (distill_trial refuses it)
+        state.status = ("lost" if lost_a_process(exc) else "failed" if isinstance(exc, Exception) else "interrupted")
+        state.error = f"{type(exc).__name__}: {exc}"[:2000]
         state.save(run_dir)
         tracker.set_tags({"raydistill.trial_status": "failed", "raydistill.error": state.error[:500]})
         tracker.end("FAILED")
@@ -210,9 +249,16 @@ def _take_over_donor_run(checkpoint, state: TrialState, cfg, sweep: SweepPlan) -
     donor = (manifest.get("extra") or {}).get("trial_id")
     if donor in (None, state.trial_id):
         return None
+    from raydistill.fileio import UnsafeNameError, child_path
+
+    try:  # the manifest is a file on disk: its trial id becomes a path only once it is a plain name
+        donor_dir = child_path(Path(sweep.sweep_dir) / "trials", donor)
+    except UnsafeNameError as exc:
+        raise ckpt.CheckpointError(f"the checkpoint Tune restarted trial {state.trial_id} from names its trial "
+                                   f"{donor!r} in manifest.json (extra.trial_id): {exc}") from None
     run_dir = cfg.resolved_run_dir()
     shutil.rmtree(ckpt.checkpoint_root(run_dir), ignore_errors=True)
-    best = _adopt_best_model(sweep.trial_dir(donor) / "best", run_dir, cfg.config_hash())
+    best = _adopt_best_model(donor_dir / "best", run_dir, cfg.config_hash())
     entry = {"attempt": state.attempts, "from_trial": donor, "step": int(manifest["step"]),
              "params": dict(state.params)}
     state.continued.append(entry)
@@ -228,6 +274,7 @@ def _adopt_best_model(donor_best: Path, run_dir: Path, config_hash: str) -> dict
     in a newer best while it is copied: then the copy is taken again."""
     import shutil
 
+    from raydistill.fileio import atomic_write_json, replace_directory
     from raydistill.runtime.learner import BEST_INFO
 
     target, staging = run_dir / "best", run_dir / ".best.adopted"
@@ -244,9 +291,8 @@ def _adopt_best_model(donor_best: Path, run_dir: Path, config_hash: str) -> dict
         shutil.rmtree(target, ignore_errors=True)
         return None
     info["config_hash"] = config_hash
-    (staging / BEST_INFO).write_text(json.dumps(info, indent=2), encoding="utf-8")
-    shutil.rmtree(target, ignore_errors=True)
-    staging.rename(target)
+    atomic_write_json(staging / BEST_INFO, info)
+    replace_directory(staging, target)
     return info
 
 
