@@ -25,6 +25,7 @@ becomes ``<tmp>``, the checkout ``.``), so re-running unchanged tests rewrites t
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import re
@@ -141,7 +142,8 @@ def merge_rows(path: Path, new_rows: list[dict[str, Any]], ran: set[str] | dict[
         except (json.JSONDecodeError, AttributeError):
             previous = []  # a corrupt log is regenerated from this run rather than blocking it
     outcomes = ran if isinstance(ran, dict) else {}
-    kept = [row for row in previous if (ROOT / row.get("test", "").split("::")[0]).is_file()
+    defined: dict[str, set[str]] = {}
+    kept = [row for row in previous if _test_still_defined(row.get("test", ""), defined)
             and (row.get("test") not in ran or _kept_as_failed(row, outcomes, previous, new_rows))]
     kept = [dict(row, outcome="failed") if row.get("test") in ran else row for row in kept]
     rows = sorted(kept + new_rows, key=lambda row: (row["test"].split("::")[0], row.get("position", [0]),
@@ -153,6 +155,20 @@ def merge_rows(path: Path, new_rows: list[dict[str, Any]], ran: set[str] | dict[
     }
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_text(path, json.dumps(document, indent=2, ensure_ascii=False) + "\n")
+
+
+def _test_still_defined(test_id: str, defined: dict[str, set[str]]) -> bool:
+    """Whether the test a row names still exists: its file, and a test function of that name in it (a row of a
+    renamed or moved test would describe a behaviour nothing checks any more)."""
+    file, _, name = test_id.partition("::")
+    path = ROOT / file
+    if not path.is_file():
+        return False
+    if file not in defined:
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        defined[file] = {node.name for node in ast.walk(tree)
+                         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))}
+    return re.sub(r"\[.*\]$", "", name.split("::")[-1]) in defined[file]
 
 
 def _kept_as_failed(row: dict[str, Any], outcomes: dict[str, str], previous: list[dict[str, Any]],

@@ -151,6 +151,17 @@ def two_nodes(ray_session):
         shutil.rmtree(temp_dir, ignore_errors=True)
 
 
+def restore_nodes(cluster) -> None:
+    """A node of each custom resource again, where a test removed one."""
+    alive = {node.node_id for node in cluster.worker_nodes}
+    for resource in NODE_RESOURCES:
+        if cluster.node_of_resource.get(resource) not in alive:
+            node = retried_once(lambda: cluster.add_node(num_cpus=2, resources={resource: 2},
+                                                         object_store_memory=128 * 2**20))
+            cluster.node_of_resource[resource] = node.node_id
+    cluster.wait_for_nodes()
+
+
 def retried_once(start):
     """``start()`` again if Ray's node start-up gave up: it waits 30 s for a raylet to register, which a machine
     loaded by other test sessions can miss."""
@@ -320,6 +331,7 @@ def test_the_two_node_cluster_runs_one_trans_encoder_family_per_node(two_nodes, 
     of every family is trained on its own node (the node id each learner records in state.json)."""
     from tests.test_mutual_tenc import tiny_config
 
+    restore_nodes(two_nodes)  # the node-lost test removed one
     cfg = tiny_config(tiny_models, tmp_path, resources={
         "num_cpus": 2, "bi": {"num_cpus": 0.25, "threads": 1, "batch_size": 512},
         "cross": {"num_cpus": 0.25, "threads": 1, "batch_size": 512}, "data_max_cpus": 1.0,

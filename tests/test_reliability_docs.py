@@ -105,8 +105,8 @@ def _row(test: str, case: str, outcome: str = "passed", position: int = 0) -> di
     ("failed", [("one", "failed"), ("three", "failed")], [("one", "failed"), ("three", "failed")]),
 ], ids=["failed-nothing-recorded", "failed-one-of-two", "passed-fewer", "failed-as-many"])
 def test_merge_rows_shows_a_failed_test_instead_of_dropping_its_rows(tmp_path, outcome, recorded, expected):
-    test = "tests/test_reliability_docs.py::test_x"
-    other = "tests/test_reliability_docs.py::test_other"
+    test = "tests/test_reliability_docs.py::test_promised_cases_have_a_passing_row"  # any test defined here
+    other = "tests/test_reliability_docs.py::test_the_checks_catch_what_they_name"
     log = tmp_path / "reliability.json"
     merge_rows(log, [_row(test, "one", position=0), _row(test, "two", position=1), _row(other, "kept")], set())
     merge_rows(log, [_row(test, case, result, position=i) for i, (case, result) in enumerate(recorded)],
@@ -114,3 +114,12 @@ def test_merge_rows_shows_a_failed_test_instead_of_dropping_its_rows(tmp_path, o
     rows = json.loads(log.read_text(encoding="utf-8"))["rows"]
     assert sorted((r["case"], r["outcome"]) for r in rows if r["test"] == test) == expected
     assert [(r["case"], r["outcome"]) for r in rows if r["test"] == other] == [("kept", "passed")]
+
+
+def test_merge_rows_drops_the_rows_of_a_test_that_no_longer_exists(tmp_path):
+    """A test renamed or moved to another file: its old rows go instead of describing what nothing checks."""
+    log = tmp_path / "reliability.json"
+    kept = "tests/test_reliability_docs.py::test_every_row_names_a_test_that_exists"
+    merge_rows(log, [_row("tests/test_reliability_docs.py::test_that_was_moved", "moved"), _row(kept, "kept")], set())
+    merge_rows(log, [], set())
+    assert [row["case"] for row in json.loads(log.read_text(encoding="utf-8"))["rows"]] == ["kept"]

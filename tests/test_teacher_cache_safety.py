@@ -501,6 +501,8 @@ def test_teacher_actor_killed_then_pass_stopped_every_row_cached_once_and_rerun_
             seen["parts_at_stop"] = parts()
             os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C of the job's driver
 
+    # Ctrl-C raises KeyboardInterrupt even where the suite runs with SIGINT ignored (in the background, under CI).
+    previous_handler = signal.signal(signal.SIGINT, signal.default_int_handler)
     stopper = threading.Thread(target=kill_the_actor_then_stop_the_pass, daemon=True)
     stopper.start()
     try:
@@ -509,6 +511,7 @@ def test_teacher_actor_killed_then_pass_stopped_every_row_cached_once_and_rerun_
     finally:
         stop.set()
         stopper.join(timeout=10)
+        signal.signal(signal.SIGINT, previous_handler)
     first_rows, first_keys = part_rows(cache_dir)
     # The rerun's teacher in process: the same pass and cache, without a third pool actor start in this test.
     teacher, stats = cache_teacher_vectors(cfg, {"control": texts}, in_process=True)
