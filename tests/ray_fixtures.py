@@ -50,3 +50,18 @@ def ray_session():
     if ray.is_initialized() and _STATE.get("temp_dir"):
         ray.shutdown()
         shutil.rmtree(_STATE.pop("temp_dir"), ignore_errors=True)
+
+
+def descendants(title: str) -> list:
+    """This process's descendants (the local Ray's raylet and its workers) whose command line contains ``title``;
+    Ray workers show ``ray::<Class>.<method>`` there. Other users' Ray processes are never touched."""
+    import psutil
+
+    found = []
+    for process in psutil.Process().children(recursive=True):
+        try:
+            if title in " ".join(process.cmdline()):
+                found.append(process)
+        except psutil.Error:
+            continue
+    return found

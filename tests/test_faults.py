@@ -1,5 +1,5 @@
-"""Faults injected for real under local Ray: killed learner, queue and teacher actors, a killed
-driver. Each run must finish, lose at most one checkpoint interval, train every batch of the uninterrupted run
+"""Faults injected for real under local Ray: killed learner and queue actors, a killed driver (the killed teacher
+pool actor is tested with the cache, in test_teacher_cache_safety.py). Each run must finish, lose at most one checkpoint interval, train every batch of the uninterrupted run
 exactly once in the lineage of its final weights, and end within noise of the uninterrupted run.
 
 How the runtime survives each fault, and why it uses which failure mechanism:
@@ -8,8 +8,6 @@ How the runtime survives each fault, and why it uses which failure mechanism:
     before its first step. A dead queue actor fails the workers' next queue read; the ``EventRelay`` that keeps the
     queues hands the restarted workers new ones, whose content comes from the checkpoint (a restarted queue actor
     alone would hand the learners an empty queue).
-  * the teacher pool: Ray Data's own actor fault tolerance (its pool actors get ``max_restarts=-1`` and
-    ``max_task_retries=-1``); the teacher is stateless, so a retried block is simply recomputed.
   * the driver: nothing survives it (the Train controller and workers it owns die with it); a job started again
     with the same ``run_dir`` resumes from the latest checkpoint.
 
@@ -30,7 +28,6 @@ import sys
 import threading
 import time
 
-import numpy as np
 import pytest
 
 from raydistill.runtime import checkpoint as ckpt
@@ -83,21 +80,6 @@ class Workers:
     def current(self) -> dict:
         assert self.starts, "the learners never started"
         return self.starts[-1]
-
-
-def descendants(title: str):
-    """This process's descendants (the local Ray's raylet and its workers) whose command line contains ``title``;
-    Ray workers show ``ray::<Class>.<method>`` there. Other users' Ray processes are never touched."""
-    import psutil
-
-    found = []
-    for process in psutil.Process().children(recursive=True):
-        try:
-            if title in " ".join(process.cmdline()):
-                found.append(process)
-        except psutil.Error:
-            continue
-    return found
 
 
 def worker_line(line: str) -> str:

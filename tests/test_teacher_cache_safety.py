@@ -31,7 +31,7 @@ from raydistill.runtime.embedding_cache import (
 )
 from raydistill.runtime.teacher import TeacherEncoder, TeacherSpec
 from tests.distill_fixtures import teacher_dir  # noqa: F401 - fixture
-from tests.ray_fixtures import ray_session  # noqa: F401 - the session-wide Ray fixture
+from tests.ray_fixtures import descendants, ray_session  # noqa: F401 - the session-wide Ray fixture
 
 pytest_plugins = ["tests.reliability_log"]
 
@@ -434,20 +434,6 @@ def test_preflight_sizes_the_cache_from_the_corpus_and_the_teacher_width(teacher
 
 # ----------------------------------------------------------------------------------------------------------------
 # The teacher pool (Ray Data): a killed actor, then a stopped pass
-
-
-def descendants(title: str) -> list:
-    """This process's descendants (the local Ray's workers) whose command line contains ``title``."""
-    import psutil
-
-    found = []
-    for process in psutil.Process().children(recursive=True):
-        try:
-            if title in " ".join(process.cmdline()):
-                found.append(process)
-        except psutil.Error:
-            continue
-    return found
 
 
 def part_rows(cache_dir: Path) -> tuple[int, list[bytes]]:
