@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 __all__ = ["atomic_write_bytes", "atomic_write_text", "atomic_write_json", "atomic_write_yaml", "fsync_dir", "pid_alive",
+           "file_sha256",
            "fsync_tree", "replace_directory", "recover_directory", "child_path", "UnsafeNameError",
            "open_lock_file", "UnsafeLockFileError"]
 
@@ -48,6 +49,17 @@ def fsync_dir(path: str | os.PathLike) -> None:
         pass  # some filesystems (and Windows) refuse fsync on a directory; the rename is still atomic
     finally:
         os.close(fd)
+
+
+def file_sha256(path: str | os.PathLike, chunk_bytes: int = 8 << 20) -> str:
+    """The SHA-256 (hex) of a file's content, read in chunks (weight files and checkpoints are gigabytes)."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    with open(path, "rb") as stream:
+        while chunk := stream.read(chunk_bytes):
+            digest.update(chunk)
+    return digest.hexdigest()
 
 
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:

@@ -63,7 +63,7 @@ from typing import Any, Callable
 import torch
 
 from raydistill.evaluation.results import git_sha
-from raydistill.fileio import fsync_dir, pid_alive
+from raydistill.fileio import file_sha256, fsync_dir, pid_alive
 from raydistill.runtime.config import RUNTIME_ONLY_FIELDS
 
 __all__ = [
@@ -338,11 +338,7 @@ def _between_resave_renames() -> None:
 
 
 def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        while chunk := fh.read(_HASH_CHUNK):
-            digest.update(chunk)
-    return digest.hexdigest()
+    return file_sha256(path, _HASH_CHUNK)
 
 
 _SHA256_BY_FILE_STATE: dict[tuple[str, int, int], str] = {}

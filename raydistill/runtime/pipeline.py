@@ -444,17 +444,14 @@ def _write_ipc(table, sink: _HashingSink) -> _HashingSink:
 
 def _rows_file_problem(path: Path) -> str | None:
     """None when the rows file's content hashes to its name, else what is wrong (remembered while intact)."""
-    import hashlib
+    from raydistill.fileio import file_sha256
 
     stat = path.stat()
     if _VERIFIED_ROWS_FILES.get(str(path)) == (stat.st_size, stat.st_mtime_ns):
         return None
-    digest = hashlib.sha256()
-    with path.open("rb") as stream:
-        for chunk in iter(lambda: stream.read(8 << 20), b""):
-            digest.update(chunk)
-    if digest.hexdigest()[:_ROWS_NAME_HEX] != path.stem:
-        return f"its {stat.st_size} bytes hash to sha256 {digest.hexdigest()[:_ROWS_NAME_HEX]}, not to its name"
+    digest = file_sha256(path)
+    if digest[:_ROWS_NAME_HEX] != path.stem:
+        return f"its {stat.st_size} bytes hash to sha256 {digest[:_ROWS_NAME_HEX]}, not to its name"
     _VERIFIED_ROWS_FILES[str(path)] = (stat.st_size, stat.st_mtime_ns)
     return None
 

@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from raydistill.fileio import atomic_write_json
+from raydistill.fileio import atomic_write_json, file_sha256
 from raydistill.runtime.config import JobConfig, RoleResources, raydistill_home
 
 __all__ = ["TeacherSpec", "TeacherEncoder", "TeacherActor", "TeacherEmbed", "teacher_identity", "resolve_precision",
@@ -170,8 +170,8 @@ def teacher_identity(model: str, *, encoder: str = "bi", pooling: str | None = N
     bf16 vectors differ from fp32 ones in the third or fourth decimal, so they get their own cache; ``fp32`` is left
     out of the fingerprint so that caches written before the precision setting existed stay valid.
     Every file's full content counts: small files (configs, tokenizer, pooling/dense module configs) are hashed
-    whole, and weight files by the SHA-256 of all their bytes (``file_sha256``: read once, then remembered by path,
-    size and modification time), so two teachers that differ in any tensor get different caches.
+    whole, and weight files by the SHA-256 of all their bytes (``remembered_file_sha256``: read once, then remembered
+    by path, size and modification time), so two teachers that differ in any tensor get different caches.
     The directory's location is not part of it, so the same weights reached through another path share a cache.
     """
     model_dir = _resolve(model)
@@ -191,14 +191,14 @@ def teacher_identity(model: str, *, encoder: str = "bi", pooling: str | None = N
         if size <= _WHOLE_FILE_BYTES:
             digest.update(path.read_bytes())
         else:
-            digest.update(f"sha256:{file_sha256(path)}".encode())
+            digest.update(f"sha256:{remembered_file_sha256(path)}".encode())
     return f"{encoder}-{digest.hexdigest()[:16]}"
 
 
 _SHA256_MEMO: dict[str, dict[str, Any]] = {}  # this process's view of the memo file
 
 
-def file_sha256(path: Path) -> str:
+def remembered_file_sha256(path: Path) -> str:
     """SHA-256 of every byte of ``path``, remembered by (resolved path, size, mtime) in ``$RAYDISTILL_HOME/
     file-hashes.json``: a teacher's weights are read once, not at every job. A file replaced or rewritten gets a new
     size or modification time and is hashed again."""
@@ -212,13 +212,9 @@ def file_sha256(path: Path) -> str:
         entry = _SHA256_MEMO.get(str(path))
     if entry is not None and {k: entry.get(k) for k in state} == state:
         return entry["sha256"]
-    digest = hashlib.sha256()
-    with path.open("rb") as stream:
-        for chunk in iter(lambda: stream.read(8 << 20), b""):
-            digest.update(chunk)
-    _SHA256_MEMO[str(path)] = {**state, "sha256": digest.hexdigest()}
+    _SHA256_MEMO[str(path)] = {**state, "sha256": file_sha256(path)}
     _write_hash_memo(memo_path, str(path), _SHA256_MEMO[str(path)])
-    return digest.hexdigest()
+    return _SHA256_MEMO[str(path)]["sha256"]
 
 
 def _read_hash_memo(memo_path: Path) -> dict[str, dict[str, Any]]:
