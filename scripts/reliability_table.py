@@ -5,7 +5,7 @@ Each bad input and fault that a test tries for real is recorded by the test itse
 hand. A test module joins with ``pytest_plugins = ["tests.reliability_log"]`` and records rows under an ``area``
 (a new area, e.g. "fault", gets its own section). Regenerate after running the tests that record rows:
 
-    .venv/bin/python -m pytest -q tests/test_bad_input.py tests/test_cli_args.py tests/test_checkpoint.py
+    RAYDISTILL_RELIABILITY_LOG=docs/reliability.json .venv/bin/python -m pytest -q tests/test_bad_input.py ...
     .venv/bin/python scripts/reliability_table.py            # rewrite docs/reliability.md
     .venv/bin/python scripts/reliability_table.py --check    # exit 1 if docs/reliability.md is stale
     .venv/bin/python scripts/reliability_table.py --summary  # the counts docs/results.md's reliability section quotes
@@ -56,7 +56,7 @@ case for real (`tests/reliability_log.py`); do not edit by hand. Every row is on
 Regenerate (the test files that recorded the rows below):
 
 ```bash
-.venv/bin/python -m pytest -q {test_files}
+RAYDISTILL_RELIABILITY_LOG=docs/reliability.json .venv/bin/python -m pytest -q {test_files}
 .venv/bin/python scripts/reliability_table.py
 ```
 """

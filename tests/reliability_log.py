@@ -14,8 +14,9 @@ JSON only). The plugin adds the test's node id and its outcome
 (passed / failed), so a row whose assertions failed says so in the table instead of describing a behaviour that
 did not happen.
 
-At the end of the session the rows are merged into ``docs/reliability.json`` (``$RAYDISTILL_RELIABILITY_LOG``
-overrides the path): rows of the tests that ran replace their previous rows, rows of tests that did not run are
+At the end of the session the rows are merged into the file ``$RAYDISTILL_RELIABILITY_LOG`` names (the committed
+log is ``docs/reliability.json``; without the variable nothing is written, so a plain test run never changes a
+tracked file): rows of the tests that ran replace their previous rows, rows of tests that did not run are
 kept, rows of test files that no longer exist are dropped. A test that failed before recording all its rows (an
 assertion before ``record``) does not make its cases vanish from the table: its previous rows whose case it did
 not record again stay, marked ``failed``. Paths are made machine-independent (pytest's temp dir
@@ -38,7 +39,6 @@ import pytest
 from raydistill.fileio import atomic_write_text
 
 ROOT = Path(__file__).resolve().parents[1]
-DEFAULT_LOG = ROOT / "docs" / "reliability.json"
 LOG_ENV = "RAYDISTILL_RELIABILITY_LOG"
 
 _OUTCOME = pytest.StashKey[str]()
@@ -124,8 +124,9 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     session_log = session.config.stash.get(_SESSION_KEY, None)
     if session_log is None or not session_log.ran:
         return
-    path = Path(os.environ.get(LOG_ENV) or DEFAULT_LOG)
-    merge_rows(path, session_log.rows, session_log.ran)
+    if not os.environ.get(LOG_ENV):
+        return  # a plain test run writes no tracked file; regenerate docs/reliability.json by naming it
+    merge_rows(Path(os.environ[LOG_ENV]), session_log.rows, session_log.ran)
 
 
 def merge_rows(path: Path, new_rows: list[dict[str, Any]], ran: set[str] | dict[str, str]) -> None:
