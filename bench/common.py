@@ -107,6 +107,7 @@ def write_record(path: str | os.PathLike | None, record: dict[str, Any], *, thre
                  load_before: float) -> dict[str, Any]:
     """Add provenance (command, git SHA, date, machine, load) to ``record``; write it when ``path`` is given."""
     from raydistill.evaluation import git_sha
+    from raydistill.fileio import atomic_write_text
 
     full = {
         **record,
@@ -120,9 +121,7 @@ def write_record(path: str | os.PathLike | None, record: dict[str, Any], *, thre
     if path is not None:
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-        tmp.write_text(json.dumps(full, indent=2, allow_nan=False) + "\n")
-        os.replace(tmp, path)
+        atomic_write_text(path, json.dumps(full, indent=2, allow_nan=False) + "\n")
         print(f"wrote {path}")
     return full
 

@@ -188,7 +188,7 @@ def int8_quality(int8_model, fp32_model, fp32_entry: dict, batch: int) -> dict:
 
 def plot_speed_quality(rows: list[dict], path: Path, subtitle: str) -> Path | None:
     """Sorted-encode sentences/s (log x) against 7-STS average, one labelled point per model that has one."""
-    from raydistill.runtime.plots import _pyplot, _save
+    from raydistill.evaluation.plots import _pyplot, _save
 
     points = [r for r in rows if r.get("sts7_avg") is not None]
     if not points:

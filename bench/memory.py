@@ -86,10 +86,10 @@ def job_overrides(work: Path, corpus: Path, rows: int, steps: int) -> list[str]:
 def fill_teacher_cache(work: Path, corpus: Path, rows: int, steps: int) -> str:
     """Random unit vectors for every sentence of this size's corpus, in a cache of its own, under the job's teacher
     identity: the pass hits them all, and the cache holds what a real job's would."""
-    from raydistill.runtime.config import JobConfig
-    from raydistill.runtime.embedding_cache import EmbeddingCache
-    from raydistill.runtime.preflight import preflight
-    from raydistill.runtime.teacher import TeacherSpec
+    from raydistill.config.job import JobConfig
+    from raydistill.runtime.teachers.embedding_cache import EmbeddingCache
+    from raydistill.runtime.engine.preflight import preflight
+    from raydistill.runtime.teachers.teacher import TeacherSpec
     from raydistill.shipped import shipped_config
 
     cfg = preflight(JobConfig.from_yaml(shipped_config("congen"), job_overrides(work, corpus, rows, steps)))
@@ -106,8 +106,8 @@ def fill_teacher_cache(work: Path, corpus: Path, rows: int, steps: int) -> str:
 
 def run_child(rows: int, work: Path, corpus: Path, steps: int) -> None:
     """The job itself (in the child process)."""
-    from raydistill.runtime.config import JobConfig
-    from raydistill.runtime.distill import run_distillation
+    from raydistill.config.job import JobConfig
+    from raydistill.runtime.jobs.distill import run_distillation
     from raydistill.shipped import shipped_config
 
     cfg = JobConfig.from_yaml(shipped_config("congen"), job_overrides(work, corpus, rows, steps))

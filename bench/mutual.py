@@ -1,6 +1,6 @@
 """One Trans-Encoder cycle with one model family vs two families side by side, at equal CPU per family.
 
-A Trans-Encoder cycle (raydistill/runtime/tenc_job.py) is: the bi-encoders label the pairs → the labels are exchanged
+A Trans-Encoder cycle (raydistill/runtime/tenc/job.py) is: the bi-encoders label the pairs → the labels are exchanged
 (the driver averages them over families and writes the stage's Parquet label set; each learner reads its rows back
 through Ray Data) → the cross-encoders learn them and relabel → exchange → the bi-encoders learn them. Each family's
 bi- and cross-encoder are Ray actors with one torch thread; families compute at the same time and meet only at the
@@ -86,8 +86,8 @@ def timed_cycle(cfg) -> dict:
 
     import ray
 
-    from raydistill.runtime import tenc_learners
-    from raydistill.runtime.tenc_job import TransEncoderJob
+    from raydistill.runtime.tenc import learners as tenc_learners
+    from raydistill.runtime.tenc.job import TransEncoderJob
 
     timings: dict = {"write_s": 0.0, "exchanges": 0, "stages": {}}
 
@@ -140,7 +140,7 @@ def main(argv: list[str] | None = None) -> dict:
 
     import ray
 
-    from raydistill.runtime.cluster import init_ray
+    from raydistill.runtime.engine.cluster import init_ray
 
     work = Path(tempfile.mkdtemp(prefix="bench-mutual-"))
     runs = {}

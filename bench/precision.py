@@ -32,8 +32,8 @@ def teacher_rows(count: int, teacher: str) -> torch.Tensor:
     from the jobs' teacher cache (what is missing is encoded once and cached)."""
     from train_step import CONFIG, teacher_vectors
 
-    from raydistill.runtime.config import JobConfig
-    from raydistill.runtime.pipeline import load_training_texts
+    from raydistill.config.job import JobConfig
+    from raydistill.runtime.teachers.pipeline import load_training_texts
 
     cfg = JobConfig.from_yaml(CONFIG, overrides=[f"teacher={teacher}", "tracking.enabled=false"])
     texts = [row["text_control"] for row in load_training_texts(cfg.data, cfg.seed)][:count]

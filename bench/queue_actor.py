@@ -34,7 +34,7 @@ class ClientClock:
     """Wall seconds inside the queue client's Ray traffic, summed (wraps the mixin's two call sites)."""
 
     def __init__(self):
-        from raydistill.runtime.queue_actor import _QueueClientMixin
+        from raydistill.runtime.teachers.queue_actor import _QueueClientMixin
 
         self.seconds = 0.0
         clock = self
@@ -67,7 +67,7 @@ def main(argv: list[str] | None = None) -> dict:
     import ray
 
     from raydistill.methods import get_method
-    from raydistill.runtime.learner_group import make_shared_queues
+    from raydistill.runtime.engine.learner_group import make_shared_queues
 
     ray.init(num_cpus=args.threads, include_dashboard=False, logging_level="ERROR")
     clock = ClientClock()

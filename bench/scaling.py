@@ -83,7 +83,7 @@ def sweep(points: list[tuple[int, int]], args, work: Path) -> dict[tuple[int, in
 
 
 def default_batch() -> int:
-    from raydistill.runtime.config import JobConfig
+    from raydistill.config.job import JobConfig
 
     return JobConfig.from_yaml(CONFIG).train.batch_size
 
@@ -147,7 +147,7 @@ def peak_rss(args) -> dict:
 
 
 def plot_scaling(by_queue: dict[int, float], by_batch: dict[int, float], path: Path, subtitle: str) -> Path:
-    from raydistill.runtime.plots import _pyplot, _save
+    from raydistill.evaluation.plots import _pyplot, _save
 
     plt = _pyplot()
     fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4), dpi=110)

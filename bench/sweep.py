@@ -1,6 +1,6 @@
 """What a Ray Tune sweep of N trials costs with the teacher-embedding cache, against N separate runs.
 
-``raydistill tune`` (raydistill/runtime/tune.py) runs the teacher pass once in the driver, through the Parquet
+``raydistill tune`` (raydistill/runtime/tune/__init__.py) runs the teacher pass once in the driver, through the Parquet
 embedding cache, and every trial finds its teacher vectors cached. This bench runs one sweep of N = 8 trials of a
 small ConGen job from an EMPTY cache (its own temporary cache and MLflow store), then one single run of the same job
 with the cache warm, and reports:
@@ -59,8 +59,8 @@ def main(argv: list[str] | None = None) -> dict:
     load_before = load_average()
 
     from raydistill.runtime import tune
-    from raydistill.runtime.cluster import init_ray
-    from raydistill.runtime.distill import run_distillation
+    from raydistill.runtime.engine.cluster import init_ray
+    from raydistill.runtime.jobs.distill import run_distillation
     from raydistill.methods import with_method_defaults
 
     modes = [int(value) for value in args.learners_per_trial.split(",")]

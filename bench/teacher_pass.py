@@ -68,9 +68,9 @@ def forward_gflop(texts: list[str], max_length: int) -> float:
 
 def raydistill_pass(texts: list[str], args, in_process: bool) -> tuple[float, np.ndarray, dict]:
     """Seconds of a full teacher pass into an empty cache, its vectors float32 [N, D] and its stats."""
-    from raydistill.runtime.config import RoleResources
-    from raydistill.runtime.embedding_cache import ensure_teacher_embeddings
-    from raydistill.runtime.teacher import TeacherSpec
+    from raydistill.config.job import RoleResources
+    from raydistill.runtime.teachers.embedding_cache import ensure_teacher_embeddings
+    from raydistill.runtime.teachers.teacher import TeacherSpec
 
     # In-process: one teacher with every thread the pool's actors would share (the module docstring's CPUs).
     actors, threads = (1, args.actors * args.threads) if in_process else (args.actors, args.threads)
@@ -103,7 +103,7 @@ def st_rate(texts: list[str], bf16: bool, threads: int, max_length: int) -> floa
 
 def in_process_vectors(texts: list[str], precision: str, args) -> np.ndarray:
     """The teacher's L2-normalised vectors float32 [N, D] of ``texts`` in ``precision``, in this process."""
-    from raydistill.runtime.teacher import TeacherEncoder
+    from raydistill.runtime.teachers.teacher import TeacherEncoder
 
     teacher = TeacherEncoder(TEACHER, max_length=args.max_length, threads=args.actors * args.threads,
                              batch_size=args.batch_size, max_tokens=args.max_tokens, precision=precision)
@@ -126,7 +126,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--write", type=Path, default=None, help="e.g. results/bench-teacher_pass.json")
     args = parser.parse_args(argv)
 
-    from raydistill.runtime.teacher import bf16_support
+    from raydistill.runtime.teachers.teacher import bf16_support
 
     load_before = load_average()
     cpus = args.actors * args.threads

@@ -90,8 +90,8 @@ def congen_config(student: str, args, run_dir: Path, bucket_tokens: int | None =
                   more: tuple[str, ...] = ()):
     """congen.yaml at the bench's sizes (batch, K, corpus slice, train.precision), tracking off; ``more``:
     further ``--set`` overrides."""
-    from raydistill.runtime.config import JobConfig
-    from raydistill.runtime.preflight import preflight
+    from raydistill.config.job import JobConfig
+    from raydistill.runtime.engine.preflight import preflight
 
     overrides = [f"student={student}", f"teacher={TEACHER}", f"train.batch_size={args.batch}",
                  f"loss.queue_size={args.queue_size}", f"data.max_sentences={args.batch * (args.warmup + args.steps)}",
@@ -106,7 +106,7 @@ def congen_config(student: str, args, run_dir: Path, bucket_tokens: int | None =
 
 def training_columns(cfg) -> dict[str, np.ndarray]:
     """The job's rows (control caption, another caption of the image) for ``cfg.data``, as numpy columns."""
-    from raydistill.runtime.pipeline import load_training_texts
+    from raydistill.runtime.teachers.pipeline import load_training_texts
 
     rows = load_training_texts(cfg.data, cfg.seed)
     return {"idx": np.arange(len(rows)),
@@ -118,8 +118,8 @@ def teacher_vectors(cfg, texts: list[str], mode: str) -> tuple[np.ndarray, dict]
     if mode == "random":
         vectors = np.random.default_rng(0).standard_normal((len(texts), 768)).astype(np.float32)
         return vectors / np.linalg.norm(vectors, axis=1, keepdims=True), {"source": "random unit vectors"}
-    from raydistill.runtime.embedding_cache import EmbeddingCache
-    from raydistill.runtime.teacher import TeacherEncoder, TeacherSpec
+    from raydistill.runtime.teachers.embedding_cache import EmbeddingCache
+    from raydistill.runtime.teachers.teacher import TeacherEncoder, TeacherSpec
 
     spec = TeacherSpec.from_config(cfg)
     cache = EmbeddingCache(cfg.resolved_cache_dir(), spec.identity(), description=spec.describe())
@@ -145,7 +145,7 @@ class RaydistillTrainer:
     """The ConGen job's learner, stepped over the bench batches; ``run(n)`` returns n step times (seconds)."""
 
     def __init__(self, cfg, columns: dict[str, np.ndarray], threads: int, queue_actors: list | None = None):
-        from raydistill.runtime.learner import DistillLearner
+        from raydistill.runtime.engine.learner import DistillLearner
         from raydistill.data.arrays import ArrayData
 
         self.data = ArrayData(columns, seed=cfg.seed)

@@ -350,7 +350,7 @@ def load_wordnet() -> WordNet:
 
 @functools.lru_cache(maxsize=8)
 def _load_paraphrases_cached(path: str, mtime_ns: int, size: int) -> dict[str, tuple[str, ...]]:
-    from raydistill.data.readers import DataError, iter_jsonl, iter_lines
+    from raydistill.data.formats import DataError, iter_jsonl, iter_lines
 
     source = Path(path)
     is_jsonl = source.name.endswith((".jsonl", ".json", ".jsonl.gz", ".json.gz"))

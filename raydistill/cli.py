@@ -13,9 +13,10 @@ import argparse
 import json
 import logging
 import os
-import resource
 import sys
 import time
+
+from raydistill.cputime import cpu_seconds
 
 
 def _cmd_models(args: argparse.Namespace) -> int:
@@ -34,12 +35,6 @@ def _cmd_models(args: argparse.Namespace) -> int:
     return 0
 
 
-def _cpu_seconds() -> float:
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    children = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return usage.ru_utime + usage.ru_stime + children.ru_utime + children.ru_stime
-
-
 def _cmd_eval(args: argparse.Namespace) -> int:
     import torch
 
@@ -48,7 +43,7 @@ def _cmd_eval(args: argparse.Namespace) -> int:
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    started, cpu_started = time.time(), _cpu_seconds()
+    started, cpu_started = time.time(), cpu_seconds(children=True)
     model_dir = resolve_model(args.model)
     if args.encoder == "cross":
         model = CrossEncoder.from_pretrained(str(model_dir), max_length=args.max_length)
@@ -77,7 +72,7 @@ def _cmd_eval(args: argparse.Namespace) -> int:
             extra={k: round(v, 2) for k, v in extra.items()}
             | {"pooling": getattr(model, "pooling", None), "max_length": model.max_length},
             wall_s=round(time.time() - started, 1),
-            cpu_s=round(_cpu_seconds() - cpu_started, 1),
+            cpu_s=round(cpu_seconds(children=True) - cpu_started, 1),
             model_dir=str(model_dir),
         )
         print(f"wrote {args.out}")
@@ -96,7 +91,7 @@ def _cmd_ui(args: argparse.Namespace) -> int:
     MLflow 3's UI otherwise opens an experiment on its GenAI pages, where no training run shows."""
     import shutil
 
-    from raydistill.runtime.tracking import resolve_tracking_uri, training_runs_url
+    from raydistill.runtime.engine.tracking import resolve_tracking_uri, training_runs_url
 
     uri = resolve_tracking_uri(args.store)
     url = f"http://{args.host}:{args.port}"
@@ -122,7 +117,7 @@ def _cmd_ui(args: argparse.Namespace) -> int:
 
 
 def _cmd_tune(args: argparse.Namespace) -> int:
-    from raydistill.runtime.config import ConfigError
+    from raydistill.config.job import ConfigError
 
     try:
         return _run_tune(args)

@@ -3,7 +3,8 @@
 Contract: after ``atomic_write_*`` returns, the file at ``path`` holds the new content in full and survives a crash or
 power loss; a crash at any earlier moment leaves the previous file (or none) in place, never a torn one. The content is
 written to a temporary file in the same folder (``.<name>.tmp-<pid>``), fsynced, renamed over ``path`` and the folder
-fsynced so the rename itself is on disk. A failed write removes its temporary file and re-raises.
+fsynced so the rename itself is on disk. A failed write removes its temporary file and re-raises. Content too large to
+hold in memory (arrays, Arrow files) is streamed through ``atomic_writer(path)``, which gives the same guarantee.
 
 ``fsync_dir`` is exported for code that renames directories (checkpoints, ``best/``).
 
@@ -11,7 +12,9 @@ Directories: ``replace_directory(staged, final)`` swaps a complete staged direct
 moved aside to ``.<name>.old-<pid>`` first, because a rename cannot replace a non-empty directory), and
 ``recover_directory(final)``, run when a job starts, undoes what a writer that died mid-swap left: a ``final`` that is
 missing while ``.<name>.old-<pid>`` exists is put back, and the ``.<name>.tmp-<pid>`` / ``.old-<pid>`` leftovers of
-dead processes are removed.
+dead processes are removed. ``staged_directory(final)`` is the way to build such a directory: it names the staging
+sibling (``.<name>.tmp-<pid>``, which ``recover_directory`` knows), swaps it in when the block ends and removes it when
+the block raises; ``copy_directory(source, final)`` publishes a copy of a finished directory the same way.
 
 Names read from files (manifests, checkpoints, trial records) go through ``child_path(folder, name)``, which refuses
 anything that would leave ``folder``. Lock files are opened with ``open_lock_file``, which never follows a symlink and
@@ -20,19 +23,21 @@ never truncates.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
 import re
 import shutil
 import stat
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
-__all__ = ["atomic_write_bytes", "atomic_write_text", "atomic_write_json", "atomic_write_yaml", "fsync_dir", "pid_alive",
-           "file_sha256",
-           "fsync_tree", "replace_directory", "recover_directory", "child_path", "UnsafeNameError",
-           "open_lock_file", "UnsafeLockFileError"]
+__all__ = ["atomic_writer", "atomic_write_bytes", "atomic_write_text", "atomic_write_json", "atomic_write_yaml",
+           "fsync_dir", "pid_alive", "file_sha256",
+           "fsync_tree", "replace_directory", "staged_directory", "copy_directory", "recover_directory", "child_path",
+           "UnsafeNameError", "open_lock_file", "UnsafeLockFileError"]
 
 log = logging.getLogger(__name__)
 
@@ -62,13 +67,19 @@ def file_sha256(path: str | os.PathLike, chunk_bytes: int = 8 << 20) -> str:
     return digest.hexdigest()
 
 
-def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
-    """Write ``data`` to ``path`` atomically and durably (see the module docstring). Returns the path."""
+@contextlib.contextmanager
+def atomic_writer(path: str | os.PathLike, *, tmp: str | os.PathLike | None = None) -> Iterator[BinaryIO]:
+    """A binary stream whose content becomes ``path`` atomically and durably when the block ends (module docstring).
+
+    An exception in the block (a failed write, or a check of what was written) removes the temporary file and
+    propagates; ``path`` keeps its previous content. ``tmp``: the temporary file, a sibling of ``path``, for a writer
+    that sweeps its own leftovers by name or runs several writes of one path in one process.
+    """
     path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp = Path(tmp) if tmp is not None else path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
         with open(tmp, "wb") as stream:
-            stream.write(data)
+            yield stream
             stream.flush()
             os.fsync(stream.fileno())
         os.replace(tmp, path)
@@ -76,7 +87,13 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
         tmp.unlink(missing_ok=True)
         raise
     fsync_dir(path.parent)
-    return path
+
+
+def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
+    """Write ``data`` to ``path`` atomically and durably (see the module docstring). Returns the path."""
+    with atomic_writer(path) as stream:
+        stream.write(data)
+    return Path(path)
 
 
 def atomic_write_text(path: str | os.PathLike, text: str, encoding: str = "utf-8") -> Path:
@@ -134,6 +151,31 @@ def replace_directory(staged: str | os.PathLike, final: str | os.PathLike) -> Pa
         os.replace(staged, final)
         fsync_dir(final.parent)
     return final
+
+
+@contextlib.contextmanager
+def staged_directory(final: str | os.PathLike) -> Iterator[Path]:
+    """The path to build a new ``final`` in (``.<name>.tmp-<pid>``, not yet created: ``model.save``, ``copytree`` and
+    Ray Data's writers create their folder); ``replace_directory`` swaps it in when the block ends. An exception in
+    the block removes it and leaves ``final`` as it was.
+    """
+    final = Path(final)
+    staged = _sibling(final, "tmp", os.getpid())
+    shutil.rmtree(staged, ignore_errors=True)  # this pid's leftover of an earlier, interrupted build
+    final.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        yield staged
+    except BaseException:
+        shutil.rmtree(staged, ignore_errors=True)
+        raise
+    replace_directory(staged, final)
+
+
+def copy_directory(source: str | os.PathLike, final: str | os.PathLike) -> Path:
+    """Make ``final`` a copy of the directory ``source``, swapped in whole (``staged_directory``)."""
+    with staged_directory(final) as staged:
+        shutil.copytree(source, staged)
+    return Path(final)
 
 
 def pid_alive(pid: int) -> bool:

@@ -1,8 +1,9 @@
 """The files raydistill ships inside the package: job configs and tune search spaces.
 
-They are package data (``raydistill/configs/*.yaml``, ``raydistill/tune_spaces/*.yaml``), located through
-``importlib.resources`` so that an installed wheel finds them the same way a checkout does: a user who ran
-``pip install raydistill`` has no source tree to point at.
+They are package data (``raydistill/configs/*.yaml``; the source tree's top-level ``tune_spaces/*.yaml``, linked
+from ``raydistill/tune_spaces`` and copied into a wheel), located through ``importlib.resources`` so that
+an installed wheel finds them the same way a checkout does: a user who ran ``pip install raydistill`` has no source
+tree to point at.
 
     shipped_config("congen")        # -> .../raydistill/configs/congen.yaml
     resolve_config("congen-gpu")    # a shipped name, or any path to a YAML file the user wrote
@@ -29,7 +30,7 @@ def configs_dir() -> Path:
 
 
 def tune_spaces_dir() -> Path:
-    """The shipped tune search spaces."""
+    """The shipped tune search spaces (in a checkout, ``raydistill/tune_spaces`` links to the top-level folder)."""
     return _package_dir("tune_spaces")
 
 

@@ -15,8 +15,8 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from raydistill.data.readers import read_pairs
 from raydistill.data.registry import dataset_path
-from raydistill.runtime.pairs import PairSet
-from raydistill.runtime.tenc_learners import CrossEncoderLearner, BiEncoderLearner
+from raydistill.runtime.tenc.pairs import PairSet
+from raydistill.runtime.tenc.learners import CrossEncoderLearner, BiEncoderLearner
 from raydistill.models.registry import resolve_model
 
 lr, batch, epochs, model, label = float(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], sys.argv[5]

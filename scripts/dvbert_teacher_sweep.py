@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from raydistill.runtime.dvbert_teachers import (
+from raydistill.runtime.jobs.dvbert_teachers import (
     TeacherTraining,
     _build_head,
     _encode_rows,

@@ -17,6 +17,10 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # this checkout's package, installed or not
+
+from raydistill.nested import flatten  # noqa: E402
+
 STS7 = ("sts12", "sts13", "sts14", "sts15", "sts16", "stsb", "sickr")
 
 
@@ -330,7 +334,6 @@ def _families_label(families: dict) -> str:
 
 def _shipped_families(config_name: str = "mutual_tenc.yaml") -> dict:
     """A shipped config's families as its result files record them (``training.families``)."""
-    sys.path.insert(0, str(ROOT))
     from raydistill.runtime.tenc import TencConfig
 
     shipped = TencConfig.from_yaml(ROOT / "raydistill" / "configs" / config_name)
@@ -344,7 +347,7 @@ def tenc_compare_table(records: list[dict], families: dict | None = None) -> str
     job's: STS-B dev over cycles 0..N for the bi-encoder (0 = the start, kept when no trained cycle beats it), 1..N
     for the cross-encoder; ties go to the earlier cycle. Runs on other pair sets (QQP, MRPC) are left out: their
     scores are AUCs. ``families``: only the runs of those families."""
-    from raydistill.runtime.pairs import PAIR_CLASSIFICATION_SOURCES
+    from raydistill.runtime.tenc.pairs import PAIR_CLASSIFICATION_SOURCES
 
     # (pairs, cross head, families) -> mode -> (family, enc|start) -> record
     runs: dict[tuple[str, str, str], dict[str, dict[tuple[str, str], dict]]] = {}
@@ -615,7 +618,7 @@ _NOT_A_CHANGE = ("run_dir", "run_name", "results_dir", "eval.", "resources.", "t
 
 def _lever_change(config: dict, reference: dict) -> str:
     """The config fields in which a screen differs from the reference screen, as ``key: value``."""
-    flat, base = _flat(config), _flat(reference)
+    flat, base = flatten(config), flatten(reference)
     changed = []
     for key in sorted(set(flat) | set(base)):
         if key.startswith(_NOT_A_CHANGE) or flat.get(key) == base.get(key):
@@ -676,19 +679,9 @@ def tenc_stage_screen_table(records: list[dict] | None = None, levers_dir: Path 
     return "\n".join(lines)
 
 
-def _flat(data, prefix: str = "") -> dict:
-    if isinstance(data, dict):
-        out = {}
-        for key, value in data.items():
-            out.update(_flat(value, f"{prefix}{key}."))
-        return out
-    return {prefix[:-1]: data}
-
-
 def _effective_config(path: Path) -> dict:
     """A shipped config as the job sees it: the file over the dataclass defaults."""
-    sys.path.insert(0, str(ROOT))
-    from raydistill.runtime.config import JobConfig
+    from raydistill.config.job import JobConfig
     from raydistill.runtime.tenc import TencConfig
 
     return (TencConfig if "tenc" in path.name else JobConfig).from_yaml(path).to_dict()
@@ -703,7 +696,7 @@ def gpu_configs_table(records: list[dict] | None = None) -> str:
         cpu = configs / gpu.name.replace("-gpu", "")
         if not cpu.is_file():
             continue
-        a, b = _flat(_effective_config(cpu)), _flat(_effective_config(gpu))
+        a, b = flatten(_effective_config(cpu)), flatten(_effective_config(gpu))
         keys = sorted(k for k in a.keys() | b.keys()
                       if not k.startswith("resources.") and k != "run_dir" and a.get(k) != b.get(k))
 

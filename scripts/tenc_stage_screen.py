@@ -44,10 +44,10 @@ def main(argv: list[str] | None = None) -> dict:
     from raydistill.evaluation import evaluate_sts
     from raydistill.evaluation.sts import STS7
     from raydistill.evaluation.results import default_command, git_sha
-    from raydistill.runtime.pairs import build_pair_set
-    from raydistill.runtime.tenc_config import TencConfig, stage_key
-    from raydistill.runtime.tenc_learners import BiEncoderLearner, CrossEncoderLearner
-    from raydistill.runtime.tenc_state import now
+    from raydistill.runtime.tenc.pairs import build_pair_set
+    from raydistill.runtime.tenc.config import TencConfig, stage_key
+    from raydistill.runtime.tenc.learners import BiEncoderLearner, CrossEncoderLearner
+    from raydistill.runtime.tenc.state import now
 
     state_path = args.run_dir / "state.json"
     if not state_path.is_file():

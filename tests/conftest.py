@@ -1,4 +1,5 @@
-"""Session-wide test setup: offline Hugging Face, quiet Ray, two torch threads, tiny models built once.
+"""Session-wide test setup: offline Hugging Face, quiet Ray, two torch threads, tiny models built once, small
+evaluation sets for the Ray tests (`pytest_runtest_setup`).
 
 Fixtures other test files rely on (keep their names and return types):
     real_sentences -> list[str]           ~1900 real sentences (Flickr30k captions + STS-B train), fixed order
@@ -9,6 +10,7 @@ For other sizes call `tiny_models.make_tiny_model(family, out_dir, sentences, hi
 
 from __future__ import annotations
 
+import gzip
 import os
 import sys
 from pathlib import Path
@@ -33,6 +35,74 @@ torch.set_num_threads(2)
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from tiny_models import FAMILIES, load_real_sentences, make_tiny_model  # noqa: E402
+
+# Rows of each evaluation set the Ray tests read (`_small_eval_data`). STS-B dev gets more: it picks the best step and
+# ranks the Tune trials, where a noisier score could reorder close runs.
+SMALL_EVAL_ROWS = {**dict.fromkeys(("sts12", "sts13", "sts14", "sts15", "sts16", "stsb_test", "sick_test"), 128),
+                   "stsb_dev": 256}
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config, items):
+    # `-m "not ray"` must leave out every test that starts Ray, also one that gets the session only through another
+    # fixture (distill_runs) or usefixtures and was never marked by hand.
+    for item in items:
+        if "ray_session" in getattr(item, "fixturenames", ()) and not item.get_closest_marker("ray"):
+            item.add_marker(pytest.mark.ray)
+
+
+def _small_eval_data(config) -> Path:
+    """A ``$RAYDISTILL_DATA`` root holding an evenly spaced sample of each set a job evaluates on (the 7 STS sets and
+    STS-B dev); every other file falls through to the bundled copy. Written once per session, on first use.
+
+    The whole ~19k pairs cost a whole-job test ~15-50 s per scored model on two cores and test nothing a few hundred
+    don't: the Ray tests check that scores are computed, recorded, compared and selected on, never their real values
+    (those are tests/test_evaluation.py's, on the bundled sets). Spaced rows keep each set's subsets and score range
+    (sts16's six integer grades included), so the Spearman correlations stay far from degenerate. Training data
+    (STS-B train, SICK train, Flickr, NLI, QQP, MRPC) stays whole.
+    """
+    root = getattr(config, "_small_eval_data", None)
+    if root is None:
+        from raydistill.data import BUNDLED_DIR, DATASETS
+
+        root = config._tmp_path_factory.mktemp("small_eval_data")
+        for name, rows in SMALL_EVAL_ROWS.items():
+            relpath = DATASETS[name].relpath
+            with gzip.open(BUNDLED_DIR / f"{relpath}.gz", "rt", encoding="utf-8") as stream:
+                lines = [line for line in stream if line.strip()]
+            step = len(lines) / rows
+            target = root / relpath
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_text("".join(lines[int(i * step)] for i in range(rows)), encoding="utf-8")
+        config._small_eval_data = root
+    return root
+
+
+# Every Ray test reads the evaluation sets from `_small_eval_data`, in the driver, in its subprocesses and in the Ray
+# workers (which inherit the driver's environment when the session's Ray starts inside the first Ray test). Set around
+# the whole setup-call-teardown, so the session and module fixtures that run a job (distill_runs, mutual_run, the
+# tune sweep) see it too; the tests without Ray keep the bundled sets. A Ray test cannot opt out: the session's
+# workers have the small root.
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_setup(item):
+    if item.get_closest_marker("ray") is not None:
+        from raydistill.data import DATA_ENV
+
+        item._data_env_before = os.environ.get(DATA_ENV)
+        os.environ[DATA_ENV] = str(_small_eval_data(item.config))
+    yield
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_teardown(item, nextitem):
+    yield
+    if hasattr(item, "_data_env_before"):
+        from raydistill.data import DATA_ENV
+
+        if item._data_env_before is None:
+            os.environ.pop(DATA_ENV, None)
+        else:
+            os.environ[DATA_ENV] = item._data_env_before
 
 
 @pytest.fixture(scope="session")

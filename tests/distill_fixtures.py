@@ -23,8 +23,8 @@ from typing import Any, Callable
 import numpy as np
 import pytest
 
-from raydistill.runtime import checkpoint as ckpt
-from raydistill.runtime.config import JobConfig
+from raydistill.runtime.engine import checkpoint as ckpt
+from raydistill.config.job import RUNTIME_KNOBS, JobConfig
 
 ROWS, BATCH, EPOCHS = 160, 16, 2  # 10 batches an epoch, 20 steps
 STEPS = ROWS // BATCH * EPOCHS
@@ -86,7 +86,9 @@ def congen_config(student: Path, teacher: Path, root: Path, run_name: str, *, se
                       "learner": {"num_learners": learners, "num_cpus": 1 if learners == 1 else 0.5,
                                   "threads": threads}},
         "tracking": {"enabled": False},
-        "extra": {"log_every": 1, **extra},
+        # runtime knobs (learner_timeout_s, max_restarts, ...) go to the runtime section, method settings to extra
+        "runtime": {"log_every": 1, **{key: value for key, value in extra.items() if key in RUNTIME_KNOBS}},
+        "extra": {key: value for key, value in extra.items() if key not in RUNTIME_KNOBS},
     }
 
 
@@ -136,7 +138,7 @@ def expected_batches(cfg: JobConfig, learners: int = 1, rank: int = 0) -> list[i
     """crc32 of the row ids of the batches an uninterrupted run trains on (learner ``rank``'s when several)."""
     import zlib
 
-    from raydistill.runtime.pipeline import load_training_texts
+    from raydistill.runtime.teachers.pipeline import load_training_texts
 
     rows = len(load_training_texts(cfg.data, cfg.seed))
     out = []
@@ -166,7 +168,7 @@ class DistillRuns:
         """Train to the end. In the driver, ``on_step(step)`` is called after every optimiser step (as its event
         arrives: the workers may be a step or two further) and ``on_start(info)`` whenever the learners (re)start
         (``info``: rank 0's ``pid`` and ``actor``, the ``queue_actors``, the checkpoint step ``resumed_from``)."""
-        from raydistill.runtime.distill import run_distillation
+        from raydistill.runtime.jobs.distill import run_distillation
 
         steps_seen: list[int] = []
 

@@ -13,7 +13,7 @@ import tempfile
 
 import pytest
 
-from raydistill.runtime.cluster import prepare_worker_environment, start_local_ray
+from raydistill.runtime.engine.cluster import prepare_worker_environment, start_local_ray
 
 _STATE: dict[str, str] = {}
 
@@ -22,7 +22,7 @@ _STATE: dict[str, str] = {}
 def ray_session():
     import ray
 
-    from raydistill.runtime.cluster import configure_data_context
+    from raydistill.runtime.engine.cluster import configure_data_context
 
     os.environ.setdefault("RAYDISTILL_ACTOR_WAIT_S", "120")  # a starved actor pool fails the test, not hangs it
 

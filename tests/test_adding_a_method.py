@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from raydistill.runtime.config import JobConfig
+from raydistill.config.job import JobConfig
 from tests.ray_fixtures import ray_session  # noqa: F401 - the session-wide Ray fixture
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -42,7 +42,7 @@ def test_the_example_method_is_registered_by_its_file_alone():
 def test_the_example_method_trains_end_to_end(ray_session, one_thread, tiny_bert, tiny_teacher, tmp_path):
     """The shipped config with tiny models: the teacher pass, a learner, checkpoints, the result file."""
     from raydistill.evaluation import validate_result_file
-    from raydistill.runtime.distill import run_distillation
+    from raydistill.runtime.jobs.distill import run_distillation
 
     cfg = JobConfig.from_yaml(ROOT / "raydistill/configs/cosine.yaml", [
         f"student={tiny_bert}", f"teacher={tiny_teacher}", f"run_dir={tmp_path / 'run'}",

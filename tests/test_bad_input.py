@@ -30,7 +30,7 @@ from raydistill.data import (
     read_pairs,
     read_sentences,
 )
-from raydistill.runtime.config import ConfigError, DataConfig, JobConfig
+from raydistill.config.job import ConfigError, DataConfig, JobConfig
 from tests.ray_fixtures import ray_session  # noqa: F401 - the session-wide Ray fixture
 
 pytest_plugins = ["tests.reliability_log"]
@@ -266,7 +266,7 @@ def test_skip_mode_counts_every_bad_line_by_reason(tmp_path, reliability):
 @pytest.fixture
 def no_ray_start(monkeypatch):
     """Fail the test if the job gets as far as starting Ray (the error must come first)."""
-    from raydistill.runtime import cluster
+    from raydistill.runtime.engine import cluster
 
     def started(*args, **kwargs):
         raise AssertionError("the job started Ray before refusing its input")
@@ -285,7 +285,7 @@ def simcse_config(student: Path, run_dir: Path, corpus: str, tracking_uri: str |
 
 
 def test_bad_corpus_line_stops_the_job_before_anything_starts(tmp_path, tiny_bert, no_ray_start, reliability):
-    from raydistill.runtime.distill import run_distillation
+    from raydistill.runtime.jobs.distill import run_distillation
 
     corpus = tmp_path / "corpus.jsonl"
     corpus.write_bytes(jsonl({"text": "A dog runs."}, {"text": "Two men talk."}, {"text": None}))
@@ -309,7 +309,7 @@ def test_bad_corpus_line_stops_the_job_before_anything_starts(tmp_path, tiny_ber
 def test_bad_evaluation_file_stops_the_job_before_training(tmp_path, tiny_bert, monkeypatch, no_ray_start,
                                                             reliability, relpath, line, problem):
     """An evaluation set is read after training; a bad $RAYDISTILL_DATA copy must fail at the start instead."""
-    from raydistill.runtime.distill import run_distillation
+    from raydistill.runtime.jobs.distill import run_distillation
 
     data_root = tmp_path / "data"
     (data_root / relpath).parent.mkdir(parents=True)
@@ -330,7 +330,7 @@ def test_bad_evaluation_file_stops_the_job_before_training(tmp_path, tiny_bert, 
 
 
 def test_duplicate_pairs_and_blank_lines_of_a_pairs_corpus_are_dropped_and_counted(tmp_path, reliability):
-    from raydistill.runtime.pipeline import load_training_texts
+    from raydistill.runtime.teachers.pipeline import load_training_texts
 
     pairs = [("a man rides a horse", "a person is on a horse"), ("two dogs play", "dogs are playing")]
     lines = [{"sentence1": a, "sentence2": b} for a, b in pairs]
@@ -352,7 +352,7 @@ def test_job_counts_what_it_skips_in_the_log_and_mlflow(ray_session, tmp_path, t
     """Blank lines, duplicates, a 100 kB sentence and control characters: a real (tiny) job trains and says so."""
     from mlflow import MlflowClient
 
-    from raydistill.runtime.distill import run_distillation
+    from raydistill.runtime.jobs.distill import run_distillation
 
     sentences = real_sentences[:40]
     huge = "word " * 20_000
@@ -362,7 +362,7 @@ def test_job_counts_what_it_skips_in_the_log_and_mlflow(ray_session, tmp_path, t
     corpus.write_bytes(jsonl(*lines))
     tracking_uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     cfg = simcse_config(tiny_bert, tmp_path / "run", f"file:{corpus}", tracking_uri)
-    with caplog.at_level(logging.WARNING, logger="raydistill.runtime.pipeline"):
+    with caplog.at_level(logging.WARNING, logger="raydistill.runtime.teachers.pipeline"):
         record = run_distillation(cfg, evaluate=False)
 
     assert record["training"]["sentences"] == 42 and record["training"]["steps"] == 2

@@ -9,7 +9,7 @@ import torch
 from raydistill.models import BiEncoder
 from raydistill.models.batching import bucketed_forward, token_budget_batches
 from raydistill.models.speedups import use_reused_embedding_grad
-from raydistill.runtime.preflight import preflight
+from raydistill.runtime.engine.preflight import preflight
 from tiny_models import FAMILIES
 
 
@@ -75,7 +75,7 @@ def test_bucketed_forward_runs_one_call_when_the_batch_fits(tiny_bert, real_sent
 
 
 def _congen_config(student, run_dir, **extra):
-    from raydistill.runtime.config import JobConfig
+    from raydistill.config.job import JobConfig
 
     return preflight(JobConfig.from_dict({
         "method": "congen", "student": str(student), "teacher": str(student), "run_dir": str(run_dir),
@@ -88,8 +88,8 @@ def test_learner_buckets_the_student_forward_on_cpu(tiny_bert, real_sentences, t
     import numpy as np
 
     from raydistill.models.batching import CPU_TRAIN_BUCKET_TOKENS
-    from raydistill.runtime.config import ConfigError
-    from raydistill.runtime.learner import DistillLearner
+    from raydistill.config.job import ConfigError
+    from raydistill.runtime.engine.learner import DistillLearner
 
     assert DistillLearner(_congen_config(tiny_bert, tmp_path), total_steps=4, teacher_dim=24,
                           run_dir=tmp_path).bucket_tokens == CPU_TRAIN_BUCKET_TOKENS

@@ -14,8 +14,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from raydistill.runtime import checkpoint as ckpt
-from raydistill.runtime.config import ConfigError, JobConfig
+from raydistill.runtime.engine import checkpoint as ckpt
+from raydistill.runtime.engine import resume, rundir
+from raydistill.config.job import ConfigError, JobConfig
 
 pytest_plugins = ["tests.reliability_log"]
 
@@ -67,8 +68,8 @@ def test_crash_mid_write_leaves_previous_checkpoint_intact(tmp_path, reliability
     script = textwrap.dedent(f"""
         import os, sys, torch
         sys.path.insert(0, {str(REPO)!r})
-        from raydistill.runtime import checkpoint as ckpt
-        from raydistill.runtime.config import JobConfig
+        from raydistill.runtime.engine import checkpoint as ckpt
+        from raydistill.config.job import JobConfig
 
         class DiesWhilePickled:
             def __reduce__(self):
@@ -156,7 +157,7 @@ def test_unreadable_manifest_names_the_file(tmp_path, reliability):
 @pytest.fixture
 def no_ray_start(monkeypatch):
     """The job must refuse before it starts Ray (and so before any model loads)."""
-    from raydistill.runtime import cluster
+    from raydistill.runtime.engine import cluster
 
     def started(*args, **kwargs):
         raise AssertionError("the job started Ray before refusing its output directory")
@@ -172,7 +173,7 @@ def job_dict(tmp_path: Path, **fields) -> dict:
 
 @pytest.mark.parametrize("field", ["run_dir", "cache_dir"])
 def test_unwritable_output_dir_fails_before_the_job_starts(tmp_path, field, no_ray_start, reliability):
-    from raydistill.runtime.distill import run_distillation
+    from raydistill.runtime.jobs.distill import run_distillation
 
     blocker = tmp_path / "afile"
     blocker.write_text("a file where a directory should be")
@@ -187,7 +188,7 @@ def test_unwritable_output_dir_fails_before_the_job_starts(tmp_path, field, no_r
 
 
 def test_unwritable_results_dir_fails_before_training(tmp_path, no_ray_start, reliability):
-    from raydistill.runtime.distill import run_distillation
+    from raydistill.runtime.jobs.distill import run_distillation
 
     blocker = tmp_path / "afile"
     blocker.write_text("x")
@@ -201,14 +202,14 @@ def test_unwritable_results_dir_fails_before_training(tmp_path, no_ray_start, re
 
 
 def test_output_dir_checks(tmp_path, reliability):
-    ok = ckpt.check_output_dir(tmp_path / "new" / "deeper")
+    ok = rundir.check_output_dir(tmp_path / "new" / "deeper")
     assert ok == tmp_path / "new" / "deeper" and not (tmp_path / "new").exists()  # judged, not created
     assert list(tmp_path.iterdir()) == []  # the write probe is gone
     # A real free-space query of this filesystem against a threshold no disk meets.
-    with pytest.raises(ckpt.OutputDirError, match=r"MiB free on its filesystem; a run needs at least") as caught:
-        ckpt.check_output_dir(tmp_path, min_free_bytes=2**62)
+    with pytest.raises(rundir.OutputDirError, match=r"MiB free on its filesystem; a run needs at least") as caught:
+        rundir.check_output_dir(tmp_path, min_free_bytes=2**62)
     reliability.record("output dir", "not enough free disk at the start", input="a filesystem with less free space "
-                       f"than the run needs (default threshold {ckpt.MIN_FREE_BYTES // 2**20} MiB; here 4 EiB asked)",
+                       f"than the run needs (default threshold {rundir.MIN_FREE_BYTES // 2**20} MiB; here 4 EiB asked)",
                        did="refused by preflight (check_output_dir)", message=str(caught.value),
                        lost="nothing: no Ray, no model loaded")
 
@@ -218,8 +219,8 @@ def test_disk_full_while_writing_a_checkpoint(tmp_path, reliability):
     script = textwrap.dedent(f"""
         import resource, signal, sys, torch
         sys.path.insert(0, {str(REPO)!r})
-        from raydistill.runtime import checkpoint as ckpt
-        from raydistill.runtime.config import JobConfig
+        from raydistill.runtime.engine import checkpoint as ckpt
+        from raydistill.config.job import JobConfig
 
         cfg = JobConfig.from_dict({{"method": "congen", "student": "bert-tiny", "teacher": "minilm-l6",
                                     "train": {{"lr": 5e-4}}}})
@@ -370,8 +371,8 @@ def test_crash_between_the_renames_of_a_resave_leaves_a_loadable_checkpoint(tmp_
     script = textwrap.dedent(f"""
         import os, sys, torch
         sys.path.insert(0, {str(REPO)!r})
-        from raydistill.runtime import checkpoint as ckpt
-        from raydistill.runtime.config import JobConfig
+        from raydistill.runtime.engine import checkpoint as ckpt
+        from raydistill.config.job import JobConfig
 
         cfg = JobConfig.from_dict({{"method": "congen", "student": "bert-tiny", "teacher": "minilm-l6",
                                     "train": {{"lr": 5e-4}}}})
@@ -411,21 +412,21 @@ def test_a_second_job_on_a_locked_run_dir_is_refused_and_a_stale_lock_is_taken_o
                                                                                      reliability):
     import socket
 
-    from raydistill.runtime.distill import run_distillation
+    from raydistill.runtime.jobs.distill import run_distillation
 
     cfg = JobConfig.from_dict(job_dict(tmp_path))
     run_dir = cfg.resolved_run_dir()
     holder = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
         import sys, time
         sys.path.insert(0, {str(REPO)!r})
-        from raydistill.runtime.checkpoint import RunDirLock
+        from raydistill.runtime.engine.rundir import RunDirLock
         RunDirLock({str(run_dir)!r}).acquire()
         print("locked", flush=True)
         time.sleep(600)
     """)], stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout.readline().strip() == "locked"
-        with pytest.raises(ckpt.RunDirLockedError) as caught:
+        with pytest.raises(rundir.RunDirLockedError) as caught:
             run_distillation(cfg, results_dir=tmp_path / "results")
         refused = str(caught.value)
         assert f"host {socket.gethostname()}, pid {holder.pid}," in refused
@@ -435,16 +436,16 @@ def test_a_second_job_on_a_locked_run_dir_is_refused_and_a_stale_lock_is_taken_o
         holder.wait(timeout=60)
 
     # The holder was SIGKILLed: its lock file still names it, but the kernel dropped its flock.
-    assert f'"pid": {holder.pid}' in (run_dir / ckpt.LOCK_FILE).read_text()
+    assert f'"pid": {holder.pid}' in (run_dir / rundir.LOCK_FILE).read_text()
     reports: list[str] = []
-    lock = ckpt.RunDirLock(run_dir).acquire(report=reports.append)
+    lock = rundir.RunDirLock(run_dir).acquire(report=reports.append)
     try:
         assert reports == [f"{run_dir}: taking over the stale lock of host {socket.gethostname()} pid {holder.pid} "
                            f"(since {reports[0].split('(since ')[1].split(')')[0]}): that process is gone"]
-        assert f'"pid": {os.getpid()}' in (run_dir / ckpt.LOCK_FILE).read_text()
+        assert f'"pid": {os.getpid()}' in (run_dir / rundir.LOCK_FILE).read_text()
     finally:
         lock.release()
-    assert (run_dir / ckpt.LOCK_FILE).read_text() == ""  # released cleanly: nothing to take over next time
+    assert (run_dir / rundir.LOCK_FILE).read_text() == ""  # released cleanly: nothing to take over next time
     reliability.record(
         "checkpoint", "run-dir-locked",
         input="a job started on a run dir whose lock another live process holds; then that process SIGKILLed and "
@@ -456,8 +457,8 @@ def test_a_second_job_on_a_locked_run_dir_is_refused_and_a_stale_lock_is_taken_o
 
 def test_resume_with_another_lr_corpus_content_or_learner_count_is_refused_before_ray(tmp_path, no_ray_start,
                                                                                       monkeypatch, reliability):
-    from raydistill.runtime import pipeline
-    from raydistill.runtime.distill import run_distillation
+    from raydistill.runtime.teachers import pipeline
+    from raydistill.runtime.jobs.distill import run_distillation
     from raydistill.methods import with_method_defaults
 
     def teacher_pass(*args, **kwargs):
@@ -497,7 +498,7 @@ def test_resume_with_another_lr_corpus_content_or_learner_count_is_refused_befor
     assert "resume with resources.learner.num_learners=1" in messages["learners"]
 
     assert (run_dir / "config.yaml").read_bytes() == config_yaml
-    assert ckpt.check_resume(run_dir, written_by, world_size=1) == ckpt.latest_checkpoint(run_dir)
+    assert resume.check_resume(run_dir, written_by, world_size=1) == ckpt.latest_checkpoint(run_dir)
     reliability.record(
         "checkpoint", "resume-config-changed-before-ray",
         input="a run dir with a checkpoint, resumed with train.lr 1e-4 instead of 5e-4; with the corpus file edited "
@@ -514,16 +515,16 @@ def test_runtime_settings_may_change_between_invocations_and_training_settings_m
     run_dir = tmp_path / "run"
     path = ckpt.save_checkpoint(run_dir, step=5, epoch=0, batch_in_epoch=5, config=written_by, state={"s": {}},
                                 extra={"world_size": 1})
-    runtime_changes = ["extra.learner_timeout_s=1800", "extra.max_restarts=6", "extra.log_every=5",
+    runtime_changes = ["runtime.learner_timeout_s=1800", "runtime.max_restarts=6", "runtime.log_every=5",
                        "train.keep_last=1", "train.checkpoint_every=50"]
     relaunched = written_by.with_overrides(runtime_changes)
-    resumed_from = ckpt.check_resume(run_dir, relaunched, world_size=1)
+    resumed_from = resume.check_resume(run_dir, relaunched, world_size=1)
     # A checkpoint whose hash an older raydistill took over more settings resumes when the training fields agree.
     older_hash = json.loads((path / "manifest.json").read_text())
     older_hash["config_hash"] = "0123456789abcdef"
     ckpt.check_compatible(older_hash, relaunched, path)
     with pytest.raises(ckpt.CheckpointMismatchError) as caught:
-        ckpt.check_resume(run_dir, relaunched.with_overrides(["train.lr=1e-4"]), world_size=1)
+        resume.check_resume(run_dir, relaunched.with_overrides(["train.lr=1e-4"]), world_size=1)
     message = str(caught.value)
     reliability.record(
         "checkpoint", "resume-runtime-settings",
@@ -533,7 +534,7 @@ def test_runtime_settings_may_change_between_invocations_and_training_settings_m
             "message naming the settings that may change",
         message=message, lost="nothing: the checkpoint is resumed, or left as it was")
     assert resumed_from == path
-    assert "train.lr" in message and "extra.learner_timeout_s" in message and "train.keep_last" in message
+    assert "train.lr" in message and "runtime" in message and "train.keep_last" in message
 
 
 def _save_in(home, config, step=5):
@@ -545,14 +546,14 @@ def _save_in(home, config, step=5):
 def test_adding_dropping_changing_or_sharing_checkpoint_storage_is_refused_before_ray(tmp_path, no_ray_start,
                                                                                      monkeypatch, reliability):
     from raydistill.methods import with_method_defaults
-    from raydistill.runtime import pipeline
-    from raydistill.runtime.distill import run_distillation
+    from raydistill.runtime.teachers import pipeline
+    from raydistill.runtime.jobs.distill import run_distillation
 
     monkeypatch.setattr(pipeline, "build_training_data", lambda *a, **k: pytest.fail("teacher pass before refusal"))
     storage = tmp_path / "storage"
     plain = with_method_defaults(JobConfig.from_dict(job_dict(tmp_path, resources={"learner": {"num_learners": 1}})))
     run_dir = plain.resolved_run_dir()
-    stored = plain.with_overrides([f"extra.storage_path={storage}"])
+    stored = plain.with_overrides([f"runtime.storage_path={storage}"])
     messages = {}
 
     # A run dir that trained without a storage path, started again with one: refused before Ray, naming both places.
@@ -569,36 +570,36 @@ def test_adding_dropping_changing_or_sharing_checkpoint_storage_is_refused_befor
     run_dir.mkdir()
     stored.to_yaml(run_dir / "config.yaml")
     written = _save_in(storage / "run", stored)
-    assert ckpt.check_resume(run_dir, stored, world_size=1) == written
+    assert resume.check_resume(run_dir, stored, world_size=1) == written
     with pytest.raises(ckpt.CheckpointMismatchError) as caught:
-        ckpt.check_resume(run_dir, plain, world_size=1)
+        resume.check_resume(run_dir, plain, world_size=1)
     messages["dropped"] = str(caught.value)
-    elsewhere = stored.with_overrides([f"extra.storage_path={tmp_path / 'elsewhere'}"])
+    elsewhere = stored.with_overrides([f"runtime.storage_path={tmp_path / 'elsewhere'}"])
     with pytest.raises(ckpt.CheckpointMismatchError) as caught:
-        ckpt.check_resume(run_dir, elsewhere, world_size=1)
+        resume.check_resume(run_dir, elsewhere, world_size=1)
     messages["changed"] = str(caught.value)
     assert f"{storage}/run/checkpoints" in messages["changed"] and f"{tmp_path / 'elsewhere'}/run/checkpoints" in \
         messages["changed"]
     with pytest.raises(ckpt.CheckpointMismatchError, match="trained with 1 learner.*asks for 2"):
-        ckpt.check_resume(run_dir, stored.with_overrides(["resources.learner.num_learners=2"]), world_size=2)
+        resume.check_resume(run_dir, stored.with_overrides(["resources.learner.num_learners=2"]), world_size=2)
 
     # Another run dir of the same name on the same storage: refused, naming the run that owns the folder (the run
     # records its checkpoint home, and the folder its owner, when it starts training: LearnerGroup.fit).
-    assert ckpt.claim_checkpoint_home(run_dir, stored) == f"{storage}/run"
-    assert ckpt.check_resume(run_dir, stored, world_size=1) == written
+    assert resume.claim_checkpoint_home(run_dir, stored) == f"{storage}/run"
+    assert resume.check_resume(run_dir, stored, world_size=1) == written
     other = stored.with_overrides([f"run_dir={tmp_path / 'other' / 'run'}"])
     with pytest.raises(ckpt.CheckpointMismatchError) as caught:
-        ckpt.check_resume(other.resolved_run_dir(), other, world_size=1)
+        resume.check_resume(other.resolved_run_dir(), other, world_size=1)
     messages["shared"] = str(caught.value)
     assert str(run_dir) in messages["shared"] and str(other.resolved_run_dir()) in messages["shared"]
     # The same run moved elsewhere (its record travels with it) still owns its storage folder.
     moved = tmp_path / "moved" / "run"
     moved.parent.mkdir()
     os.replace(run_dir, moved)
-    assert ckpt.check_resume(moved, stored.with_overrides([f"run_dir={moved}"]), world_size=1) == written
+    assert resume.check_resume(moved, stored.with_overrides([f"run_dir={moved}"]), world_size=1) == written
     reliability.record(
         "checkpoint", "storage-path-change-refused",
-        input="a run dir with checkpoints, started again with extra.storage_path added; a run with its checkpoints "
+        input="a run dir with checkpoints, started again with runtime.storage_path added; a run with its checkpoints "
               "in <storage>/run, started without it, with another storage path, with 2 learners; another run dir "
               "named run on the same storage",
         did="each refused (CheckpointMismatchError) before Ray and before the teacher pass, naming where the "

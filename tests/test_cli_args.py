@@ -26,7 +26,7 @@ LOST = "nothing: rejected before Ray or any model starts"
 @pytest.fixture
 def no_ray_start(monkeypatch):
     """A job that gets as far as starting Ray accepted the bad argument: fail instead of training."""
-    from raydistill.runtime import cluster
+    from raydistill.runtime.engine import cluster
 
     def started(*args, **kwargs):
         raise AssertionError("the entry point started Ray: the bad argument was not rejected")

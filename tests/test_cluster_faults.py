@@ -10,6 +10,13 @@
 
 Each job is the tiny ConGen job of ``tests/distill_fixtures.py`` run by a driver in a subprocess (a driver joins one
 cluster; this pytest process already runs the session's Ray), compared with that module's uninterrupted reference.
+
+Marked ``e2e`` (minutes each; ``pytest -m e2e``): the default run guards each of these faults where it happens.
+A lost node is a dead Train worker to Ray Train: tests/test_faults.py SIGKILLs the worker process and checks the
+restart and the exact resume. A lost head leaves a run dir that the same command resumes: the SIGTERM test there
+resumes a second driver from its checkpoint with the uninterrupted run's losses, and tests/test_checkpoint.py takes
+over the stale run-dir lock a killed driver leaves. A family pinned to a node is a resource request on its actors:
+tests/test_mutual_tenc.py checks what the families ask for against what the cluster has.
 """
 
 from __future__ import annotations
@@ -39,14 +46,14 @@ from tests.distill_fixtures import (  # noqa: F401 - distill_runs and teacher_di
 from tests.ray_fixtures import ray_session  # noqa: F401 - the session-wide Ray fixture
 
 pytest_plugins = ["tests.reliability_log"]
-pytestmark = pytest.mark.ray
+pytestmark = [pytest.mark.ray, pytest.mark.e2e]
 
 FAULT_AFTER_STEP = 7  # mid-epoch (10 steps an epoch), after the checkpoint of step 5
 STEP_LINE = re.compile(r"^\[congen\] step (\d+)/")
 DRIVER = """\
 import json, sys
-from raydistill.runtime.config import JobConfig
-from raydistill.runtime.distill import run_distillation
+from raydistill.config.job import JobConfig
+from raydistill.runtime.jobs.distill import run_distillation
 
 record = run_distillation(JobConfig.from_yaml(sys.argv[1]), result_path=sys.argv[2], evaluate=False)
 print("TRAINING " + json.dumps(record["training"]), flush=True)
@@ -320,7 +327,7 @@ def test_ray_head_killed_mid_epoch_fails_the_job_and_a_new_head_resumes_it(disti
 TENC_DRIVER = """\
 import json, sys
 from raydistill.runtime.tenc import run_trans_encoder
-from raydistill.runtime.tenc_config import TencConfig
+from raydistill.runtime.tenc.config import TencConfig
 
 run_trans_encoder(TencConfig.from_yaml(sys.argv[1]))
 """

@@ -1,4 +1,5 @@
-"""JobConfig: YAML round trip, --set overrides, strict keys, semantic validation, config_hash."""
+"""JobConfig: YAML round trip, --set overrides, strict keys, semantic validation, config_hash. (The schema library
+under it, the methods' settings schemas and the runtime section: tests/test_config_schema.py.)"""
 
 from __future__ import annotations
 
@@ -7,9 +8,9 @@ import textwrap
 
 import pytest
 
-from raydistill.runtime.cluster import ResourceError, check_resources
-from raydistill.runtime.config import ConfigError, JobConfig
-from raydistill.runtime.preflight import preflight
+from raydistill.runtime.engine.cluster import ResourceError, check_resources
+from raydistill.config.job import ConfigError, JobConfig
+from raydistill.runtime.engine.preflight import preflight
 
 pytest_plugins = ["tests.reliability_log"]
 
@@ -129,13 +130,14 @@ def test_validate_accepts_a_good_config(congen_file):
         ("data.views.generalize=paired:/no/such.jsonl", r"paraphrase file not found: /no/such\.jsonl"),
         ("resources.data_max_cpus=0.1", r"field 'resources\.data_max_cpus': 0\.1 is below 0\.5"),
         ("resources.teacher.num_actors=0", r"field 'resources\.teacher\.num_actors': must be > 0"),
-        ("loss.queue_init=teachr", r"field 'loss\.queue_init': 'teachr'; allowed: empty, random, teacher"),
+        ("loss.queue_init=teachr", r"field 'loss\.queue_init': 'teachr' is not one of empty, random, teacher "
+                                   r"\(did you mean 'teacher'\?\)"),
     ],
 )
 def test_validate_rejects(congen_file, override, pattern):
-    cfg = JobConfig.from_yaml(congen_file, overrides=[override])
+    """Types and ranges are refused as the config loads, the rest by preflight: both before anything starts."""
     with pytest.raises(ConfigError, match=pattern):
-        preflight(cfg)
+        preflight(JobConfig.from_yaml(congen_file, overrides=[override]))
 
 
 def test_a_caption_view_of_a_corpus_without_captions_is_refused_naming_the_view(congen_file):
@@ -236,7 +238,7 @@ def test_config_hash_is_the_same_in_another_process(congen_file):
     import subprocess
     import sys
 
-    code = f"from raydistill.runtime.config import JobConfig; print(JobConfig.from_yaml({str(congen_file)!r}).config_hash())"
+    code = f"from raydistill.config.job import JobConfig; print(JobConfig.from_yaml({str(congen_file)!r}).config_hash())"
     other = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60)
     assert other.stdout.strip() == JobConfig.from_yaml(congen_file).config_hash()
 
@@ -266,7 +268,7 @@ def test_default_run_and_cache_dirs(congen_file, monkeypatch, tmp_path):
 
 def test_outputs_inside_a_ray_job_working_dir_copy_are_warned_about(tmp_path, monkeypatch, capsys):
     """`ray job submit --working-dir .` runs the job in a temporary copy; defaults relative to it would be lost."""
-    from raydistill.runtime.cluster import warn_if_outputs_are_ephemeral
+    from raydistill.runtime.engine.cluster import warn_if_outputs_are_ephemeral
 
     copy = tmp_path / "runtime_resources" / "working_dir_files" / "_ray_pkg_0123"
     copy.mkdir(parents=True)
@@ -297,7 +299,7 @@ def test_every_shipped_config_loads_and_validates(path):
         cfg = TencConfig.from_yaml(path).validate()
         assert cfg.cross.head in (None, "classifier", "segment_cosine")
     elif path.name.startswith("st_mse"):
-        from raydistill.runtime.st_mse import preflight_st_mse
+        from raydistill.runtime.jobs.st_mse import preflight_st_mse
 
         preflight_st_mse(JobConfig.from_yaml(path, []))
     else:
@@ -306,7 +308,7 @@ def test_every_shipped_config_loads_and_validates(path):
 
 def test_non_finite_numbers_and_mistyped_runtime_settings_are_refused_before_ray(tmp_path, congen_file,
                                                                                   reliability):
-    from raydistill.runtime.tenc_config import TencConfig
+    from raydistill.runtime.tenc.config import TencConfig
 
     text = CONGEN_YAML.replace("lr: 3e-4", "lr: .nan")
     nan_lr = _write(tmp_path / "nan.yaml", text)
@@ -320,11 +322,14 @@ def test_non_finite_numbers_and_mistyped_runtime_settings_are_refused_before_ray
         (lambda: TencConfig.from_dict({"families": ["bert-tiny"], "label_weight_temperature": "nan"}),
          r"field 'label_weight_temperature'"),
     ]
-    runtime = [("extra.max_restarts='x'", r"field 'extra\.max_restarts': expected an integer >= 0"),
-               ("extra.max_restarts=-1", r"field 'extra\.max_restarts'"),
-               ("extra.learner_timeout_s=-1", r"field 'extra\.learner_timeout_s': expected a number of seconds > 0"),
-               ("extra.log_every=0", r"field 'extra\.log_every': expected an integer >= 1"),
-               ("extra.storage_path=5", r"field 'extra\.storage_path': expected a non-empty path")]
+    runtime = [("runtime.max_restarts='x'", r"field 'runtime\.max_restarts': expected an integer, got 'x'"),
+               ("runtime.max_restarts=-1", r"field 'runtime\.max_restarts': -1 must be >= 0"),
+               ("runtime.learner_timeout_s=-1", r"field 'runtime\.learner_timeout_s': must be > 0, got -1"),
+               ("runtime.log_every=0", r"field 'runtime\.log_every': 0 must be >= 1"),
+               ("runtime.storage_path=5", r"field 'runtime\.storage_path': expected a string, got 5"),
+               ("runtime.storage_path=' '", r"field 'runtime\.storage_path': must be a non-empty path"),
+               # the spelling of configs written before the runtime section: moved there, checked the same way
+               ("extra.max_restarts=-1", r"field 'runtime\.max_restarts': -1 must be >= 0")]
     cases += [(lambda override=override: preflight(JobConfig.from_yaml(congen_file, overrides=[override])), pattern)
               for override, pattern in runtime]
     messages = []
@@ -337,10 +342,23 @@ def test_non_finite_numbers_and_mistyped_runtime_settings_are_refused_before_ray
     reliability.record(
         "config", "config-nonfinite-refused",
         input="train.lr: .nan in the YAML file; --set train.lr=.inf, train.grad_clip=nan, loss.tau_teacher=-.inf; "
-              "Trans-Encoder bi.lr inf and label_weight_temperature 'nan'; extra.max_restarts 'x' and -1, "
-              "extra.learner_timeout_s -1, extra.log_every 0, extra.storage_path 5",
+              "Trans-Encoder bi.lr inf and label_weight_temperature 'nan'; runtime.max_restarts 'x' and -1, "
+              "runtime.learner_timeout_s -1, runtime.log_every 0, runtime.storage_path 5 and ' ', "
+              "extra.max_restarts -1 (the old spelling)",
         did="each refused (ConfigError) while the config loads or in preflight, before Ray starts, naming the file "
             "and line (or --set) and the field",
         message=" / ".join(messages), lost="nothing: refused before the job started")
     for (_, pattern), message in zip(cases, messages):
         assert re.search(pattern, message), (pattern, message)
+
+
+@pytest.fixture(autouse=True)
+def _old_spellings_warn_quietly():
+    """The extra.<runtime knob> cases above warn (ConfigDeprecationWarning); test_config_schema.py checks that."""
+    import warnings
+
+    from raydistill.config.job import ConfigDeprecationWarning
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConfigDeprecationWarning)
+        yield

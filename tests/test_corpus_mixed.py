@@ -18,8 +18,8 @@ from raydistill.data.corpus import (
     normalize_text,
     read_corpus,
 )
-from raydistill.runtime.config import ConfigError, JobConfig
-from raydistill.runtime.preflight import preflight
+from raydistill.config.job import ConfigError, JobConfig
+from raydistill.runtime.engine.preflight import preflight
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -213,8 +213,8 @@ def test_bad_user_corpus_is_named_at_validation(tmp_path, tiny_bert, case):
 
 
 def test_mixed_validates_and_feeds_the_training_rows(tmp_path, tiny_bert, mixed):
-    from raydistill.runtime.config import DataConfig
-    from raydistill.runtime.pipeline import load_training_texts
+    from raydistill.config.job import DataConfig
+    from raydistill.runtime.teachers.pipeline import load_training_texts
 
     preflight(_config(tmp_path, "mixed", tiny_bert))
     stats: dict = {}

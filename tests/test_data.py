@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
 import re
 from pathlib import Path
 
@@ -329,3 +330,19 @@ def test_data_error_is_a_value_error_with_the_documented_format():
     err = DataError("f.jsonl", "bad thing", line=7, field="score")
     assert isinstance(err, ValueError)
     assert re.fullmatch(r"f\.jsonl:7: field 'score': bad thing", str(err))
+
+
+def test_the_ray_tests_evaluation_sample_is_valid_spread_and_only_theirs(request, monkeypatch):
+    """The sample every Ray test scores on (conftest): valid files of the sizes asked for, each keeping most of its
+    set's distinct grades (a Spearman over a few ties would say nothing), and out of reach of the tests without Ray."""
+    from conftest import SMALL_EVAL_ROWS, _small_eval_data
+
+    sample_root = str(_small_eval_data(request.config))
+    assert request.node.get_closest_marker("ray") is None and os.environ.get("RAYDISTILL_DATA") != sample_root
+    monkeypatch.setenv("RAYDISTILL_DATA", sample_root)
+    for name, rows in SMALL_EVAL_ROWS.items():
+        sample, whole = load_dataset(name), [p.score for p in read_pairs(BUNDLED_DIR / f"{DATASETS[name].relpath}.gz")]
+        assert dataset_path(name).suffix == ".jsonl" and len(sample) == rows, name
+        assert len({p.score for p in sample}) >= min(len(set(whole)), 25), name
+        assert min(whole) <= min(p.score for p in sample) < max(p.score for p in sample) <= max(whole), name
+    assert dataset_path("stsb_train").parent.parent == BUNDLED_DIR  # training data stays whole

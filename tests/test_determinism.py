@@ -7,6 +7,10 @@ Measured here, on this machine, under the real Ray runtime with tiny models:
   * the teacher's vectors on 1 and 2 threads: equal to float rounding (the embedding cache does not key on threads);
   * a Trans-Encoder (mutual) cycle run twice: the same Parquet pseudo-label sets and the same best STS-B dev.
 docs/reliability.md says what this covers and what it does not (other machines, GPUs).
+
+The job twice and the Trans-Encoder cycle twice each add one run to a run another test already made (the shared
+reference of tests/distill_fixtures.py, the mutual run of tests/test_mutual_tenc.py). The 2-thread job is marked
+``e2e``: by default tests/test_learner.py checks the thread count where it acts, in the learner's steps.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ import pytest
 
 from tests.distill_fixtures import distill_runs, teacher_dir  # noqa: F401 - fixtures
 from tests.ray_fixtures import ray_session  # noqa: F401 - the session-wide Ray fixture
+from tests.test_mutual_tenc import mutual_run  # noqa: F401 - the session's mutual Trans-Encoder run
 
 pytest_plugins = ["tests.reliability_log"]
 pytestmark = pytest.mark.ray
@@ -45,6 +50,7 @@ def test_distillation_twice_with_one_seed_trains_the_same_batches_losses_and_sco
         stsb_dev=[reference.best_stsb_dev, again.best_stsb_dev], max_loss_difference=difference)
 
 
+@pytest.mark.e2e
 def test_learner_thread_count_changes_rounding_not_the_result(distill_runs, reliability):
     one = distill_runs.reference(threads=1)
     two = distill_runs.reference(threads=2)
@@ -63,7 +69,7 @@ def test_learner_thread_count_changes_rounding_not_the_result(distill_runs, reli
 
 
 def test_teacher_vectors_on_one_and_two_threads_agree_to_rounding(teacher_dir, real_sentences, reliability):
-    from raydistill.runtime.teacher import TeacherEncoder
+    from raydistill.runtime.teachers.teacher import TeacherEncoder
 
     texts = real_sentences[:256]
     one = TeacherEncoder(str(teacher_dir), max_length=32, threads=1).encode(texts)
@@ -80,16 +86,15 @@ def test_teacher_vectors_on_one_and_two_threads_agree_to_rounding(teacher_dir, r
         lost="nothing", max_difference=difference)
 
 
-def test_trans_encoder_twice_with_one_seed_gives_the_same_pseudo_labels(ray_session, tiny_models, tmp_path,
+def test_trans_encoder_twice_with_one_seed_gives_the_same_pseudo_labels(mutual_run, tiny_models, tmp_path,
                                                                         reliability):
     from raydistill.runtime.tenc import read_label_set, run_trans_encoder
-    from tests.test_mutual_tenc import tiny_config
+    from tests.test_mutual_tenc import mutual_config
 
-    summaries, label_sets = [], []
-    for name in ("first", "second"):
-        cfg = tiny_config(tiny_models, tmp_path / name)
-        summaries.append(run_trans_encoder(cfg))
-        labels_dir = tmp_path / name / "run" / "labels" / "cycle=1"
+    summaries = [mutual_run.summary, run_trans_encoder(mutual_config(tiny_models, tmp_path))]
+    label_sets = []
+    for root in (mutual_run.root, tmp_path):
+        labels_dir = root / "run" / "labels" / "cycle=1"
         label_sets.append({stage: read_label_set(labels_dir / f"stage={stage}") for stage in ("bi2cross",
                                                                                              "cross2bi")})
     differences = {}

@@ -3,6 +3,10 @@
 Tiny random models (2 layers) keep each run to seconds of compute; everything else is the real thing: Ray Data
 teacher pool, embedding cache, a Ray Train worker streaming the rows, checkpoints, the 7-STS evaluation, the result
 schema and MLflow.
+
+The second job (cache hits, then a killed learner) is marked ``e2e``: by default a teacher pass that finds its rows
+cached is tests/test_runtime_data.py's and tests/test_tune.py's (every trial reads the driver's cache), and a killed
+Train worker is tests/test_faults.py's SIGKILL test.
 """
 
 from __future__ import annotations
@@ -12,9 +16,9 @@ import time
 
 import pytest
 
-from raydistill.runtime import checkpoint as ckpt
-from raydistill.runtime.config import JobConfig
-from raydistill.runtime.preflight import preflight
+from raydistill.runtime.engine import checkpoint as ckpt
+from raydistill.config.job import JobConfig
+from raydistill.runtime.engine.preflight import preflight
 from tests.ray_fixtures import ray_session  # noqa: F401 - the session-wide Ray fixture
 
 pytestmark = pytest.mark.ray
@@ -54,7 +58,7 @@ def test_congen_job_writes_result_tracks_mlflow_and_caches_the_teacher(ray_sessi
     from mlflow import MlflowClient
 
     from raydistill.evaluation import validate_result_file
-    from raydistill.runtime.distill import run_distillation
+    from raydistill.runtime.jobs.distill import run_distillation
 
     cfg = job_config(tiny_bert, tiny_teacher, workspace, "first")
     result_path = workspace["root"] / "results" / "congen-tiny.json"
@@ -94,11 +98,12 @@ def test_congen_job_writes_result_tracks_mlflow_and_caches_the_teacher(ray_sessi
     assert plots == {"plots/learning_curve.png", "plots/stsb_dev_scatter.png"}
 
 
+@pytest.mark.e2e
 def test_second_job_hits_the_cache_and_survives_a_killed_learner(ray_session, tiny_bert, tiny_teacher, workspace):
     import os
     import signal
 
-    from raydistill.runtime.distill import run_distillation
+    from raydistill.runtime.jobs.distill import run_distillation
 
     cfg = job_config(tiny_bert, tiny_teacher, workspace, "second")
     run_dir = workspace["root"] / "second"
@@ -143,19 +148,20 @@ def test_second_job_hits_the_cache_and_survives_a_killed_learner(ray_session, ti
     assert manifest["step"] == STEPS and manifest["extra"]["restarts"] == 1 and manifest["extra"]["finished"]
 
 
-def test_two_train_workers_stay_identical_share_the_queue_and_resume_a_killed_worker(ray_session, tiny_bert,
-                                                                                      tiny_teacher, workspace):
-    """Two Ray Train workers (DDP, gloo) on the streamed corpus: a SIGKILLed worker is restarted by Train's
-    FailureConfig from the newest checkpoint; afterwards both workers hold identical weights, every rank trained
-    exactly its batches of the seeded order once, and the shared queue holds the other rank's teacher vectors."""
-    import os
-    import signal
-
+def test_two_train_workers_stay_identical_share_the_queue_and_resume_after_the_queue_actor_dies(
+        ray_session, tiny_bert, tiny_teacher, workspace):
+    """Two Ray Train workers (DDP, gloo) on the streamed corpus share one queue actor, which is killed: the workers'
+    next queue read fails, Train's FailureConfig restarts both from the newest checkpoint with a new queue actor
+    (its content from the checkpoint); afterwards both workers hold identical weights, every rank trained exactly
+    its batches of the seeded order once, and the shared queue holds the other rank's teacher vectors. (A killed
+    worker is tests/test_faults.py's SIGKILL test; the same queue fault against an uninterrupted two-learner run is
+    the e2e test there.)"""
     import numpy as np
+    import ray
 
     from raydistill.methods import get_method
-    from raydistill.runtime.learner_group import LearnerGroup
-    from raydistill.runtime.pipeline import build_training_data
+    from raydistill.runtime.engine.learner_group import LearnerGroup
+    from raydistill.runtime.teachers.pipeline import build_training_data
     from tests.distill_fixtures import expected_batches
 
     cfg = preflight(job_config(tiny_bert, tiny_teacher, workspace, "two-workers").with_overrides([
@@ -166,18 +172,22 @@ def test_two_train_workers_stay_identical_share_the_queue_and_resume_a_killed_wo
     total = group.total_steps(data)
     assert total == 20  # 10 batches an epoch, 2 per step, 4 epochs
     workers: list[int] = []
+    queues: list[list] = []
     killed: dict[str, int] = {}
 
-    def kill_rank0_after_step_3(kind, info, step) -> None:
+    def kill_the_queue_after_step_3(kind, info, step) -> None:
         if kind == "start":
             workers.append(int(info["pid"]))
+            queues.append(list(info["queue_actors"]))
         elif kind == "step" and step >= 3 and not killed:
-            os.kill(workers[-1], signal.SIGKILL)
+            assert len(queues[-1]) == 1
+            ray.kill(queues[-1][0])
             killed["after_step"] = step
 
-    summary = group.fit(data, on_event=kill_rank0_after_step_3)
-    assert killed, "the worker was never killed"
+    summary = group.fit(data, on_event=kill_the_queue_after_step_3)
+    assert killed, "the queue actor was never killed"
     assert summary["restarts"] == 1 and len(workers) == 2 and workers[0] != workers[1]
+    assert queues[1][0] != queues[0][0], "the restarted workers were handed the dead queue actor"
     assert summary["resumed_from"] is not None and summary["resumed_from"] % 2 == 0 and summary["resumed_from"] > 0
     assert summary["steps"] == total
     crcs = summary["weights_crc_by_rank"]

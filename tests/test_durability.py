@@ -47,7 +47,7 @@ KILLED_BETWEEN_RENAMES = textwrap.dedent("""
 
 @pytest.fixture
 def no_ray_start(monkeypatch):
-    from raydistill.runtime import cluster
+    from raydistill.runtime.engine import cluster
 
     def started(*args, **kwargs):
         raise AssertionError("the job started Ray")
@@ -57,9 +57,9 @@ def no_ray_start(monkeypatch):
 
 def test_a_crash_between_the_renames_of_best_is_undone_at_the_next_start(tmp_path, no_ray_start, reliability):
     from raydistill.methods import with_method_defaults
-    from raydistill.runtime import checkpoint as ckpt
-    from raydistill.runtime.config import JobConfig
-    from raydistill.runtime.distill import run_distillation
+    from raydistill.runtime.engine import checkpoint as ckpt
+    from raydistill.config.job import JobConfig
+    from raydistill.runtime.jobs.distill import run_distillation
 
     written_by = with_method_defaults(JobConfig.from_dict({
         "method": "congen", "student": "bert-tiny", "teacher": "minilm-l6", "train": {"lr": 5e-4},
@@ -94,7 +94,7 @@ def test_a_crash_between_the_renames_of_best_is_undone_at_the_next_start(tmp_pat
 
 # Files that legitimately write without raydistill.fileio: a checkpoint's manifest is written inside its own
 # directory, which is fsynced and renamed whole; corpus.py regenerates a table of docs/data.md (a developer tool).
-NOT_STATE_FILES = {("runtime/checkpoint.py", "dump"), ("data/corpus.py", "write_text")}
+NOT_STATE_FILES = {("runtime/engine/checkpoint.py", "dump"), ("data/corpus.py", "write_text")}
 
 
 def _hand_rolled_writes() -> list[str]:
@@ -179,10 +179,11 @@ def _torch_loads_without_weights_only() -> list[str]:
 
 def test_unsafe_names_and_links_are_refused(tmp_path, reliability):
     from raydistill.fileio import UnsafeLockFileError
-    from raydistill.runtime import checkpoint as ckpt
-    from raydistill.runtime.config import JobConfig
-    from raydistill.runtime.tune_plan import SweepPlan
-    from raydistill.runtime.tune_trial import TrialState, _take_over_donor_run
+    from raydistill.runtime.engine import checkpoint as ckpt
+    from raydistill.runtime.engine import rundir
+    from raydistill.config.job import JobConfig
+    from raydistill.runtime.tune.plan import SweepPlan
+    from raydistill.runtime.tune.trial import TrialState, _take_over_donor_run
     from ray.train import Checkpoint
 
     unpinned = _torch_loads_without_weights_only()
@@ -192,9 +193,9 @@ def test_unsafe_names_and_links_are_refused(tmp_path, reliability):
     victim.write_text("not a lock file")
     run_dir = tmp_path / "run"
     run_dir.mkdir()
-    (run_dir / ckpt.LOCK_FILE).symlink_to(victim)
+    (run_dir / rundir.LOCK_FILE).symlink_to(victim)
     with pytest.raises(UnsafeLockFileError) as lock_error:
-        ckpt.RunDirLock(run_dir).acquire()
+        rundir.RunDirLock(run_dir).acquire()
     victim_after = victim.read_text()
 
     # A checkpoint whose manifest names its trial "../../<outside>": PBT would copy that folder's best model in.

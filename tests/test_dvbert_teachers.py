@@ -12,9 +12,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from raydistill.runtime import dvbert_teachers as dv
-from raydistill.runtime.config import ConfigError, JobConfig
-from raydistill.runtime.preflight import preflight
+from raydistill.runtime.jobs import dvbert_teachers as dv
+from raydistill.config.job import ConfigError, JobConfig
+from raydistill.runtime.engine.preflight import preflight
 from tests.ray_fixtures import ray_session  # noqa: F401 - the session-wide Ray fixture
 
 PAIRS = 36
@@ -140,7 +140,7 @@ def dvbert_config(student: Path, teachers: list[Path], root: Path, min_accuracy:
 
 def test_dvbert_data_refuses_weak_teachers_and_hands_their_accuracy_to_the_result(tiny_models, home, tmp_path):
     from raydistill.methods import get_method
-    from raydistill.runtime.stage_data import build_stage_data
+    from raydistill.runtime.jobs.stage_data import build_stage_data
 
     teachers = [tiny_models["bert"], tiny_models["mpnet"]]
     strict = preflight(dvbert_config(tiny_models["bert"], teachers, tmp_path, 0.99))
@@ -159,7 +159,7 @@ def test_dvbert_data_refuses_weak_teachers_and_hands_their_accuracy_to_the_resul
 def test_dvbert_job_records_teacher_accuracy_and_refuses_weak_teachers_before_the_student(
         ray_session, tiny_models, home, tmp_path):
     from raydistill.evaluation import validate_result_file
-    from raydistill.runtime.distill import run_distillation
+    from raydistill.runtime.jobs.distill import run_distillation
 
     teachers = [tiny_models["bert"], tiny_models["mpnet"]]
     with pytest.raises(dv.TeacherAccuracyError, match=str(teachers[0])):

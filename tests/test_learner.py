@@ -14,13 +14,13 @@ import numpy as np
 import pytest
 import torch
 
-from raydistill.runtime import checkpoint as ckpt
-from raydistill.runtime.config import JobConfig
-from raydistill.runtime.learner import DistillLearner, build_optimizer, linear_schedule
+from raydistill.runtime.engine import checkpoint as ckpt
+from raydistill.config.job import JobConfig
+from raydistill.runtime.engine.learner import DistillLearner, build_optimizer, linear_schedule
 from raydistill.data.arrays import ArrayData
-from raydistill.runtime.learner_group import LearnerGroup
+from raydistill.runtime.engine.learner_group import LearnerGroup
 from raydistill.methods import get_method, with_method_defaults
-from raydistill.runtime.preflight import preflight
+from raydistill.runtime.engine.preflight import preflight
 from tests.conftest import TEACHER_DIM
 
 BATCH = 16  # 4 batches of the 64 paraphrase rows (conftest)
@@ -140,6 +140,28 @@ def test_checkpoint_round_trip_gives_the_identical_next_step(tiny_bert, tiny_tea
         assert torch.equal(tensor, restored.loss_module.state_dict()[name]), name
 
 
+def test_one_seed_gives_identical_steps_and_a_second_thread_changes_only_rounding(tiny_bert, tiny_teacher,
+                                                                                 teacher_vectors, paraphrases,
+                                                                                 tmp_path):
+    """Where determinism is made: a learner's steps depend on the seed and the batches, not on the run; its torch
+    thread count (``resources.learner.threads``) moves its losses by float rounding only. (The same job twice and on
+    2 threads under Ray Train: tests/test_determinism.py.)"""
+    cfg = congen_config(tiny_bert, tiny_teacher, tmp_path)
+    batches = congen_batches(paraphrases, teacher_vectors) * 2  # 8 steps: the queue fills and turns over
+
+    def losses(threads: int) -> list[float]:
+        learner = DistillLearner(cfg, total_steps=len(batches), teacher_dim=TEACHER_DIM, run_dir=tmp_path,
+                                 threads=threads)
+        return [learner.train_step(batch)["loss"] for batch in batches]
+
+    try:
+        one, again, two = losses(1), losses(1), losses(2)
+    finally:
+        torch.set_num_threads(1)  # the learner set its own; one_thread restores the session's after the test
+    assert one == again
+    assert max(abs(a - b) for a, b in zip(one, two)) < 1e-3
+
+
 def test_checkpoint_of_a_different_config_is_refused(tiny_bert, tiny_teacher, teacher_vectors, paraphrases, tmp_path):
     cfg = congen_config(tiny_bert, tiny_teacher, tmp_path)
     learner = DistillLearner(cfg, total_steps=20, teacher_dim=TEACHER_DIM, run_dir=tmp_path)
@@ -158,7 +180,7 @@ def test_a_checkpoint_continued_with_another_learning_rate_or_temperature(tiny_b
     temperature) may differ; the schedule goes on from the checkpoint's step with the new peak learning rate, and
     the weights and queue are the checkpoint's. A key the checkpoint's state depends on (the queue size) is still
     refused."""
-    from raydistill.runtime.tune_settings import pbt_mutable
+    from raydistill.config.sweep import pbt_mutable
 
     cfg = congen_config(tiny_bert, tiny_teacher, tmp_path, warmup_ratio=0.1)
     batches = congen_batches(paraphrases, teacher_vectors)

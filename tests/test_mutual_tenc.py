@@ -10,25 +10,27 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
 import pyarrow.parquet as pq
 import pytest
 
-from raydistill.runtime import tenc_job
-from raydistill.runtime.cluster import ResourceError, actor_reservation, check_resources
-from raydistill.runtime.config import ConfigError
-from raydistill.runtime.pairs import build_pair_set
+from raydistill.runtime.tenc import evaluation as tenc_evaluation
+from raydistill.runtime.engine.cluster import ResourceError, actor_reservation, check_resources
+from raydistill.config.job import ConfigError
+from raydistill.runtime.tenc.pairs import build_pair_set
 from raydistill.runtime.tenc import (
     TencConfig,
     read_label_set,
     run_trans_encoder,
     stage_key,
 )
-from raydistill.runtime.tenc_labels import write_label_set
-from raydistill.runtime.tenc_learners import (
+from raydistill.runtime.tenc.labels import write_label_set
+from raydistill.runtime.tenc.learners import (
     BiEncoderLearner,
     SymmetricCrossScorer,
     encoder_fingerprint,
@@ -62,6 +64,44 @@ def tiny_config(tiny_models: dict[str, Path], tmp_path: Path, **changes) -> Tenc
     }
     config.update(changes)  # top-level fields; a section given here replaces the whole section
     return TencConfig.from_dict(config)
+
+
+_SESSION: dict[str, Any] = {}
+
+
+@dataclass
+class MutualRun:
+    """One mutual cycle of ``tiny_config`` (with MLflow), run once per session: this module checks what it wrote and
+    tests/test_determinism.py runs the same config again and compares."""
+
+    root: Path
+    tracking_uri: str
+    summary: dict
+
+
+def mutual_config(tiny_models: dict[str, Path], root: Path) -> TencConfig:
+    return tiny_config(tiny_models, root, tracking={"enabled": True, "tracking_uri": f"sqlite:///{root}/mlflow.db",
+                                                    "experiment": "tenc-test"})
+
+
+@pytest.fixture(scope="session")
+def mutual_run(tiny_models, tmp_path_factory, ray_session) -> MutualRun:  # noqa: F811
+    # Imported into several test modules, so pytest sees several session fixtures: run the job only once.
+    if "mutual" not in _SESSION:
+        import ray
+
+        root = tmp_path_factory.mktemp("mutual")
+        with pytest.MonkeyPatch.context() as driver:
+            # Every way this process could read a label set fails: the learners, in their own processes, read theirs.
+            def no_label_reads_in_the_driver(*args, **kwargs):
+                raise AssertionError(f"the driver read a label set: {args[:1]}")
+
+            for module, name in ((ray.data, "read_parquet"), (pq, "read_table"), (pd, "read_parquet"),
+                                 (tenc_evaluation, "read_label_set")):
+                driver.setattr(module, name, no_label_reads_in_the_driver)
+            summary = run_trans_encoder(mutual_config(tiny_models, root))
+        _SESSION["mutual"] = MutualRun(root, f"sqlite:///{root}/mlflow.db", summary)
+    return _SESSION["mutual"]
 
 
 def bi_cosines(model_dir, pairs) -> np.ndarray:
@@ -141,6 +181,14 @@ def test_the_cluster_checks_the_families_actors_as_it_checks_any_jobs_roles(tiny
     with pytest.raises(ResourceError, match=r"2 families x \(bi 0\.25 \+ cross 0\.25\) CPU \+ Ray Data headroom 1 "
                                             r"CPU = 2 CPU > 1: lower resources\.bi\.num_cpus"):
         check_resources(cfg, {"CPU": 1})
+    # A family pinned to a node (resources.families): both of its actors ask for the node's custom resource, so a
+    # cluster without that node is refused before any actor waits for it forever.
+    pinned = tiny_config(tiny_models, tmp_path, resources={**cfg.to_dict()["resources"],
+                                                           "families": {"bert": {"node_a": 1}}})
+    check_resources(pinned, {"CPU": 2, "node_a": 2})
+    with pytest.raises(ResourceError, match=r"family bert's two actors ask for 2 x 1 of the custom resource 'node_a'; "
+                                            r"the cluster has 1"):
+        check_resources(pinned, {"CPU": 2, "node_a": 1})
 
 
 def test_pair_sets_are_deduplicated_unordered_subsampled_by_stable_id():
@@ -167,24 +215,25 @@ def test_pair_sets_are_deduplicated_unordered_subsampled_by_stable_id():
 
 def test_cross_learner_trains_both_orders_on_scaled_bi_labels(tiny_bert):
     from raydistill.objectives.trans_encoder import cosine_to_target
-    from raydistill.runtime.tenc_learners import CrossEncoderLearner
+    from raydistill.runtime.tenc.learners import CrossEncoderLearner
 
     pair_set = build_pair_set("inductive", max_pairs=6, seed=1)
+    swapped = list(zip(pair_set.sentence2, pair_set.sentence1))
     cosines = np.array([-0.4, 0.0, 0.3, 0.7, 0.95, 1.0], dtype=np.float32)
     train = {"batch_size": 4, "max_length": 32}
     for scaling in ("clip", "affine", "raw"):
         learner = CrossEncoderLearner("bert", pair_set, train, label_scaling=scaling, threads=1)
         first, second, targets = learner._examples(list(pair_set.sentence1), list(pair_set.sentence2), cosines)
-        assert list(zip(first, second)) == pair_set.pairs() + pair_set.swapped_pairs()
+        assert list(zip(first, second)) == pair_set.pairs() + swapped
         np.testing.assert_allclose(targets, np.tile(cosine_to_target(cosines, scaling), 2))
     assert targets[0] == pytest.approx(-0.4)  # raw keeps the authors' negative BCE target
 
     # the label a cross-encoder hands on does not depend on which sentence comes first
     learner.load(str(tiny_bert), cycle=1)
     scorer = learner.scorer()
-    np.testing.assert_allclose(scorer.score(pair_set.pairs()), scorer.score(pair_set.swapped_pairs()), atol=1e-6)
+    np.testing.assert_allclose(scorer.score(pair_set.pairs()), scorer.score(swapped), atol=1e-6)
     direct = learner.model.score(pair_set.pairs(), activation="sigmoid")
-    assert not np.allclose(direct, learner.model.score(pair_set.swapped_pairs(), activation="sigmoid"), atol=1e-4)
+    assert not np.allclose(direct, learner.model.score(swapped, activation="sigmoid"), atol=1e-4)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -245,22 +294,8 @@ def test_a_learner_reads_its_stage_rows_from_the_label_set_through_ray_data(tiny
 
 
 @pytest.mark.ray
-@pytest.mark.usefixtures("ray_session")
-def test_mutual_cycle_writes_averaged_parquet_labels_and_refreshes_models(tiny_models, tmp_path, monkeypatch):
-    import ray
-
-    cfg = tiny_config(tiny_models, tmp_path, tracking={"enabled": True,
-                                                       "tracking_uri": f"sqlite:///{tmp_path}/mlflow.db",
-                                                       "experiment": "tenc-test"})
-    with monkeypatch.context() as driver:
-        # Every way this process could read a label set fails: the learners, in their own processes, read theirs.
-        def no_label_reads_in_the_driver(*args, **kwargs):
-            raise AssertionError(f"the driver read a label set: {args[:1]}")
-
-        for module, name in ((ray.data, "read_parquet"), (pq, "read_table"), (pd, "read_parquet"),
-                             (tenc_job, "read_label_set")):
-            driver.setattr(module, name, no_label_reads_in_the_driver)
-        summary = run_trans_encoder(cfg)
+def test_mutual_cycle_writes_averaged_parquet_labels_and_refreshes_models(mutual_run, tiny_models):
+    cfg, summary = mutual_config(tiny_models, mutual_run.root), mutual_run.summary
     run_dir = Path(cfg.run_dir)
     pair_set = build_pair_set("inductive", NUM_PAIRS, 7)
     pairs = pair_set.pairs()
@@ -316,7 +351,7 @@ def test_mutual_cycle_writes_averaged_parquet_labels_and_refreshes_models(tiny_m
     # MLflow: one parent, a child per family and encoder with the cycle as the step of per-cycle metrics
     from mlflow import MlflowClient
 
-    client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path}/mlflow.db")
+    client = MlflowClient(tracking_uri=mutual_run.tracking_uri)
     experiment = client.get_experiment_by_name("tenc-test")
     runs = client.search_runs([experiment.experiment_id])
     parent = [r for r in runs if "mlflow.parentRunId" not in r.data.tags]

@@ -105,4 +105,6 @@ def test_default_configs_resolve_from_the_package_not_the_checkout():
     assert resolve_config("congen-gpu") == shipped_config("congen-gpu")
     assert resolve_config("congen-gpu.yaml") == shipped_config("congen-gpu")
     assert resolve_config("no-such-config") == Path("no-such-config")  # left for the loader's "not found" message
-    assert not (ROOT / "configs").exists() and not (ROOT / "tune_spaces").exists()
+    assert not (ROOT / "configs").exists()
+    # The search spaces sit at the top of the checkout, where a user looks for them; the package links to them.
+    assert (PACKAGE / "tune_spaces").is_symlink() and spaces_dir() == (ROOT / "tune_spaces").resolve()

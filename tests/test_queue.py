@@ -30,7 +30,7 @@ def test_fifo_order_and_wrap_around_against_a_python_list():
         reference = reference[-5:]
         np.testing.assert_allclose(queue.ordered().double().numpy(), np.stack(reference), atol=1e-6)
         assert len(queue) == len(reference)
-    assert queue.is_full and queue.embeddings.data_ptr() == pointer_before
+    assert len(queue) == queue.size and queue.embeddings.data_ptr() == pointer_before
 
 
 def test_oldest_rows_are_overwritten_first():
@@ -87,7 +87,7 @@ def test_scores_pass_gradients_to_the_query_only():
 def test_random_init_is_seeded_unit_and_full():
     first, second = InstanceQueue(8, 5, init="random", seed=3), InstanceQueue(8, 5, init="random", seed=3)
     other = InstanceQueue(8, 5, init="random", seed=4)
-    assert first.is_full
+    assert len(first) == first.size
     torch.testing.assert_close(first.embeddings, second.embeddings)
     assert not torch.allclose(first.embeddings, other.embeddings)
     np.testing.assert_allclose(first.embeddings.norm(dim=1).numpy(), np.ones(8), rtol=1e-6)
@@ -100,10 +100,10 @@ def test_init_from_real_embeddings():
     queue = InstanceQueue(6, 3, init="random")
     vectors = _rows(4, 3, seed=9)
     queue.init_from(vectors)
-    assert len(queue) == 4 and not queue.is_full
+    assert len(queue) == 4 < queue.size
     np.testing.assert_allclose(queue.ordered().double().numpy(), _unit(vectors), atol=1e-6)
     queue.init_from(_rows(9, 3, seed=10))
-    assert queue.is_full
+    assert len(queue) == queue.size
 
 
 def test_state_dict_round_trip_restores_content_and_position():
@@ -151,7 +151,7 @@ def test_full_size_queue_scores_and_enqueues_in_place():
     # Two batches written at rows [0, 2B): the oldest random rows went first.
     torch.testing.assert_close(queue.flush()[batch:2 * batch], queries, rtol=1e-6, atol=1e-6)
     assert queue.embeddings.data_ptr() == buffer_ptr
-    assert int(queue.pointer) == 2 * batch and queue.is_full
+    assert int(queue.pointer) == 2 * batch and len(queue) == size
 
 
 def test_enqueue_is_written_at_the_next_read_so_the_step_graph_stays_valid():

@@ -22,13 +22,12 @@ from scipy.stats import spearmanr
 from transformers import AutoConfig, AutoModel, AutoTokenizer
 
 from raydistill.models.derive import derive_student, evenly_spaced_layers
+from raydistill.models.model_cache import METADATA_FILE, cache_problems
 from raydistill.models.registry import (
     DERIVATION_PLANS,
-    METADATA_FILE,
     PRESETS,
     ModelNotAvailableError,
     assemble_split_zip,
-    cache_problems,
     count_parameters,
     describe_presets,
     minilm_package_dir,

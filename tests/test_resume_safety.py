@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 import torch
 
-from raydistill.runtime import checkpoint as ckpt
-from raydistill.runtime.learner import DistillLearner
+from raydistill.runtime.engine import checkpoint as ckpt
+from raydistill.runtime.engine.learner import DistillLearner
 from raydistill.data.arrays import ArrayData
-from raydistill.runtime.learner_group import LearnerGroup, PreemptedError
+from raydistill.runtime.engine.learner_group import LearnerGroup, PreemptedError
 from raydistill.methods import get_method
 
 pytest_plugins = ["tests.reliability_log"]
@@ -125,7 +125,7 @@ def test_group_resume_falls_back_past_a_damaged_checkpoint_and_says_so(tiny_bert
 def test_stop_request_checkpoints_at_the_next_step_boundary(tiny_bert, tiny_teacher, teacher_vectors, paraphrases,
                                                             tmp_path, capsys):
     """The in-process path of SIGTERM: the handler run_distillation installs only calls request_stop."""
-    from raydistill.runtime.distill import _StopOnSigterm
+    from raydistill.runtime.jobs.distill import _StopOnSigterm
 
     cfg = congen_config(tiny_bert, tiny_teacher, tmp_path, checkpoint_every=100, eval_every=100)
     data = congen_data(cfg, paraphrases, teacher_vectors)

@@ -13,9 +13,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from raydistill.runtime.config import RoleResources
-from raydistill.runtime.embedding_cache import EmbeddingCache, ensure_teacher_embeddings
-from raydistill.runtime.teacher import TeacherEncoder, TeacherSpec, teacher_identity
+from raydistill.config.job import RoleResources
+from raydistill.runtime.teachers.embedding_cache import EmbeddingCache, ensure_teacher_embeddings
+from raydistill.runtime.teachers.teacher import TeacherEncoder, TeacherSpec, teacher_identity
 from tests.ray_fixtures import ray_session  # noqa: F401  (session-scoped fixture)
 
 
@@ -40,7 +40,7 @@ def in_process_teacher(teacher_spec):
 @pytest.mark.ray
 def test_teacher_pass_runs_once_then_only_on_misses(ray_session, teacher_spec, in_process_teacher, real_sentences,
                                                     cache_root, monkeypatch):
-    from raydistill.runtime import embedding_cache
+    from raydistill.runtime.teachers import embedding_cache
 
     monkeypatch.setattr(embedding_cache, "_APPEND_EVERY_ROWS", 64)  # save as blocks stream in, not only at the end
     monkeypatch.setattr(embedding_cache, "_ROWS_PER_TEACHER_CALL", 64)  # several teacher calls, each saved
@@ -75,26 +75,29 @@ def test_teacher_pass_runs_once_then_only_on_misses(ray_session, teacher_spec, i
     np.testing.assert_array_equal(rows, partial)
 
 
-@pytest.mark.ray
-def test_teacher_actor_encodes_like_the_in_process_teacher(ray_session, teacher_spec, in_process_teacher,
-                                                           real_sentences):
-    from raydistill.runtime.teacher import TeacherActor
+def test_a_pool_actors_teacher_embeds_a_batch_like_the_in_process_teacher(teacher_spec, in_process_teacher,
+                                                                          real_sentences):
+    """TeacherEmbed is what each actor of the teacher pass's Ray Data pool runs on its batches (the pass itself is
+    tested above): it keeps every row's idx, returns the in-process teacher's vectors, and reports the rows that went
+    through the transformer once, on the batch's first row, so that the column sums to the pool's work."""
+    from raydistill.runtime.teachers.teacher import TeacherEmbed
 
-    actor = TeacherActor(teacher_spec)
-    try:
-        texts = real_sentences[300:340]
-        remote = actor.encode(texts, timeout=60)
-        np.testing.assert_allclose(remote, in_process_teacher.encode(texts), atol=1e-5)
-        assert actor.forward_rows(timeout=60) == 40
-    finally:
-        actor.kill()
+    embed = TeacherEmbed(**teacher_spec.encoder_kwargs())
+    texts = real_sentences[300:340]
+    idx = np.arange(139, 99, -1, dtype=np.int64)
+    out = embed({"idx": idx, "text": np.asarray(texts, dtype=object)})
+    np.testing.assert_array_equal(out["idx"], idx)
+    np.testing.assert_allclose(out["embedding"], in_process_teacher.encode(texts), atol=1e-5)
+    assert out["teacher_forward_rows"].tolist() == [40] + [0] * 39
+    again = embed({"idx": idx[:3], "text": np.asarray(texts[:3], dtype=object)})
+    assert again["teacher_forward_rows"].tolist() == [3, 0, 0]  # this batch's rows, not the actor's running total
 
 
 def test_a_training_pass_caches_every_vector_and_batches_read_them_back(teacher_spec, in_process_teacher,
                                                                         real_sentences, tmp_path):
     """return_vectors=False gathers no vector (a job's batches read theirs from the cache); TeacherVectors gives
     each batch its rows' vectors and refuses, naming the cache, a sentence that has none."""
-    from raydistill.runtime.embedding_cache import TeacherVectors
+    from raydistill.runtime.teachers.embedding_cache import TeacherVectors
 
     texts = real_sentences[:48]
     nothing, stats = ensure_teacher_embeddings(texts, "a", teacher_spec, tmp_path, in_process=True,
@@ -150,8 +153,8 @@ def test_cache_rejects_mismatched_rows(tmp_path):
 # ---------------------------------------------------------------------------------------------------------------
 # Training texts, views and the batch stream
 
-from raydistill.runtime.config import DataConfig, JobConfig  # noqa: E402
-from raydistill.runtime.pipeline import TrainingData, build_training_data, load_training_texts  # noqa: E402
+from raydistill.config.job import DataConfig, JobConfig  # noqa: E402
+from raydistill.runtime.teachers.pipeline import TrainingData, build_training_data, load_training_texts  # noqa: E402
 
 
 def test_training_texts_and_views_are_deterministic():
@@ -301,8 +304,8 @@ def test_training_data_stream_is_deterministic_and_resumable(ray_session, tmp_pa
     import zlib
 
     from raydistill.methods import get_method
-    from raydistill.runtime.learner_group import LearnerGroup
-    from raydistill.runtime.preflight import preflight
+    from raydistill.runtime.engine.learner_group import LearnerGroup
+    from raydistill.runtime.engine.preflight import preflight
 
     local = preflight(cfg.with_overrides([f"run_dir={tmp_path / 'run'}", "train.batch_size=32", "train.epochs=1",
                                           "train.eval_every=100", "loss.queue_size=64", "tracking.enabled=false",
@@ -317,30 +320,31 @@ def test_init_ray_joins_the_running_ray_and_keeps_data_off_actor_cpus(ray_sessio
     import ray
     from ray.data import DataContext
 
-    from raydistill.runtime.cluster import check_resources, init_ray
+    from raydistill.runtime.engine.cluster import check_resources, init_ray
 
     cfg = JobConfig.from_dict({"method": "congen", "student": "bert-tiny",
                                "resources": {"num_cpus": 64, "learner": {"num_learners": 2, "num_cpus": 0.5}}})
     options = DataContext.get_current().execution_options
-    before = options.exclude_resources
+    before = options.resource_limits
     try:
         init_ray(cfg)  # already initialised: joins it, does not start a 64-CPU Ray
         assert ray.cluster_resources()["CPU"] == 2
-        assert DataContext.get_current().execution_options.exclude_resources.cpu == 1.0
+        # Ray Data plans with what the actors leave: 2 CPUs less the learners' 2 x 0.5
+        assert DataContext.get_current().execution_options.resource_limits.cpu == 1.0
         check_resources(cfg)  # 2 x 0.5 learner CPUs + 0.5 for Ray Data fit in 2
 
         # The teacher pass runs before the learners exist: its dataset may plan the pool on the reserved CPUs.
         from ray.data import ExecutionResources
 
-        from raydistill.runtime.embedding_cache import _leave_room_for_the_pool
+        from raydistill.runtime.teachers.embedding_cache import _leave_room_for_the_pool
 
-        options.exclude_resources = ExecutionResources(cpu=2.0)
+        options.resource_limits = ExecutionResources.for_limits(cpu=0.0)
         teacher_pass = ray.data.from_items([{"idx": 0, "text": "a"}])
         _leave_room_for_the_pool(teacher_pass, pool_cpus=1.0, pool_gpus=0.0)
-        assert teacher_pass.context.execution_options.exclude_resources.cpu == 1.0
-        assert options.exclude_resources.cpu == 2.0  # the global setting is untouched
+        assert teacher_pass.context.execution_options.resource_limits.cpu == 1.0
+        assert options.resource_limits.cpu == 0.0  # the global setting is untouched
     finally:
-        options.exclude_resources = before
+        options.resource_limits = before
 
 
 @pytest.mark.ray

@@ -57,7 +57,7 @@ def start_and_signal(command: list[str], log: Path, ready, signum: int, timeout_
 def test_a_signal_outside_a_step_loop_stops_at_once_and_inside_one_only_asks(capsys):
     """SIGINT outside ``step_boundaries`` raises ``JobStopped`` where the job stands; inside, it only sets the flag
     that the step loop checks; a second signal is only reported. Exit status: 128 + the signal."""
-    from raydistill.runtime import stopping
+    from raydistill.runtime.engine import stopping
 
     before = signal.getsignal(signal.SIGINT)  # SIG_IGN where the suite runs in the background (nohup, CI)
     handlers = stopping.StopOnSignals("test").install()
@@ -91,8 +91,8 @@ ROWS_PER_PART = 128
 # The distillation job without its evaluation.
 SMALL_PARTS_DRIVER = f"""\
 import functools, sys
-from raydistill.runtime import embedding_cache
-from raydistill.runtime.distill import run_distillation
+from raydistill.runtime.teachers import embedding_cache
+from raydistill.runtime.jobs.distill import run_distillation
 from raydistill.runtime.entry import distill_job_main
 
 embedding_cache._APPEND_EVERY_ROWS = embedding_cache._ROWS_PER_BLOCK = embedding_cache._ROWS_PER_TEACHER_CALL = \\

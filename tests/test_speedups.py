@@ -15,7 +15,7 @@ from raydistill.models import BiEncoder
 from raydistill.models import speedups
 from raydistill.models.speedups import (FastDropout, fast_dropout, use_fast_attention_dropout, use_fast_dropout,
                                         use_reused_embedding_grad)
-from raydistill.runtime.preflight import preflight
+from raydistill.runtime.engine.preflight import preflight
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -142,8 +142,8 @@ def test_cpu_learner_applies_the_speedups_and_saves_a_plain_model(tiny_bert, rea
 
     import numpy as np
 
-    from raydistill.runtime.config import JobConfig
-    from raydistill.runtime.learner import DistillLearner
+    from raydistill.config.job import JobConfig
+    from raydistill.runtime.engine.learner import DistillLearner
 
     cfg = preflight(JobConfig.from_dict({
         "method": "simcse", "student": str(tiny_bert), "run_dir": str(tmp_path / "run"),

@@ -12,7 +12,7 @@ import json
 import numpy as np
 import pytest
 
-from raydistill.runtime.config import ConfigError, JobConfig
+from raydistill.config.job import ConfigError, JobConfig
 from tests.conftest import TEACHER_DIM  # the width of conftest's tiny_teacher
 
 pytest.importorskip("sentence_transformers")
@@ -44,7 +44,7 @@ def job_config(student, teacher, workspace, run_name: str, **loss) -> JobConfig:
         "data": {"corpus": workspace["corpus"], "max_sentences": None, "max_length": 32, "teacher_max_length": 32},
         "train": {"batch_size": BATCH, "lr": 1e-3, "epochs": EPOCHS, "warmup_ratio": 0.1},
         "loss": loss,
-        "extra": {"log_every": 1},
+        "runtime": {"log_every": 1},
         "resources": {"teacher": {"threads": 1, "batch_size": 64}, "learner": {"threads": 1}},
         "tracking": {"tracking_uri": workspace["mlflow"], "experiment": "test-st-mse", "run_name": run_name},
     })
@@ -60,14 +60,14 @@ def job_config(student, teacher, workspace, run_name: str, **loss) -> JobConfig:
                          ids=["unknown reduction", "missing teacher", "misspelt loss key"])
 def test_a_bad_config_is_refused_naming_the_field_before_any_model_loads(bad, field, tiny_bert, tiny_teacher,
                                                                         workspace, monkeypatch):
-    from raydistill.runtime import st_mse
+    from raydistill.runtime.jobs import st_mse
 
     def must_not_run(*args, **kwargs):
         raise AssertionError("a model or the teacher pass started before the config was refused")
 
     monkeypatch.setattr(st_mse, "build_student", must_not_run)
-    monkeypatch.setattr("raydistill.runtime.embedding_cache.ensure_teacher_embeddings", must_not_run)
-    monkeypatch.setattr("raydistill.runtime.teacher.TeacherEncoder.__init__", must_not_run)
+    monkeypatch.setattr("raydistill.runtime.teachers.embedding_cache.ensure_teacher_embeddings", must_not_run)
+    monkeypatch.setattr("raydistill.runtime.teachers.teacher.TeacherEncoder.__init__", must_not_run)
     plain = job_config(tiny_bert, tiny_teacher, workspace, "refused").to_dict()
     for key, value in bad.items():
         plain[key] = value
@@ -115,7 +115,7 @@ def test_raydistill_run_st_mse_help_lists_its_settings(capsys):
 def test_pca_gives_targets_of_the_students_width_from_the_teacher_vectors():
     from sklearn.decomposition import PCA
 
-    from raydistill.runtime.st_mse import teacher_targets
+    from raydistill.runtime.jobs.st_mse_recipe import teacher_targets
 
     rng = np.random.default_rng(0)
     vectors = (rng.normal(size=(200, 8)) @ rng.normal(size=(8, TEACHER_DIM))
@@ -140,7 +140,7 @@ def test_pca_gives_targets_of_the_students_width_from_the_teacher_vectors():
 
 
 def test_dense_and_equal_widths_keep_the_teacher_vectors_and_pca_cannot_widen():
-    from raydistill.runtime.st_mse import teacher_targets
+    from raydistill.runtime.jobs.st_mse_recipe import teacher_targets
 
     vectors = np.random.default_rng(1).normal(size=(64, TEACHER_DIM)).astype(np.float32)
     targets, info = teacher_targets(vectors, STUDENT_DIM, "dense", 64)
@@ -160,7 +160,7 @@ def test_dense_and_equal_widths_keep_the_teacher_vectors_and_pca_cannot_widen():
 @pytest.fixture
 def mse_loss_calls(monkeypatch):
     """Counts the forward calls of sentence-transformers' own MSELoss during the test."""
-    from raydistill.runtime.st_mse import _st_modules
+    from raydistill.runtime.jobs.st_mse_recipe import _st_modules
 
     mse_loss = _st_modules()[3]
     calls: list[float] = []
@@ -181,7 +181,7 @@ def test_job_trains_with_sentence_transformers_mse_and_writes_a_valid_result(tin
 
     from raydistill.evaluation import validate_result_file
     from raydistill.models import BiEncoder
-    from raydistill.runtime.st_mse import run_st_mse
+    from raydistill.runtime.jobs.st_mse import run_st_mse
 
     results_dir = workspace["root"] / "results"
     record = run_st_mse(job_config(tiny_bert, tiny_teacher, workspace, "pca"), results_dir=results_dir,
@@ -230,7 +230,7 @@ def test_job_trains_with_sentence_transformers_mse_and_writes_a_valid_result(tin
 def test_dense_reduction_widens_the_student_and_reuses_the_teacher_pass(tiny_bert, tiny_teacher, workspace,
                                                                         mse_loss_calls):
     from raydistill.models import BiEncoder
-    from raydistill.runtime.st_mse import run_st_mse
+    from raydistill.runtime.jobs.st_mse import run_st_mse
 
     cfg = job_config(tiny_bert, tiny_teacher, workspace, "dense", reduction="dense")
     record = run_st_mse(cfg, result_path=workspace["root"] / "results" / "dense.json", teacher_in_process=True)

@@ -22,14 +22,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from raydistill.runtime.config import RoleResources
-from raydistill.runtime.embedding_cache import (
+from raydistill.config.job import RoleResources
+from raydistill.runtime.teachers.embedding_cache import (
     CacheDiskFullError,
     EmbeddingCache,
     NonFiniteTeacherVectorsError,
     ensure_teacher_embeddings,
 )
-from raydistill.runtime.teacher import TeacherEncoder, TeacherSpec
+from raydistill.runtime.teachers.teacher import TeacherEncoder, TeacherSpec
 from tests.distill_fixtures import teacher_dir  # noqa: F401 - fixture
 from tests.ray_fixtures import descendants, ray_session  # noqa: F401 - the session-wide Ray fixture
 
@@ -62,7 +62,7 @@ def test_truncated_wrong_width_and_nan_parts_are_detected_warned_and_recomputed(
     np.save(with_nan, rows)
     nan_rows = len(rows[::4])
 
-    caplog.set_level(logging.WARNING, logger="raydistill.runtime.embedding_cache")
+    caplog.set_level(logging.WARNING, logger="raydistill.runtime.teachers.embedding_cache")
     embeddings, stats = ensure_teacher_embeddings(texts, "control", spec, root, in_process=True)
     warnings = [record.getMessage() for record in caplog.records]
     assert any(str(truncated) in w and "unreadable part" in w for w in warnings), warnings
@@ -97,7 +97,7 @@ def test_truncated_wrong_width_and_nan_parts_are_detected_warned_and_recomputed(
 
 def job_config(teacher_dir, root, **teacher_resources):
     """A tiny ConGen job's config: its teacher pass (``cache_teacher_vectors``) is what these tests drive."""
-    from raydistill.runtime.config import JobConfig
+    from raydistill.config.job import JobConfig
     from tests.distill_fixtures import congen_config
 
     cfg = congen_config(teacher_dir, teacher_dir, root, "job")
@@ -110,7 +110,7 @@ def test_nan_cached_row_is_found_by_the_jobs_teacher_pass_and_recomputed(teacher
                                                                          ray_session, caplog, reliability):
     """A NaN row in the cache (a part damaged on disk, or written by a teacher that overflowed before vectors were
     checked) is a miss for the job's teacher pass (``return_vectors=False``), so the batches find a finite vector."""
-    from raydistill.runtime.pipeline import cache_teacher_vectors
+    from raydistill.runtime.teachers.pipeline import cache_teacher_vectors
 
     cfg = job_config(teacher_dir, tmp_path)
     spec = TeacherSpec.from_config(cfg)
@@ -122,7 +122,7 @@ def test_nan_cached_row_is_found_by_the_jobs_teacher_pass_and_recomputed(teacher
     np.save(part, rows)
     nan_rows = len(rows[::8])
 
-    caplog.set_level(logging.WARNING, logger="raydistill.runtime.embedding_cache")
+    caplog.set_level(logging.WARNING, logger="raydistill.runtime.teachers.embedding_cache")
     teacher, stats = cache_teacher_vectors(cfg, {"control": texts})
     warnings = [r.getMessage() for r in caplog.records if "not finite" in r.getMessage()]
     batch_vectors = teacher["control"](texts)  # what a training batch reads: TeacherVectors over the cache
@@ -226,7 +226,7 @@ def test_changed_middle_tensor_gives_a_new_teacher_identity_and_cache(real_sente
     import json
     import os
 
-    from raydistill.runtime import teacher as teacher_module
+    from raydistill.runtime.teachers import teacher as teacher_module
     from tests.tiny_models import make_tiny_model
 
     monkeypatch.setenv("RAYDISTILL_HOME", str(tmp_path / "home"))  # the hash memo lives there
@@ -279,7 +279,7 @@ def test_torn_or_altered_rows_file_is_detected_reported_and_rebuilt(real_sentenc
 
     import pyarrow as pa
 
-    from raydistill.runtime.pipeline import RowsFileError, _mapped_rows, write_rows_file
+    from raydistill.runtime.teachers.pipeline import RowsFileError, _mapped_rows, write_rows_file
 
     texts = list(dict.fromkeys(real_sentences))[:200]
     columns = {"idx": np.arange(len(texts)), "group": np.arange(len(texts)),
@@ -296,7 +296,7 @@ def test_torn_or_altered_rows_file_is_detected_reported_and_rebuilt(real_sentenc
     with pytest.raises(RowsFileError, match=str(torn)):  # a reader names the file it cannot read
         _mapped_rows(str(torn))
 
-    caplog.set_level(logging.WARNING, logger="raydistill.runtime.pipeline")
+    caplog.set_level(logging.WARNING, logger="raydistill.runtime.teachers.pipeline")
     outcomes = []
     for damage, damaged in (("torn", good[:len(good) // 2]),
                             ("altered", good[:len(good) // 2] + bytes([good[len(good) // 2] ^ 1]) +
@@ -353,9 +353,9 @@ def test_full_disk_during_a_cache_append_ends_the_pass_clearly_and_the_rerun_res
         teacher_dir, real_sentences, tmp_path, monkeypatch, reliability):
     """The job's teacher pass with its teacher in process (the appends are the driver's either way; a Ray pool
     would add two actor starts to this test)."""
-    from raydistill.runtime import embedding_cache
-    from raydistill.runtime.embedding_cache import _HOST, cache_row_bytes
-    from raydistill.runtime.pipeline import cache_teacher_vectors
+    from raydistill.runtime.teachers import embedding_cache
+    from raydistill.runtime.teachers.embedding_cache import _HOST, cache_row_bytes
+    from raydistill.runtime.teachers.pipeline import cache_teacher_vectors
 
     monkeypatch.setattr(embedding_cache, "_APPEND_EVERY_ROWS", 64)  # several parts, so the disk fills mid-pass
     monkeypatch.setattr(embedding_cache, "_ROWS_PER_TEACHER_CALL", 64)
@@ -402,9 +402,9 @@ def test_preflight_sizes_the_cache_from_the_corpus_and_the_teacher_width(teacher
     256 MiB for every job)."""
     import json
 
-    from raydistill.runtime.config import ConfigError
-    from raydistill.runtime.embedding_cache import cache_row_bytes
-    from raydistill.runtime.preflight import preflight, teacher_cache_bytes
+    from raydistill.config.job import ConfigError
+    from raydistill.runtime.teachers.embedding_cache import cache_row_bytes
+    from raydistill.runtime.engine.preflight import preflight, teacher_cache_bytes
 
     pairs = tmp_path / "pairs.jsonl"
     # Numbered, so that none is an evaluation sentence (a corpus drops those) and every row counts.
@@ -456,8 +456,8 @@ def test_teacher_actor_killed_then_pass_stopped_every_row_cached_once_and_rerun_
     import threading
     import time
 
-    from raydistill.runtime import embedding_cache
-    from raydistill.runtime.pipeline import cache_teacher_vectors
+    from raydistill.runtime.teachers import embedding_cache
+    from raydistill.runtime.teachers.pipeline import cache_teacher_vectors
 
     rows_per_part = 64
     monkeypatch.setattr(embedding_cache, "_APPEND_EVERY_ROWS", rows_per_part)

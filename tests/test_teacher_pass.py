@@ -9,10 +9,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from raydistill.runtime import embedding_cache
-from raydistill.runtime.config import RoleResources
-from raydistill.runtime.embedding_cache import EmbeddingCache, ensure_teacher_embeddings
-from raydistill.runtime.teacher import TeacherEncoder, TeacherSpec, resolve_precision, token_batches
+from raydistill.runtime.teachers import embedding_cache
+from raydistill.config.job import RoleResources
+from raydistill.runtime.teachers.embedding_cache import EmbeddingCache, ensure_teacher_embeddings
+from raydistill.runtime.teachers.teacher import TeacherEncoder, TeacherSpec, resolve_precision, token_batches
 
 
 @pytest.fixture(scope="module")
@@ -42,7 +42,7 @@ def test_token_batches_respect_the_budget_and_cover_every_input_once():
 
 
 def test_precision_auto_follows_the_hardware_and_says_why(monkeypatch):
-    from raydistill.runtime import teacher
+    from raydistill.runtime.teachers import teacher
 
     monkeypatch.setattr(teacher, "bf16_support", lambda: (False, "no AVX512-BF16 or AMX"))
     assert resolve_precision("auto") == ("fp32", "no AVX512-BF16 or AMX")
@@ -137,7 +137,7 @@ def test_old_parquet_parts_are_still_read(tmp_path):
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from raydistill.runtime.embedding_cache import text_hash
+    from raydistill.runtime.teachers.embedding_cache import text_hash
 
     directory = tmp_path / "bi-old"
     directory.mkdir()

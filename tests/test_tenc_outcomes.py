@@ -15,9 +15,9 @@ import shutil
 import numpy as np
 import pytest
 
-from raydistill.runtime.config import ConfigError
-from raydistill.runtime.pairs import PAIR_SOURCES, build_pair_set, gold_pair_labels
-from raydistill.runtime.plots import plot_dev_by_cycle
+from raydistill.config.job import ConfigError
+from raydistill.runtime.tenc.pairs import PAIR_SOURCES, build_pair_set, gold_pair_labels
+from raydistill.evaluation.plots import plot_dev_by_cycle
 from raydistill.runtime.tenc import TencConfig, read_label_set, run_trans_encoder, stage_key
 from tests.ray_fixtures import ray_session  # noqa: F401  (session-scoped Ray fixture)
 from tests.test_mutual_tenc import (
@@ -113,7 +113,7 @@ def test_a_second_job_on_a_run_dir_in_use_is_refused_before_it_reads_or_writes_a
                                                                                         reliability):
     import os
 
-    from raydistill.runtime.checkpoint import RunDirLock, RunDirLockedError
+    from raydistill.runtime.engine.rundir import RunDirLock, RunDirLockedError
 
     cfg = tiny_config(tiny_models, tmp_path)
     run_dir = cfg.validate().resolved_run_dir()
@@ -140,15 +140,25 @@ def test_label_weighting_is_validated_by_name_and_needs_mutual_mode(tiny_models,
     assert tiny_config(tiny_models, tmp_path, label_weighting="dev").config_hash() != plain.config_hash()
 
 
-@pytest.mark.usefixtures("ray_session")
-def test_dev_weighted_labels_are_the_families_labels_weighted_by_their_labellers_dev(tiny_models, tmp_path):
+@pytest.fixture(scope="module")
+def dev_weighted_run(tiny_models, tmp_path_factory, ray_session):  # noqa: F811
+    """One cycle with dev-weighted labels in which one family has its own bi-stage settings (bert: 1 step): the run
+    of the two tests below, which look at different parts of it (the labels; each learner's steps)."""
+    root = tmp_path_factory.mktemp("dev-weighted")
+    families = [{"name": "bert", "bi": str(tiny_models["bert"]), "bi_stage": {"max_steps": 1}},
+                {"name": "mpnet", "bi": str(tiny_models["mpnet"])}]
+    run_trans_encoder(tiny_config(tiny_models, root, families=families, label_weighting="dev",
+                                  label_weight_temperature=0.5, stop_after_stage=stage_key(1, "cross2bi")))
+    return root
+
+
+@pytest.mark.ray
+def test_dev_weighted_labels_are_the_families_labels_weighted_by_their_labellers_dev(dev_weighted_run):
     from raydistill.objectives.trans_encoder import dev_weights
 
     # One cycle covers both ways labels are made: by the starts before training (their dev measured first), and by
     # the models a stage has just trained (cycle 1's cross-encoders), weighted by that stage's best dev.
-    cfg = tiny_config(tiny_models, tmp_path, label_weighting="dev", label_weight_temperature=0.5,
-                      stop_after_stage=stage_key(1, "cross2bi"))
-    run_trans_encoder(cfg)
+    tmp_path = dev_weighted_run
     state = json.loads((tmp_path / "run" / "state.json").read_text())
     families = ["bert", "mpnet"]
     labellers_dev = {  # who labelled each stage: the starts, then cycle 1's cross-encoders
@@ -297,8 +307,8 @@ def test_qqp_run_reports_transductive_auc_selection_with_the_start_and_dev_curve
 
 
 def test_stage_precision_is_validated_and_bf16_labels_track_fp32(tiny_models, tmp_path):
-    from raydistill.runtime.teacher import bf16_support
-    from raydistill.runtime.tenc_learners import BiEncoderLearner, CrossEncoderLearner
+    from raydistill.runtime.teachers.teacher import bf16_support
+    from raydistill.runtime.tenc.learners import BiEncoderLearner, CrossEncoderLearner
 
     with pytest.raises(ConfigError, match=r"cross\.precision.*'fp16' is not one of fp32, bf16, auto"):
         tiny_config(tiny_models, tmp_path, cross={"batch_size": 8, "precision": "fp16"}).validate()
@@ -343,13 +353,9 @@ def test_a_familys_own_stage_settings_are_validated_and_hashed_only_when_set(tin
         tiny_config(tiny_models, tmp_path, families=[families[0], dict(families[1], cross_stage={"lr": 0})]).validate()
 
 
-@pytest.mark.usefixtures("ray_session")
-def test_a_familys_own_stage_settings_reach_only_its_learner(tiny_models, tmp_path):
-    families = [{"name": "bert", "bi": str(tiny_models["bert"]), "bi_stage": {"max_steps": 1}},
-                {"name": "mpnet", "bi": str(tiny_models["mpnet"])}]
-    cfg = tiny_config(tiny_models, tmp_path, families=families, stop_after_stage=stage_key(1, "cross2bi"))
-    run_trans_encoder(cfg)
-    state = json.loads((tmp_path / "run" / "state.json").read_text())
+@pytest.mark.ray
+def test_a_familys_own_stage_settings_reach_only_its_learner(dev_weighted_run):
+    state = json.loads((dev_weighted_run / "run" / "state.json").read_text())
     trained = state["stages"][stage_key(1, "cross2bi")]["families"]
     assert (trained["bert"]["steps"], trained["mpnet"]["steps"]) == (1, 3)
     crosses = state["stages"][stage_key(1, "bi2cross")]["families"]

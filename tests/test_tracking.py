@@ -11,9 +11,9 @@ import time
 import numpy as np
 import pytest
 
-from raydistill.runtime.config import TrackingConfig
-from raydistill.runtime.plots import plot_dev_scatter, plot_learning_curve
-from raydistill.runtime.tracking import Tracker, flatten_params, resolve_tracking_uri
+from raydistill.config.job import TrackingConfig
+from raydistill.evaluation.plots import plot_dev_scatter, plot_learning_curve
+from raydistill.runtime.engine.tracking import Tracker, flatten_params, resolve_tracking_uri
 
 pytest_plugins = ["tests.reliability_log"]
 
@@ -103,7 +103,7 @@ def test_unusable_tracking_uri_warns_once_and_training_continues(kind, tmp_path,
     else:
         uri = f"http://127.0.0.1:{_closed_port()}"
     started = time.perf_counter()
-    with caplog.at_level(logging.WARNING, logger="raydistill.runtime.tracking"):
+    with caplog.at_level(logging.WARNING, logger="raydistill.runtime.engine.tracking"):
         tracker = Tracker(TrackingConfig(tracking_uri=uri), run_name="broken")
         losses = []
         for step in range(5):
@@ -152,7 +152,7 @@ def test_experiments_are_marked_as_model_training(mlflow_dir):
     before the tag, or by hand) when raydistill next logs a run into them."""
     from mlflow import MlflowClient
 
-    from raydistill.runtime.tracking import EXPERIMENT_KIND_TAG, TRAINING_EXPERIMENT_KIND
+    from raydistill.runtime.engine.tracking import EXPERIMENT_KIND_TAG, TRAINING_EXPERIMENT_KIND
 
     uri = f"sqlite:///{mlflow_dir}/mlflow.db"
     client = MlflowClient(tracking_uri=uri)
@@ -179,7 +179,7 @@ def test_raydistill_ui_prints_the_training_runs_link_of_each_experiment(mlflow_d
     from mlflow import MlflowClient
 
     from raydistill.cli import main
-    from raydistill.runtime.tracking import training_runs_url
+    from raydistill.runtime.engine.tracking import training_runs_url
 
     uri = f"sqlite:///{mlflow_dir}/mlflow.db"
     with Tracker(TrackingConfig(tracking_uri=uri, experiment="raydistill-ui")) as tracker:
@@ -215,7 +215,7 @@ def test_a_locked_sqlite_store_is_retried_and_nothing_is_lost(mlflow_dir, caplog
                               stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout.readline().strip() == "locked"
-        with caplog.at_level(logging.WARNING, logger="raydistill.runtime.tracking"):
+        with caplog.at_level(logging.WARNING, logger="raydistill.runtime.engine.tracking"):
             tracker = Tracker(cfg, run_name="while-locked")
             for step in range(1, 4):
                 tracker.log_metrics({"loss": _fake_training_step(step)}, step=step)

@@ -13,6 +13,10 @@ interrupted (SIGINT, as Ctrl-C) at the third trial's first evaluation (at its se
 is below the first trial's best), and the sweep is continued with `raydistill tune --resume`: the trial must come
 back from its newest Train checkpoint in the sweep's storage. The tests below check the result of that one
 interrupted-and-resumed sweep.
+
+Two trials side by side on two CPUs are marked ``e2e`` (``pytest -m e2e``): by default the CPU arithmetic that lets
+them (a CPU held back for Ray Data only when a trial can miss the shared teacher pass) is checked where it is made,
+by the trial-concurrency tests below.
 """
 
 from __future__ import annotations
@@ -30,7 +34,7 @@ import pytest
 import yaml
 
 from raydistill.cli import main as cli_main
-from raydistill.runtime.preflight import preflight
+from raydistill.runtime.engine.preflight import preflight
 from tests.ray_fixtures import ray_session  # noqa: F401 - the session-wide Ray fixture
 
 pytest_plugins = ["tests.reliability_log"]
@@ -272,7 +276,7 @@ def test_mlflow_has_one_parent_run_and_a_child_run_per_trial(sweep):
 @pytest.mark.ray
 def test_best_trial_is_exported_as_a_model_and_a_job_config(sweep):
     from raydistill.models import BiEncoder
-    from raydistill.runtime.config import JobConfig
+    from raydistill.config.job import JobConfig
 
     final = sweep["final"]
     best = final["best"]
@@ -366,6 +370,7 @@ def test_a_cpu_is_held_back_only_when_a_trial_can_miss_the_shared_teacher_pass(t
 
 
 @pytest.mark.ray
+@pytest.mark.e2e
 def test_two_trials_train_at_once_on_two_cpus(tmp_path, ray_session, tiny_bert, tiny_teacher):  # noqa: F811
     """No CPU held back on 2 CPUs: two 1-CPU trials run side by side and both finish (a Ray Data task left without a
     CPU would wait until the time budget ends the sweep)."""
@@ -460,7 +465,7 @@ def test_a_sweep_whose_driver_was_killed_resumes_each_trial_from_its_checkpoint(
     import ray
 
     from raydistill.runtime.tune import resume_sweep
-    from raydistill.runtime.tune_trial import TrialState
+    from raydistill.runtime.tune.trial import TrialState
 
     space = write_space(tmp_path / "tiny.yaml", tiny_bert, tiny_teacher, tmp_path, lrs=[1e-3], num_learners=0)
     sweep_dir = tmp_path / "sweep"
@@ -505,14 +510,14 @@ def test_a_second_driver_on_a_sweep_in_use_is_refused(tmp_path, tiny_bert, tiny_
     """A second ``--resume`` (or sweep) on a sweep directory whose driver runs is refused before Ray starts, naming
     the holder; a symlink planted as the lock file is not followed."""
     from raydistill.runtime.tune import SpaceError, plan_sweep, resume_sweep, run_sweep
-    from raydistill.runtime.tune_sweep import SWEEP_LOCK, SweepLockedError
+    from raydistill.runtime.tune.sweep import SWEEP_LOCK, SweepLockedError
 
     space = write_space(tmp_path / "tiny.yaml", tiny_bert, tiny_teacher, tmp_path, num_learners=0)
     plan = plan_sweep(str(tiny_bert), "congen", str(tiny_teacher), space_file=space, sweep_dir=tmp_path / "sweep",
                       evaluate_sets=())
     plan.save()
     holder = subprocess.Popen(
-        [sys.executable, "-c", "import sys, time\nfrom raydistill.runtime.tune_sweep import SweepLock\n"
+        [sys.executable, "-c", "import sys, time\nfrom raydistill.runtime.tune.sweep import SweepLock\n"
          "with SweepLock(sys.argv[1]):\n    print('locked', flush=True)\n    time.sleep(120)", plan.sweep_dir],
         stdout=subprocess.PIPE, text=True)
     try:

@@ -8,17 +8,12 @@ Bad input raises `DataError` (a ValueError) whose message is ``"<file>:<line>: f
 JSON Lines (plain or gzip'd), Parquet files and directories of Parquet parts are read and validated alike.
 """
 
+from raydistill.data.formats import DataError, is_parquet, iter_jsonl, iter_lines, iter_parquet, iter_records
 from raydistill.data.readers import (
     CaptionGroup,
-    DataError,
     LabelledText,
     Pair,
     Records,
-    is_parquet,
-    iter_jsonl,
-    iter_lines,
-    iter_parquet,
-    iter_records,
     read_captions,
     read_labelled_texts,
     read_pairs,

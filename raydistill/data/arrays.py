@@ -2,7 +2,7 @@
 
 The supervised stages (DistilCSE's NLI triplets, DvBERT's pairs with soft labels, STS-B train) need no Ray Data
 pipeline: their rows fit in memory many times over. ``iter_batches`` has the same contract as the corpus pipeline's
-(``raydistill.runtime.pipeline.TrainingData``): the order of epoch ``e`` is a permutation drawn from ``(seed, e)``,
+(``raydistill.runtime.teachers.pipeline.TrainingData``): the order of epoch ``e`` is a permutation drawn from ``(seed, e)``,
 so a run resumed at batch ``k`` sees exactly the batches it would have.
 """
 

@@ -33,14 +33,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from raydistill.data.readers import (
-    PAIR_TEXT_FIELDS,
-    DataError,
-    is_hf_dataset,
-    iter_records,
-    read_pairs,
-    read_sentences,
-)
+from raydistill.data.formats import DataError, is_hf_dataset, iter_records
+from raydistill.data.readers import PAIR_TEXT_FIELDS, read_pairs, read_sentences
 from raydistill.data.registry import DATASETS, dataset_path, load_dataset
 
 __all__ = [
@@ -152,7 +146,7 @@ def _dataset_texts(name: str) -> Iterator[tuple[str, int, tuple[str, ...]]]:
 class Corpus:
     """The rows of a training corpus, row i being ``texts[i]``.
 
-    The first four fields are what ``raydistill.runtime.pipeline`` reads from any corpus:
+    The first four fields are what ``raydistill.runtime.teachers.pipeline`` reads from any corpus:
         texts           the sentence of each row
         groups          texts that describe the same thing as texts[i], itself included: the captions of its image
                         (evaluation sentences left out), or its pair; ``(texts[i],)`` when it has none
@@ -306,7 +300,7 @@ def corpus_spec_problem(spec: str) -> str | None:
     if not path.exists():
         return f"training file not found: {path}"
     if path.is_dir():
-        from raydistill.data.readers import is_parquet
+        from raydistill.data.formats import is_parquet
 
         if not (is_hf_dataset(path) or is_parquet(path)):
             return (f"training data directory {path} is neither a Hugging Face dataset (save_to_disk: state.json) "

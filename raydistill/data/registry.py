@@ -16,7 +16,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from raydistill.data.readers import DataError, read_captions, read_labelled_texts, read_pairs
+from raydistill.data.formats import DataError
+from raydistill.data.readers import read_captions, read_labelled_texts, read_pairs
 
 __all__ = ["BUNDLED_DIR", "DATA_ENV", "DatasetSpec", "DATASETS", "data_path", "dataset_path", "load_dataset"]
 

@@ -16,8 +16,9 @@ Defaults follow the authors' code (docs/methods.md says where and why they diffe
 student gets ``Linear(d_s → d_t)`` as a sentence-transformers Dense module, saved with the model. Queue losses read
 the rows' ``group``: rows of one caption group (one image) are not each other's negatives.
 
-Adding a method is an objective (raydistill/objectives/), a file here that defines its ``SPEC``, and a config:
-every module of this package with a ``SPEC`` is registered (docs/adding-a-method.md).
+Adding a method is an objective (raydistill/objectives/), a file here that defines its ``SPEC`` (with the schema of
+its ``loss:`` and ``extra:`` settings), and a config: every module of this package with a ``SPEC`` is registered, and
+its settings are listed by ``--help`` (docs/adding-a-method.md).
 """
 
 from __future__ import annotations
@@ -29,8 +30,9 @@ import pkgutil
 from dataclasses import dataclass
 from pathlib import Path
 
+from raydistill.config.help import register_method
+from raydistill.config.job import ConfigError, JobConfig
 from raydistill.methods.base import COMMON_EXTRA, CORPUS, MethodSpec, StepContext
-from raydistill.runtime.config import ConfigError, JobConfig
 
 __all__ = ["MethodSpec", "StepContext", "METHODS", "CORPUS", "get_method", "job_methods", "with_method_defaults",
            "validate_method", "Stage", "stage_plan", "stage_config"]
@@ -51,6 +53,8 @@ def _discover() -> dict[str, MethodSpec]:
 
 
 METHODS: dict[str, MethodSpec] = _discover()
+for _spec in METHODS.values():  # what --help lists (the config layer cannot import this package)
+    register_method(_spec.name, _spec.summary, _spec.loss_settings, _spec.extra_settings, internal=_spec.internal)
 
 _DEFAULT_VIEWS = {"a": "none"}
 
@@ -83,7 +87,7 @@ def with_method_defaults(cfg: JobConfig) -> JobConfig:
         data["data"]["views"] = dict(spec.views)
     if spec.teacher_views and not data["data"]["teacher_views"]:
         data["data"]["teacher_views"] = list(spec.teacher_views)
-    data["loss"] = spec.loss_kwargs(cfg)
+    data["loss"] = {**spec.default_loss, **spec.checked_loss(cfg)}
     if data == cfg.to_dict():
         return cfg
     return JobConfig.from_dict(data, source=cfg._source, lines=cfg._lines)
@@ -135,7 +139,7 @@ def stage_config(cfg: JobConfig, index: int) -> JobConfig:
         "cache_dir": cfg.cache_dir, "student_pooling": cfg.student_pooling, "teacher_pooling": None,
         "data": {**base["data"], "views": dict(stage_spec.views) or _DEFAULT_VIEWS, "teacher_views": []},
         "train": base["train"], "loss": {}, "resources": base["resources"], "tracking": base["tracking"],
-        "extra": {k: v for k, v in cfg.extra.items() if k in COMMON_EXTRA},
+        "runtime": base["runtime"], "extra": {k: v for k, v in cfg.extra.items() if k in COMMON_EXTRA},
     }
     defaults = spec.stage_defaults[index - 1] if index - 1 < len(spec.stage_defaults) else {}
     plain = _deep_merge(plain, defaults)

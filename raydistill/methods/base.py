@@ -9,30 +9,130 @@ Batches are dicts of numpy columns: ``text_<view>`` (object arrays of str), ``te
 the frozen teacher's cached vectors), ``group`` (int64 [B], a caption group id), ``idx`` and, for the labelled
 sets, their label columns. Which rows a method trains on is declared by ``MethodSpec.dataset``; the runtime builds
 them, so a method never starts an actor or reads a cache itself.
+
+A method declares the schema of its two free-form config sections: ``loss_settings`` (a ``LossSettings`` subclass:
+the keys of ``loss:``, their types, ranges, descriptions and the method's defaults) and ``extra_settings`` (an
+``ExtraSettings`` subclass: the keys of ``extra:``). Both are pydantic dataclasses of ``raydistill.config.schema``:
+an unknown key is refused with "did you mean", a wrong type or a value out of range names the field, and
+``--help`` lists them. A loss setting whose default is ``None`` is passed to the loss only when the config sets it
+(else the objective's own default applies, as its description says); the others are the method's defaults, written
+into the run's config (``with_method_defaults``) so the run records what it used.
 """
 
 from __future__ import annotations
 
-import difflib
 import inspect
-import math
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Annotated, Any, Callable, Literal
 
 import numpy as np
 import torch
+from pydantic import AfterValidator, Field, StrictBool
 from torch import Tensor, nn
 
-from raydistill.runtime.config import JobConfig
+from raydistill.config.job import ConfigError, JobConfig
+from raydistill.config.schema import Int, Number, build, section, states
 
-__all__ = ["MethodSpec", "StepContext", "Features", "COMMON_EXTRA", "CORPUS", "teacher_vectors", "with_groups"]
+__all__ = ["MethodSpec", "StepContext", "Features", "COMMON_EXTRA", "CORPUS", "teacher_vectors", "with_groups",
+           "LossSettings", "ExtraSettings", "StagedExtraSettings", "Temperature", "QueueSize", "QueueInit",
+           "QueueSeed", "MaskSameGroup", "Positive", "PositiveNumber", "NonNegative", "Fraction", "settings_defaults"]
 
 # The unlabeled text of ``data.corpus`` with its views and the teacher's cached vectors of ``data.teacher_views``;
 # every other ``MethodSpec.dataset`` names a labelled set that the runtime builds for that method.
 CORPUS = "corpus"
 
-# ``extra`` keys every method accepts (read by the runtime, not the method).
-COMMON_EXTRA = ("max_restarts", "log_every", "learner_timeout_s", "teacher_encoder", "bucket_tokens", "storage_path")
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The schema of ``loss:`` and ``extra:``
+
+
+@states("> 0")
+def _temperature(value: float | int) -> float | int:
+    if value <= 0:
+        raise ValueError(f"temperature must be a number > 0, got {value!r}")
+    return value
+
+
+@states("> 0")
+def _positive(value: float | int) -> float | int:
+    if value <= 0:
+        raise ValueError(f"must be > 0, got {value!r}")
+    return value
+
+
+@states("in [0, 1]")
+def _fraction(value: float | int) -> float | int:
+    if not 0 <= value <= 1:
+        raise ValueError(f"{value!r} must be in [0, 1]")
+    return value
+
+
+@states(">= 0")
+def _non_negative(value: float | int) -> float | int:
+    if value < 0:
+        raise ValueError(f"{value!r} must be >= 0")
+    return value
+
+
+#: A softmax temperature τ: a number > 0 (kept as written, int or float, so the config hash keeps its spelling).
+Temperature = Annotated[Number, AfterValidator(_temperature)]
+NonNegative = Annotated[Number, AfterValidator(_non_negative)]
+#: K, entries of an instance queue (0: no queue).
+QueueSize = Annotated[Int, Field(ge=0)]
+#: How a queue starts (raydistill.objectives.queue.QUEUE_INITS).
+QueueInit = Literal["empty", "random", "teacher"]
+#: A count of at least one (blocks, expansion factors).
+Positive = Annotated[Int, Field(ge=1)]
+#: A number > 0 that is not a temperature (a scale bound).
+PositiveNumber = Annotated[Number, AfterValidator(_positive)]
+#: A weight in [0, 1].
+Fraction = Annotated[Number, AfterValidator(_fraction)]
+#: ``queue_seed`` of every queue loss.
+QueueSeed = Annotated[Int | None, Field(description="seed of a random queue start (null: 0; queue i of a loss with "
+                                                    "several queues uses seed + i)")]
+#: ``mask_same_group`` of every queue loss.
+MaskSameGroup = Annotated[StrictBool | None, Field(description="rows of one caption group (one image) are not each "
+                                                               "other's negatives (null: true)")]
+
+
+@section
+class LossSettings:
+    """``loss:`` of a method whose loss takes no settings; every method's ``loss_settings`` derives from it."""
+
+
+@section
+class ExtraSettings:
+    """``extra:`` keys every method accepts (read by the runtime, not the method)."""
+
+    teacher_encoder: Literal["bi", "cross"] = Field("bi", description="bi (the teacher embeds sentences) or cross "
+                                                                      "(the teacher scores pairs)")
+    bucket_tokens: Int | None = Field(None, ge=0, description="padded tokens per length-sorted sub-batch of the "
+                                                              "student's forward (0: the batch in one call; null: "
+                                                              "the learner's default)")
+
+
+@section
+class StagedExtraSettings(ExtraSettings):
+    """``extra:`` of a method with a second stage."""
+
+    stage2: dict[str, Any] | None = Field(None, description="overrides of the second stage's train, loss, data and "
+                                                            "resources sections")
+
+
+def settings_defaults(schema: type) -> dict[str, Any]:
+    """The defaults of a settings schema that are not ``None`` (the ones a method writes into its config)."""
+    defaults = {}
+    for name, info in schema.__pydantic_fields__.items():
+        value = info.get_default(call_default_factory=True)
+        if value is not None and not info.is_required():
+            defaults[name] = value
+    return defaults
+
+
+# ``extra`` keys every method accepts. The runtime knobs that lived here too (max_restarts, ...) are the
+# ``runtime:`` section's now (raydistill.config.job.RUNTIME_KNOBS); a stage config carries these over.
+COMMON_EXTRA = tuple(ExtraSettings.__pydantic_fields__)
 
 # A least-squares projection starts from PyTorch's init; the runtime fits it to the teacher once the data exists.
 _CONSTRUCTED_INIT = {"least_squares": "default"}
@@ -98,6 +198,8 @@ class MethodSpec:
 
     ``dataset``: the rows it trains on: ``CORPUS`` (unlabeled text + cached teacher vectors), or the name of a
     labelled set the runtime builds (``nli_triplets``, ``stsb_train``, ``nli_teacher_labels``).
+    ``loss_settings`` / ``extra_settings``: the schema of the config's ``loss:`` and ``extra:`` (module docstring);
+    ``default_loss`` is what ``loss_settings`` declares.
     ``stages``: methods run after this one in the same job, each starting from the previous stage's best model
     (DistilCSE: CKD then supervised SimCSE on NLI; DvBERT: NLI with teacher annealing, then STS-B).
     ``check(cfg)``: the method's own config checks beyond the common ones (raise ``cfg._error(path, message)``).
@@ -108,9 +210,10 @@ class MethodSpec:
     views: dict[str, str]
     teacher_views: tuple[str, ...]
     needs_teacher: bool
-    default_loss: dict[str, Any]
     loss_class: type  # an nn.Module of raydistill.objectives: loss(features, labels) -> LossOutput
     batch_to_features: Callable[[StepContext, dict[str, np.ndarray]], Features]
+    loss_settings: type = LossSettings
+    extra_settings: type = ExtraSettings
     dataset: str = CORPUS
     loss_dim: str | None = None  # "teacher" | "student": what the loss's ``dim`` argument is
     project_to_teacher: bool = False
@@ -125,7 +228,6 @@ class MethodSpec:
     stages: tuple[str, ...] = ()
     stage_defaults: tuple[dict[str, Any], ...] = ()
     check: Callable[[JobConfig], None] | None = None
-    extra_keys: tuple[str, ...] = ()
     internal: bool = False  # a later stage of another method (still runnable on its own)
 
     # ------------------------------------------------------------------------------------------------------------
@@ -134,8 +236,30 @@ class MethodSpec:
     def reads_corpus(self) -> bool:
         return self.dataset == CORPUS
 
+    @property
+    def default_loss(self) -> dict[str, Any]:
+        """The loss settings the method fills in where the config leaves them unset (``loss_settings``'s)."""
+        return settings_defaults(self.loss_settings)
+
     def loss_kwargs(self, cfg: JobConfig) -> dict[str, Any]:
         return {**self.default_loss, **cfg.loss}
+
+    def checked_loss(self, cfg: JobConfig) -> dict[str, Any]:
+        """``cfg.loss`` checked against ``loss_settings``: the keys the config sets, as the schema reads them (YAML
+        1.1's ``1e-4`` string is the number); raises ConfigError naming the key (and its line)."""
+        checked = self._check_settings(cfg, self.loss_settings, "loss", f"the {cfg.method} loss")
+        return {key: getattr(checked, key) for key in cfg.loss}
+
+    def checked_extra(self, cfg: JobConfig):
+        """``cfg.extra`` checked against ``extra_settings``; the validated settings (unset keys: the defaults)."""
+        return self._check_settings(cfg, self.extra_settings, "extra", f"method {cfg.method!r}")
+
+    def _check_settings(self, cfg: JobConfig, schema: type, name: str, owner: str):
+        try:
+            return build(schema, dict(cfg.loss if name == "loss" else cfg.extra), source=cfg._source,
+                         lines=cfg._lines, prefix=f"{name}.")
+        except ConfigError as exc:  # "unknown field" -> "unknown field for the congen loss"
+            raise ConfigError(str(exc).replace(": unknown field", f": unknown field for {owner}", 1)) from None
 
     def teacher_views_of(self, cfg: JobConfig) -> list[str]:
         return list(cfg.data.teacher_views) if cfg.data.teacher_views else list(self.teacher_views)
@@ -186,8 +310,7 @@ class MethodSpec:
         return self.shared_queues > 0 and int(self.loss_kwargs(cfg).get("queue_size") or 0) > 0
 
     def allowed_loss_keys(self) -> set[str]:
-        params = inspect.signature(self.loss_class).parameters
-        return (set(params) - {"dim", "queue", "total_steps", "self"}) | set(self.default_loss)
+        return {name for name in self.loss_settings.__pydantic_fields__ if not name.startswith("_")}
 
     # ------------------------------------------------------------------------------------------------------------
     # Checks of a config naming this method (pure: no file, model or cluster is touched)
@@ -199,8 +322,8 @@ class MethodSpec:
         if not self.needs_teacher and cfg.teacher and not self.teacher_views and self.reads_corpus:
             raise cfg._error("teacher", f"method {self.name!r} trains without a teacher; remove teacher "
                                         f"(got {cfg.teacher!r})")
-        self._check_loss_keys(cfg)
-        self._check_extra(cfg)
+        self.checked_loss(cfg)
+        self.checked_extra(cfg)
         if self.reads_corpus:
             missing = [v for v in self.views if v not in effective_views]
             if missing:
@@ -210,21 +333,13 @@ class MethodSpec:
             if any(v not in effective_teacher_views for v in self.teacher_views):
                 raise cfg._error("data.teacher_views", f"method {self.name!r} needs teacher vectors of "
                                                        f"{list(self.teacher_views)}")
-        effective = self.loss_kwargs(cfg)
+        effective = {**self.default_loss, **self.checked_loss(cfg)}
         queue_size = effective.get("queue_size")
         if queue_size and queue_size < cfg.train.batch_size:
             raise cfg._error("loss.queue_size", f"K={queue_size} (the {self.name} default when unset) is smaller "
                                                 f"than train.batch_size={cfg.train.batch_size}: the FIFO queue must "
                                                 "hold at least one batch")
-        for key, value in effective.items():
-            if (key.startswith("tau") or key.startswith("temperature")) and not (
-                    isinstance(value, (int, float)) and value > 0):
-                raise cfg._error(f"loss.{key}", f"must be a number > 0, got {value!r}")
         if effective.get("queue_init") is not None:
-            from raydistill.objectives.queue import QUEUE_INITS
-
-            if effective["queue_init"] not in QUEUE_INITS:
-                raise cfg._error("loss.queue_init", f"{effective['queue_init']!r}; allowed: {', '.join(QUEUE_INITS)}")
             if effective["queue_init"] == "teacher" and not self.shared_queues:
                 raise cfg._error("loss.queue_init", f"'teacher' fills queues of teacher vectors; the {self.name} "
                                                     "loss keeps none (use random or empty)")
@@ -235,51 +350,6 @@ class MethodSpec:
                                                         f"{i + 2} ({stage})")
         if self.check is not None:
             self.check(cfg)
-
-    def _check_loss_keys(self, cfg: JobConfig) -> None:
-        allowed = self.allowed_loss_keys()
-        for key in cfg.loss:
-            if key not in allowed:
-                raise cfg._error(f"loss.{key}", f"not a parameter of the {cfg.method} loss{_did_you_mean(key, allowed)}; "
-                                                f"allowed: {', '.join(sorted(allowed)) or '(none)'}")
-
-    def _check_extra(self, cfg: JobConfig) -> None:
-        allowed = set(COMMON_EXTRA) | set(self.extra_keys)
-        for key in cfg.extra:
-            if key not in allowed:
-                raise cfg._error(f"extra.{key}", f"unknown field for method {cfg.method!r}"
-                                                 f"{_did_you_mean(key, allowed)}; allowed: {', '.join(sorted(allowed))}")
-        for key, (accepts, expected) in _COMMON_EXTRA_TYPES.items():
-            value = cfg.extra.get(key)
-            if value is not None and not accepts(value):
-                raise cfg._error(f"extra.{key}", f"expected {expected}, got {value!r}")
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _is_positive_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0
-
-
-# The runtime's ``extra`` settings: (check, what is expected). Checked with the config, before Ray starts, because the
-# runtime reads them only once the learners start (after the teacher pass).
-_COMMON_EXTRA_TYPES: dict[str, tuple[Callable[[Any], bool], str]] = {
-    "max_restarts": (lambda v: _is_int(v) and v >= 0, "an integer >= 0 (worker-group failures retried)"),
-    "learner_timeout_s": (_is_positive_number, "a number of seconds > 0 (how long the learners may send nothing)"),
-    "log_every": (lambda v: _is_int(v) and v >= 1, "an integer >= 1 (steps between progress lines)"),
-    "storage_path": (lambda v: isinstance(v, str) and bool(v.strip()),
-                     "a non-empty path or pyarrow filesystem URI (where Ray Train persists the checkpoints)"),
-    "teacher_encoder": (lambda v: v in ("bi", "cross"), "'bi' (sentence embeddings) or 'cross' (pair scores)"),
-    "bucket_tokens": (lambda v: _is_int(v) and v >= 0, "an integer >= 0 (padded tokens per length-sorted "
-                                                       "sub-batch; 0 = the batch in one call)"),
-}
-
-
-def _did_you_mean(key: str, allowed) -> str:
-    close = difflib.get_close_matches(key, sorted(allowed), n=1)
-    return f" (did you mean '{close[0]}'?)" if close else ""
 
 
 def check_learnable_temperature(cfg: JobConfig, effective: dict[str, Any]) -> None:

@@ -11,16 +11,45 @@ plain Linear projection to the teacher's width (no activation), as the authors' 
 
 import math
 
+from pydantic import Field, StrictBool
+
+from raydistill.config.job import JobConfig
+from raydistill.config.schema import section
 from raydistill.methods.base import (
     Features,
+    LossSettings,
+    MaskSameGroup,
     MethodSpec,
+    NonNegative,
+    PositiveNumber,
+    QueueInit,
+    QueueSeed,
+    QueueSize,
     StepContext,
+    Temperature,
     check_learnable_temperature,
     teacher_vectors,
     with_groups,
 )
 from raydistill.objectives import CKDLoss
-from raydistill.runtime.config import JobConfig
+
+
+@section
+class CKDLossSettings(LossSettings):
+    """``loss:`` of CKD (raydistill.objectives.CKDLoss)."""
+
+    queue_size: QueueSize = Field(65536, description="K, teacher vectors of earlier batches as extra negatives")
+    temperature: Temperature = Field(round(math.exp(-1.0), 6), description="τ of the logit scale 1/τ (not "
+                                                                           "log(1/τ)): e^-1 is the authors' scale e")
+    learnable_temperature: StrictBool = Field(True, description="learn the scale with the student (clamped to "
+                                                                "[min_scale, max_scale])")
+    mse_weight: NonNegative = Field(0.0, description="weight of an MSE term to the teacher vector (0: none)")
+    min_scale: PositiveNumber | None = Field(None, description="lower clamp of the learned scale (null: 1)")
+    max_scale: PositiveNumber | None = Field(None, description="upper clamp of the learned scale (null: 100)")
+    queue_init: QueueInit | None = Field(None, description="how the queue starts: empty, random or teacher (null: "
+                                                           "empty, as the authors')")
+    queue_seed: QueueSeed = None
+    mask_same_group: MaskSameGroup = None
 
 
 def single_view_features(ctx: StepContext, batch) -> Features:
@@ -41,8 +70,7 @@ SPEC = MethodSpec(
     views={"a": "none"},
     teacher_views=("a",),
     needs_teacher=True,
-    default_loss={"queue_size": 65536, "temperature": round(math.exp(-1.0), 6), "learnable_temperature": True,
-                  "mse_weight": 0.0},
+    loss_settings=CKDLossSettings,
     loss_class=CKDLoss,
     loss_dim="teacher",
     batch_to_features=single_view_features,

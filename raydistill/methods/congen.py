@@ -9,8 +9,40 @@ Defaults: K 16384, τ_t 0.05, τ_s 0.07 (the MiniLM-L3 row of the paper's Table 
 vectors of sampled training sentences, as the authors' code does (the paper finds a random start worse).
 """
 
-from raydistill.methods.base import Features, MethodSpec, StepContext, teacher_vectors, with_groups
+from pydantic import Field
+
+from raydistill.config.schema import section
+from raydistill.methods.base import (
+    Features,
+    Fraction,
+    LossSettings,
+    MaskSameGroup,
+    MethodSpec,
+    QueueInit,
+    QueueSeed,
+    QueueSize,
+    StepContext,
+    Temperature,
+    teacher_vectors,
+    with_groups,
+)
 from raydistill.objectives import ConGenLoss
+
+
+@section
+class ConGenLossSettings(LossSettings):
+    """``loss:`` of ConGen (raydistill.objectives.ConGenLoss)."""
+
+    queue_size: QueueSize = Field(16384, description="K, instance-queue entries the loss scores against (teacher "
+                                                     "vectors of earlier batches)")
+    tau_teacher: Temperature = Field(0.05, description="temperature of the teacher's similarity distribution")
+    tau_student: Temperature = Field(0.07, description="temperature of the student's similarity distribution")
+    queue_init: QueueInit = Field("teacher", description="how the queue starts: teacher (vectors of sampled training "
+                                                         "sentences, the authors'), random or empty")
+    alpha: Fraction | None = Field(None, description="weight of the control term, 1 - alpha the generalisation "
+                                                     "term's (null: 0.5)")
+    queue_seed: QueueSeed = None
+    mask_same_group: MaskSameGroup = None
 
 
 def congen_features(ctx: StepContext, batch) -> Features:
@@ -29,7 +61,7 @@ SPEC = MethodSpec(
     views={"control": "none", "generalize": "caption"},
     teacher_views=("control",),
     needs_teacher=True,
-    default_loss={"queue_size": 16384, "tau_teacher": 0.05, "tau_student": 0.07, "queue_init": "teacher"},
+    loss_settings=ConGenLossSettings,
     loss_class=ConGenLoss,
     loss_dim="teacher",
     batch_to_features=congen_features,

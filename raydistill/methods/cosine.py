@@ -22,7 +22,6 @@ SPEC = MethodSpec(
     views={"a": "none"},              # the sentence itself
     teacher_views=("a",),             # the teacher's vectors of view a come from the embedding cache
     needs_teacher=True,
-    default_loss={},
     loss_class=CosineDistillLoss,
     batch_to_features=cosine_features,
     project_to_teacher=True,          # a narrower student gets Linear(d_s -> d_t), saved with the model

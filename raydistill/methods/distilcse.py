@@ -5,6 +5,7 @@ paper's fine-tuning schedule (lr 5e-5, 1 epoch, batch 64, τ 0.05); ``extra.stag
 
 import dataclasses
 
+from raydistill.methods.base import StagedExtraSettings
 from raydistill.methods.ckd import SPEC as CKD
 
 SPEC = dataclasses.replace(
@@ -13,5 +14,5 @@ SPEC = dataclasses.replace(
     stages=("simcse-sup",),
     stage_defaults=({"train": {"lr": 5e-5, "epochs": 1, "batch_size": 64, "warmup_ratio": 0.1},
                      "loss": {"tau": 0.05}, "data": {"max_sentences": None}},),
-    extra_keys=("stage2",),
+    extra_settings=StagedExtraSettings,
 )

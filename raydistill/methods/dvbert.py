@@ -6,22 +6,25 @@ student learns NLI from K cross-encoder teachers' soft labels with teacher annea
     L      = CE(target, softmax(W [u; v; |u − v|]))
 
 Rows: the ``nli_teacher_labels`` set: the labelled NLI pairs with the teachers' mean out-of-fold class
-distribution, built by the runtime (raydistill.runtime.dvbert_teachers) from ``extra.teachers`` and
+distribution, built by the runtime (raydistill.runtime.jobs.dvbert_teachers) from ``extra.teachers`` and
 ``extra.teacher_training`` (``TeacherTraining`` below).
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
-from typing import Any
+from dataclasses import asdict
+from typing import Annotated, Any, Literal
 
 import torch
+from pydantic import AfterValidator, Field, StrictBool
 
-from raydistill.methods.base import Features, MethodSpec, StepContext
+from raydistill.config.job import JobConfig
+from raydistill.config.schema import Int, Number, build, section
+from raydistill.methods.base import Features, LossSettings, MethodSpec, StagedExtraSettings, StepContext
 from raydistill.objectives import DvBERTLoss
-from raydistill.runtime.config import JobConfig
 
-__all__ = ["SPEC", "TeacherTraining", "DVBERT_TEACHERS", "HEADS", "PRECISIONS"]
+__all__ = ["SPEC", "TeacherTraining", "DvBERTLossSettings", "DvBERTExtraSettings", "DVBERT_TEACHERS", "HEADS",
+           "PRECISIONS"]
 
 DVBERT_TEACHERS = ("minilm-l6", "bert-small")
 HEADS = ("cls", "mean", "segments", "aligned")
@@ -32,66 +35,77 @@ PRECISIONS = ("fp32", "bf16")
 _JUDGING_FIELDS = ("min_accuracy",)
 
 
-@dataclass
+@section
 class TeacherTraining:
     """How each cross-encoder teacher is fine-tuned and judged (``extra.teacher_training`` of a DvBERT config).
 
     The defaults are the paper's schedule (1 epoch, Adam lr 2e-5, 10 % warm-up, dropout 0.1) on its [CLS] head;
-    raydistill/configs/dvbert.yaml sets what trains on a CPU (see its comments and raydistill.runtime.dvbert_teachers).
+    raydistill/configs/dvbert.yaml sets what trains on a CPU (see its comments and raydistill.runtime.jobs.dvbert_teachers).
+    Numbers keep the kind they were written in (int or float): the shaping settings name the teachers' cache entry.
     """
 
-    epochs: int = 1
-    lr: float = 2e-5
-    batch_size: int = 32
-    max_length: int = 64
-    warmup_ratio: float = 0.1
-    weight_decay: float = 0.01
-    dropout: float = 0.1          # in the head; the transformer keeps its own config's dropout
-    finetune: bool = True         # False: the transformer stays frozen, encodes each pair once, only the head trains
-    head: str = "cls"             # what the head reads (``pool_pair``): cls (the paper's), mean, segments, aligned
-    head_hidden: int = 0          # 0: one FC layer (the paper's); n: FC(n) → GELU → FC
-    folds: int = 2                # each teacher trains `folds` models; model f labels only fold f
-    max_pairs: int | None = None  # None: every labelled NLI pair shipped (SNLI dev + MultiNLI dev)
-    precision: str = "fp32"       # bf16: forward and backward under torch.autocast(bfloat16); weights stay fp32
-    min_accuracy: float = 0.6     # refuse a teacher whose held-out accuracy is below this
-    seed: int = 1000
+    epochs: Int = Field(1, ge=1, description="passes over the teacher's folds")
+    lr: Number = Field(2e-5, gt=0, description="peak learning rate (Adam)")
+    batch_size: Int = Field(32, ge=1, description="pairs per step")
+    max_length: Int = Field(64, ge=1, description="tokens per pair")
+    warmup_ratio: Number = Field(0.1, ge=0, lt=1, description="share of the steps spent warming up")
+    weight_decay: Number = Field(0.01, ge=0, description="weight decay")
+    dropout: Number = Field(0.1, ge=0, lt=1, description="dropout in the head (the transformer keeps its own "
+                                                         "config's)")
+    finetune: StrictBool = Field(True, description="false: the transformer stays frozen, encodes each pair once, "
+                                                   "only the head trains")
+    head: Literal["cls", "mean", "segments", "aligned"] = Field(
+        "cls", description="what the head reads (pool_pair): cls (the paper's), mean, segments, aligned")
+    head_hidden: Int = Field(0, ge=0, description="0: one FC layer (the paper's); n: FC(n) -> GELU -> FC")
+    folds: Int = Field(2, ge=2, description="each teacher trains this many models; model f labels only fold f (a "
+                                            "pair is labelled by a model that did not train on it)")
+    max_pairs: Int | None = Field(None, description="labelled NLI pairs (null: every pair shipped, SNLI dev + "
+                                                    "MultiNLI dev); at least 2 x folds")
+    precision: Literal["fp32", "bf16"] = Field("fp32", description="bf16: forward and backward under "
+                                                                   "torch.autocast(bfloat16); weights stay fp32")
+    min_accuracy: Number = Field(0.6, ge=0, le=1, description="refuse a teacher whose held-out accuracy is below "
+                                                              "this")
+    seed: Int = Field(1000, description="seed of the folds and the teachers' initialisation")
 
     def __post_init__(self) -> None:
-        if self.head not in HEADS:
-            raise ValueError(f"head must be one of {', '.join(HEADS)}, got {self.head!r}")
-        if self.precision not in PRECISIONS:
-            raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}")
-        if isinstance(self.folds, bool) or not isinstance(self.folds, int) or self.folds < 2:
-            raise ValueError(f"folds must be an integer >= 2 (each pair is labelled by a model that did not train "
-                             f"on it), got {self.folds!r}")
-        if not (isinstance(self.min_accuracy, (int, float)) and 0.0 <= self.min_accuracy <= 1.0):
-            raise ValueError(f"min_accuracy must be a number in [0, 1], got {self.min_accuracy!r}")
-        if isinstance(self.head_hidden, bool) or not isinstance(self.head_hidden, int) or self.head_hidden < 0:
-            raise ValueError(f"head_hidden must be an integer >= 0, got {self.head_hidden!r}")
-        if not isinstance(self.finetune, bool):
-            raise ValueError(f"finetune must be true or false, got {self.finetune!r}")
-        for name in ("epochs", "batch_size", "max_length"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be a positive integer, got {value!r}")
-        if not (isinstance(self.lr, (int, float)) and self.lr > 0):
-            raise ValueError(f"lr must be a number > 0, got {self.lr!r}")
-        if self.max_pairs is not None and (isinstance(self.max_pairs, bool) or not isinstance(self.max_pairs, int)
-                                           or self.max_pairs < 2 * self.folds):
+        if self.max_pairs is not None and self.max_pairs < 2 * self.folds:
             raise ValueError(f"max_pairs must be null (all pairs) or an integer >= 2 x folds, got {self.max_pairs!r}")
 
     @classmethod
     def from_dict(cls, d: dict[str, Any] | None) -> TeacherTraining:
-        d = dict(d or {})
-        unknown = set(d) - set(cls.__dataclass_fields__)
-        if unknown:
-            raise ValueError(f"extra.teacher_training: unknown field(s) {sorted(unknown)}; allowed: "
-                             f"{', '.join(cls.__dataclass_fields__)}")
-        return cls(**d)
+        """Checked settings; a problem raises ConfigError (a ValueError) naming ``extra.teacher_training.<key>``."""
+        return build(cls, dict(d or {}), prefix="extra.teacher_training.")
 
     def shaping(self) -> dict[str, Any]:
         """The settings that determine the trained models (the cache key's part)."""
         return {k: v for k, v in asdict(self).items() if k not in _JUDGING_FIELDS}
+
+
+@section
+class DvBERTLossSettings(LossSettings):
+    """``loss:`` of DvBERT (raydistill.objectives.DvBERTLoss)."""
+
+    num_labels: Int | None = Field(None, ge=2, description="NLI classes of the classifier (null: 3)")
+
+
+def _distinct_teachers(teachers: list[str] | None) -> list[str] | None:
+    if teachers is not None and not teachers:
+        raise ValueError("a non-empty list of cross-encoder teacher models, e.g. [minilm-l6, bert-small]")
+    if teachers is not None and len(set(teachers)) != len(teachers):
+        raise ValueError(f"lists a teacher twice ({teachers}): identical teachers share one cache entry and add no "
+                         "second view")
+    return teachers
+
+
+@section
+class DvBERTExtraSettings(StagedExtraSettings):
+    """``extra:`` of DvBERT: the teachers and how they are fine-tuned."""
+
+    teachers: Annotated[list[str] | None, AfterValidator(_distinct_teachers)] = Field(
+        None, description="the NLI cross-encoder teachers (presets or model directories) fine-tuned before the "
+                          "student (null: minilm-l6, bert-small)")
+    teacher_training: TeacherTraining | None = Field(None, description="how the NLI cross-encoder teachers are "
+                                                                       "fine-tuned (epochs, lr, head, folds, ...)")
 
 
 def teachers_of(cfg: JobConfig) -> list:
@@ -107,27 +121,14 @@ def dvbert_features(ctx: StepContext, batch) -> Features:
             ctx.tensor(batch["label"], dtype=torch.long))
 
 
-def check_dvbert(cfg: JobConfig) -> None:
-    teachers = cfg.extra.get("teachers", list(DVBERT_TEACHERS))
-    if not isinstance(teachers, list) or not teachers:
-        raise cfg._error("extra.teachers", "a non-empty list of cross-encoder teacher models, e.g. "
-                                           "[minilm-l6, bert-small]")
-    if len(set(teachers)) != len(teachers):
-        raise cfg._error("extra.teachers", f"lists a teacher twice ({teachers}): identical teachers share "
-                                           "one cache entry and add no second view")
-    try:
-        TeacherTraining.from_dict(cfg.extra.get("teacher_training"))
-    except (TypeError, ValueError) as exc:
-        raise cfg._error("extra.teacher_training", str(exc)) from None
-
-
 SPEC = MethodSpec(
     name="dvbert",
     summary="DvBERT (Cheng, SIGIR 2021): K NLI cross-encoder teachers, teacher annealing, then STS-B",
     views={},
     teacher_views=(),
     needs_teacher=False,
-    default_loss={},
+    loss_settings=DvBERTLossSettings,
+    extra_settings=DvBERTExtraSettings,
     loss_class=DvBERTLoss,
     loss_dim="student",
     batch_to_features=dvbert_features,
@@ -136,6 +137,4 @@ SPEC = MethodSpec(
     stages=("sts-cosine",),
     stage_defaults=({"train": {"lr": 2e-5, "epochs": 4, "batch_size": 16, "warmup_ratio": 0.1},
                      "data": {"max_sentences": None}},),
-    check=check_dvbert,
-    extra_keys=("teachers", "teacher_training", "stage2"),
 )

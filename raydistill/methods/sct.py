@@ -9,9 +9,39 @@ Defaults: K 65536, τ_t 0.02, τ_s 0.03 (the paper's Small row).
 """
 
 import torch
+from pydantic import Field, StrictBool
 
-from raydistill.methods.base import Features, MethodSpec, StepContext, with_groups
+from raydistill.config.schema import section
+from raydistill.methods.base import (
+    Features,
+    LossSettings,
+    MaskSameGroup,
+    MethodSpec,
+    Positive,
+    QueueInit,
+    QueueSeed,
+    QueueSize,
+    StepContext,
+    Temperature,
+    with_groups,
+)
 from raydistill.objectives import SCTLoss
+
+
+@section
+class SCTLossSettings(LossSettings):
+    """``loss:`` of SCT (raydistill.objectives.SCTLoss)."""
+
+    queue_size: QueueSize = Field(65536, description="K, instance-queue entries of the model's own reference vectors")
+    tau_teacher: Temperature = Field(0.02, description="temperature of the reference's similarity distribution")
+    tau_student: Temperature = Field(0.03, description="temperature of the online view's similarity distribution")
+    faithful: StrictBool | None = Field(None, description="the authors' projector on the online side (null: false)")
+    projector_expansion: Positive | None = Field(None, description="width factor of the faithful projector (null: "
+                                                                   "10)")
+    projector_blocks: Positive | None = Field(None, description="blocks of the faithful projector (null: 3)")
+    queue_init: QueueInit | None = Field(None, description="how the queues start: random or empty (null: random)")
+    queue_seed: QueueSeed = None
+    mask_same_group: MaskSameGroup = None
 
 
 def sct_features(ctx: StepContext, batch) -> Features:
@@ -30,7 +60,7 @@ SPEC = MethodSpec(
     views={"a": "none", "b": "caption"},
     teacher_views=(),
     needs_teacher=False,
-    default_loss={"queue_size": 65536, "tau_teacher": 0.02, "tau_student": 0.03},
+    loss_settings=SCTLossSettings,
     loss_class=SCTLoss,
     loss_dim="student",
     batch_to_features=sct_features,

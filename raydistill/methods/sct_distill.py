@@ -9,10 +9,49 @@ Defaults: K 65536, τ_t 0.04, τ_s 0.05, objective "joint" (the paper's; the aut
 "cd_only"); both queues start from teacher vectors.
 """
 
-import torch
+from typing import Literal
 
-from raydistill.methods.base import Features, MethodSpec, StepContext, teacher_vectors, with_groups
+import torch
+from pydantic import Field, StrictBool
+
+from raydistill.config.schema import section
+from raydistill.methods.base import (
+    Features,
+    LossSettings,
+    MaskSameGroup,
+    MethodSpec,
+    Positive,
+    QueueInit,
+    QueueSeed,
+    QueueSize,
+    StepContext,
+    Temperature,
+    teacher_vectors,
+    with_groups,
+)
 from raydistill.objectives import SCTDistillLoss
+
+
+@section
+class SCTDistillLossSettings(LossSettings):
+    """``loss:`` of SCT distillation (raydistill.objectives.SCTDistillLoss)."""
+
+    queue_size: QueueSize = Field(65536, description="K, instance-queue entries of teacher vectors, one queue per view")
+    tau_teacher: Temperature = Field(0.04, description="temperature of the teacher's similarity distribution")
+    tau_student: Temperature = Field(0.05, description="temperature of the student's similarity distribution")
+    objective: Literal["joint", "cd_only"] = Field("joint", description="joint (L_CD + L_SCT, the paper's) or cd_only "
+                                                                        "(L_CD, the authors' script)")
+    queue_init: QueueInit = Field("teacher", description="how the queues start: teacher (vectors of sampled training "
+                                                         "sentences), random or empty")
+    faithful: StrictBool | None = Field(None, description="the authors' projector in L_SCT (null: false)")
+    sct_tau_teacher: Temperature | None = Field(None, description="L_SCT's reference temperature (null: 0.02)")
+    sct_tau_student: Temperature | None = Field(None, description="L_SCT's online temperature (null: 0.03)")
+    sct_queue_size: QueueSize | None = Field(None, description="L_SCT's queue size (null: queue_size)")
+    projector_expansion: Positive | None = Field(None, description="width factor of the faithful projector (null: "
+                                                                   "10)")
+    projector_blocks: Positive | None = Field(None, description="blocks of the faithful projector (null: 3)")
+    queue_seed: QueueSeed = None
+    mask_same_group: MaskSameGroup = None
 
 
 def sct_distill_features(ctx: StepContext, batch) -> Features:
@@ -33,8 +72,7 @@ SPEC = MethodSpec(
     views={"a": "none", "b": "caption"},
     teacher_views=("a", "b"),
     needs_teacher=True,
-    default_loss={"queue_size": 65536, "tau_teacher": 0.04, "tau_student": 0.05, "objective": "joint",
-                  "queue_init": "teacher"},
+    loss_settings=SCTDistillLossSettings,
     loss_class=SCTDistillLoss,
     loss_dim="teacher",
     batch_to_features=sct_distill_features,

@@ -5,8 +5,18 @@ with two dropout masks is its own positive; the other sentences of the batch are
     L      = CE(logits, i)                               # τ 0.05
 """
 
-from raydistill.methods.base import Features, MethodSpec, StepContext
+from pydantic import Field
+
+from raydistill.config.schema import section
+from raydistill.methods.base import Features, LossSettings, MethodSpec, StepContext, Temperature
 from raydistill.objectives import SimCSELoss
+
+
+@section
+class SimCSELossSettings(LossSettings):
+    """``loss:`` of SimCSE (raydistill.objectives.SimCSELoss)."""
+
+    tau: Temperature = Field(0.05, description="temperature of the contrastive loss")
 
 
 def simcse_features(ctx: StepContext, batch) -> Features:
@@ -21,7 +31,7 @@ SPEC = MethodSpec(
     views={"a": "none"},
     teacher_views=(),
     needs_teacher=False,
-    default_loss={"tau": 0.05},
+    loss_settings=SimCSELossSettings,
     loss_class=SimCSELoss,
     batch_to_features=simcse_features,
     student_sentences_per_row=2,

@@ -7,8 +7,21 @@ stage: the entailed hypothesis is the positive, the contradicted one a hard nega
 Rows: the ``nli_triplets`` set (premise, entailed, contradicted) of the labelled NLI data shipped. τ 0.05.
 """
 
-from raydistill.methods.base import Features, MethodSpec, StepContext
+from pydantic import Field, StrictBool
+
+from raydistill.config.schema import section
+from raydistill.methods.base import Features, LossSettings, MethodSpec, PositiveNumber, StepContext, Temperature
 from raydistill.objectives import SupervisedSimCSELoss
+
+
+@section
+class SupervisedSimCSELossSettings(LossSettings):
+    """``loss:`` of supervised SimCSE (raydistill.objectives.SupervisedSimCSELoss)."""
+
+    tau: Temperature = Field(0.05, description="temperature of the contrastive loss")
+    learnable_temperature: StrictBool | None = Field(None, description="learn the temperature with the student (null: "
+                                                                       "false)")
+    max_scale: PositiveNumber | None = Field(None, description="upper clamp of a learned scale 1/τ (null: 100)")
 
 
 def triplet_features(ctx: StepContext, batch) -> Features:
@@ -24,7 +37,7 @@ SPEC = MethodSpec(
     views={},
     teacher_views=(),
     needs_teacher=False,
-    default_loss={"tau": 0.05},
+    loss_settings=SupervisedSimCSELossSettings,
     loss_class=SupervisedSimCSELoss,
     batch_to_features=triplet_features,
     student_sentences_per_row=3,

@@ -21,7 +21,6 @@ SPEC = MethodSpec(
     views={},
     teacher_views=(),
     needs_teacher=False,
-    default_loss={},
     loss_class=CosineMSELoss,
     batch_to_features=pair_score_features,
     student_sentences_per_row=2,

@@ -209,6 +209,29 @@ def _share(scores: torch.Tensor, kept: torch.Tensor) -> float:
     return float(scores[kept].sum() / scores.sum())
 
 
+@dataclass(frozen=True)
+class _Shape:
+    """The student's shape, checked against its source."""
+
+    layers: list[int]  # source layer indices, in order
+    hidden: int
+    intermediate: int
+    heads: int
+    d_head: int  # the source's head size, kept
+
+
+@dataclass
+class _Kept:
+    """Which source units the student keeps, and the share of the importance score they carry."""
+
+    hidden: torch.Tensor  # [hidden'] residual-stream indices
+    heads: dict[int, torch.Tensor]  # source layer -> [heads'] head indices
+    ffn: dict[int, torch.Tensor]  # source layer -> [intermediate'] FFN unit indices
+    hidden_share: float
+    ffn_share: dict[int, float]
+    calibration_sentences: int
+
+
 def derive_student(
     source: str | Path,
     target: str | Path,
@@ -230,7 +253,7 @@ def derive_student(
     The result is a plain HF checkpoint (safetensors, the source's tokenizer, and its sentence-transformers pooling
     files when present) plus `raydistill_model.json`.
     """
-    from transformers import AutoConfig, AutoModel, AutoTokenizer
+    from transformers import AutoConfig
 
     started = time.perf_counter()
     source, target = Path(source), Path(target)
@@ -241,9 +264,53 @@ def derive_student(
             f"{source}/config.json: field 'model_type': {config.model_type!r} cannot be derived from "
             f"(supported: {', '.join(_LAYOUTS)})"
         )
+    shape = _target_shape(config, source, layers, hidden, intermediate)
+    ffn_selection = selection if ffn_selection is None else ffn_selection
+    for what, value in (("selection", selection), ("ffn_selection", ffn_selection)):
+        if value not in ("activation", "weight_norm"):
+            raise ValueError(f"{what} must be 'activation' or 'weight_norm', not {value!r}")
+
+    model, has_pooler = _load_source(source)
+    prunes_width = shape.hidden < config.hidden_size or shape.intermediate < config.intermediate_size
+    if prunes_width:
+        kept = _select_units(model, layout, shape, source, selection, ffn_selection, calibration_sentences)
+    else:  # layer selection only: every unit is kept, so no scores are needed
+        kept = _Kept(torch.arange(config.hidden_size), {i: torch.arange(config.num_attention_heads) for i in shape.layers},
+                     {i: torch.arange(config.intermediate_size) for i in shape.layers}, 1.0,
+                     {i: 1.0 for i in shape.layers}, 0)
+    student = _cut_weights(model, config, layout, shape, kept, has_pooler)
+
+    target.mkdir(parents=True, exist_ok=True)
+    with _quiet_progress_bars():
+        student.save_pretrained(target)
+    for name in TOKENIZER_FILES:
+        if (source / name).is_file():
+            shutil.copy2(source / name, target / name)
+    _copy_sentence_transformers_files(source, target, shape.hidden)
+
+    method = (f"layer selection {shape.layers}; hidden units and heads by {selection}, FFN units by {ffn_selection}"
+              + (f" (activations of {kept.calibration_sentences} calibration sentences)"
+                 if kept.calibration_sentences else "")
+              if prunes_width else f"layer selection {shape.layers} only (every unit kept)")
+    metadata = _metadata(config, type(model).__name__, layout, shape, kept, source, preset, derived_from, method,
+                         ffn_selection if prunes_width else "none (all kept)", has_pooler, started)
+    atomic_write_json(target / "raydistill_model.json", metadata)
+    logger.info(
+        "Derived %s from %s (%s): layers %s, hidden %d/%d (score share %.3f), %d/%d heads of %d (%s), "
+        "FFN %d/%d by %s, in %.1f s",
+        preset or target.name, derived_from or source, source, shape.layers, shape.hidden, config.hidden_size,
+        metadata["hidden_indices"]["score_share_kept"], shape.heads, config.num_attention_heads, shape.d_head,
+        metadata["heads"]["per_source_layer"], shape.intermediate, config.intermediate_size, ffn_selection,
+        metadata["seconds"],
+    )
+    return metadata
+
+
+def _target_shape(config, source: Path, layers: Sequence[int] | int, hidden: int | None,
+                  intermediate: int | None) -> _Shape:
     n_source_layers, source_hidden = config.num_hidden_layers, config.hidden_size
-    source_heads, source_ffn = config.num_attention_heads, config.intermediate_size
-    d_head = source_hidden // source_heads
+    source_ffn = config.intermediate_size
+    d_head = source_hidden // config.num_attention_heads
     layers = evenly_spaced_layers(n_source_layers, layers) if isinstance(layers, int) else [int(i) for i in layers]
     hidden = source_hidden if hidden is None else hidden
     intermediate = source_ffn if intermediate is None else intermediate
@@ -253,11 +320,12 @@ def derive_student(
         raise ValueError(f"hidden {hidden} must be a multiple of the head size {d_head} and at most {source_hidden}")
     if not 0 < intermediate <= source_ffn:
         raise ValueError(f"intermediate {intermediate} must be in 1..{source_ffn} for {source}")
-    ffn_selection = selection if ffn_selection is None else ffn_selection
-    for what, value in (("selection", selection), ("ffn_selection", ffn_selection)):
-        if value not in ("activation", "weight_norm"):
-            raise ValueError(f"{what} must be 'activation' or 'weight_norm', not {value!r}")
-    n_heads = hidden // d_head
+    return _Shape(layers, hidden, intermediate, hidden // d_head, d_head)
+
+
+def _load_source(source: Path):
+    """The source encoder in fp32, and whether its checkpoint has a trained pooler."""
+    from transformers import AutoModel
 
     # Load with a pooler, then drop it if the checkpoint has none: a pooler the loader had to invent is random.
     with _quiet_progress_bars():
@@ -270,24 +338,30 @@ def derive_student(
     has_pooler = getattr(model, "pooler", None) is not None and not any(
         k.startswith("pooler.") for k in loading_info["missing_keys"]
     )
-    source_state = model.state_dict()
+    return model, has_pooler
+
+
+def _select_units(model, layout: _Layout, shape: _Shape, source: Path, selection: Selection,
+                  ffn_selection: Selection, calibration_sentences: Sequence[str] | None) -> _Kept:
+    """Score hidden units, then heads and FFN units by what they contribute to the kept hidden units; keep the top."""
+    from transformers import AutoTokenizer
+
+    config, layers, d_head = model.config, shape.layers, shape.d_head
+    source_heads = config.num_attention_heads
     encoder_layers = model.encoder.layer
+    sentences: list[str] = []
+    stats = None
+    if "activation" in (selection, ffn_selection):
+        sentences = list(calibration_sentences) if calibration_sentences is not None else default_calibration_sentences()
+        tokenizer = AutoTokenizer.from_pretrained(source, local_files_only=True)
+        stats = _activation_statistics(model, layout, tokenizer, sentences)
 
     def weight(layer: int, module: str) -> torch.Tensor:
         return encoder_layers[layer].get_submodule(module).weight.detach().double()
 
     # ---- residual-stream (hidden) units
-    kept_states = [0] + [s for i in layers for s in (1 + 2 * i, 2 + 2 * i)]
-    prunes_width = hidden < source_hidden or intermediate < source_ffn
-    if prunes_width and "activation" in (selection, ffn_selection):
-        sentences = list(calibration_sentences) if calibration_sentences is not None else default_calibration_sentences()
-        tokenizer = AutoTokenizer.from_pretrained(source, local_files_only=True)
-        stats = _activation_statistics(model, layout, tokenizer, sentences)
-    else:
-        sentences, stats = [], None
-    if not prunes_width:  # layer selection only: every unit is kept, so no scores are needed
-        hidden_scores = torch.ones(source_hidden, dtype=torch.float64)
-    elif selection == "activation":
+    if selection == "activation":
+        kept_states = [0] + [s for i in layers for s in (1 + 2 * i, 2 + 2 * i)]
         state_energy = stats.residual_sq[kept_states]  # [states, hidden]
         hidden_scores = (state_energy / state_energy.sum(1, keepdim=True)).sum(0)
     else:
@@ -296,52 +370,52 @@ def derive_student(
         ]
         norm_energy = torch.stack([n.weight.detach().double() ** 2 + n.bias.detach().double() ** 2 for n in norms])
         hidden_scores = (norm_energy / norm_energy.sum(1, keepdim=True)).sum(0)
-    kept_hidden = _top(hidden_scores, hidden)
+    kept_hidden = _top(hidden_scores, shape.hidden)
 
     # ---- attention heads: RMS (or weight) contribution of each head to the kept residual units
     head_scores = {}
-    for i in layers if prunes_width else ():
-        w_out = weight(i, layout.attention_output)[kept_hidden].view(hidden, source_heads, d_head)  # [H', heads, dh]
+    for i in layers:
+        w_out = weight(i, layout.attention_output)[kept_hidden].view(shape.hidden, source_heads, d_head)  # [H', heads, dh]
         if selection == "activation":
             sigma = stats.context_gram[i] / stats.n_tokens  # [heads, dh, dh]
             head_scores[i] = torch.einsum("khd,hde,khe->h", w_out, sigma, w_out).clamp_min(0).sqrt()
         else:
-            w_value = weight(i, layout.value)[:, kept_hidden].view(source_heads, d_head, hidden)
+            w_value = weight(i, layout.value)[:, kept_hidden].view(source_heads, d_head, shape.hidden)
             head_scores[i] = w_out.pow(2).sum((0, 2)).sqrt() * w_value.pow(2).sum((1, 2)).sqrt()
-    if not prunes_width:
-        kept_heads = {i: torch.arange(source_heads) for i in layers}
-    elif layout.shared_head_table is not None:
+    if layout.shared_head_table is not None:
         # One relative-position table serves every layer, so every layer keeps the same heads.
         shared = sum(s / s.sum() for s in head_scores.values())
-        kept_heads = {i: _top(shared, n_heads) for i in layers}
+        kept_heads = {i: _top(shared, shape.heads) for i in layers}
     else:
-        kept_heads = {i: _top(head_scores[i], n_heads) for i in layers}
-
-    def head_units(heads: torch.Tensor) -> torch.Tensor:  # head indices -> their rows in Q/K/V
-        return (heads[:, None] * d_head + torch.arange(d_head)).reshape(-1)
+        kept_heads = {i: _top(head_scores[i], shape.heads) for i in layers}
 
     # ---- FFN units
     kept_ffn, ffn_share = {}, {}
     for i in layers:
         w_down = weight(i, layout.ffn_output)[kept_hidden]  # [H', I]
-        if not prunes_width:
-            ffn_scores = torch.ones(source_ffn, dtype=torch.float64)
-        elif ffn_selection == "activation":
+        if ffn_selection == "activation":
             ffn_scores = (stats.ffn_sq[i] / stats.n_tokens).sqrt() * w_down.norm(dim=0)
         else:
             ffn_scores = weight(i, layout.ffn_input)[:, kept_hidden].norm(dim=1) * w_down.norm(dim=0)
-        kept_ffn[i] = _top(ffn_scores, intermediate)
+        kept_ffn[i] = _top(ffn_scores, shape.intermediate)
         ffn_share[i] = _share(ffn_scores.pow(2), kept_ffn[i])
+    return _Kept(kept_hidden, kept_heads, kept_ffn, _share(hidden_scores, kept_hidden), ffn_share, len(sentences))
 
-    # ---- cut the weights
+
+def _cut_weights(model, config, layout: _Layout, shape: _Shape, kept: _Kept, has_pooler: bool):
+    """A model of the source's class and the student's shape, every weight a slice of a source weight."""
     student_config = copy.deepcopy(config)
-    student_config.num_hidden_layers = len(layers)
-    student_config.hidden_size = hidden
-    student_config.num_attention_heads = n_heads
-    student_config.intermediate_size = intermediate
+    student_config.num_hidden_layers = len(shape.layers)
+    student_config.hidden_size = shape.hidden
+    student_config.num_attention_heads = shape.heads
+    student_config.intermediate_size = shape.intermediate
     student_config.architectures = [type(model).__name__]
     student = type(model)(student_config, add_pooling_layer=has_pooler)
 
+    def head_units(heads: torch.Tensor) -> torch.Tensor:  # head indices -> their rows in Q/K/V
+        return (heads[:, None] * shape.d_head + torch.arange(shape.d_head)).reshape(-1)
+
+    # Which axis of each weight runs over which kind of unit: (rows, columns).
     layer_axes = {
         layout.query: ("heads", "hidden"), layout.key: ("heads", "hidden"), layout.value: ("heads", "hidden"),
         layout.attention_output: ("hidden", "heads"), layout.attention_norm: ("hidden", None),
@@ -356,24 +430,24 @@ def derive_student(
         global_axes[layout.shared_head_table] = (None, "table_heads")
     layer_key = re.compile(r"encoder\.layer\.(\d+)\.(.+)\.(weight|bias)$")
 
+    source_state = model.state_dict()
     student_state = {}
     for key, expected in student.state_dict().items():
         match = layer_key.match(key)
         if match:
-            source_layer = layers[int(match[1])]
+            source_layer = shape.layers[int(match[1])]
             source_key = f"encoder.layer.{source_layer}.{match[2]}.{match[3]}"
             axes = layer_axes.get(match[2])
         else:
             source_layer, source_key = None, key
-            module = key.rsplit(".", 1)[0]
-            axes = global_axes.get(module)
+            axes = global_axes.get(key.rsplit(".", 1)[0])
         tensor = source_state[source_key]
         if axes is not None:
             index = {
-                "hidden": kept_hidden,
-                "heads": head_units(kept_heads[source_layer]) if source_layer is not None else None,
-                "ffn": kept_ffn.get(source_layer),
-                "table_heads": kept_heads[layers[0]],
+                "hidden": kept.hidden,
+                "heads": head_units(kept.heads[source_layer]) if source_layer is not None else None,
+                "ffn": kept.ffn.get(source_layer),
+                "table_heads": kept.heads[shape.layers[0]],
                 None: None,
             }
             rows, cols = index[axes[0]], index[axes[1]]
@@ -385,55 +459,40 @@ def derive_student(
             raise RuntimeError(f"derivation has no rule for {key} ({tuple(tensor.shape)} vs {tuple(expected.shape)})")
         student_state[key] = tensor.clone()
     student.load_state_dict(student_state, strict=True)  # every weight comes from the source: none stays random
+    return student
 
-    target.mkdir(parents=True, exist_ok=True)
-    with _quiet_progress_bars():
-        student.save_pretrained(target)
-    for name in TOKENIZER_FILES:
-        if (source / name).is_file():
-            shutil.copy2(source / name, target / name)
-    _copy_sentence_transformers_files(source, target, hidden)
 
-    heads_per_layer = {str(i): kept_heads[i].tolist() for i in layers}
-    metadata = {
+def _metadata(config, architecture: str, layout: _Layout, shape: _Shape, kept: _Kept, source: Path,
+              preset: str | None, derived_from: str | None, method: str, ffn_method: str, has_pooler: bool,
+              started: float) -> dict[str, Any]:
+    """``raydistill_model.json``: how the student was cut, enough to cut it again."""
+    return {
         "preset": preset,
         "derived_from": derived_from,
         "source_path": str(source),
-        "architecture": f"{config.model_type} ({type(model).__name__})",
-        "layers": layers,
-        "shape": {"layers": len(layers), "hidden": hidden, "heads": n_heads, "head_dim": d_head,
-                  "intermediate": intermediate},
+        "architecture": f"{config.model_type} ({architecture})",
+        "layers": shape.layers,
+        "shape": {"layers": len(shape.layers), "hidden": shape.hidden, "heads": shape.heads,
+                  "head_dim": shape.d_head, "intermediate": shape.intermediate},
         "hidden_indices": {
-            "kept": hidden, "of": source_hidden, "score_share_kept": round(_share(hidden_scores, kept_hidden), 4),
-            "indices": kept_hidden.tolist(),
+            "kept": shape.hidden, "of": config.hidden_size, "score_share_kept": round(kept.hidden_share, 4),
+            "indices": kept.hidden.tolist(),
         },
         "heads": {
-            "count": n_heads, "of": source_heads, "head_dim": d_head, "per_source_layer": heads_per_layer,
+            "count": shape.heads, "of": config.num_attention_heads, "head_dim": shape.d_head,
+            "per_source_layer": {str(i): kept.heads[i].tolist() for i in shape.layers},
             "same_heads_every_layer": layout.shared_head_table is not None,
         },
         "ffn_selection": {
-            "method": ffn_selection if prunes_width else "none (all kept)", "kept": intermediate, "of": source_ffn,
-            "score_share_kept_per_source_layer": {str(i): round(s, 4) for i, s in ffn_share.items()},
+            "method": ffn_method, "kept": shape.intermediate, "of": config.intermediate_size,
+            "score_share_kept_per_source_layer": {str(i): round(s, 4) for i, s in kept.ffn_share.items()},
         },
-        "method": (
-            f"layer selection {layers}; hidden units and heads by {selection}, FFN units by {ffn_selection}"
-            + (f" (activations of {len(sentences)} calibration sentences)" if sentences else "")
-            if prunes_width else f"layer selection {layers} only (every unit kept)"
-        ),
-        "calibration_sentences": len(sentences),
+        "method": method,
+        "calibration_sentences": kept.calibration_sentences,
         "pooler": has_pooler,
         "seconds": round(time.perf_counter() - started, 2),
         "raydistill_version": _raydistill_version(),
     }
-    atomic_write_json(target / "raydistill_model.json", metadata)
-    logger.info(
-        "Derived %s from %s (%s): layers %s, hidden %d/%d (score share %.3f), %d/%d heads of %d (%s), "
-        "FFN %d/%d by %s, in %.1f s",
-        preset or target.name, derived_from or source, source, layers, hidden, source_hidden,
-        metadata["hidden_indices"]["score_share_kept"], n_heads, source_heads, d_head, heads_per_layer,
-        intermediate, source_ffn, ffn_selection, metadata["seconds"],
-    )
-    return metadata
 
 
 def _copy_sentence_transformers_files(source: Path, target: Path, hidden: int) -> None:

@@ -108,10 +108,6 @@ class InstanceQueue(nn.Module):
         self.flush()
         return int(self.filled)
 
-    @property
-    def is_full(self) -> bool:
-        return len(self) == self.size
-
     def rows(self, dtype: torch.dtype | None = None) -> Tensor:
         """The filled rows in buffer order, [filled, d]: a view of the buffer, or with ``dtype`` (other than the
         storage dtype) a view of the copy in that dtype, kept in step with the buffer (module docstring)."""

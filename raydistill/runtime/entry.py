@@ -38,14 +38,14 @@ JOBS = {
 
 def _user_errors() -> tuple[type[BaseException], ...]:
     from raydistill.augment import AugmentationError, WordNetUnavailableError
-    from raydistill.data.readers import DataError
+    from raydistill.data.formats import DataError
     from raydistill.models.registry import ModelNotAvailableError
-    from raydistill.runtime.checkpoint import CheckpointError
+    from raydistill.runtime.engine.checkpoint import CheckpointError
     from raydistill.fileio import UnsafeLockFileError, UnsafeNameError
-    from raydistill.runtime.config import ConfigError
-    from raydistill.runtime.embedding_cache import CacheDiskFullError, NonFiniteTeacherVectorsError
-    from raydistill.runtime.learner_group import LearnerUnresponsiveError
-    from raydistill.runtime.pipeline import RowsFileError
+    from raydistill.config.job import ConfigError
+    from raydistill.runtime.teachers.embedding_cache import CacheDiskFullError, NonFiniteTeacherVectorsError
+    from raydistill.runtime.engine.learner_group import LearnerUnresponsiveError
+    from raydistill.runtime.teachers.pipeline import RowsFileError
 
     return (ConfigError, DataError, ModelNotAvailableError, CheckpointError, AugmentationError,
             WordNetUnavailableError, LearnerUnresponsiveError, CacheDiskFullError, NonFiniteTeacherVectorsError,
@@ -60,7 +60,7 @@ PREEMPTED_EXIT_STATUS = 143
 
 def exit_stopped(exc: BaseException) -> NoReturn:
     """A job stopped by SIGTERM / SIGINT: its message (what was kept, how to resume), then 128 + the signal."""
-    from raydistill.runtime.stopping import exit_status
+    from raydistill.runtime.engine.stopping import exit_status
 
     print(f"stopped: {exc}", file=sys.stderr)
     sys.exit(exit_status())
@@ -88,7 +88,7 @@ def _shipped_for(job: str) -> list[str]:
 
 def _job_parser(job: str, doc: str | None, prog: str | None, config_cls: type) -> argparse.ArgumentParser:
     """The options every job shares; ``--help`` ends with the config fields of the default config."""
-    from raydistill.runtime.config_help import config_fields_help
+    from raydistill.config.help import config_fields_help
     from raydistill.shipped import shipped_config
 
     default = shipped_config(job)
@@ -121,8 +121,8 @@ def distill_job_main(method: str, doc: str | None, argv: list[str] | None = None
     """``python jobs/<method>.py [--config FILE] [--set key=value ...] [--run-dir DIR] [--results-dir DIR]``.
 
     ``runner(cfg, results_dir=...)`` trains and records the job (default ``run_distillation``)."""
-    from raydistill.runtime.config import JobConfig
-    from raydistill.runtime.distill import run_distillation
+    from raydistill.config.job import JobConfig
+    from raydistill.runtime.jobs.distill import run_distillation
     from raydistill.shipped import resolve_config
 
     runner = runner or run_distillation
@@ -132,7 +132,7 @@ def distill_job_main(method: str, doc: str | None, argv: list[str] | None = None
     parser.add_argument("--results-dir", default="results", help="where <method>-<student>-<teacher>.json goes")
     args = parser.parse_args(argv)
     overrides = args.overrides + ([f"run_dir={args.run_dir}"] if args.run_dir else [])
-    from raydistill.runtime.stopping import JobStopped
+    from raydistill.runtime.engine.stopping import JobStopped
 
     try:
         cfg = JobConfig.from_yaml(resolve_config(args.config), overrides)
@@ -149,8 +149,8 @@ def teacher_pass_job_main(doc: str | None, argv: list[str] | None = None, prog: 
     """``python jobs/teacher_pass.py --config NAME``: fill the teacher cache a config's jobs read, train nothing."""
     import json
 
-    from raydistill.runtime.config import JobConfig
-    from raydistill.runtime.teacher_pass import run_teacher_pass
+    from raydistill.config.job import JobConfig
+    from raydistill.runtime.jobs.teacher_pass import run_teacher_pass
     from raydistill.shipped import resolve_config
 
     args = _job_parser("teacher_pass", doc, prog, JobConfig).parse_args(argv)
@@ -164,7 +164,7 @@ def teacher_pass_job_main(doc: str | None, argv: list[str] | None = None, prog: 
 
 def st_mse_job_main(doc: str | None, argv: list[str] | None = None, prog: str | None = None) -> dict:
     """``python jobs/st_mse.py``: the distillation jobs' options, trained by sentence-transformers' recipe."""
-    from raydistill.runtime.st_mse import run_st_mse
+    from raydistill.runtime.jobs.st_mse import run_st_mse
 
     return distill_job_main("st_mse", doc, argv, prog, runner=run_st_mse,
                             run_dir_help="the final model, plots and config (no checkpoints: a re-run starts again)")
@@ -215,7 +215,7 @@ def tenc_job_main(doc: str | None, argv: list[str] | None = None, prog: str | No
             overrides.append(f"{key}={value}")
     overrides += args.max_length or []
     overrides += self_mode_overrides(args.mode, args.overrides)
-    from raydistill.runtime.stopping import JobStopped
+    from raydistill.runtime.engine.stopping import JobStopped
 
     try:
         summary = run_trans_encoder(TencConfig.from_yaml(resolve_config(args.config), overrides))

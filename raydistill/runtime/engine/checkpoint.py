@@ -1,0 +1,440 @@
+"""Atomic, resumable training checkpoints.
+
+None of the authors' repositories can resume a run: SCT and ConGen keep their queues as plain attributes and save only
+the best model's weights, DistilCSE saves a bare state_dict (docs/methods.md, what users do by hand). A crash after hours
+of CPU therefore meant starting over. Here a checkpoint holds everything the next step depends on:
+
+    <run_dir>/checkpoints/step-0000200/
+        manifest.json        {format, step, epoch, batch_in_epoch, config_hash, config, data_fingerprint, git_sha,
+                              raydistill_version, created, files: [{name, size, sha256}], extra}
+        student.pt           student state_dict (incl. the projection layer)
+        loss.pt              loss-module state (SCT projector, learnable temperature, instance queues)
+        optimizer.pt         AdamW moments
+        scheduler.pt         LR schedule position
+        rng.pt               python / numpy / torch RNG states as tensors and plain lists (dropout masks after
+                             resume are the ones a run without the crash would have drawn)
+
+Loading never runs code from the run dir: every file is read with ``torch.load(weights_only=True)`` (tensors and plain
+containers only; a pickled object is refused), and before anything is read the manifest's file names must be plain
+``<name>.pt`` names inside the checkpoint directory (no ``../``, no absolute path, no symlink) and each file's size and
+sha256 must match the manifest. A truncated or altered file is named in the error, and ``latest_good_checkpoint``
+falls back to the previous checkpoint, saying which one it skipped and why. The per-file (name, size, sha256) list is
+the part of the manifest that stays when checkpoints move to another store: it describes any directory of files.
+
+Atomicity: the directory is written as ``step-XXXXXXX.tmp-<pid>`` (every file fsync'ed, ``manifest.json`` last) and
+then ``os.replace``d to its final name. A crash at any point leaves either the complete new checkpoint or none, and
+the previous checkpoints untouched; half-written ``.tmp-*`` directories are never read and are swept by the next
+save (only those whose writer process is gone). Re-saving a step that exists moves the old directory to
+``step-XXXXXXX.old-<pid>`` and the new one into place: a crash between those two renames leaves the old directory,
+which ``list_checkpoints`` still lists (and the next save renames back), so a loadable checkpoint of that step always
+exists. Only the newest ``keep_last`` step checkpoints are kept.
+
+A checkpoint is refused when the config that wrote it hashes differently (``JobConfig.config_hash``, which ignores
+the fields that do not change training, ``config.RUNTIME_ONLY_FIELDS``: resources, tracking, eval and checkpoint
+cadence, keep_last, timeouts, restarts, logging, run/cache dirs), or when the content of a
+``file:`` corpus changed since (``data_fingerprint``: its sha256, because the config names only the path). The message
+names both hashes and the differing keys, because silently resuming a run with another learning rate, teacher or
+corpus corrupts it. ``resume.check_resume`` runs this check in the driver before Ray starts or ``config.yaml`` is
+written, where the run keeps its checkpoints (``resume.checkpoint_home``).
+
+A disk that fills up while a checkpoint is written makes ``save_checkpoint`` raise ``CheckpointError`` saying so;
+the half-written directory is removed and the previous checkpoints stay loadable (``rundir.check_output_dir`` refuses
+a nearly full disk before the run starts).
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import errno
+import hashlib
+import json
+import logging
+import os
+import re
+import shutil
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from raydistill.evaluation.results import git_sha
+from raydistill.fileio import file_sha256, fsync_dir, pid_alive
+from raydistill.config.job import RUNTIME_ONLY_FIELDS
+from raydistill.nested import flatten
+
+__all__ = [
+    "CheckpointError",
+    "CheckpointMismatchError",
+    "save_checkpoint",
+    "load_checkpoint",
+    "list_checkpoints",
+    "latest_checkpoint",
+    "read_manifest",
+    "verify_checkpoint",
+    "latest_good_checkpoint",
+    "data_fingerprint",
+    "check_compatible",
+    "checkpoint_root",
+]
+
+log = logging.getLogger(__name__)
+
+MANIFEST = "manifest.json"
+# Manifests with a (name, size, sha256) entry per file and weights_only-loadable files. Older checkpoints held
+# pickled numpy/python objects, which a safe loader cannot read.
+FORMAT = 2
+STEP_DIR = re.compile(r"^step-(\d{7,})$")
+_TMP_DIR = re.compile(r"^step-\d{7,}\.tmp-(\d+)$")
+_OLD_DIR = re.compile(r"^step-(\d{7,})\.old-(\d+)$")
+_FILE_NAME = re.compile(r"^[A-Za-z0-9_\-]+\.pt$")
+_HASH_CHUNK = 4 * 2**20
+_NO_SPACE = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint is missing, unreadable or incomplete."""
+
+
+class CheckpointMismatchError(CheckpointError):
+    """The checkpoint was written by a config that trains something else."""
+
+
+def checkpoint_root(run_dir: str | os.PathLike) -> Path:
+    return Path(run_dir) / "checkpoints"
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Writing
+
+
+def save_checkpoint(run_dir: str | os.PathLike, *, step: int, epoch: int, batch_in_epoch: int, config,
+                    state: dict[str, Any], keep_last: int = 2, extra: dict[str, Any] | None = None) -> Path:
+    """Write ``state`` (name -> torch-serialisable object, one ``<name>.pt`` each) atomically; prune old ones.
+
+    ``config``: the JobConfig of the run (its hash and its plain dict go into the manifest, the dict so that a later
+    mismatch can name the differing keys). ``batch_in_epoch``: batches of ``epoch`` already consumed, i.e. where
+    the data iterator resumes. Returns the final checkpoint directory.
+    """
+    import raydistill
+
+    if keep_last < 1:
+        raise ValueError(f"keep_last must be >= 1, got {keep_last}")
+    for name in state:
+        if not re.fullmatch(r"[A-Za-z0-9_\-]+", name):
+            raise ValueError(f"checkpoint entry names become file names; {name!r} is not a plain identifier")
+    root = checkpoint_root(run_dir)
+    final = root / f"step-{int(step):07d}"
+    tmp = root / f"{final.name}.tmp-{os.getpid()}"
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        _sweep_stale_tmp(root)
+        if tmp.exists():
+            shutil.rmtree(tmp)
+        tmp.mkdir()
+        files = []
+        for name, obj in state.items():
+            path = tmp / f"{name}.pt"
+            with open(path, "wb") as fh:
+                torch.save(obj, fh)
+                fh.flush()
+                os.fsync(fh.fileno())
+            files.append({"name": path.name, "size": path.stat().st_size, "sha256": _sha256(path)})
+        manifest = {
+            "format": FORMAT,
+            "step": int(step),
+            "epoch": int(epoch),
+            "batch_in_epoch": int(batch_in_epoch),
+            "config_hash": config.config_hash(),
+            "config": config.to_dict(),
+            "data_fingerprint": data_fingerprint(config),
+            "git_sha": git_sha(),
+            "raydistill_version": raydistill.__version__,
+            "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+            "files": files,
+            "extra": extra or {},
+        }
+        # The manifest goes last: a directory with a manifest is complete by construction.
+        with open(tmp / MANIFEST, "w", encoding="utf-8") as fh:
+            json.dump(manifest, fh, indent=2, default=str)
+            fh.flush()
+            os.fsync(fh.fileno())
+        fsync_dir(tmp)
+    except (OSError, RuntimeError) as exc:
+        # torch.save reports a failed write as RuntimeError ("... file write failed"), with the OSError as cause.
+        cause = exc if isinstance(exc, OSError) else exc.__cause__ or exc.__context__
+        if not isinstance(cause, OSError) and "write failed" not in str(exc):
+            raise
+        raise _write_failure(run_dir, root, tmp, final, cause if isinstance(cause, OSError) else exc) from exc
+
+    if final.exists():
+        # Same step written again (a resumed run re-reaching a step): move the old one aside first, because
+        # os.replace cannot replace a non-empty directory. Between the two renames only the .old- directory
+        # exists; list_checkpoints lists it in that state, so a crash here still leaves this step loadable.
+        old = root / f"{final.name}.old-{os.getpid()}"
+        os.replace(final, old)
+        _between_resave_renames()
+        os.replace(tmp, final)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.replace(tmp, final)
+    fsync_dir(root)
+    _prune(root, keep_last)
+    return final
+
+
+def _write_failure(run_dir, root: Path, tmp: Path, final: Path, exc: BaseException) -> CheckpointError:
+    """Remove the half-written directory and say what happened, what is left, and how to go on."""
+    shutil.rmtree(tmp, ignore_errors=True)
+    previous = latest_checkpoint(run_dir)
+    kept = f"; the previous checkpoint {previous.name} is intact" if previous is not None else ""
+    no_space = isinstance(exc, OSError) and exc.errno in _NO_SPACE or "file write failed" in str(exc)
+    if no_space:
+        where = root if root.exists() else Path(run_dir)
+        free = shutil.disk_usage(where).free if where.exists() else 0
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else "file write failed"
+        return CheckpointError(f"{root}: out of space writing {final.name} ({reason}; {free / 2**20:.0f} MiB free "
+                               f"on the filesystem){kept}. Free space and re-run with the same run_dir to resume.")
+    reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+    return CheckpointError(f"{root}: cannot write {final.name} ({reason}){kept}")
+
+
+def _between_resave_renames() -> None:
+    """Nothing; tests replace it to crash a process exactly between the two renames of a same-step re-save."""
+
+
+def _sha256(path: Path) -> str:
+    return file_sha256(path, _HASH_CHUNK)
+
+
+_SHA256_BY_FILE_STATE: dict[tuple[str, int, int], str] = {}
+
+
+def _file_sha256_memo(path: Path) -> str:
+    """sha256 of a file, computed once per (path, size, mtime) in this process: every checkpoint records the
+    corpus fingerprint, and re-reading a large corpus at each checkpoint would stall training."""
+    stat = path.stat()
+    key = (str(path.resolve()), stat.st_size, stat.st_mtime_ns)
+    if key not in _SHA256_BY_FILE_STATE:
+        _SHA256_BY_FILE_STATE[key] = _sha256(path)
+    return _SHA256_BY_FILE_STATE[key]
+
+
+def data_fingerprint(config) -> dict[str, str]:
+    """sha256 of the content of each training file the config names by path (``data.corpus: file:...``).
+
+    The config hash covers the path only; an edited corpus under the same name would otherwise resume a run on
+    other data. Named corpora ship with the package and are covered by its version. A directory corpus hashes its
+    files' relative names and contents. Empty when nothing is read from a user file (or it cannot be read: the
+    config check reports that with the file's name).
+    """
+    corpus = getattr(getattr(config, "data", None), "corpus", None)
+    if not isinstance(corpus, str) or not corpus.startswith("file:"):
+        return {}
+    from raydistill.data.corpus import parse_corpus_spec
+
+    try:
+        path = parse_corpus_spec(corpus).path
+    except ValueError:
+        return {}
+    digest = hashlib.sha256()
+    try:
+        if path.is_dir():
+            for file in sorted(p for p in path.rglob("*") if p.is_file()):
+                digest.update(str(file.relative_to(path)).encode() + b"\0" + _sha256(file).encode())
+        elif path.is_file():
+            digest.update(_file_sha256_memo(path).encode())
+        else:
+            return {}
+    except OSError:
+        return {}
+    return {"data.corpus": digest.hexdigest()}
+
+
+def _sweep_stale_tmp(root: Path) -> None:
+    """Tidy what writers that are gone left behind; directories of a live writer (another job) are not touched.
+
+    Half-written ``.tmp-<pid>`` directories are removed. An ``.old-<pid>`` directory is a step moved aside by a
+    same-step re-save: if the writer died before the new directory took its place, it is the only copy of that
+    step and is renamed back; otherwise it is a leftover and removed.
+    """
+    for path in sorted(root.iterdir()):
+        tmp = _TMP_DIR.match(path.name)
+        if tmp and (int(tmp.group(1)) == os.getpid() or not pid_alive(int(tmp.group(1)))):
+            log.info("removing incomplete checkpoint %s (its writer died mid-write)", path)
+            shutil.rmtree(path, ignore_errors=True)
+    for path in sorted(root.iterdir()):
+        old = _OLD_DIR.match(path.name)
+        if not old or (int(old.group(2)) != os.getpid() and pid_alive(int(old.group(2)))):
+            continue
+        final = root / f"step-{old.group(1)}"
+        if not final.exists() and (path / MANIFEST).is_file():
+            log.warning("restoring %s from %s (its writer died between the renames of a re-save)", final.name,
+                        path.name)
+            os.replace(path, final)
+        else:
+            shutil.rmtree(path, ignore_errors=True)
+
+
+def _prune(root: Path, keep_last: int) -> None:
+    for path in list_checkpoints(root.parent)[:-keep_last]:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Reading
+
+
+def list_checkpoints(run_dir: str | os.PathLike) -> list[Path]:
+    """Complete checkpoints (a manifest), oldest first, one per step.
+
+    A step normally lives in ``step-XXXXXXX``; when that is missing but a ``step-XXXXXXX.old-<pid>`` with a manifest
+    exists (a re-save interrupted between its two renames), the old directory is that step's checkpoint.
+    """
+    root = checkpoint_root(run_dir)
+    if not root.is_dir():
+        return []
+    found: dict[int, Path] = {}
+    for path in sorted(root.iterdir()):
+        match = STEP_DIR.match(path.name)
+        if match and (path / MANIFEST).is_file():
+            found[int(match.group(1))] = path
+    for path in sorted(root.iterdir()):
+        match = _OLD_DIR.match(path.name)
+        if match and int(match.group(1)) not in found and (path / MANIFEST).is_file():
+            found[int(match.group(1))] = path
+    return [found[step] for step in sorted(found)]
+
+
+def latest_checkpoint(run_dir: str | os.PathLike) -> Path | None:
+    found = list_checkpoints(run_dir)
+    return found[-1] if found else None
+
+
+def read_manifest(path: str | os.PathLike) -> dict[str, Any]:
+    path = Path(path)
+    try:
+        return json.loads((path / MANIFEST).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise CheckpointError(f"{path}: not a complete checkpoint (no {MANIFEST})") from None
+    except json.JSONDecodeError as exc:
+        raise CheckpointError(f"{path / MANIFEST}:{exc.lineno}: unreadable manifest: {exc.msg}") from None
+
+
+def verify_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
+    """The manifest of ``path`` once every file it lists is a plain name inside ``path`` with the recorded size and
+    sha256; CheckpointError naming the file otherwise. Reads bytes only: nothing is unpickled."""
+    path = Path(path)
+    manifest = read_manifest(path)
+    if manifest.get("format") != FORMAT or not isinstance(manifest.get("files"), list):
+        raise CheckpointError(f"{path}: written by an older raydistill (checkpoint format {manifest.get('format', 1)},"
+                              f" this version reads {FORMAT}: files with sizes and sha256, no pickled objects); "
+                              "start this run in a new run_dir")
+    for entry in manifest["files"]:
+        name = entry.get("name") if isinstance(entry, dict) else entry
+        # Checked before the path is touched: a name like ../x.pt or /abs.pt would read outside the checkpoint.
+        if not isinstance(name, str) or not _FILE_NAME.fullmatch(name):
+            raise CheckpointError(f"{path / MANIFEST}: refused file name {name!r}: a checkpoint file must be a plain "
+                                  "<name>.pt inside the checkpoint directory")
+        if not isinstance(entry, dict) or not isinstance(entry.get("size"), int) or \
+                not isinstance(entry.get("sha256"), str):
+            raise CheckpointError(f"{path / MANIFEST}: {name} has no size and sha256; the file cannot be verified")
+        file = path / name
+        if file.is_symlink():
+            raise CheckpointError(f"{file}: a symlink; refused (it could point outside the checkpoint)")
+        if not file.is_file():
+            raise CheckpointError(f"{path}: manifest lists {name} but the file is missing")
+        size = file.stat().st_size
+        if size != entry["size"]:
+            kind = "truncated" if size < entry["size"] else "longer than written"
+            raise CheckpointError(f"{file}: {kind}: {size} bytes, the manifest says {entry['size']}")
+        if _sha256(file) != entry["sha256"]:
+            raise CheckpointError(f"{file}: content altered: its sha256 differs from the manifest's")
+    return manifest
+
+
+def latest_good_checkpoint(run_dir: str | os.PathLike, report=None) -> tuple[Path | None, dict[str, Any] | None]:
+    """The newest checkpoint that verifies, and its manifest; ``(None, None)`` when the run dir has none.
+
+    A damaged newer checkpoint is skipped and ``report(message)`` (default: a log warning) says which one, why and
+    which checkpoint is used instead. Raises CheckpointError when checkpoints exist but none verifies: starting
+    over silently would overwrite them.
+    """
+    report = report or log.warning
+    found = list_checkpoints(run_dir)
+    problems = []
+    for path in reversed(found):
+        try:
+            manifest = verify_checkpoint(path)
+        except CheckpointError as exc:
+            problems.append(str(exc))
+            continue
+        for problem in problems:
+            report(f"checkpoint damaged: {problem}; falling back to the previous good checkpoint {path.name}")
+        return path, manifest
+    if problems:
+        raise CheckpointError(f"{checkpoint_root(run_dir)}: no checkpoint can be loaded: " + "; ".join(problems)
+                              + ". Move the checkpoints directory aside to start this run over.")
+    return None, None
+
+
+def check_compatible(manifest: dict[str, Any], config, path: str | os.PathLike = "checkpoint",
+                     may_differ: Callable[[str], bool] | None = None) -> None:
+    """Raise CheckpointMismatchError naming both hashes and the differing keys if ``config`` trains something else
+    (another config, or the same corpus path with other content).
+
+    ``may_differ(key)``: keys whose change the loader applies itself (a PBT trial continuing another trial's
+    checkpoint with a new learning rate or temperature); a checkpoint that differs only in those is accepted.
+    """
+    mine = config.config_hash()
+    theirs = manifest.get("config_hash")
+    stored_data = manifest.get("data_fingerprint") or {}
+    my_data = data_fingerprint(config) if stored_data else {}
+    changed_data = sorted(key for key in stored_data if stored_data.get(key) != my_data.get(key))
+    if theirs == mine and not changed_data:
+        return
+    stored = manifest.get("config") or {}
+    keys = config.diff_keys(stored) if stored and theirs != mine else []
+    if stored and not keys and not changed_data:
+        return  # same training fields; the hash was taken while more settings were hashed (an older raydistill)
+    if keys and may_differ is not None and not changed_data and all(may_differ(key) for key in keys):
+        return
+    details = []
+    flat_stored, flat_mine = flatten(stored), flatten(config.to_dict())
+    for key in keys[:12]:
+        details.append(f"{key}: checkpoint {flat_stored.get(key, '<absent>')!r}, this run {flat_mine.get(key, '<absent>')!r}")
+    more = f" (+{len(keys) - 12} more)" if len(keys) > 12 else ""
+    for key in changed_data:
+        details.append(f"{key} (file content): checkpoint sha256 {str(stored_data[key])[:16]}, this run "
+                       f"{str(my_data.get(key, '<unreadable>'))[:16]}")
+    if theirs != mine and not keys:
+        details.append("unknown (the manifest has no config)")
+    raise CheckpointMismatchError(
+        f"{path} was written by a different config (hash {theirs}, this run {mine}); differing keys: "
+        + "; ".join(details) + more
+        + ". Resume with the original config and data, or give this run another run_dir. (Settings that do not "
+        + f"change training may differ between runs: {', '.join(RUNTIME_ONLY_FIELDS)}.)")
+
+
+def load_checkpoint(path: str | os.PathLike, config=None, map_location: str | torch.device = "cpu",
+                    may_differ: Callable[[str], bool] | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``(manifest, state)`` of a complete, verified checkpoint; refuses one written by another config (when given),
+    unless only keys ``may_differ`` accepts differ (``check_compatible``).
+
+    Files are loaded with ``weights_only=True``: tensors and plain containers only, never arbitrary objects.
+    """
+    import pickle
+
+    path = Path(path)
+    manifest = verify_checkpoint(path)
+    if config is not None:
+        check_compatible(manifest, config, path, may_differ)
+    state = {}
+    for entry in manifest["files"]:
+        file = path / entry["name"]
+        try:
+            state[file.stem] = torch.load(file, map_location=map_location, weights_only=True)
+        except pickle.UnpicklingError as exc:
+            first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise CheckpointError(f"{file}: refused: holds objects other than tensors and plain containers, "
+                                  f"which loading would execute ({first_line})") from None
+    return manifest, state

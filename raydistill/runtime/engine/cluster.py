@@ -1,0 +1,346 @@
+"""Starting or joining Ray, checking that the configured roles fit the cluster before any actor starts, and keeping
+the driver's own helper actors on the driver's node (`on_the_driver_node`), so that losing another node loses only
+what Ray Train can restart.
+
+The same job script runs standalone (``python jobs/congen.py``: a private local Ray with the config's CPU count) and
+under ``ray job submit`` (the job supervisor sets ``RAY_ADDRESS``: connect, and take the cluster's resources as they
+are). Roles take resources from the config only, so moving to a GPU cluster changes the ``resources`` block and
+nothing else.
+
+A config here is a distillation ``JobConfig`` (learners and a shared queue) or any config whose ``resources`` have
+``num_cpus`` and ``data_max_cpus`` and which states its own long-lived actors with ``actor_reservation()`` (the
+Trans-Encoder's families: ``tenc.config.TencConfig``).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from raydistill.config.job import ConfigError, JobConfig
+
+__all__ = [
+    "WORKER_ENV",
+    "Reservation",
+    "ResourceError",
+    "actor_reservation",
+    "check_resources",
+    "configure_data_context",
+    "data_limits",
+    "init_ray",
+    "on_the_driver_node",
+    "prepare_worker_environment",
+    "quiet_ray_internal_deprecation",
+    "state_auth_mode",
+    "warn_if_outputs_are_ephemeral",
+]
+
+log = logging.getLogger(__name__)
+
+# Environment every Ray worker of a local cluster inherits (the raylet is started from this process): the model hub
+# is never reachable at run time, and Ray should neither phone home nor collapse repeated log lines that explain a
+# failure.
+WORKER_ENV = {
+    "HF_HUB_OFFLINE": "1",
+    "TRANSFORMERS_OFFLINE": "1",
+    "TOKENIZERS_PARALLELISM": "false",
+    "RAY_USAGE_STATS_ENABLED": "0",
+    "RAY_DEDUP_LOGS": "0",
+    "OMP_WAIT_POLICY": "PASSIVE",  # see raydistill/__init__.py
+    # Ray starts workers at nice 15 so the driver stays responsive; here the actors do all the work, and at nice 15
+    # any other process on the machine (an evaluation, a second job) starves them (measured: a Trans-Encoder
+    # learner got 5% of a core beside one nice-0 process). Read by the raylet of a local cluster only.
+    "RAY_worker_niceness": "0",
+}
+
+# Ray's setting for token authentication of a new local cluster ("token" or "disabled").
+AUTH_MODE_ENV = "RAY_AUTH_MODE"
+
+
+class ResourceError(ConfigError):
+    """The configured roles cannot all be scheduled on the Ray cluster."""
+
+
+@dataclass(frozen=True)
+class Reservation:
+    """The CPUs and GPUs a job's long-lived actors hold for its whole run, and the words an error explains them with."""
+
+    cpus: float
+    gpus: float
+    cpu_terms: str  # the sum behind ``cpus``: "learners 2 x 0.5 CPU + queue 0.5 CPU"
+    holders: str  # who asks for the GPUs: "learners and queue"
+    cpu_fix: str  # the fields that lower ``cpus``
+    gpu_fix: str  # the fields that lower ``gpus``
+
+
+def actor_reservation(cfg: Any) -> Reservation:
+    """What the config's long-lived actors hold: a JobConfig's learners and shared queue, or whatever another
+    config's ``actor_reservation()`` says (the Trans-Encoder's bi- and cross-encoder actors)."""
+    if not isinstance(cfg, JobConfig):
+        return cfg.actor_reservation()
+    r = cfg.resources
+    learners = r.learner.num_learners
+    return Reservation(
+        cpus=learners * r.learner.num_cpus + r.queue.num_cpus,
+        gpus=learners * r.learner.num_gpus + r.queue.num_gpus,
+        cpu_terms=f"learners {learners} x {r.learner.num_cpus:g} CPU + queue {r.queue.num_cpus:g} CPU",
+        holders="learners and queue",
+        cpu_fix="lower resources.learner.num_cpus / num_learners (fractions like 0.5 are fine)",
+        gpu_fix="set resources.learner.num_gpus: 0",
+    )
+
+
+def init_ray(cfg: Any = None, *, dashboard: bool = False, **init_kwargs: Any) -> Callable[[], None]:
+    """Connect to the cluster in ``RAY_ADDRESS`` (or the one already initialised), else start a local Ray.
+
+    A local Ray gets ``num_cpus`` from ``cfg.resources.num_cpus``; extra ``init_kwargs`` go to ``ray.init`` for it
+    (tests pass ``object_store_memory`` and a short ``_temp_dir``). When connecting, no resources are passed: the
+    cluster has its own. ``dashboard``: the local Ray also runs its dashboard, which serves Ray's state API
+    (`start_local_ray`). Returns `configure_data_context`'s function that puts Ray Data's settings back.
+    """
+    import ray
+
+    prepare_worker_environment()
+    if ray.is_initialized():
+        log.debug("Ray already initialised; using it")
+    elif os.environ.get("RAY_ADDRESS"):
+        log.info("connecting to the Ray cluster at %s", os.environ["RAY_ADDRESS"])
+        ray.init(**init_kwargs)
+    else:
+        num_cpus = cfg.resources.num_cpus if cfg is not None else None
+        kwargs = {"num_cpus": num_cpus} | init_kwargs
+        log.info("starting a local Ray (%s CPUs)", kwargs["num_cpus"])
+        start_local_ray(dashboard=dashboard, **kwargs)
+    return configure_data_context(cfg)
+
+
+def start_local_ray(*, dashboard: bool = False, **init_kwargs: Any) -> None:
+    """``ray.init(address="local", ...)``; with ``dashboard``, a Ray whose workers can reach its state API.
+
+    A Ray Tune sweep needs that: when Tune stops a trial, the trial's Ray Train controller dies with it, and Train's
+    placement-group cleaner (an actor) learns of the death through the state API, which the dashboard serves, and
+    only then gives the Train run's CPUs back; without it the next trial waits for them forever. The cleaner finds
+    the cluster through ``RAY_ADDRESS`` or, failing that, the single Ray on the machine (two local Rays: it gives
+    up). So the GCS gets a port chosen here, and ``RAY_ADDRESS`` naming it is in the environment the Ray processes
+    inherit while they start; this process's own environment is put back afterwards, so a later ``init_ray`` here
+    starts a new Ray instead of connecting to a stopped one. A cluster started with ``ray start`` has both already.
+    """
+    import socket
+
+    import ray
+
+    state_auth_mode()
+    if not dashboard:
+        ray.init(address="local", include_dashboard=False, **init_kwargs)
+        return
+    with socket.socket() as probe:  # a free port for the GCS
+        probe.bind(("", 0))
+        port = probe.getsockname()[1]
+    started_with = {"RAY_GCS_SERVER_PORT": str(port), "RAY_ADDRESS": f"{ray.util.get_node_ip_address()}:{port}"}
+    before = {key: os.environ.get(key) for key in started_with}
+    os.environ.update(started_with)
+    try:
+        ray.init(address="local", include_dashboard=True, **init_kwargs)
+    finally:
+        for key, value in before.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def state_auth_mode() -> None:
+    """Set ``RAY_AUTH_MODE=token`` for a new local Ray unless the environment already sets a mode.
+
+    Ray 2.60 turns token authentication on for a new local cluster when the mode is unset, and says so at every
+    ``ray.init`` ("Token authentication is enabled ... Set RAY_AUTH_MODE=disabled to opt out"). Stating Ray's own
+    default keeps the same protection (a token in ``~/.ray/auth_token``, created on first use) without the notice;
+    a user who exported ``RAY_AUTH_MODE`` (e.g. ``disabled``) keeps theirs. Only for a Ray this process starts:
+    connecting to a cluster (``RAY_ADDRESS``) follows that cluster's mode.
+
+    Ray reads its settings once, when it is imported, so setting the variable alone would start a GCS that asks
+    for a token this process does not send (measured: "InvalidAuthToken ... RAY_AUTH_MODE is currently
+    'disabled'"); the settings are read again as Ray itself does when it turns the mode on.
+    """
+    if os.environ.get(AUTH_MODE_ENV) is not None:
+        return
+    from ray._raylet import Config
+
+    os.environ[AUTH_MODE_ENV] = "token"
+    Config.initialize("")
+
+
+def on_the_driver_node() -> Any:
+    """A scheduling strategy that keeps an actor on this process's node, for actors that only serve the driver (the
+    learners' event relay). There it dies only with the driver's node, which ends the job anyway, as Ray Train
+    places its own controller; placed by Ray on another node, it would die with that node and end a job that
+    Train could otherwise restart on the nodes that remain (measured: a lost worker node ended the job)."""
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    return NodeAffinitySchedulingStrategy(node_id=ray.get_runtime_context().get_node_id(), soft=False)
+
+
+def prepare_worker_environment() -> None:
+    """Environment that the workers of a local Ray inherit from this process (set before ``ray.init``).
+
+    Besides ``WORKER_ENV``, the directory holding the ``raydistill`` package goes on ``PYTHONPATH``: a source
+    checkout that is not pip-installed would otherwise import in the driver but not in the workers.
+    """
+    import raydistill
+
+    for key, value in WORKER_ENV.items():
+        os.environ.setdefault(key, value)
+    package_root = str(Path(raydistill.__file__).resolve().parents[1])
+    paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    if package_root not in paths:
+        os.environ["PYTHONPATH"] = os.pathsep.join([package_root, *paths])
+
+
+def configure_data_context(cfg: Any = None) -> Callable[[], None]:
+    """Ray Data defaults: no progress bars in CI; never schedule Data work on the CPUs the long-lived actors hold.
+
+    ``resource_limits`` lets Ray Data plan with what the long-lived actors (`actor_reservation`) leave of the
+    cluster, so its tasks and the teacher pool neither wait for those CPUs nor take them (actors on every CPU hang
+    Data: docs/runtime.md, Ray behaviour). Only the resources the actors hold are capped: a GPU limit stays Ray's
+    own (autodetected, growing with an autoscaling cluster) while no actor holds a GPU. Ray 2.60 deprecates the
+    former way, ``exclude_resources``, in favour of ``label_selector``, which confines Data to labelled nodes; a
+    limit is what says "all but these CPUs" on one node or an unlabelled cluster.
+
+    Returns a function that puts the settings back as they were: the DataContext is process-wide, and a job that
+    runs inside a longer process (tests, a notebook) should leave it as it found it.
+    """
+    from ray.data import DataContext
+
+    quiet_ray_internal_deprecation()
+    ctx = DataContext.get_current()
+    options = ctx.execution_options
+    previous = (ctx.wait_for_min_actors_s, ctx.enable_progress_bars, ctx.print_on_execution_start,
+                options.resource_limits)
+
+    def restore() -> None:
+        (ctx.wait_for_min_actors_s, ctx.enable_progress_bars, ctx.print_on_execution_start,
+         options.resource_limits) = previous
+
+    # An actor pool that cannot get its resources fails after this long instead of waiting forever (Ray's
+    # default); -1 restores waiting forever, e.g. for an autoscaler that needs long to add GPU nodes.
+    ctx.wait_for_min_actors_s = int(os.environ.get("RAYDISTILL_ACTOR_WAIT_S", "600"))
+    if os.environ.get("CI") or os.environ.get("RAYDISTILL_NO_PROGRESS"):
+        ctx.enable_progress_bars = False
+        ctx.print_on_execution_start = False
+    if cfg is not None:
+        # CPUs and GPUs are this job's to set (a job run after another in one process must not inherit its cap);
+        # memory and object-store limits stay as they are.
+        cap = data_limits(actor_reservation(cfg), _cluster_total(cfg))
+        options.resource_limits = options.resource_limits.copy(cpu=cap.cpu, gpu=cap.gpu)
+    return restore
+
+
+def data_limits(held: Reservation, total: dict[str, float]) -> Any:
+    """Ray Data's ``resource_limits``: the cluster's CPUs and GPUs less what ``held`` reserves; a resource no actor
+    holds is left unlimited (Ray Data then follows the cluster as it grows)."""
+    from ray.data import ExecutionResources
+
+    def left(name: str, reserved: float) -> float | None:
+        return max(0.0, float(total.get(name, 0.0)) - reserved) if reserved > 0 else None
+
+    return ExecutionResources.for_limits(cpu=left("CPU", held.cpus), gpu=left("GPU", held.gpus))
+
+
+def _cluster_total(cfg: Any) -> dict[str, float]:
+    import ray
+
+    return ray.cluster_resources() if ray.is_initialized() else {"CPU": cfg.resources.num_cpus}
+
+
+def quiet_ray_internal_deprecation() -> None:
+    """Hide Ray's deprecation notice for ``ExecutionOptions.exclude_resources`` when Ray itself causes it.
+
+    Ray Train 2.60 copies the DataContext's options into a new ``ExecutionOptions(exclude_resources=...)`` for every
+    run with datasets (``DataConfig.default_ingest_options``, called as it records the run's state), and that
+    constructor warns even for the zero default. Nothing a user of raydistill sets or could change causes it:
+    raydistill sets ``resource_limits`` instead. The filter matches only warnings attributed to that constructor's
+    module, so code that still sets ``exclude_resources`` itself is warned as before. Run by
+    `configure_data_context` (a job's driver); a process that starts Ray Train without it (a Tune trial) runs it
+    before ``fit``.
+    """
+    import warnings
+
+    from ray.util.annotations import RayDeprecationWarning
+
+    warnings.filterwarnings("ignore", message=r"`ExecutionOptions\.exclude_resources` is deprecated",
+                            category=RayDeprecationWarning,
+                            module=r"ray\.data\._internal\.execution\.interfaces\.execution_options$")
+
+
+def check_resources(cfg: Any, available: dict[str, float] | None = None) -> None:
+    """Raise ResourceError if the roles cannot be scheduled together, naming the fields to change.
+
+    ``available``: cluster resources (``{"CPU": 2, "GPU": 0}``); by default the running cluster's, or the
+    config's ``num_cpus`` when Ray is not started yet.
+    """
+    if available is None:
+        import ray
+
+        available = ray.cluster_resources() if ray.is_initialized() else {"CPU": cfg.resources.num_cpus}
+    cpus, gpus = float(available.get("CPU", 0)), float(available.get("GPU", 0))
+    r = cfg.resources
+    held = actor_reservation(cfg)
+    held_cpus, held_gpus = held.cpus, held.gpus
+    where = f"the Ray cluster has {cpus:g} CPU and {gpus:g} GPU"
+    problems = []
+    if held_cpus + r.data_max_cpus > cpus + 1e-9:
+        problems.append(
+            f"{held.cpu_terms} + Ray Data headroom {r.data_max_cpus:g} CPU = {held_cpus + r.data_max_cpus:g} CPU > "
+            f"{cpus:g}: {held.cpu_fix}")
+    if held_gpus > gpus + 1e-9:
+        problems.append(f"{held.holders} ask for {held_gpus:g} GPU; {held.gpu_fix}")
+    # Only a distillation job has a teacher pool: Ray Data actors that come and go beside the long-lived ones.
+    if isinstance(cfg, JobConfig) and cfg.teacher is not None and cfg.data.teacher_views:
+        teacher_cpus = r.teacher.num_actors * r.teacher.num_cpus
+        teacher_gpus = r.teacher.num_actors * r.teacher.num_gpus
+        if teacher_cpus > cpus - held_cpus + 1e-9:
+            problems.append(
+                f"teacher pool {r.teacher.num_actors} x {r.teacher.num_cpus:g} CPU = {teacher_cpus:g} CPU, but only "
+                f"{cpus - held_cpus:g} CPU are left beside the learners/queue: lower resources.teacher.num_cpus "
+                "or num_actors")
+        if teacher_gpus > gpus - held_gpus + 1e-9:
+            problems.append(f"teacher pool asks for {teacher_gpus:g} GPU, {gpus - held_gpus:g} left: set "
+                            "resources.teacher.num_gpus: 0 or use a GPU cluster")
+    for family, custom in (getattr(r, "families", None) or {}).items():
+        for resource, amount in custom.items():
+            have = float(available.get(resource, 0))
+            if 2 * amount > have + 1e-9:  # the family's bi- and cross-encoder actor each ask for it
+                problems.append(f"family {family}'s two actors ask for 2 x {amount:g} of the custom resource "
+                                f"{resource!r}; the cluster has {have:g}: start a node with `ray start --resources "
+                                f"'{{\"{resource}\": 2}}'` or change resources.families.{family}")
+    if problems:
+        source = f"{cfg._source}: " if cfg._source else ""
+        raise ResourceError(f"{source}resources do not fit ({where}):\n  - " + "\n  - ".join(problems))
+
+
+def warn_if_outputs_are_ephemeral(outputs: dict[str, str | os.PathLike]) -> list[str]:
+    """Under ``ray job submit --working-dir .`` the job runs in a temporary copy of the directory
+    (``.../runtime_resources/working_dir_files/_ray_pkg_*``) that Ray deletes with its session; the default run
+    directory and the default MLflow store are relative to it, so a job's checkpoints and runs would vanish.
+    Print one warning naming each output that lies there and how to move it; return the names warned about."""
+    cwd = Path.cwd().resolve()
+    if "working_dir_files" not in cwd.parts:
+        return []
+    ephemeral = []
+    for name, location in outputs.items():
+        text = str(location)
+        path = Path(text.removeprefix("sqlite:///"))
+        if path.is_absolute() and path.resolve().is_relative_to(cwd):
+            ephemeral.append(name)
+    if ephemeral:
+        print(f"warning: {', '.join(ephemeral)} lie in Ray's temporary copy of the working dir ({cwd}), which is "
+              "deleted with the Ray session: pass --run-dir / --results-dir with absolute paths on shared storage "
+              "and set MLFLOW_TRACKING_URI (e.g. --runtime-env-json '{\"env_vars\": {\"MLFLOW_TRACKING_URI\": "
+              "\"sqlite:////abs/path/mlflow.db\"}}')", flush=True)
+    return ephemeral
+

@@ -1,0 +1,468 @@
+"""LearnerGroup: a distillation stage trained by Ray Train, one in-process learner or N data-parallel workers.
+
+``fit`` runs a ``TorchTrainer`` whose workers run ``train_loop.train_worker`` (one ``DistillLearner`` each):
+
+    ScalingConfig   from ``resources.learner``: ``num_learners: 0`` is Train's local mode (the loop runs in this
+                    process: tests, laptops); N > 0 starts N workers with ``num_cpus``/``num_gpus`` each
+                    (``use_gpu`` when ``num_gpus > 0``). DDP averages the gradients (gloo on CPU, NCCL on GPU),
+                    so one step consumes N batches (batch ``b`` of an epoch goes to worker ``b mod N``) and the
+                    weights stay identical on every worker.
+    datasets        a corpus streams from Ray Data (``{"train": TrainingData.epoch_stream(...)}``, read from the
+                    memory-mapped rows file by Data's tasks, not split: every worker, or the local-mode loop, keeps
+                    its own batches of the seeded order); a labelled set, and a Tune trial's corpus (the rows file's
+                    location), ride in the loop config
+    FailureConfig   ``runtime.max_restarts`` (default 3) worker-group failures are retried: Train starts new workers,
+                    which resume from the newest reported checkpoint (weights, AdamW, schedule, queues, RNG, data
+                    position)
+    RunConfig       ``storage_path`` = ``resume.checkpoint_home``: ``<runtime.storage_path>/<run dir name>``
+                    (any pyarrow filesystem URI) with workers, else the stage's run dir; ``name`` ``checkpoints``:
+                    checkpoints land in ``<home>/checkpoints/step-XXXXXXX``, and ``train.keep_last`` of them are kept
+                    (``CheckpointConfig``). The run dir records its home and the storage folder its owner, so a
+                    changed or shared storage is refused before anything starts (``check_resume``)
+
+What raydistill adds on top of Train: the config-hash refusal before anything starts (``check_resume``), the resume
+from the newest checkpoint that verifies (a damaged newer one is skipped, and the log says so), exact mid-epoch
+resume (data position, RNG, queues), the shared teacher-queue actors (kept by the ``EventRelay``, whose handle
+reaches the workers through the loop config), the least-squares projection fit and the teacher-queue start from the
+driver's seeded samples, and MLflow/progress from rank 0's events (a tracking failure never stops training).
+
+A job that is started again with the same run dir resumes the same way. Preemption: ``stopping.request_stop()``
+(the SIGTERM / SIGINT handler of ``run_distillation``; ``fit`` runs inside ``stopping.step_boundaries()``, so the
+handler only sets the flag) reaches rank 0 with the answer to its next event; every worker finishes
+the step in flight, a checkpoint is written at that step boundary, and ``fit`` raises ``PreemptedError``; the
+resumed job redoes no step. A worker group that sends no event for ``runtime.learner_timeout_s`` (default
+``LEARNER_TIMEOUT_S``; start-up gets at least ``LEARNER_START_TIMEOUT_S``) ends ``fit`` with
+``LearnerUnresponsiveError`` saying how to resume.
+
+Progress goes to stdout, one line per ``runtime.log_every`` steps (default: about 50 lines per run) or 30 s:
+
+    [congen] step 120/400 (30%) ep 1/2 loss 3.1234 dev 71.23 (best 72.10@100) 850 sent/s ETA 4m12s
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import math
+import os
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+from raydistill.methods import get_method
+from raydistill.runtime.engine import checkpoint as ckpt
+from raydistill.runtime.engine import resume
+from raydistill.config.job import JobConfig
+from raydistill.runtime.engine.stopping import (  # noqa: F401 - request_stop: re-exported
+    JobStopped,
+    clear_stop_request,
+    request_stop,
+    signal_name,
+    step_boundaries,
+    stop_requested,
+)
+
+__all__ = ["LearnerGroup", "FitSummary", "PreemptedError", "LearnerUnresponsiveError",
+           "request_stop", "LEARNER_TIMEOUT_S"]
+
+log = logging.getLogger(__name__)
+
+# How long the driver waits for the next event of the workers (a step, an evaluation) before it declares a worker
+# or the cluster lost. Generous for a CPU step of a base-size model or a dev evaluation.
+LEARNER_TIMEOUT_S = 600.0
+# Starting the workers may also wait for the cluster to free resources, then imports torch and loads the student.
+LEARNER_START_TIMEOUT_S = 600.0
+# The name of the Train run under its storage path: its checkpoints are <storage>/checkpoints/step-XXXXXXX.
+TRAIN_RUN_NAME = "checkpoints"
+
+class PreemptedError(JobStopped):
+    """The job was asked to stop (SIGTERM, SIGINT) and stopped at a step boundary after writing a checkpoint."""
+
+    def __init__(self, message: str, step: int, checkpoint: str | None):
+        super().__init__(message, step, checkpoint)
+
+
+class LearnerUnresponsiveError(RuntimeError):
+    """The workers sent no event within ``runtime.learner_timeout_s``: a hung worker or a lost Ray cluster."""
+
+
+MetricsCallback = Callable[[dict[str, float], int], None]
+EventCallback = Callable[[str, dict[str, Any], int], None]
+
+
+class FitSummary(dict):
+    """What ``LearnerGroup.fit`` returns: steps, epochs, best step/score, restarts, wall time, history."""
+
+
+class LearnerGroup:
+    """Train ``cfg``'s method with Ray Train: local mode (``num_learners: 0``) or N workers; same API either way.
+
+    Args:
+        cfg: the job (or stage) config.
+        spec: the method; default ``METHODS[cfg.method]``.
+        run_dir: where this (stage of the) run keeps ``checkpoints/`` and ``best/``.
+        init_model: start the student from this directory (a previous stage's ``best/``).
+        teacher_dim: width of the teacher vectors in the batches (None: read from the data).
+        name: label of the progress lines.
+        tune: a ``train_loop.TuneReporting`` when the job is a Ray Tune trial: rank 0's dev evaluations then go to
+            the trial through ``ray.train.report`` (``tune_callback.EvalReportsToTune``); in local mode the loop,
+            running in the trial's process, reports them with ``ray.tune.report``.
+    """
+
+    def __init__(self, cfg: JobConfig, spec=None, *, run_dir: str | os.PathLike | None = None,
+                 init_model: str | None = None, teacher_dim: int | None = None, name: str | None = None,
+                 tune=None):
+        self.cfg = cfg
+        self.spec = spec if spec is not None else get_method(cfg.method)
+        self.run_dir = Path(run_dir if run_dir is not None else cfg.resolved_run_dir()).absolute()
+        self.init_model = init_model
+        self.teacher_dim = teacher_dim
+        self.name = name or self.spec.name
+        self.num_learners = int(cfg.resources.learner.num_learners)
+        self.max_restarts = cfg.runtime.max_restarts
+        self.call_timeout_s = float(cfg.runtime.learner_timeout_s or LEARNER_TIMEOUT_S)
+        self.tune = tune
+
+    @property
+    def world_size(self) -> int:
+        return max(1, self.num_learners)
+
+    def total_steps(self, data) -> int:
+        from raydistill.runtime.engine.batches import steps_per_epoch
+
+        train = self.cfg.train
+        per_epoch = steps_per_epoch(data.num_rows, train.batch_size, self.world_size)
+        if per_epoch == 0:
+            raise ValueError(
+                f"{self.name}: {data.num_rows} training rows give no full step of {self.world_size} x "
+                f"{train.batch_size} rows; lower train.batch_size or raise data.max_sentences")
+        total = per_epoch * train.epochs
+        return min(total, train.max_steps) if train.max_steps else total
+
+    # ------------------------------------------------------------------------------------------------------------
+
+    def fit(self, data, on_metrics: MetricsCallback | None = None, on_eval: MetricsCallback | None = None,
+            on_event: EventCallback | None = None) -> FitSummary:
+        """Train to the end (resuming from ``run_dir``'s newest good checkpoint) and return a summary.
+
+        ``on_metrics(metrics, step)`` gets every step's metrics (for MLflow); ``on_eval({"stsb_dev": ...}, step)``
+        every dev evaluation; ``on_event(kind, info, step)`` every event of rank 0 (``start`` with the worker's
+        pid and the checkpoint step it resumed from, ``step``, ``eval``).
+        """
+        from raydistill.runtime.engine.train_loop import LoopConfig
+
+        started = time.perf_counter()
+        total = self.total_steps(data)
+        if self.teacher_dim is None:
+            self.teacher_dim = _teacher_dim_of(data, self.spec, self.cfg)
+        # Refuse another config's checkpoint (or another learner count) here, before any worker starts.
+        resume.check_resume(self.run_dir, self.cfg, self.world_size)
+        home = resume.claim_checkpoint_home(self.run_dir, self.cfg)
+        # Where the data stream starts and whether the workers start fresh; they pick (and report) the checkpoint.
+        latest, manifest = resume.resume_point(home)
+        events = _Dispatcher(self, total, first_step=manifest["step"] if manifest else 0, on_metrics=on_metrics,
+                             on_eval=on_eval, on_event=on_event)
+        loop = LoopConfig(cfg=self.cfg, spec=self.spec, run_dir=str(self.run_dir), total_steps=total,
+                          num_rows=data.num_rows, teacher_dim=self.teacher_dim, init_model=self.init_model,
+                          name=self.name, events=None, local_mode=self.num_learners == 0,
+                          checkpoints_in_run_dir=home == str(self.run_dir.resolve()), tune=self.tune)
+        if latest is None:  # a fresh start: the samples the workers fit the projection and fill the queues from
+            loop.projection_sample = self._projection_sample(data)
+            loop.queue_sample = self._queue_sample(data)
+        datasets = None
+        if hasattr(data, "epoch_stream") and self.tune is None:
+            from raydistill.runtime.engine.batches import steps_per_epoch
+            from raydistill.runtime.engine.train_loop import STREAM
+
+            rows_per_epoch = steps_per_epoch(data.num_rows, self.cfg.train.batch_size, self.world_size) * \
+                self.world_size * self.cfg.train.batch_size
+            first_epoch = min(int(manifest["epoch"]) if manifest else 0, self.cfg.train.epochs - 1)
+            datasets = {STREAM: data.epoch_stream(first_epoch, self.cfg.train.epochs, rows_per_epoch)}
+            loop.teacher = dict(getattr(data, "teacher", {}) or {})
+        else:
+            # A labelled set rides in the loop config. So does the corpus of a Tune trial, as the locations of its
+            # memory-mapped rows file and teacher cache, which the workers read batch by batch: a Ray Data task
+            # started inside a trial is captured into the trial's placement group, where it never runs (measured:
+            # "cannot fit into any bundles").
+            loop.array_data = data
+        with step_boundaries():  # a SIGTERM / SIGINT now stops the learners at their next step boundary
+            if loop.local_mode:
+                result = self._fit_local(loop, datasets, events)
+            else:
+                result = self._fit_workers(loop, datasets, events)
+        out = result.return_value
+        if out.get("diverged"):
+            raise FloatingPointError(out["diverged"])
+        if out.get("aborted"):
+            raise self._unresponsive(self.call_timeout_s)
+        if out.get("preempted"):
+            self._raise_preempted(out["step"])
+        return FitSummary(steps=out["step"], total_steps=total, world_size=self.world_size,
+                          best_step=out["best"]["best_step"], best_stsb_dev=out["best"]["best_stsb_dev"],
+                          best_dir=str(self.run_dir / "best"), restarts=max(0, events.starts - 1),
+                          resumed_from=out["resumed_from"], seconds=round(time.perf_counter() - started, 2),
+                          history=out["history"], rows=data.num_rows,
+                          weights_crc_by_rank=out.get("weights_crc_by_rank"),
+                          actor_cpu_s=0.0 if loop.local_mode else round(float(out.get("cpu_s", 0.0)), 1))
+
+    def _trainer(self, loop, datasets, local: bool):
+        from ray.train import CheckpointConfig, DataConfig, FailureConfig, RunConfig, ScalingConfig
+        from ray.train.torch import TorchTrainer
+
+        from raydistill.runtime.engine.cluster import quiet_ray_internal_deprecation
+        from raydistill.runtime.engine.train_loop import train_worker
+
+        quiet_ray_internal_deprecation()  # a Tune trial's process never ran init_ray, which sets it
+        resources = self.cfg.resources.learner
+        scaling = ScalingConfig(num_workers=0) if local else ScalingConfig(
+            num_workers=self.num_learners, use_gpu=resources.num_gpus > 0,
+            resources_per_worker={"CPU": float(resources.num_cpus), **(
+                {"GPU": float(resources.num_gpus)} if resources.num_gpus > 0 else {})})
+        storage = resume.checkpoint_home(self.run_dir, self.cfg)
+        callbacks = None
+        if loop.tune is not None and not local:  # local mode reports to Tune itself (train_loop)
+            from raydistill.runtime.engine.tune_callback import EvalReportsToTune
+
+            callbacks = [EvalReportsToTune()]
+        run = RunConfig(name=TRAIN_RUN_NAME, storage_path=storage,
+                        failure_config=FailureConfig(max_failures=self.max_restarts),
+                        checkpoint_config=CheckpointConfig(num_to_keep=self.cfg.train.keep_last),
+                        callbacks=callbacks)
+        # Every worker reads the whole ordered stream and keeps its own batches (exact order, exact resume). Local
+        # mode hands the loop the dataset itself, whose context epoch_stream set to preserve order.
+        data_config = None
+        if not local:
+            ingest = DataConfig.default_ingest_options()
+            ingest.preserve_order = True
+            data_config = DataConfig(datasets_to_split=[], execution_options=ingest)
+        # Workers keep the job's working directory: relative model and cache paths of the config stay valid.
+        os.environ.setdefault("RAY_CHDIR_TO_TRIAL_DIR", "0")
+        return TorchTrainer(train_worker, train_loop_config=loop.as_dict(), scaling_config=scaling, run_config=run,
+                            datasets=datasets, dataset_config=data_config)
+
+    def _fit_local(self, loop, datasets, events: "_Dispatcher"):
+        """Train's local mode: the loop runs here, and its events call the dispatcher directly."""
+        from raydistill.runtime.engine.events import LocalEvents
+
+        loop.events = LocalEvents(events, stop_requested)
+        # Train's local mode logs every report at INFO ("Reported metrics: {...}"), a line per step that the
+        # driver's progress lines already summarise.
+        logging.getLogger("ray.train.v2._internal.execution.train_fn_utils").setLevel(logging.WARNING)
+        return self._trainer(loop, datasets, local=True).fit()
+
+    def _fit_workers(self, loop, datasets, events: "_Dispatcher"):
+        """N Train workers: ``fit`` runs in a thread while this one relays rank 0's events and the stop request."""
+        import ray
+
+        from raydistill.runtime.engine.cluster import on_the_driver_node
+        from raydistill.runtime.engine.events import EventRelay
+
+        factory = None
+        if self.num_learners > 1 and self.spec.shares_queue(self.cfg):
+            factory = functools.partial(make_shared_queues, self.spec, self.cfg, self.teacher_dim)
+        # On the driver's node: a lost worker node must not take the driver's channel to the workers with it.
+        relay = ray.remote(num_cpus=0)(EventRelay).options(scheduling_strategy=on_the_driver_node()).remote(factory)
+        loop.events = relay
+        trainer = self._trainer(loop, datasets, local=False)
+        outcome: dict[str, Any] = {}
+
+        def run() -> None:
+            try:
+                outcome["result"] = trainer.fit()
+            except BaseException as exc:  # noqa: BLE001 - handed to the driver thread below
+                outcome["error"] = exc
+
+        thread = threading.Thread(target=run, name=f"raydistill-train-{self.name}", daemon=True)
+        thread.start()
+        stop_sent = False
+        last_event = time.monotonic()
+        while True:
+            thread.join(0.25)
+            finished = not thread.is_alive()  # checked before the drain: every event is in it then
+            if stop_requested() and not stop_sent:
+                relay.request_stop.remote()
+                stop_sent = True
+            drained = ray.get(relay.drain.remote(), timeout=60)
+            for kind, info, step in drained:
+                events(kind, info, step)
+            if drained:
+                last_event = time.monotonic()
+            if finished:
+                break
+            limit = self.call_timeout_s if events.starts else max(self.call_timeout_s, LEARNER_START_TIMEOUT_S)
+            if time.monotonic() - last_event > limit:
+                # The run goes on in the background until its hung worker returns or dies; then the relay (kept
+                # alive for this) tells the workers to leave without training. A CLI job simply exits.
+                relay.abort.remote()
+                raise self._unresponsive(limit)
+        try:
+            ray.get(relay.shutdown.remote(), timeout=30)
+        except Exception:  # noqa: BLE001 - the relay is gone with the cluster
+            pass
+        ray.kill(relay)
+        if "error" in outcome:
+            raise outcome["error"]
+        return outcome["result"]
+
+    # ------------------------------------------------------------------------------------------------------------
+
+    def _projection_sample(self, data, max_rows: int = 4096):
+        """``student_projection_init: least_squares``: the texts and teacher vectors (first teacher view) of up to
+        ``max_rows`` rows drawn with the job seed; every worker fits the same projection to them."""
+        if self.cfg.student_projection_init != "least_squares" or self.init_model is not None:
+            return None
+        views = self.spec.teacher_views_of(self.cfg)
+        if not views:
+            return None
+        rows = np.random.default_rng(self.cfg.seed).permutation(data.num_rows)[:max_rows]
+        sample = data.rows(rows)
+        texts = [str(text) for text in sample[f"text_{views[0]}"]]
+        targets = np.asarray(np.stack(sample[f"teacher_{views[0]}"]), dtype=np.float32)  # [n, D]
+        return texts, targets, views[0]
+
+    def _queue_sample(self, data):
+        """``loss.queue_init: teacher``: per teacher queue, the cached teacher vectors (no extra teacher pass) of
+        min(K, rows) training sentences drawn with the job seed, with their group ids, as ConGen's authors start
+        theirs. Queue i of the loss takes the i-th teacher view (SCT-distillation: views a, b)."""
+        kwargs = self.spec.loss_kwargs(self.cfg)
+        if kwargs.get("queue_init") != "teacher" or not self.spec.shared_queues:
+            return None
+        views = self.spec.teacher_views_of(self.cfg)[:self.spec.shared_queues]
+        size = int(kwargs["queue_size"])
+        rows = np.sort(np.random.default_rng([self.cfg.seed, 16349]).permutation(data.num_rows)[:size])
+        sample = data.rows(rows)
+        groups = sample["group"] if "group" in sample else np.full(len(rows), -1, dtype=np.int64)
+        return [(np.asarray(np.stack(sample[f"teacher_{view}"]), dtype=np.float32), np.asarray(groups))
+                for view in views]
+
+    def _unresponsive(self, waited_s: float) -> LearnerUnresponsiveError:
+        latest = ckpt.latest_checkpoint(self.run_dir)
+        where = f"checkpoint {latest.name}" if latest is not None else "the start (no checkpoint yet)"
+        return LearnerUnresponsiveError(
+            f"[{self.name}] the learners sent nothing for {waited_s:g} s (runtime.learner_timeout_s): a worker hangs "
+            f"or the Ray cluster is lost. The job stopped; to resume from {where}, run the same command again with "
+            f"run_dir {self.run_dir} once the cluster is healthy.")
+
+    def _raise_preempted(self, step: int) -> None:
+        latest = ckpt.latest_checkpoint(self.run_dir)
+        message = (f"[{self.name}] stop requested ({signal_name()}): stopped after step {step} with checkpoint "
+                   f"{latest.name if latest else '?'}; run the same command with run_dir {self.run_dir} to resume "
+                   f"at step {step} (no step is redone)")
+        print(message, flush=True)
+        raise PreemptedError(message, step, str(latest) if latest else None)
+
+
+class _Dispatcher:
+    """Rank 0's events in the driver: callbacks (MLflow, Tune), progress lines, restart lines."""
+
+    def __init__(self, group: LearnerGroup, total: int, first_step: int, on_metrics, on_eval, on_event):
+        self.group = group
+        self.on_metrics, self.on_eval, self.on_event = on_metrics, on_eval, on_event
+        cfg = group.cfg
+        self.progress = _Progress(group.name, total, cfg.train.epochs, cfg.runtime.log_every, first_step)
+        self.starts = 0
+        self.epoch = 0
+        self.best: dict[str, float] = {}
+
+    def __call__(self, kind: str, info: dict[str, Any], step: int) -> None:
+        if self.on_event is not None:
+            self.on_event(kind, info, step)
+        if kind == "start":
+            self.starts += 1
+            if self.starts > 1:
+                print(f"[{self.group.name}] learner worker died; Train restarted the workers (restart "
+                      f"{self.starts - 1}/{self.group.max_restarts}), resuming from checkpoint step "
+                      f"{info.get('resumed_from')}", flush=True)
+            self.progress.restart(step)
+        elif kind == "step":
+            self.epoch = max(0, math.ceil(float(info.get("epoch", self.epoch + 1))) - 1)  # epoch 1.0 ends epoch 0
+            if self.on_metrics is not None:
+                self.on_metrics(info, step)
+            self.progress.update(step, self.epoch, info, None, self.best)
+        elif kind == "eval":
+            self.best = {"best_stsb_dev": info["best_stsb_dev"], "best_step": info.get("best_step", -1)}
+            if self.on_eval is not None:
+                self.on_eval({"stsb_dev": info["stsb_dev"], "best_stsb_dev": info["best_stsb_dev"]}, step)
+            self.progress.update(step, self.epoch, None, info["stsb_dev"], self.best, force=True)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def make_shared_queues(spec, cfg: JobConfig, teacher_dim: int | None) -> list:
+    """One SharedQueueActor (``resources.queue``) per teacher queue of ``spec``'s loss, ``loss.queue_size`` x
+    teacher dim, initialised by the loss's own rule."""
+    from raydistill.runtime.teachers.queue_actor import create_shared_queue
+
+    size = int(spec.loss_kwargs(cfg)["queue_size"])
+    return [create_shared_queue(cfg, size=size, dim=int(teacher_dim), **spec.queue_kwargs(cfg, i))
+            for i in range(spec.shared_queues)]
+
+
+def _teacher_dim_of(data, spec, cfg) -> int | None:
+    """Width of the teacher vectors the method reads, from the data object (None when it reads none)."""
+    views = spec.teacher_views_of(cfg)
+    if not views:
+        return None
+    dim = getattr(data, "teacher_dim", None)
+    if dim:
+        return int(dim)
+    first = data.rows(np.arange(1))
+    return int(np.asarray(first[f"teacher_{views[0]}"]).reshape(1, -1).shape[1])
+
+
+class _Progress:
+    """Step/total, loss, dev, sentences/s and ETA to stdout; quiet between lines."""
+
+    def __init__(self, name: str, total: int, epochs: int, every: int | None, first_step: int):
+        self.name, self.total, self.epochs = name, total, epochs
+        self.every = int(every) if every else max(1, total // 50)
+        self.started, self.first_step = time.perf_counter(), first_step
+        self.last_print = 0.0
+        self.loss_window: list[float] = []
+
+    def restart(self, first_step: int) -> None:
+        """The ETA counts from here: the workers (re)started at ``first_step``."""
+        self.started, self.first_step = time.perf_counter(), first_step
+
+    def update(self, step: int, epoch: int, metrics: dict[str, float] | None, dev: float | None,
+               best: dict[str, float], force: bool = False) -> None:
+        if metrics is not None:
+            self.loss_window.append(metrics["loss"])
+            self.sentences_per_s = metrics.get("sentences_per_s", 0.0)
+        now = time.perf_counter()
+        if not (force or step % self.every == 0 or step == self.total or now - self.last_print > 30):
+            return
+        self.last_print = now
+        done = step - self.first_step
+        rate = done / max(now - self.started, 1e-9)
+        eta = (self.total - step) / rate if rate > 0 else float("nan")
+        parts = [f"[{self.name}] step {step}/{self.total} ({100 * step / max(1, self.total):.0f}%)",
+                 f"ep {min(epoch + 1, self.epochs)}/{self.epochs}"]
+        if self.loss_window:
+            parts.append(f"loss {np.mean(self.loss_window):.4f}")
+            self.loss_window = []
+        if dev is not None:
+            best_text = ""
+            if best and best.get("best_step", -1) >= 0:
+                best_text = f" (best {best['best_stsb_dev']:.2f}@{best['best_step']})"
+            parts.append(f"dev {dev:.2f}{best_text}")
+        if getattr(self, "sentences_per_s", None):
+            parts.append(f"{self.sentences_per_s:.0f} sent/s")
+        parts.append(f"ETA {_duration(eta)}")
+        print(" ".join(parts), file=sys.stdout, flush=True)
+
+
+def _duration(seconds: float) -> str:
+    if not math.isfinite(seconds):
+        return "?"
+    seconds = int(seconds)
+    if seconds >= 3600:
+        return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
+    if seconds >= 60:
+        return f"{seconds // 60}m{seconds % 60:02d}s"
+    return f"{seconds}s"

@@ -1,0 +1,494 @@
+"""The loop every Ray Train worker runs: one ``DistillLearner`` trained on its share of the seeded batch stream.
+
+``LearnerGroup.fit`` (learner_group.py) starts it through a ``TorchTrainer``; ``train_worker(config)`` is the
+``train_loop_per_worker`` and ``config`` the ``train_loop_config`` (``LoopConfig.as_dict``). On each worker:
+
+    rank, world = the Train context's world rank and size (1 in Train's local mode, ``num_learners: 0``)
+    learner = DistillLearner(..., rank, world)            # shared teacher queues through the loop config's keeper
+    resume: the newest checkpoint among Train's (``ray.train.get_checkpoint``, after a worker failure or a rerun
+            of the same run) and the newest that verifies in ``run_dir``; a fresh start fits the projection by
+            least squares and fills the teacher queues from the samples the driver sent
+    learner.enable_ddp()                                   # several workers: DDP averages the gradients
+    for each step: this worker's batch of the step (batch b of an epoch goes to rank b mod world), its teacher
+            vectors read from the memory-mapped cache, one optimiser step, ``ray.train.report`` of the metrics
+            (with a checkpoint every ``train.checkpoint_every`` steps), dev evaluation on rank 0
+
+Data: ``batches`` says which batches each worker reads, from a Ray Data stream or an in-memory set, and how a
+resume skips the consumed ones exactly.
+
+Checkpoints: with Train workers, rank 0 writes the atomic checkpoint (checkpoint.py) into a local temporary
+directory and reports it; Train persists it to ``RunConfig(storage_path)/<name>/step-XXXXXXX`` and keeps
+``train.keep_last`` of them. Train's local mode keeps a reported checkpoint only in memory, so there rank 0 writes
+it to ``<run_dir>/checkpoints/`` itself: the same layout either way. A Tune trial in local mode also reports the
+checkpoint due at a dev evaluation to Tune (``ray.tune.report``), which persists it in the sweep's storage; a
+restarted trial resumes from the one Tune hands back (``ray.tune.get_checkpoint``), which under PBT may be another
+trial's, written with another learning rate or temperature (``config.sweep.pbt_mutable``).
+
+In a Ray Tune trial (``LoopConfig.tune``), rank 0's report of every step with a dev evaluation also carries
+``best_stsb_dev`` (``TUNE_METRIC``), ``stsb_dev``, ``stage`` and the step counted over the trial's stages;
+``tune_callback.EvalReportsToTune`` forwards those reports, and only those, to the trial: ASHA ranks trials on
+what ``ray.train.report`` sent. A trial in Train's local mode (``num_learners: 0``: the loop runs in the trial's own
+process, where ``ray.train.report`` refuses to run) sends the same metrics with ``ray.tune.report`` instead, with
+the step's checkpoint when one is due.
+
+Events (``start``, ``step``, ``eval``) go from rank 0 to the driver through the loop config's ``events``
+(``events.EventRelay``, in local mode ``events.LocalEvents``); the driver's answer carries its stop request, which
+rank 0 passes to every worker.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass, field
+from typing import Any, Iterator
+
+import numpy as np
+
+from raydistill.runtime.engine import checkpoint as ckpt
+from raydistill.config.job import JobConfig
+from raydistill.cputime import cpu_seconds
+from raydistill.config.sweep import pbt_mutable
+from raydistill.runtime.engine.batches import array_steps, steps_per_epoch, stream_steps
+from raydistill.runtime.engine.events import EVENT_TIMEOUT_S, LocalEvents, push_event
+
+__all__ = ["LoopConfig", "TuneReporting", "train_worker", "STREAM", "TUNE_METRIC"]
+
+# The name of the Ray Data stream in ``datasets``.
+STREAM = "train"
+# What Ray Tune ranks a trial by (ASHA, the searchers): the best STS-B dev of the trial so far.
+TUNE_METRIC = "best_stsb_dev"
+
+
+@dataclass
+class TuneReporting:
+    """The job is a Ray Tune trial: what rank 0 adds to the report of each step with a dev evaluation.
+
+    Steps count over the trial's stages (ASHA's time axis must not go back when stage 2 starts), and the trial's
+    best includes its earlier stages'. ``hold_back_final``: the trial's very last evaluation is not sent from here;
+    the trial reports it once the job has written its outputs, so a stop decision made on it cannot cut them.
+    """
+
+    step_offset: int = 0
+    stage: int = 1
+    best_before: float | None = None
+    hold_back_final: bool = False
+
+
+@dataclass
+class LoopConfig:
+    """What the driver hands every worker (``train_loop_config``); picklable."""
+
+    cfg: JobConfig
+    spec: Any  # MethodSpec
+    run_dir: str
+    total_steps: int
+    num_rows: int
+    teacher_dim: int | None
+    init_model: str | None
+    name: str
+    events: Any  # EventRelay actor handle, or a LocalEvents in local mode
+    checkpoints_in_run_dir: bool = True  # Train's storage is the run dir (not a remote runtime.storage_path)
+    array_data: Any = None  # ArrayData / TrainingData cut here (labelled sets; local mode), or None: the Ray stream
+    teacher: dict[str, Any] = field(default_factory=dict)  # view -> TeacherVectors (memory-mapped cache)
+    projection_sample: tuple[list[str], np.ndarray, str] | None = None  # (texts, teacher vectors [n, D], view)
+    queue_sample: list[tuple[np.ndarray, np.ndarray]] | None = None  # per teacher queue: (vectors [K, D], groups)
+    local_mode: bool = False
+    tune: TuneReporting | None = None  # set when the job is a Ray Tune trial
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"loop": self}
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The loop
+
+
+def train_worker(config: dict[str, Any]) -> dict[str, Any]:
+    """Ray Train's ``train_loop_per_worker``: train to the end (or a stop) and return rank 0's summary."""
+    _quiet_report_logs()
+    return _Worker(config["loop"]).run()
+
+
+def _quiet_report_logs() -> None:
+    """A Train worker logs every ``ray.train.report`` at INFO ("Reporting training result N: ..."), a line per step
+    that reaches the driver's console in a Tune trial; the driver's progress lines already summarise them. The
+    logger is named after its module's file."""
+    import logging
+
+    try:
+        from ray.train.v2._internal.execution import context as train_context
+    except ImportError:  # another Ray layout: its lines stay
+        return
+    logging.getLogger(train_context.__file__).setLevel(logging.WARNING)
+
+
+class _Worker:
+    def __init__(self, loop: LoopConfig):
+        import ray.train
+
+        from raydistill.runtime.engine.learner import DistillLearner
+
+        self.loop, self.cfg = loop, loop.cfg
+        if loop.local_mode:  # one process; inside a Tune trial ray.train's worker calls refuse to run there
+            self.rank, self.world = 0, 1
+        else:
+            context = ray.train.get_context()
+            self.rank, self.world = int(context.get_world_rank()), int(context.get_world_size())
+        self.events = loop.events
+        queues = _get(self.events.shared_queues.remote()) if self._remote_events else []
+        device = None
+        if not loop.local_mode and self.cfg.resources.learner.num_gpus > 0:
+            import ray.train.torch
+
+            device = str(ray.train.torch.get_device())
+        self.learner = DistillLearner(
+            self.cfg, loop.spec, total_steps=loop.total_steps, teacher_dim=loop.teacher_dim, run_dir=loop.run_dir,
+            init_model=loop.init_model, rank=self.rank, world_size=self.world, queue_actors=queues or None,
+            threads=None if loop.local_mode else self.cfg.resources.learner.threads, device=device)
+        self.evaluated_at = -1
+        self.best_cache: dict[str, float] = {}
+        self.last_dev: float | None = None
+        self.restarts = 0  # of the worker group, as the relay counted them (recorded in the checkpoints)
+
+    @property
+    def _remote_events(self) -> bool:
+        return not isinstance(self.events, LocalEvents)
+
+    def _print(self, message: str) -> None:
+        if self.rank == 0:
+            print(f"[{self.loop.name}] {message}", flush=True)
+
+    # ------------------------------------------------------------------------------------------------------------
+
+    def run(self) -> dict[str, Any]:
+        started_cpu = cpu_seconds()
+        position, resumed_from = self._resume()
+        if resumed_from is None:
+            self._fit_projection()
+            self._fill_teacher_queues()
+        self.learner.enable_ddp()
+        reply = {"stop": False, "abort": False}
+        if self.rank == 0:
+            reply = push_event(self.events, "start", self._start_info(resumed_from), position[0])
+            self.restarts = reply["restarts"]
+        if self._agree(reply["abort"]):
+            return {"step": self.learner.step, "aborted": True}
+        outcome = self._train_from(position, stop_requested=reply["stop"])
+        if outcome.get("diverged"):
+            return {"step": self.learner.step, **outcome}
+        cpu = self.learner.all_reduce_mean({"cpu_s": cpu_seconds() - started_cpu})["cpu_s"] * self.world
+        return {"step": self.learner.step, "history": self.learner.get_history(), "best": self.learner.best_info(),
+                "resumed_from": resumed_from, "cpu_s": cpu, "weights_crc_by_rank": self._weights_crc_by_rank(),
+                **outcome}
+
+    def _weights_crc_by_rank(self) -> list[int]:
+        """crc32 of every worker's student weights (gathered to all): equal when DDP kept the workers in step."""
+        import zlib
+
+        import torch
+
+        crc = 0
+        for tensor in self.learner.student.state_dict().values():
+            crc = zlib.crc32(tensor.detach().cpu().contiguous().view(-1).view(torch.uint8).numpy().tobytes(), crc)
+        crcs = torch.zeros(self.world, dtype=torch.int64)
+        crcs[self.rank] = crc
+        if self.learner._ddp is not None:
+            import torch.distributed as dist
+
+            dist.all_reduce(crcs)
+        return [int(c) for c in crcs]
+
+    def _start_info(self, resumed_from: int | None) -> dict[str, Any]:
+        """What the driver learns at each (re)start: the checkpoint resumed, rank 0's pid and, with Train workers,
+        its actor and the shared queue actors (what an operator, or a fault test, would kill)."""
+        info: dict[str, Any] = {"resumed_from": resumed_from, "pid": os.getpid(), "world_size": self.world}
+        if self._remote_events:
+            import ray
+
+            info["actor"] = ray.get_runtime_context().current_actor
+            info["queue_actors"] = [queue.actor for queue in self.learner.teacher_queues()
+                                    if getattr(queue, "actor", None) is not None]
+        return info
+
+    def _resume(self) -> tuple[tuple[int, int, int], int | None]:
+        """(step, epoch, batch_in_epoch) to continue from, and the checkpoint step loaded (None: fresh start)."""
+        # Train's own checkpoint (the newest its controller registered), then the run dir's newest good one if that
+        # is newer: a worker killed right after a report leaves a persisted checkpoint that the controller had not
+        # registered yet, and local mode registers none. A damaged newer checkpoint is skipped, and the log says so.
+        import ray.train
+
+        in_run_dir = None
+        if self.loop.checkpoints_in_run_dir:
+            in_run_dir, _ = ckpt.latest_good_checkpoint(self.loop.run_dir, report=self._print)
+        if not self.loop.local_mode:
+            registered = ray.train.get_checkpoint()
+        elif self.loop.tune is not None:  # a Tune trial in its own process: the checkpoint Tune restored it with
+            from ray import tune
+
+            registered = tune.get_checkpoint()
+        else:
+            registered = None
+        candidates = [("train", registered), ("run_dir", in_run_dir)]
+        manifest: dict[str, Any] | None = None
+        for source, where in candidates:
+            if where is not None:
+                manifest = self._load_if_newer(source, where, manifest["step"] if manifest else -1) or manifest
+        if manifest is None:
+            return (0, 0, 0), None
+        self.evaluated_at = int(manifest.get("extra", {}).get("evaluated_at", -1))
+        self._print(f"resuming from {manifest['_path']} (step {manifest['step']}, epoch {manifest['epoch']}, "
+                    f"batch {manifest['batch_in_epoch']})")
+        return (manifest["step"], manifest["epoch"], manifest["batch_in_epoch"]), manifest["step"]
+
+    def _load_if_newer(self, source: str, where, newer_than: int) -> dict[str, Any] | None:
+        """Load ``where`` (a Train Checkpoint or a path) if it verifies and is newer than step ``newer_than``."""
+        if source == "run_dir":
+            manifest = ckpt.verify_checkpoint(where)
+            if manifest["step"] <= newer_than:
+                return None
+            return {**self.learner.load_checkpoint(where), "_path": str(where)}
+        with where.as_directory() as directory:
+            try:
+                manifest = ckpt.verify_checkpoint(directory)
+            except ckpt.CheckpointError as exc:
+                self._print(f"checkpoint damaged: {exc}; falling back to the run dir's newest good checkpoint")
+                return None
+            if manifest["step"] <= newer_than:
+                return None
+            written_in = (manifest.get("extra") or {}).get("stage")
+            if self.loop.tune is not None and written_in is not None and written_in != self.loop.tune.stage:
+                return None  # the trial's checkpoint of another stage (steps count per stage)
+            # In a Tune trial the checkpoint may be another trial's (PBT), written with another learning rate or
+            # temperature: those keys may differ, the learner applies its own.
+            may_differ = pbt_mutable if self.loop.tune is not None else None
+            return {**self.learner.load_checkpoint(directory, may_differ=may_differ), "_path": where.path}
+
+    def _fit_projection(self) -> None:
+        """``student_projection_init: least_squares``: every worker fits the new projection to the same teacher
+        vectors (the driver's seeded sample), so the workers start identical."""
+        cfg = self.cfg
+        if cfg.student_projection_init != "least_squares" or self.loop.init_model is not None:
+            return
+        if self.loop.projection_sample is None:
+            self._print("student_projection_init least_squares: the method reads no teacher vectors; the "
+                        "projection keeps its default init")
+            return
+        texts, targets, view = self.loop.projection_sample
+        started = time.perf_counter()
+        fit = self.learner.fit_projection(texts, targets)
+        if fit is None:
+            self._print("student_projection_init least_squares: the student has no projection (same width as the "
+                        "teacher); nothing to fit")
+        else:
+            self._print(f"projection fitted to {len(texts)} teacher vectors ({view} view) by least squares: mean "
+                        f"cosine {fit:.3f} ({time.perf_counter() - started:.1f}s)")
+
+    def _fill_teacher_queues(self) -> None:
+        """``loss.queue_init: teacher``: the queues start from the cached teacher vectors of the driver's sample of
+        K training rows. A shared queue is filled once (rank 0, through its actor) and every mirror synced."""
+        blocks = self.loop.queue_sample
+        if not blocks:
+            return
+        shared = any(hasattr(queue, "sync") and queue.actor is not None for queue in self.learner.teacher_queues())
+        if not shared or self.rank == 0:
+            filled = self.learner.fill_teacher_queues(blocks)
+            views = self.loop.spec.teacher_views_of(self.cfg)[:len(blocks)]
+            size = int(self.loop.spec.loss_kwargs(self.cfg)["queue_size"])
+            self._print(f"queue_init teacher: {len(blocks)} queue(s) of K={size} start from the teacher vectors of "
+                        f"{len(blocks[0][0])} training sentences ({', '.join(views)} view); rows filled {filled}")
+        if shared:
+            _barrier(self.world)
+            self.learner.sync_queues()
+
+    # ------------------------------------------------------------------------------------------------------------
+
+    def _steps(self, epoch: int, first_step: int) -> Iterator[tuple[int, int, dict[str, np.ndarray]]]:
+        train = self.cfg.train
+        per_epoch = steps_per_epoch(self.loop.num_rows, train.batch_size, self.world)
+        if self.loop.array_data is not None:
+            return array_steps(self.loop.array_data, train.batch_size, self.world, self.rank, per_epoch, epoch,
+                                first_step, train.epochs)
+        import ray.train
+
+        shard = ray.train.get_dataset_shard(STREAM)
+        return stream_steps(shard, self.loop.teacher, train.batch_size, self.world, self.rank, epoch, first_step)
+
+    def _train_from(self, position: tuple[int, int, int], stop_requested: bool) -> dict[str, Any]:
+        train, learner = self.cfg.train, self.learner
+        total = self.loop.total_steps
+        per_epoch = steps_per_epoch(self.loop.num_rows, train.batch_size, self.world)
+        step, epoch, batch_in_epoch = position
+        trained = early_stopped = preempted = False
+        if batch_in_epoch >= per_epoch * self.world and epoch < train.epochs:
+            # The checkpoint closed its epoch: the epoch-end evaluation may still be owed.
+            epoch, batch_in_epoch = epoch + 1, 0
+            early_stopped = self._epoch_end(step)
+        preempted = self._agree(stop_requested)
+        if step < total and epoch < train.epochs and not early_stopped and not preempted:
+            for ep, step_in_epoch, batch in self._steps(epoch, batch_in_epoch // self.world):
+                epoch = ep
+                try:
+                    metrics = learner.train_step(batch)
+                except FloatingPointError as exc:
+                    # Raised on every worker at once (the learner agrees on it). A diverged run diverges again from
+                    # its last checkpoint: end it (the driver raises the error) instead of letting Train's
+                    # FailureConfig restart it.
+                    return {"diverged": str(exc)}
+                step, trained = learner.step, True
+                batch_in_epoch = (step_in_epoch + 1) * self.world
+                merged = learner.all_reduce_mean(metrics)
+                merged["learner_sentences_per_s"] = merged.get("sentences_per_s", 0.0) * self.world
+                merged["epoch"] = epoch + batch_in_epoch / max(1, self.loop.num_rows // train.batch_size)
+                reply = push_event(self.events, "step", merged, step) if self.rank == 0 else {}
+                if self._agree(bool(reply.get("abort"))):
+                    return {"aborted": True}
+                stop = bool(reply.get("stop"))
+                if step % train.eval_every == 0:
+                    self._evaluate(step)
+                    early_stopped = self._early_stop()
+                preempted = self._agree(stop)
+                # The last step's checkpoint is the final one below (marked finished): not reported twice.
+                due = step % train.checkpoint_every == 0 and step < total and not early_stopped
+                self._report(merged, step, epoch, batch_in_epoch, extra={"preempted": True} if preempted else None,
+                             checkpoint=due or preempted)
+                if preempted:
+                    break
+                if step_in_epoch + 1 == per_epoch:
+                    epoch, batch_in_epoch = epoch + 1, 0
+                    early_stopped = self._epoch_end(step) or early_stopped
+                if step >= total or early_stopped or preempted:
+                    break
+        if preempted:
+            return {"preempted": True, "early_stopped": False, "epoch": epoch, "batch_in_epoch": batch_in_epoch}
+        if self.evaluated_at != step:
+            self._evaluate(step)
+        if trained:
+            # The final checkpoint lets a re-run of the finished job skip training (it resumes at the end).
+            self._report({"step": step}, step, epoch, batch_in_epoch,
+                         extra={"finished": True, "early_stopped": early_stopped}, checkpoint=True, final=True)
+        if early_stopped:
+            self._print(f"early stop at step {step}: {train.patience} evaluations without a new best")
+        return {"preempted": False, "early_stopped": early_stopped, "epoch": epoch, "batch_in_epoch": batch_in_epoch}
+
+    def _epoch_end(self, step: int) -> bool:
+        """The authors also evaluate at every epoch end; returns the early-stop decision."""
+        if self.evaluated_at == step:
+            return False
+        self._evaluate(step)
+        return self._early_stop()
+
+    def _evaluate(self, step: int) -> None:
+        """STS-B dev on rank 0 (a new best is saved to ``run_dir/best``); the others wait at the next collective."""
+        self.evaluated_at = step
+        if self.rank != 0:
+            return
+        score = self.learner.evaluate_dev()
+        self.best_cache = self.learner.best_info()
+        self.last_dev = float(score)
+        push_event(self.events, "eval", {"stsb_dev": score, "best_stsb_dev": self.best_cache["best_stsb_dev"],
+                                    "best_step": self.best_cache["best_step"]}, step)
+
+    def _tune_metrics(self, step: int, final: bool) -> dict[str, Any]:
+        """What a step's report adds for Ray Tune (``TuneReporting``): nothing unless this is rank 0 of a Tune trial
+        and the step had a dev evaluation (the trial's very last one is held back if ``hold_back_final``)."""
+        tune = self.loop.tune
+        if tune is None or self.rank != 0 or self.evaluated_at != step or self.last_dev is None or not self.best_cache:
+            return {}
+        if final and tune.hold_back_final:
+            return {}
+        best = float(self.best_cache["best_stsb_dev"])
+        if tune.best_before is not None:
+            best = max(best, float(tune.best_before))
+        return {"step": tune.step_offset + int(step), "stage": tune.stage, "stsb_dev": self.last_dev, TUNE_METRIC: best}
+
+    def _early_stop(self) -> bool:
+        return self._agree(bool(self.cfg.train.patience) and self.rank == 0 and self.learner.should_stop_now())
+
+    def _agree(self, flag: bool) -> bool:
+        """Rank 0's decision (stop, early stop) on every worker, so all leave the loop at the same step."""
+        if self.world <= 1 or self.learner._ddp is None:
+            return bool(flag)
+        import torch
+        import torch.distributed as dist
+
+        decision = torch.tensor([1 if flag else 0], dtype=torch.int64)
+        dist.broadcast(decision, src=0)
+        return bool(decision.item())
+
+    def _report(self, metrics: dict[str, float], step: int, epoch: int, batch_in_epoch: int,
+                extra: dict[str, Any] | None, checkpoint: bool, final: bool = False) -> None:
+        """``ray.train.report`` of this step's metrics, with the checkpoint of this step boundary if ``checkpoint``
+        (``final``: the report after the last step)."""
+        import ray.train
+
+        tune_metrics = self._tune_metrics(step, final or step >= self.loop.total_steps)
+        metrics = {**metrics, **tune_metrics}
+        extra = {"world_size": self.world, "restarts": self.restarts, "evaluated_at": self.evaluated_at,
+                 **(extra or {})}
+        if self.loop.local_mode:
+            # Local mode keeps reported checkpoints in memory only: persist into the run dir's layout ourselves,
+            # or, in a Tune trial, have Tune persist the checkpoint of an evaluation in the sweep's storage. A run's
+            # final checkpoint stays in the run dir, where a trial restarted in a later stage finds this one done.
+            to_tune = self.loop.tune is not None and bool(tune_metrics)
+            checkpoint_to_tune = to_tune and checkpoint and not final
+            if checkpoint and not checkpoint_to_tune:
+                self.learner.save_checkpoint(epoch, batch_in_epoch, extra)
+            if to_tune:
+                self._report_to_tune(tune_metrics, epoch, batch_in_epoch, extra, checkpoint_to_tune)
+            elif self.loop.tune is None:
+                ray.train.report(metrics)
+            return
+        if not checkpoint:
+            ray.train.report(metrics)
+            return
+        name = f"step-{int(step):07d}"
+        staging = tempfile.mkdtemp(prefix="raydistill-ckpt-") if self.rank == 0 else None
+        try:
+            reported = None
+            if staging is not None:
+                path = self.learner.save_checkpoint(epoch, batch_in_epoch, extra, run_dir=staging)
+                reported = ray.train.Checkpoint.from_directory(path)
+            ray.train.report(metrics, checkpoint=reported, checkpoint_dir_name=name)
+        finally:
+            if staging is not None:
+                shutil.rmtree(staging, ignore_errors=True)
+
+    def _report_to_tune(self, tune_metrics: dict[str, Any], epoch: int, batch_in_epoch: int,
+                        extra: dict[str, Any], checkpoint: bool) -> None:
+        """A Tune trial training in its own process: ``ray.train.report`` refuses to run inside a Tune function, so
+        the evaluation goes to Tune directly, with this step's checkpoint when one is due (under PBT every
+        evaluation's: ``SweepPlan.trial_config``). Tune copies it into the sweep's storage, where a restored trial
+        finds it on any node sharing that storage, and where PBT takes it to continue a weaker trial from this one;
+        the run dir gets no second copy. Tune may stop the trial here (SystemExit)."""
+        from ray import tune
+
+        if not checkpoint:
+            tune.report(tune_metrics)
+            return
+        staging = tempfile.mkdtemp(prefix="raydistill-ckpt-")
+        try:
+            # Which trial and stage wrote it: a trial that PBT restarts from another trial's checkpoint takes over
+            # that trial's run, and only the stage that wrote a checkpoint resumes from it.
+            path = self.learner.save_checkpoint(
+                epoch, batch_in_epoch, {**extra, "trial_id": tune.get_context().get_trial_id(),
+                                        "stage": self.loop.tune.stage}, run_dir=staging)
+            tune.report(tune_metrics, checkpoint=tune.Checkpoint.from_directory(path))
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+
+
+def _barrier(world: int) -> None:
+    if world > 1:
+        import torch.distributed as dist
+
+        if dist.is_initialized():
+            dist.barrier()
+
+
+def _get(ref, timeout: float = EVENT_TIMEOUT_S):
+    import ray
+
+    return ray.get(ref, timeout=timeout)

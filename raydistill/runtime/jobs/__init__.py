@@ -1,0 +1,11 @@
+"""The jobs that train a student, each a function of a validated config:
+
+    distill.py          run_distillation: every distillation method (teacher pass, learners, evaluation, result)
+    st_mse.py           sentence-transformers' own MSE distillation recipe, the baseline
+    st_mse_recipe.py    its sentence-transformers side: the student, its targets, the trainer
+    dvbert_teachers.py  DvBERT's NLI teachers (head fit, fold fine-tuning) before its student
+    teacher_pass.py     only the teacher pass: fill the embedding cache, train nothing
+    stage_data.py       the rows each method's stage trains on (DvBERT's come from its NLI teachers)
+
+Trans-Encoder (``runtime.tenc``) and Ray Tune (``runtime.tune``) have packages of their own.
+"""

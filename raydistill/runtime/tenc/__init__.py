@@ -1,0 +1,132 @@
+"""Trans-Encoder self- and mutual distillation as a Ray job: families of bi-/cross-encoder actors exchanging labels.
+
+Trans-Encoder (Liu, Jiao, Massiah, Yilmaz & Havrylov, ICLR 2022, arXiv:2109.13059; repo amzn/trans-encoder) turns
+a pretrained sentence encoder into a better one without labels by alternating its two formulations on a set of
+unlabeled pairs (``pairs.py``). One *cycle*, for every model family f (a bi-encoder b_f and a cross-encoder c_f
+built from one checkpoint):
+
+    bi2cross:  y_f  = cos(b_f(s1), b_f(s2))             every family labels every pair      (label set)
+               y    = mean_f y_f   (mutual)   or  y_f   (self)
+               c_f <- BCEWithLogits(c_f(s1,s2), t(y)) + both orders, best STS-B dev checkpoint
+    cross2bi:  z_f  = (sigmoid c_f(s1,s2) + sigmoid c_f(s2,s1)) / 2                         (label set)
+               z    = mean_f z_f   (mutual)   or  z_f   (self)
+               b_f <- MSE(cos(b_f(s1), b_f(s2)), z), best STS-B dev checkpoint
+
+Mutual distillation averages the families' labels, so each family learns from an ensemble of differently
+pretrained models; self-distillation uses one family's own labels. Each learner is a Ray actor (``learners.py``,
+resources from the config); families train concurrently and meet only at the label exchange, where the driver
+averages the families' labels and writes the stage's label set once, as Parquet; each learner then reads its own
+training rows from it through Ray Data. The authors' "parallel" script trains the models one after another in one
+process (docs/methods.md, Trans-Encoder).
+
+The job is split by what each part does; each module imports only the ones listed before it:
+
+    config.py         TencConfig and its sections, validation, the stage names
+    state.py          the run directory's layout and state.json (resume)
+    labels.py         label sets: write (driver), read (learners, through Ray Data), statistics, dev weights
+    learners.py       the bi- and cross-encoder learners behind the actors
+    actors.py         FamilyActors (each family's bi- and cross-encoder actor) and the job's progress line
+    evaluation.py     JobEvaluation, the job's mix-in: evaluations, pair AUC, model selection
+    job.py            TransEncoderJob: the job's resources, cycle 0, stages, label exchange
+    report.py         result files, summary.json, the verdict lines
+    __init__.py       run_trans_encoder: the steps in order (this module)
+
+Initialisation (``init``): ``refresh`` (the paper's ``--init_with_new_models``; the authors' mutual script always
+refreshes, here both modes honour ``init``) starts every cross-encoder from the family's original checkpoint with a
+new head and every bi-encoder from its original checkpoint, so only labels carry information across stages;
+``sequential`` starts each stage from the weights of the stage before it (cross_k from bi_{k-1}, bi_k from cross_k's
+encoder, heads dropped/new).
+
+Run directory (everything a resume or an inspection needs):
+
+    <run_dir>/state.json                                  completed stages, label sets, evaluations, config hash
+    <run_dir>/labels/cycle=<k>/stage=<bi2cross|cross2bi>/ Parquet: pair_id, sentence1, sentence2,
+                                                          score_<family> per family, score (the average)
+    <run_dir>/models/cycle=<k>/<bi|cross>/<family>/       the stage's best-dev model (cycle 0 = start checkpoints)
+    <run_dir>/models/cycle=<k>/<bi|cross>/<family>.stopped.pt  a stopped stage's position (until it finishes)
+    <run_dir>/eval/cycle=<k>/<bi|cross>/<family>.npz      per-pair test predictions (ensembles are computed from these)
+    <run_dir>/eval/cycle=<k>/<bi|cross>/<family>-pairs.npy the model's score of every training pair (qqp, mrpc)
+    <run_dir>/best/<family>/<bi|cross>                    the best-dev model over all cycles (a copy)
+    <run_dir>/summary.json                                start, best and whether training improved, per family
+    <run_dir>/plots/dev_by_cycle.png                      every family's dev score per cycle (MLflow parent artifact)
+
+A restarted job with the same config skips every completed stage and reuses its Parquet and models; a stage
+stopped mid-way (SIGTERM, SIGINT) continues from its saved step (``<model dir>.stopped.pt``); ``cycles`` may grow
+between runs (a 3-cycle run continues to 5). Results go to ``results_dir`` as result-schema JSON: one per
+family, encoder and cycle (``eval.test_cycles: all``; cycle 0 = the starting bi-encoders) or for cycle 0 and each
+family's best-dev models only (``best``), plus the ensembles of the families (mean of their predictions), and a
+copy of ``summary.json``.
+
+Model selection (``TransEncoderJob.select_best``) is on the dev set (STS-B dev) and includes the start: the
+bi-encoder candidates are cycles 0..N, where cycle 0 is the starting checkpoint, so a run whose training never beats
+its start keeps the start and says so. The cross-encoder candidates are cycles 1..N: before cycle 1 there is no
+cross-encoder, only the checkpoint with a new, untrained head, whose score means nothing; the best cross-encoder is
+instead compared with the starting bi-encoder. The job's last lines and ``summary.json`` state, per family, the
+start, the best (cycle) and whether training improved on the start.
+
+Pair classification (``pairs.source: qqp`` or ``mrpc``, the paper's binary tasks): the job learns on the unlabeled
+pairs of QQP dev, or of MRPC train + validation, and scores every evaluated bi- and cross-encoder (at least the
+start and the best-dev ones) by the ROC AUC x 100 of its pair scores (bi: cosine; cross: symmetrised sigmoid) against
+the gold 0/1 labels of those same pairs. Transductive by design; the labels are read in the driver for this score
+only (``pairs.gold_pair_labels``), never handed to a learner. Model selection stays on STS-B dev, a set apart from
+the pairs and their labels, so the AUC never chooses a model; result files carry the AUC in ``extra.pair_auc``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from raydistill.evaluation.results import git_sha
+from raydistill.runtime.tenc.config import (
+    STAGES,
+    TENC_HASH_EXCLUDE,
+    FamilyConfig,
+    PairsConfig,
+    StageConfig,
+    TencConfig,
+    TencEvalConfig,
+    TencResources,
+    stage_key,
+)
+from raydistill.runtime.tenc.evaluation import scores_from_predictions
+from raydistill.runtime.tenc.job import TransEncoderJob
+from raydistill.runtime.tenc.labels import read_label_set
+from raydistill.runtime.tenc.report import TencReport
+
+__all__ = [
+    "STAGES",
+    "TENC_HASH_EXCLUDE",
+    "FamilyConfig",
+    "PairsConfig",
+    "StageConfig",
+    "TencConfig",
+    "TencEvalConfig",
+    "TencResources",
+    "TransEncoderJob",
+    "read_label_set",
+    "run_trans_encoder",
+    "scores_from_predictions",
+    "stage_key",
+]
+
+
+def run_trans_encoder(cfg: TencConfig) -> dict[str, Any]:
+    """Validate, start/join Ray, run (or resume) the job; returns the summary (also ``<run_dir>/summary.json``).
+
+    With ``stop_after_stage`` set, the job stops cleanly once that stage is complete, as a crash there would, and
+    returns ``{"stopped_after": key, "run_dir", "state"}``.
+    """
+    git_sha()  # cached now: every result file and the summary carry the code this process imported, not later edits
+    job = TransEncoderJob(cfg)
+    report = TencReport(job)
+    with job.running():
+        job.start()
+        report.publish_results()
+        for cycle, stage in job.stages():
+            job.run_stage(cycle, stage)
+            report.publish_results()
+            if job.cfg.stop_after_stage == stage_key(cycle, stage):
+                return report.stopped(stage_key(cycle, stage))
+        best = job.select_best()
+        report.publish_results()
+        return report.finish(best)

@@ -1,0 +1,82 @@
+"""The Trans-Encoder job's family actors (``FamilyActors``) and its progress line (``say``).
+
+``FamilyActors`` makes one bi- and one cross-encoder learner actor per family (``learners``, resources from the
+config; a ``control`` concurrency group so ``request_stop`` runs beside a ``fit``) and remembers which model each
+actor holds, so a labeller or an evaluated model is loaded only when the actor holds another. ``say`` prints one
+``[tenc]`` progress line; every part of the job (``job``, ``evaluation``, ``report``) prints with it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from raydistill.config.job import RoleResources
+from raydistill.runtime.tenc.config import TencConfig
+
+__all__ = ["FamilyActors", "say"]
+
+
+def say(message: str) -> None:
+    """One progress line of the job."""
+    print(f"[tenc] {message}", flush=True)
+
+
+class FamilyActors:
+    """The bi- and cross-encoder actor of every family, and which model each one holds (so a labeller is reloaded
+    only when needed)."""
+
+    def __init__(self, cfg: TencConfig, pair_set_ref, poolings: dict[str, str | None]):
+        import ray
+
+        # Imported here, with torch, when actors are made: a config check or --help does not load torch.
+        from raydistill.runtime.tenc.learners import (
+            BiEncoderLearner,
+            CrossEncoderLearner,
+        )
+
+        self.actors: dict[tuple[str, str], Any] = {}
+        self.holding: dict[tuple[str, str], str | None] = {}
+        learner_classes = {"bi": BiEncoderLearner, "cross": CrossEncoderLearner}
+        for family in cfg.families:
+            for kind in ("bi", "cross"):
+                resources: RoleResources = getattr(cfg.resources, kind)
+                device = "cuda" if resources.num_gpus > 0 else "cpu"
+                # "control": request_stop runs beside a fit in progress (every other method waits its turn).
+                actor_class = ray.remote(concurrency_groups={"control": 1})(learner_classes[kind])
+                self.actors[(family.name, kind)] = actor_class.options(
+                    num_cpus=resources.num_cpus, num_gpus=resources.num_gpus, name=None, max_restarts=0,
+                    resources=cfg.resources.families.get(family.name) or None,
+                ).remote(
+                    family.name, pair_set_ref, dataclasses.asdict(cfg.stage_settings(family, kind)),
+                    pooling=poolings.get(family.name), label_scaling=cfg.label_scaling, seed=cfg.seed,
+                    threads=resources.threads, device=device, inference_batch_size=resources.batch_size,
+                    dev_set=cfg.eval.dev_set, data_task_cpus=cfg.resources.data_task_cpus,
+                )
+                self.holding[(family.name, kind)] = None
+
+    def actor(self, family: str, kind: str):
+        return self.actors[(family, kind)]
+
+    def load(self, family: str, kind: str, checkpoint: str, cycle: int):
+        """A ref to (re)load ``checkpoint`` into the actor, seeded for ``cycle``."""
+        self.holding[(family, kind)] = str(checkpoint)
+        return self.actor(family, kind).load.remote(str(checkpoint), cycle=cycle)
+
+    def ensure_loaded(self, family: str, kind: str, checkpoint: str, cycle: int):
+        """A ref to load ``checkpoint`` unless the actor already holds it (None then); for labelling/evaluation."""
+        if self.holding[(family, kind)] == str(checkpoint):
+            return None
+        return self.load(family, kind, checkpoint, cycle)
+
+    def request_stop(self, kind: str) -> None:
+        """Ask every family's ``kind`` learner to stop its ``fit`` at the next step boundary."""
+        for (family, actor_kind), actor in self.actors.items():
+            if actor_kind == kind:
+                actor.request_stop.options(concurrency_group="control").remote()
+
+    def kill(self) -> None:
+        import ray
+
+        for actor in self.actors.values():
+            ray.kill(actor)

@@ -1,0 +1,176 @@
+"""The unlabeled sentence pairs that Trans-Encoder labels and learns from.
+
+Trans-Encoder (Liu et al., ICLR 2022) never reads a gold score for training: it alternately pseudo-labels a set of
+unlabeled *pairs* with a bi-encoder and a cross-encoder. Which pairs is a choice with consequences:
+
+* ``transductive`` (the paper, ``src/data.py`` task ``sts_sickr``): every pair of STS12-16, STS-B train/dev/test and
+  SICK train/trial/test, without their scores. The pairs the models are tested on are seen during training (never
+  their gold labels). Scores from such a run are transductive and every result file says so.
+* ``inductive``: the training splits only (STS-B train + SICK train); test and dev pairs are never seen.
+* ``file:<path>``: a JSON Lines file of ``sentence1``/``sentence2`` rows (scores, if present, are ignored).
+* ``qqp`` / ``mrpc`` (the paper's pair-classification tasks): the pairs of QQP dev, or of MRPC train + validation,
+  without their 0/1 paraphrase labels. Transductive by design: the models learn on exactly the pairs they are then
+  scored on, and the labels come back only in `gold_pair_labels`, for the job's ROC AUC, never for training.
+
+Pairs are deduplicated as unordered pairs: the authors dedupe by the concatenation ``s1 + s2`` (order-sensitive),
+but every label here is symmetric (the bi-encoder's cosine is, and the cross-encoder's is averaged over both
+orders), so ``(a, b)`` and ``(b, a)`` would be one example counted twice. ``pair_id`` is the position in the
+deduplicated pool *before* subsampling, so the same pair keeps its id whatever ``max_pairs`` is.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+__all__ = [
+    "PAIR_CLASSIFICATION_SOURCES",
+    "PAIR_SOURCES",
+    "PairSet",
+    "build_pair_set",
+    "gold_pair_labels",
+    "pair_sets_of",
+]
+
+# source name -> data sets of raydistill.data's registry whose pairs (never scores) form the pool.
+PAIR_SOURCES: dict[str, tuple[str, ...]] = {
+    "transductive": (
+        "sts12", "sts13", "sts14", "sts15", "sts16",
+        "stsb_train", "stsb_dev", "stsb_test",
+        "sick_train", "sick_trial", "sick_test",
+    ),
+    "inductive": ("stsb_train", "sick_train"),
+    "qqp": ("qqp_dev",),
+    "mrpc": ("mrpc_train", "mrpc_val"),
+}
+# Sources whose pairs carry a gold 0/1 paraphrase label: trained on like any other source (the label is dropped in
+# `build_pair_set`), evaluated by the ROC AUC of each model's pair scores against it (`gold_pair_labels`).
+PAIR_CLASSIFICATION_SOURCES = ("qqp", "mrpc")
+
+
+@dataclass(frozen=True)
+class PairSet:
+    """An ordered, deduplicated set of unlabeled pairs; row i is ``(pair_id[i], sentence1[i], sentence2[i])``."""
+
+    pair_id: np.ndarray  # [N] int64, increasing
+    sentence1: tuple[str, ...]
+    sentence2: tuple[str, ...]
+    source: str
+    pool_size: int  # pairs in the deduplicated pool before subsampling
+    fingerprint: str = field(default="")
+
+    def __post_init__(self):
+        if not (len(self.pair_id) == len(self.sentence1) == len(self.sentence2)):
+            raise ValueError(f"PairSet columns differ in length: {len(self.pair_id)} ids, {len(self.sentence1)} "
+                             f"first and {len(self.sentence2)} second sentences")
+        if not self.fingerprint:
+            object.__setattr__(self, "fingerprint", _fingerprint(self.pair_id, self.sentence1, self.sentence2))
+
+    def __len__(self) -> int:
+        return len(self.pair_id)
+
+    @property
+    def transductive(self) -> bool:
+        """True when evaluation pairs may be in the pool: STS12-16, STS-B dev/test, SICK trial/test (``transductive``,
+        and any ``file:``, which may hold anything), or the very pairs the AUC is measured on (``qqp``, ``mrpc``)."""
+        return self.source != "inductive"
+
+    def pairs(self) -> list[tuple[str, str]]:
+        return list(zip(self.sentence1, self.sentence2))
+
+    def columns(self) -> dict[str, np.ndarray]:
+        """The three identity columns of every label table, as numpy arrays (strings as object arrays)."""
+        return {
+            "pair_id": np.asarray(self.pair_id, dtype=np.int64),
+            "sentence1": np.asarray(self.sentence1, dtype=object),
+            "sentence2": np.asarray(self.sentence2, dtype=object),
+        }
+
+
+def pair_sets_of(source: str) -> tuple[str, ...]:
+    """Registry data sets behind a source name (``file:`` sources have none)."""
+    if source.startswith("file:"):
+        return ()
+    if source not in PAIR_SOURCES:
+        raise ValueError(f"unknown pair source {source!r}; use one of {', '.join(PAIR_SOURCES)} or file:<path>")
+    return PAIR_SOURCES[source]
+
+
+def build_pair_set(source: str = "transductive", max_pairs: int | None = None, seed: int = 1000) -> PairSet:
+    """The deduplicated pool of ``source``, subsampled to ``max_pairs`` (seeded, without replacement).
+
+    Gold scores and labels are dropped here, at the only place pairs enter the job, so no later stage can train on
+    them.
+    """
+    from raydistill.data import load_dataset, read_pairs
+
+    if source.startswith("file:"):
+        path = Path(source[len("file:"):]).expanduser()
+        records = [read_pairs(path)]
+    else:
+        records = [load_dataset(name) for name in pair_sets_of(source)]
+
+    seen: set[tuple[str, str]] = set()
+    first: list[str] = []
+    second: list[str] = []
+    for pairs in records:
+        for pair in pairs:
+            key = _unordered(pair.sentence1, pair.sentence2)
+            if key in seen:
+                continue
+            seen.add(key)
+            first.append(pair.sentence1)
+            second.append(pair.sentence2)
+    pool_size = len(first)
+    if pool_size == 0:
+        raise ValueError(f"pair source {source!r} holds no pairs")
+
+    pair_id = np.arange(pool_size, dtype=np.int64)
+    if max_pairs is not None:
+        if max_pairs <= 0:
+            raise ValueError(f"max_pairs must be > 0, got {max_pairs}")
+        if max_pairs < pool_size:
+            rng = np.random.default_rng(seed)
+            pair_id = np.sort(rng.choice(pool_size, size=max_pairs, replace=False)).astype(np.int64)
+    return PairSet(
+        pair_id=pair_id,
+        sentence1=tuple(first[i] for i in pair_id),
+        sentence2=tuple(second[i] for i in pair_id),
+        source=source,
+        pool_size=pool_size,
+    )
+
+
+def gold_pair_labels(pair_set: PairSet) -> np.ndarray:
+    """The gold 0/1 paraphrase label of every pair of a ``qqp`` / ``mrpc`` pair set, [N] int64 in pair-set order.
+
+    For evaluation only: the job calls it in the driver to score pair predictions, and nothing it returns reaches a
+    learner. A pair listed twice (in either order) keeps the label of its first listing, the listing whose sentence
+    order `build_pair_set` kept.
+    """
+    from raydistill.data import load_dataset
+
+    if pair_set.source not in PAIR_CLASSIFICATION_SOURCES:
+        raise ValueError(f"pair source {pair_set.source!r} has no gold pair labels; only "
+                         f"{', '.join(PAIR_CLASSIFICATION_SOURCES)} do")
+    label_of: dict[tuple[str, str], int] = {}
+    for name in pair_sets_of(pair_set.source):
+        for pair in load_dataset(name):
+            label_of.setdefault(_unordered(pair.sentence1, pair.sentence2), int(pair.label))
+    return np.array([label_of[_unordered(a, b)] for a, b in zip(pair_set.sentence1, pair_set.sentence2)],
+                    dtype=np.int64)
+
+
+def _unordered(first: str, second: str) -> tuple[str, str]:
+    """The key under which ``(a, b)`` and ``(b, a)`` are one pair."""
+    return (first, second) if first <= second else (second, first)
+
+
+def _fingerprint(pair_id: np.ndarray, sentence1, sentence2) -> str:
+    digest = hashlib.sha256()
+    for i, a, b in zip(pair_id.tolist(), sentence1, sentence2):
+        digest.update(f"{i}\x1f{a}\x1f{b}\x1e".encode())
+    return digest.hexdigest()[:16]
