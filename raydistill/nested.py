@@ -8,10 +8,11 @@ resume, config help, the README's tables) and for MLflow's flat params.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import math
+from collections.abc import Iterator, Mapping
 from typing import Any
 
-__all__ = ["flatten"]
+__all__ = ["flatten", "non_finite_numbers"]
 
 
 def flatten(nested: Mapping[Any, Any], prefix: str = "") -> dict[str, Any]:
@@ -24,3 +25,16 @@ def flatten(nested: Mapping[Any, Any], prefix: str = "") -> dict[str, Any]:
         else:
             flat[path] = value
     return flat
+
+
+def non_finite_numbers(value: Any, path: str = "") -> Iterator[tuple[str, float]]:
+    """``(path, number)`` for every NaN or infinity anywhere in nested dicts, lists and tuples: ``a.b[2]`` paths, the
+    ones config errors and result-file errors name."""
+    if isinstance(value, float) and not math.isfinite(value):
+        yield path, value
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            yield from non_finite_numbers(item, f"{path}.{key}" if path else str(key))
+    elif isinstance(value, (list, tuple)):
+        for i, item in enumerate(value):
+            yield from non_finite_numbers(item, f"{path}[{i}]")

@@ -16,7 +16,6 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import functools
-import math
 import types
 import typing
 from typing import Annotated, Any, Iterator, Union
@@ -24,6 +23,8 @@ from typing import Annotated, Any, Iterator, Union
 import pydantic
 from pydantic import BeforeValidator, ConfigDict, StrictFloat, StrictInt, ValidationError
 from pydantic_core import PydanticCustomError
+
+from raydistill.nested import non_finite_numbers
 
 __all__ = ["ConfigError", "SECTION_CONFIG", "section", "Int", "Float", "Number", "build", "error_text", "where", "line_of", "suggest",
            "FieldDoc", "fields_of", "is_section", "finite_everywhere", "none_is_default", "str_is_list",
@@ -90,21 +91,10 @@ def str_is_list(value: Any) -> Any:
 def finite_everywhere(value: Any) -> Any:
     """NaN or infinity anywhere in a free-form mapping (``loss``, ``extra``): no setting means either, and a NaN
     temperature would train a broken model until the first check notices."""
-    for path, item in _walk(value, ""):
-        if isinstance(item, float) and not math.isfinite(item):
-            raise PydanticCustomError("non_finite", "expected a finite number, got {got}",
-                                      {"subpath": path, "got": repr(item)})
+    for path, item in non_finite_numbers(value):
+        raise PydanticCustomError("non_finite", "expected a finite number, got {got}",
+                                  {"subpath": path, "got": repr(item)})
     return value
-
-
-def _walk(value: Any, path: str) -> Iterator[tuple[str, Any]]:
-    yield path, value
-    if isinstance(value, dict):
-        for key, item in value.items():
-            yield from _walk(item, f"{path}.{key}" if path else str(key))
-    elif isinstance(value, (list, tuple)):
-        for i, item in enumerate(value):
-            yield from _walk(item, f"{path}[{i}]")
 
 
 # ----------------------------------------------------------------------------------------------------------------

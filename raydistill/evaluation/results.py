@@ -15,7 +15,6 @@ from __future__ import annotations
 import datetime as dt
 import hashlib
 import json
-import math
 import os
 import shlex
 import subprocess
@@ -29,6 +28,7 @@ import jsonschema
 
 from raydistill.evaluation.sts import STS7
 from raydistill.fileio import atomic_write_text
+from raydistill.nested import non_finite_numbers
 
 __all__ = [
     "SCHEMA_PATH",
@@ -72,16 +72,10 @@ def _validator() -> jsonschema.Draft202012Validator:
     return jsonschema.Draft202012Validator(schema)
 
 
-def _non_finite_numbers(value: Any, path: str = "") -> Iterable[tuple[str, str]]:
+def _non_finite_numbers(value: Any) -> Iterable[tuple[str, str]]:
     """NaN / inf anywhere in the record: the schema's "number" admits them, strict JSON cannot encode them."""
-    if isinstance(value, float) and not math.isfinite(value):
-        yield path, f"{value} is not a finite number (JSON cannot hold it; was a score undefined?)"
-    elif isinstance(value, dict):
-        for key, item in value.items():
-            yield from _non_finite_numbers(item, f"{path}.{key}" if path else str(key))
-    elif isinstance(value, (list, tuple)):
-        for i, item in enumerate(value):
-            yield from _non_finite_numbers(item, f"{path}[{i}]")
+    for path, number in non_finite_numbers(value):
+        yield path, f"{number} is not a finite number (JSON cannot hold it; was a score undefined?)"
 
 
 def validate_result(record: dict, source: str = "<result>") -> dict:
