@@ -13,9 +13,11 @@ from pydantic import AfterValidator, BeforeValidator, Field
 
 from raydistill.config.schema import ConfigError, Float, Int, build, section, suggest
 
-__all__ = ["ALGORITHMS", "SCHEDULERS", "SweepSettings", "parse_duration", "pbt_mutable", "yaml_number"]
+__all__ = ["ALGORITHMS", "METRIC", "SCHEDULERS", "SweepSettings", "parse_duration", "pbt_mutable", "yaml_number"]
 
 ALGORITHMS = ("auto", "random", "optuna")
+# What trials report and ASHA, PBT and the searchers rank them by: the trial's best STS-B dev so far.
+METRIC = "best_stsb_dev"
 # asha: stop the weaker trials at each rung; pbt: the weaker trials continue a stronger one's checkpoint with
 # perturbed values (Population Based Training)
 SCHEDULERS = ("asha", "pbt")

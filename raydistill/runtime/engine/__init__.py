@@ -9,7 +9,7 @@
     checkpoint.py     verified checkpoints: atomic writes, manifests, loading, the config check
     resume.py         where a run keeps its checkpoints, and whether this config may resume them
     rundir.py         the run directory's lock, and output directories checked before anything starts
-    tune_callback.py  how the loop's reports reach Ray Tune
+    reporting.py      where the loop's reports and checkpoints go: Ray Train by default (a Tune trial plugs in its own)
     tracking.py       MLflow runs, with retries
     cluster.py        ray.init, resource checks, the driver node
     preflight.py      every check that needs files or models, before Ray starts

@@ -9,8 +9,10 @@
                     weights stay identical on every worker.
     datasets        a corpus streams from Ray Data (``{"train": TrainingData.epoch_stream(...)}``, read from the
                     memory-mapped rows file by Data's tasks, not split: every worker, or the local-mode loop, keeps
-                    its own batches of the seeded order); a labelled set, and a Tune trial's corpus (the rows file's
-                    location), ride in the loop config
+                    its own batches of the seeded order); a labelled set, and a corpus whose reporter takes no
+                    stream (a Tune trial's: the rows file's location), ride in the loop config
+    reporter        where the loop's reports and checkpoints go (``reporting``): Train's by default; a Tune trial
+                    plugs in its own, with the Train callbacks it needs
     FailureConfig   ``runtime.max_restarts`` (default 3) worker-group failures are retried: Train starts new workers,
                     which resume from the newest reported checkpoint (weights, AdamW, schedule, queues, RNG, data
                     position)
@@ -57,6 +59,7 @@ from raydistill.methods import get_method
 from raydistill.runtime.engine import checkpoint as ckpt
 from raydistill.runtime.engine import resume
 from raydistill.config.job import JobConfig
+from raydistill.runtime.engine.reporting import TrainReports
 from raydistill.runtime.engine.stopping import (  # noqa: F401 - request_stop: re-exported
     JobStopped,
     clear_stop_request,
@@ -108,14 +111,13 @@ class LearnerGroup:
         init_model: start the student from this directory (a previous stage's ``best/``).
         teacher_dim: width of the teacher vectors in the batches (None: read from the data).
         name: label of the progress lines.
-        tune: a ``train_loop.TuneReporting`` when the job is a Ray Tune trial: rank 0's dev evaluations then go to
-            the trial through ``ray.train.report`` (``tune_callback.EvalReportsToTune``); in local mode the loop,
-            running in the trial's process, reports them with ``ray.tune.report``.
+        reporter: where the loop's reports and checkpoints go (``reporting.Reporter``; None: ``TrainReports``, Ray
+            Train's). A Ray Tune trial passes its own (``runtime.tune.reporting``).
     """
 
     def __init__(self, cfg: JobConfig, spec=None, *, run_dir: str | os.PathLike | None = None,
                  init_model: str | None = None, teacher_dim: int | None = None, name: str | None = None,
-                 tune=None):
+                 reporter=None):
         self.cfg = cfg
         self.spec = spec if spec is not None else get_method(cfg.method)
         self.run_dir = Path(run_dir if run_dir is not None else cfg.resolved_run_dir()).absolute()
@@ -125,7 +127,7 @@ class LearnerGroup:
         self.num_learners = int(cfg.resources.learner.num_learners)
         self.max_restarts = cfg.runtime.max_restarts
         self.call_timeout_s = float(cfg.runtime.learner_timeout_s or LEARNER_TIMEOUT_S)
-        self.tune = tune
+        self.reporter = reporter if reporter is not None else TrainReports()
 
     @property
     def world_size(self) -> int:
@@ -169,12 +171,12 @@ class LearnerGroup:
         loop = LoopConfig(cfg=self.cfg, spec=self.spec, run_dir=str(self.run_dir), total_steps=total,
                           num_rows=data.num_rows, teacher_dim=self.teacher_dim, init_model=self.init_model,
                           name=self.name, events=None, local_mode=self.num_learners == 0,
-                          checkpoints_in_run_dir=home == str(self.run_dir.resolve()), tune=self.tune)
+                          checkpoints_in_run_dir=home == str(self.run_dir.resolve()), reporter=self.reporter)
         if latest is None:  # a fresh start: the samples the workers fit the projection and fill the queues from
             loop.projection_sample = self._projection_sample(data)
             loop.queue_sample = self._queue_sample(data)
         datasets = None
-        if hasattr(data, "epoch_stream") and self.tune is None:
+        if hasattr(data, "epoch_stream") and self.reporter.streams_rows:
             from raydistill.runtime.engine.batches import steps_per_epoch
             from raydistill.runtime.engine.train_loop import STREAM
 
@@ -184,10 +186,9 @@ class LearnerGroup:
             datasets = {STREAM: data.epoch_stream(first_epoch, self.cfg.train.epochs, rows_per_epoch)}
             loop.teacher = dict(getattr(data, "teacher", {}) or {})
         else:
-            # A labelled set rides in the loop config. So does the corpus of a Tune trial, as the locations of its
-            # memory-mapped rows file and teacher cache, which the workers read batch by batch: a Ray Data task
-            # started inside a trial is captured into the trial's placement group, where it never runs (measured:
-            # "cannot fit into any bundles").
+            # A labelled set rides in the loop config. So does a corpus whose reporter takes no stream (a Tune
+            # trial's), as the locations of its memory-mapped rows file and teacher cache, which the workers read
+            # batch by batch.
             loop.array_data = data
         with step_boundaries():  # a SIGTERM / SIGINT now stops the learners at their next step boundary
             if loop.local_mode:
@@ -223,11 +224,7 @@ class LearnerGroup:
             resources_per_worker={"CPU": float(resources.num_cpus), **(
                 {"GPU": float(resources.num_gpus)} if resources.num_gpus > 0 else {})})
         storage = resume.checkpoint_home(self.run_dir, self.cfg)
-        callbacks = None
-        if loop.tune is not None and not local:  # local mode reports to Tune itself (train_loop)
-            from raydistill.runtime.engine.tune_callback import EvalReportsToTune
-
-            callbacks = [EvalReportsToTune()]
+        callbacks = self.reporter.trainer_callbacks(local)
         run = RunConfig(name=TRAIN_RUN_NAME, storage_path=storage,
                         failure_config=FailureConfig(max_failures=self.max_restarts),
                         checkpoint_config=CheckpointConfig(num_to_keep=self.cfg.train.keep_last),

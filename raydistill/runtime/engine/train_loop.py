@@ -16,20 +16,12 @@
 Data: ``batches`` says which batches each worker reads, from a Ray Data stream or an in-memory set, and how a
 resume skips the consumed ones exactly.
 
-Checkpoints: with Train workers, rank 0 writes the atomic checkpoint (checkpoint.py) into a local temporary
-directory and reports it; Train persists it to ``RunConfig(storage_path)/<name>/step-XXXXXXX`` and keeps
-``train.keep_last`` of them. Train's local mode keeps a reported checkpoint only in memory, so there rank 0 writes
-it to ``<run_dir>/checkpoints/`` itself: the same layout either way. A Tune trial in local mode also reports the
-checkpoint due at a dev evaluation to Tune (``ray.tune.report``), which persists it in the sweep's storage; a
-restarted trial resumes from the one Tune hands back (``ray.tune.get_checkpoint``), which under PBT may be another
-trial's, written with another learning rate or temperature (``config.sweep.pbt_mutable``).
-
-In a Ray Tune trial (``LoopConfig.tune``), rank 0's report of every step with a dev evaluation also carries
-``best_stsb_dev`` (``TUNE_METRIC``), ``stsb_dev``, ``stage`` and the step counted over the trial's stages;
-``tune_callback.EvalReportsToTune`` forwards those reports, and only those, to the trial: ASHA ranks trials on
-what ``ray.train.report`` sent. A trial in Train's local mode (``num_learners: 0``: the loop runs in the trial's own
-process, where ``ray.train.report`` refuses to run) sends the same metrics with ``ray.tune.report`` instead, with
-the step's checkpoint when one is due.
+Reports and checkpoints leave the loop through the loop config's ``reporter`` (``reporting.Reporter``; default
+``TrainReports``): every step's metrics, with the checkpoint of a step boundary every ``train.checkpoint_every``
+steps, and the final one marked finished. With Train workers rank 0 writes the atomic checkpoint (checkpoint.py)
+into a local temporary directory and Train persists it to ``RunConfig(storage_path)/<name>/step-XXXXXXX``; in
+Train's local mode the checkpoint goes into ``<run_dir>/checkpoints/`` directly: the same layout either way. A Ray
+Tune trial hands the loop its own reporter (``runtime.tune.reporting``); the loop does not know it is in one.
 
 Events (``start``, ``step``, ``eval``) go from rank 0 to the driver through the loop config's ``events``
 (``events.EventRelay``, in local mode ``events.LocalEvents``); the driver's answer carries its stop request, which
@@ -39,8 +31,6 @@ rank 0 passes to every worker.
 from __future__ import annotations
 
 import os
-import shutil
-import tempfile
 import time
 from dataclasses import dataclass, field
 from typing import Any, Iterator
@@ -50,31 +40,14 @@ import numpy as np
 from raydistill.runtime.engine import checkpoint as ckpt
 from raydistill.config.job import JobConfig
 from raydistill.cputime import cpu_seconds
-from raydistill.config.sweep import pbt_mutable
 from raydistill.runtime.engine.batches import array_steps, steps_per_epoch, stream_steps
 from raydistill.runtime.engine.events import EVENT_TIMEOUT_S, LocalEvents, push_event
+from raydistill.runtime.engine.reporting import StepReport, TrainReports
 
-__all__ = ["LoopConfig", "TuneReporting", "train_worker", "STREAM", "TUNE_METRIC"]
+__all__ = ["LoopConfig", "train_worker", "STREAM"]
 
 # The name of the Ray Data stream in ``datasets``.
 STREAM = "train"
-# What Ray Tune ranks a trial by (ASHA, the searchers): the best STS-B dev of the trial so far.
-TUNE_METRIC = "best_stsb_dev"
-
-
-@dataclass
-class TuneReporting:
-    """The job is a Ray Tune trial: what rank 0 adds to the report of each step with a dev evaluation.
-
-    Steps count over the trial's stages (ASHA's time axis must not go back when stage 2 starts), and the trial's
-    best includes its earlier stages'. ``hold_back_final``: the trial's very last evaluation is not sent from here;
-    the trial reports it once the job has written its outputs, so a stop decision made on it cannot cut them.
-    """
-
-    step_offset: int = 0
-    stage: int = 1
-    best_before: float | None = None
-    hold_back_final: bool = False
 
 
 @dataclass
@@ -96,7 +69,7 @@ class LoopConfig:
     projection_sample: tuple[list[str], np.ndarray, str] | None = None  # (texts, teacher vectors [n, D], view)
     queue_sample: list[tuple[np.ndarray, np.ndarray]] | None = None  # per teacher queue: (vectors [K, D], groups)
     local_mode: bool = False
-    tune: TuneReporting | None = None  # set when the job is a Ray Tune trial
+    reporter: Any = None  # reporting.Reporter: where reports and checkpoints go (None: TrainReports)
 
     def as_dict(self) -> dict[str, Any]:
         return {"loop": self}
@@ -132,12 +105,13 @@ class _Worker:
         from raydistill.runtime.engine.learner import DistillLearner
 
         self.loop, self.cfg = loop, loop.cfg
-        if loop.local_mode:  # one process; inside a Tune trial ray.train's worker calls refuse to run there
+        if loop.local_mode:  # one process, where ray.train's context calls may refuse to run (a Tune trial's)
             self.rank, self.world = 0, 1
         else:
             context = ray.train.get_context()
             self.rank, self.world = int(context.get_world_rank()), int(context.get_world_size())
         self.events = loop.events
+        self.reporter = loop.reporter if loop.reporter is not None else TrainReports()
         queues = _get(self.events.shared_queues.remote()) if self._remote_events else []
         device = None
         if not loop.local_mode and self.cfg.resources.learner.num_gpus > 0:
@@ -215,22 +189,14 @@ class _Worker:
 
     def _resume(self) -> tuple[tuple[int, int, int], int | None]:
         """(step, epoch, batch_in_epoch) to continue from, and the checkpoint step loaded (None: fresh start)."""
-        # Train's own checkpoint (the newest its controller registered), then the run dir's newest good one if that
-        # is newer: a worker killed right after a report leaves a persisted checkpoint that the controller had not
-        # registered yet, and local mode registers none. A damaged newer checkpoint is skipped, and the log says so.
-        import ray.train
-
+        # The runner's registered checkpoint (Train's newest, or the one a Tune trial was restored with), then the run
+        # dir's newest good one if that is newer: a worker killed right after a report leaves a persisted checkpoint
+        # that the controller had not registered yet, and local mode registers none. A damaged newer checkpoint is
+        # skipped, and the log says so.
         in_run_dir = None
         if self.loop.checkpoints_in_run_dir:
             in_run_dir, _ = ckpt.latest_good_checkpoint(self.loop.run_dir, report=self._print)
-        if not self.loop.local_mode:
-            registered = ray.train.get_checkpoint()
-        elif self.loop.tune is not None:  # a Tune trial in its own process: the checkpoint Tune restored it with
-            from ray import tune
-
-            registered = tune.get_checkpoint()
-        else:
-            registered = None
+        registered = self.reporter.registered_checkpoint(self.loop.local_mode)
         candidates = [("train", registered), ("run_dir", in_run_dir)]
         manifest: dict[str, Any] | None = None
         for source, where in candidates:
@@ -258,13 +224,10 @@ class _Worker:
                 return None
             if manifest["step"] <= newer_than:
                 return None
-            written_in = (manifest.get("extra") or {}).get("stage")
-            if self.loop.tune is not None and written_in is not None and written_in != self.loop.tune.stage:
-                return None  # the trial's checkpoint of another stage (steps count per stage)
-            # In a Tune trial the checkpoint may be another trial's (PBT), written with another learning rate or
-            # temperature: those keys may differ, the learner applies its own.
-            may_differ = pbt_mutable if self.loop.tune is not None else None
-            return {**self.learner.load_checkpoint(directory, may_differ=may_differ), "_path": where.path}
+            if not self.reporter.accepts(manifest):
+                return None
+            return {**self.learner.load_checkpoint(directory, may_differ=self.reporter.may_differ),
+                    "_path": where.path}
 
     def _fit_projection(self) -> None:
         """``student_projection_init: least_squares``: every worker fits the new projection to the same teacher
@@ -391,19 +354,6 @@ class _Worker:
         push_event(self.events, "eval", {"stsb_dev": score, "best_stsb_dev": self.best_cache["best_stsb_dev"],
                                     "best_step": self.best_cache["best_step"]}, step)
 
-    def _tune_metrics(self, step: int, final: bool) -> dict[str, Any]:
-        """What a step's report adds for Ray Tune (``TuneReporting``): nothing unless this is rank 0 of a Tune trial
-        and the step had a dev evaluation (the trial's very last one is held back if ``hold_back_final``)."""
-        tune = self.loop.tune
-        if tune is None or self.rank != 0 or self.evaluated_at != step or self.last_dev is None or not self.best_cache:
-            return {}
-        if final and tune.hold_back_final:
-            return {}
-        best = float(self.best_cache["best_stsb_dev"])
-        if tune.best_before is not None:
-            best = max(best, float(tune.best_before))
-        return {"step": tune.step_offset + int(step), "stage": tune.stage, "stsb_dev": self.last_dev, TUNE_METRIC: best}
-
     def _early_stop(self) -> bool:
         return self._agree(bool(self.cfg.train.patience) and self.rank == 0 and self.learner.should_stop_now())
 
@@ -420,64 +370,21 @@ class _Worker:
 
     def _report(self, metrics: dict[str, float], step: int, epoch: int, batch_in_epoch: int,
                 extra: dict[str, Any] | None, checkpoint: bool, final: bool = False) -> None:
-        """``ray.train.report`` of this step's metrics, with the checkpoint of this step boundary if ``checkpoint``
+        """Hand this step's metrics to the reporter, with the checkpoint of this step boundary if ``checkpoint``
         (``final``: the report after the last step)."""
-        import ray.train
+        evaluated = self.rank == 0 and self.evaluated_at == step and self.last_dev is not None and self.best_cache
+        report = StepReport(
+            metrics=metrics, step=int(step), checkpoint=checkpoint, final=final,
+            last_step=final or step >= self.loop.total_steps, rank=self.rank, local_mode=self.loop.local_mode,
+            extra={"world_size": self.world, "restarts": self.restarts, "evaluated_at": self.evaluated_at,
+                   **(extra or {})},
+            dev=self.last_dev if evaluated else None,
+            best=float(self.best_cache["best_stsb_dev"]) if evaluated else None)
 
-        tune_metrics = self._tune_metrics(step, final or step >= self.loop.total_steps)
-        metrics = {**metrics, **tune_metrics}
-        extra = {"world_size": self.world, "restarts": self.restarts, "evaluated_at": self.evaluated_at,
-                 **(extra or {})}
-        if self.loop.local_mode:
-            # Local mode keeps reported checkpoints in memory only: persist into the run dir's layout ourselves,
-            # or, in a Tune trial, have Tune persist the checkpoint of an evaluation in the sweep's storage. A run's
-            # final checkpoint stays in the run dir, where a trial restarted in a later stage finds this one done.
-            to_tune = self.loop.tune is not None and bool(tune_metrics)
-            checkpoint_to_tune = to_tune and checkpoint and not final
-            if checkpoint and not checkpoint_to_tune:
-                self.learner.save_checkpoint(epoch, batch_in_epoch, extra)
-            if to_tune:
-                self._report_to_tune(tune_metrics, epoch, batch_in_epoch, extra, checkpoint_to_tune)
-            elif self.loop.tune is None:
-                ray.train.report(metrics)
-            return
-        if not checkpoint:
-            ray.train.report(metrics)
-            return
-        name = f"step-{int(step):07d}"
-        staging = tempfile.mkdtemp(prefix="raydistill-ckpt-") if self.rank == 0 else None
-        try:
-            reported = None
-            if staging is not None:
-                path = self.learner.save_checkpoint(epoch, batch_in_epoch, extra, run_dir=staging)
-                reported = ray.train.Checkpoint.from_directory(path)
-            ray.train.report(metrics, checkpoint=reported, checkpoint_dir_name=name)
-        finally:
-            if staging is not None:
-                shutil.rmtree(staging, ignore_errors=True)
+        def save(run_dir, extra: dict[str, Any]):
+            return self.learner.save_checkpoint(epoch, batch_in_epoch, extra, run_dir=run_dir)
 
-    def _report_to_tune(self, tune_metrics: dict[str, Any], epoch: int, batch_in_epoch: int,
-                        extra: dict[str, Any], checkpoint: bool) -> None:
-        """A Tune trial training in its own process: ``ray.train.report`` refuses to run inside a Tune function, so
-        the evaluation goes to Tune directly, with this step's checkpoint when one is due (under PBT every
-        evaluation's: ``SweepPlan.trial_config``). Tune copies it into the sweep's storage, where a restored trial
-        finds it on any node sharing that storage, and where PBT takes it to continue a weaker trial from this one;
-        the run dir gets no second copy. Tune may stop the trial here (SystemExit)."""
-        from ray import tune
-
-        if not checkpoint:
-            tune.report(tune_metrics)
-            return
-        staging = tempfile.mkdtemp(prefix="raydistill-ckpt-")
-        try:
-            # Which trial and stage wrote it: a trial that PBT restarts from another trial's checkpoint takes over
-            # that trial's run, and only the stage that wrote a checkpoint resumes from it.
-            path = self.learner.save_checkpoint(
-                epoch, batch_in_epoch, {**extra, "trial_id": tune.get_context().get_trial_id(),
-                                        "stage": self.loop.tune.stage}, run_dir=staging)
-            tune.report(tune_metrics, checkpoint=tune.Checkpoint.from_directory(path))
-        finally:
-            shutil.rmtree(staging, ignore_errors=True)
+        self.reporter.report(report, save)
 
 
 def _barrier(world: int) -> None:

@@ -48,6 +48,8 @@ OTHER_JOBS = {"st-mse": "st_mse"}
 
 # progress(event, info, step): see run_distillation.
 ProgressHook = Callable[[str, dict[str, Any], int], None]
+# (stage index, number of stages, steps before the stage, best dev before it) -> engine.reporting.Reporter
+StageReporter = Callable[[int, int, int, "float | None"], Any]
 
 
 def _short(name: str | None) -> str:
@@ -85,7 +87,7 @@ def _summary_params(cfg: JobConfig) -> dict[str, Any]:
 def run_distillation(cfg: JobConfig, *, results_dir: str | os.PathLike | None = None,
                      result_path: str | os.PathLike | None = None, command: str | None = None,
                      evaluate: bool = True, tracker=None, progress: ProgressHook | None = None,
-                     tune_trial: bool = False) -> dict[str, Any]:
+                     stage_reporter: StageReporter | None = None) -> dict[str, Any]:
     """Train ``cfg``'s method end to end and return the result record (also written as JSON).
 
     ``results_dir`` (default ``results``, relative to the working directory) / ``result_path``: where the record
@@ -98,9 +100,9 @@ def run_distillation(cfg: JobConfig, *, results_dir: str | os.PathLike | None = 
     metrics, step)`` after every optimiser step, ``("eval", {"stsb_dev", "best_stsb_dev"}, step)`` after every
     dev evaluation and ``("start", {"resumed_from", "pid", "world_size"}, step)`` whenever the learners (re)start
     (``pid``: rank 0's process); steps count over all stages.
-    ``tune_trial``: the job is a Ray Tune trial (``raydistill.runtime.tune``): every stage's Train workers send their
-    dev evaluations to the trial through ``ray.train.report``, except the last stage's final one, which the trial
-    reports after this returns.
+    ``stage_reporter(index, num_stages, step_offset, best_before)``: the ``engine.reporting.Reporter`` of each stage's
+    training loop (None: Ray Train's own), given the stage's index, the number of stages, the steps of the stages
+    before it and their best dev score; a Ray Tune trial passes its own (``runtime.tune.reporting``).
     """
     from raydistill.methods import stage_plan
     from raydistill.runtime.engine.rundir import RunDirLock
@@ -120,7 +122,7 @@ def run_distillation(cfg: JobConfig, *, results_dir: str | os.PathLike | None = 
         _recover_best_dirs(run_dir, stages)
         _refuse_incompatible_checkpoints(stages)
         return _run_locked(cfg, stages, run_dir, results_dir, result_path, command, evaluate, tracker, progress,
-                           started, cpu_started, stop, tune_trial)
+                           started, cpu_started, stop, stage_reporter)
     finally:
         stop.restore()
         lock.release()
@@ -165,7 +167,7 @@ def _explained(exc: JobStopped, cfg: JobConfig, run_dir: Path) -> JobStopped:
 
 
 def _run_locked(cfg, stages, run_dir: Path, results_dir, result_path, command, evaluate, tracker, progress,
-                started: float, cpu_started: float, stop: StopOnSignals, tune_trial: bool = False
+                started: float, cpu_started: float, stop: StopOnSignals, stage_reporter=None
                 ) -> dict[str, Any]:
     from raydistill.evaluation.results import git_sha
     from raydistill.runtime.engine.rundir import OutputDirError, check_output_dir
@@ -207,7 +209,7 @@ def _run_locked(cfg, stages, run_dir: Path, results_dir, result_path, command, e
         tracker.log_params({**_summary_params(cfg), "git_sha": sha,
                             "config": cfg.to_dict(), "stages": ",".join(s.name for s in stages)})
         history, stage_summaries, cache_info, init_model = _train_stages(cfg, stages, run_dir, tracker, own_tracker,
-                                                                         progress, tune_trial)
+                                                                         progress, stage_reporter)
         final_best = Path(init_model)
         model_dir = run_dir / "best"
         if final_best.resolve() != model_dir.resolve():  # multi-stage: run_dir/best is the final model
@@ -228,7 +230,7 @@ def _run_locked(cfg, stages, run_dir: Path, results_dir, result_path, command, e
     return record
 
 
-def _train_stages(cfg, stages, run_dir: Path, tracker, own_tracker: bool, progress, tune_trial: bool
+def _train_stages(cfg, stages, run_dir: Path, tracker, own_tracker: bool, progress, stage_reporter
                   ) -> tuple[list[dict[str, Any]], list[dict[str, Any]], dict[str, Any], str]:
     """Every stage in order, each starting from the previous one's best model: ``(history, stage summaries, the
     first stage's data info, the last stage's best model directory)``. A stop ends the MLflow run it owns KILLED."""
@@ -240,15 +242,11 @@ def _train_stages(cfg, stages, run_dir: Path, tracker, own_tracker: bool, progre
     for stage in stages:
         try:
             raise_if_stop_requested(f"before stage {stage.index} ({stage.name})")
-            tune = None
-            if tune_trial:
-                from raydistill.runtime.engine.train_loop import TuneReporting
-
+            reporter = None
+            if stage_reporter is not None:
                 earlier = [s["best_stsb_dev"] for s in stage_summaries if s.get("best_stsb_dev") is not None]
-                tune = TuneReporting(step_offset=step_offset, stage=stage.index,
-                                     best_before=max(earlier) if earlier else None,
-                                     hold_back_final=stage.index == len(stages))
-            summary, data_info = _run_stage(stage, tracker, init_model, step_offset, history, progress, tune)
+                reporter = stage_reporter(stage.index, len(stages), step_offset, max(earlier) if earlier else None)
+            summary, data_info = _run_stage(stage, tracker, init_model, step_offset, history, progress, reporter)
         except JobStopped as exc:
             if own_tracker:
                 tracker.end("KILLED")  # stopped from outside, not failed: the run resumes from what it kept
@@ -262,7 +260,7 @@ def _train_stages(cfg, stages, run_dir: Path, tracker, own_tracker: bool, progre
 
 
 def _run_stage(stage, tracker, init_model: str | None, step_offset: int, history: list[dict[str, Any]],
-               progress: ProgressHook | None = None, tune=None) -> tuple[dict[str, Any], dict[str, Any]]:
+               progress: ProgressHook | None = None, reporter=None) -> tuple[dict[str, Any], dict[str, Any]]:
     from raydistill.methods import CORPUS
     from raydistill.runtime.engine.learner_group import LearnerGroup
     from raydistill.runtime.jobs.stage_data import build_stage_data
@@ -316,7 +314,7 @@ def _run_stage(stage, tracker, init_model: str | None, step_offset: int, history
             progress("eval", metrics, step_offset + step)
 
     group = LearnerGroup(cfg, spec, run_dir=stage.run_dir, init_model=init_model,
-                         teacher_dim=getattr(data, "teacher_dim", None), name=stage.name, tune=tune)
+                         teacher_dim=getattr(data, "teacher_dim", None), name=stage.name, reporter=reporter)
     total_steps = group.total_steps(data)
     print(f"[{stage.name}] stage {stage.index}: {data.num_rows} rows, {total_steps} steps of "
           f"{cfg.train.batch_size} x {group.world_size} learner(s)", flush=True)

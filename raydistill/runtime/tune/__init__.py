@@ -14,6 +14,7 @@ Each module imports only the ones listed before it:
     space.py          search-space files: found, read and checked (SearchSpace, Param, SpaceError)
     plan.py           plan_sweep and SweepPlan (sweep.json): base config + searched values, checked before Ray starts
     trial.py          distill_trial, the Tune trainable, and its trial.json
+    reporting.py      how a trial hears its training loop: its reporter and the Train callback (imported in a trial)
     report.py         summary.json, the best trial's export and STS scores, the MLflow runs' final state, the table
     sweep.py          run_sweep / resume_sweep: one driver per sweep (SweepLock), trial concurrency, the shared
                       teacher pass, the Tuner (lost trials retried), the report

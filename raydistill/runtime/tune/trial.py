@@ -1,11 +1,11 @@
 """One Tune trial (``distill_trial``): ``run_distillation`` of the plan's base config with the sampled values, on Ray
 Train workers, and what the trial knows about itself in ``trial.json`` (``TrialState``).
 
-Metrics reach Tune through Ray Train: rank 0's ``ray.train.report`` of every step with an STS-B dev evaluation
-carries ``best_stsb_dev`` (``train_loop.TuneReporting``) and ``tune_callback.EvalReportsToTune`` forwards it to
-this trial, where ASHA ranks it. With ``num_learners: 0`` the loop runs in Train's local mode in this process and
-sends the same metrics with ``ray.tune.report``. The trial's very last evaluation is reported here instead, after
-the job has written its model and record, so a stop decision made on it cannot cut them.
+Metrics reach Tune through the reporter the trial hands the training loop for each stage (``reporting.TrialReports``):
+rank 0's report of every step with an STS-B dev evaluation carries ``best_stsb_dev`` and reaches this trial,
+through Ray Train and ``reporting.EvalReportsToTune`` with Train workers, or with ``ray.tune.report`` when the loop
+runs in Train's local mode in this process (``num_learners: 0``). The trial's very last evaluation is reported here
+instead, after the job has written its model and record, so a stop decision made on it cannot cut them.
 
 Checkpoints: the trial's Train runs persist theirs in the sweep's Tune storage (``SweepPlan.train_storage``, set as
 the config's ``runtime.storage_path``). A trial that Tune restarts (``raydistill tune --resume``, or on another node
@@ -29,14 +29,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from raydistill.config.sweep import METRIC
 from raydistill.runtime.engine.tracking import Tracker
 from raydistill.runtime.tune.plan import SweepPlan, write_json
 
 __all__ = ["METRIC", "TrialNotRetried", "TrialState", "distill_trial", "lost_a_process", "plain_value"]
 
-# What trials report and ASHA ranks them by: the best STS-B dev so far (train_loop.TUNE_METRIC, the same name; not
-# imported from there because the train loop imports torch, and plans are made without it).
-METRIC = "best_stsb_dev"
 TRIAL_STATE = "trial.json"
 
 
@@ -201,7 +199,10 @@ def distill_trial(config: dict[str, Any], plan: dict[str, Any]) -> None:
             tracker.set_tags({"raydistill.continued_from": continued["from_trial"]})
         reporter = _TrialReporter(state, run_dir, num_stages=len(stage_plan(cfg)))
         print(f"[tune] trial {trial_id} (attempt {state.attempts}): {params}", flush=True)
-        record = run_distillation(cfg, evaluate=False, tracker=tracker, progress=reporter, tune_trial=True,
+        from raydistill.runtime.tune.reporting import TrialReports
+
+        record = run_distillation(cfg, evaluate=False, tracker=tracker, progress=reporter,
+                                  stage_reporter=TrialReports.for_stage,
                                   command=f"raydistill tune (sweep {sweep.name}, trial {trial_id})")
     except SystemExit:  # Tune stopped this trial (ASHA or the time budget)
         state.status = "stopped"

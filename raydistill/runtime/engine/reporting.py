@@ -1,0 +1,108 @@
+"""How the training loop's reports leave it: a ``Reporter`` is the loop's one exit for metrics and checkpoints.
+
+The loop (``train_loop``) knows nothing of who listens. On every worker it asks its reporter
+
+    registered_checkpoint(local_mode)   at a (re)start: the checkpoint the runner registered for it, or None
+    accepts(manifest)                   whether that checkpoint belongs to this run (False: the loop ignores it)
+    may_differ                          which config keys a registered checkpoint may differ in (None: none)
+    report(StepReport, save)            after every optimiser step, and once after the last one
+
+and ``LearnerGroup`` asks it for the ``TorchTrainer``'s ``trainer_callbacks(local_mode)`` and whether the rows may
+come as a Ray Data stream (``streams_rows``). ``save(run_dir, extra)`` writes the step's checkpoint (rank 0 only)
+into ``run_dir``, or into the run's own directory when ``run_dir`` is None, and returns where.
+
+``TrainReports`` is the plain job's reporter: ``ray.train.report`` of every step's metrics, with the checkpoint of
+a step that has one; Train persists it under ``RunConfig(storage_path)``. In Train's local mode a reported
+checkpoint would stay in memory only, so there the checkpoint goes into the run directory itself (the same layout).
+A Ray Tune trial plugs in its own reporter (``runtime.tune.reporting``); the loop does not branch on Tune.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from dataclasses import dataclass, replace
+from typing import Any, Callable
+
+__all__ = ["Reporter", "StepReport", "TrainReports", "SaveCheckpoint"]
+
+# save(run_dir, extra) -> the checkpoint directory written (rank 0), None elsewhere
+SaveCheckpoint = Callable[[Any, dict[str, Any]], Any]
+
+
+@dataclass(frozen=True)
+class StepReport:
+    """One report of the loop: this step's metrics and where the worker stands.
+
+    ``checkpoint``: a checkpoint of this step boundary is due. ``final``: the report after the last step (its
+    checkpoint is marked finished). ``last_step``: the step is the run's last (``final``, or the last optimiser
+    step). ``dev``/``best``: this step's dev score and the best so far, on rank 0 at a step with a dev evaluation
+    (None elsewhere).
+    """
+
+    metrics: dict[str, Any]
+    step: int
+    extra: dict[str, Any]
+    checkpoint: bool
+    final: bool
+    last_step: bool
+    rank: int
+    local_mode: bool
+    dev: float | None = None
+    best: float | None = None
+
+    def with_metrics(self, more: dict[str, Any]) -> StepReport:
+        return replace(self, metrics={**self.metrics, **more})
+
+
+class Reporter:
+    """What the loop calls; ``TrainReports`` is the default. Picklable: it rides in the loop config."""
+
+    may_differ: Callable[[str], bool] | None = None
+    streams_rows = True
+
+    def registered_checkpoint(self, local_mode: bool):
+        raise NotImplementedError
+
+    def accepts(self, manifest: dict[str, Any]) -> bool:
+        return True
+
+    def report(self, report: StepReport, save: SaveCheckpoint) -> None:
+        raise NotImplementedError
+
+    def trainer_callbacks(self, local_mode: bool) -> list | None:
+        return None
+
+
+class TrainReports(Reporter):
+    """Every report to Ray Train; checkpoints persisted by Train (workers) or into the run directory (local mode)."""
+
+    def registered_checkpoint(self, local_mode: bool):
+        if local_mode:  # local mode registers none; the run directory has them
+            return None
+        import ray.train
+
+        return ray.train.get_checkpoint()
+
+    def report(self, report: StepReport, save: SaveCheckpoint) -> None:
+        import ray.train
+
+        if report.local_mode:
+            if report.checkpoint:
+                save(None, report.extra)
+            ray.train.report(report.metrics)
+            return
+        if not report.checkpoint:
+            ray.train.report(report.metrics)
+            return
+        # Rank 0 writes the checkpoint into a local temporary directory and hands it over; Train persists it as
+        # step-XXXXXXX and keeps train.keep_last of them.
+        staging = tempfile.mkdtemp(prefix="raydistill-ckpt-") if report.rank == 0 else None
+        try:
+            reported = None
+            if staging is not None:
+                reported = ray.train.Checkpoint.from_directory(save(staging, report.extra))
+            ray.train.report(report.metrics, checkpoint=reported, checkpoint_dir_name=f"step-{int(report.step):07d}")
+        finally:
+            if staging is not None:
+                shutil.rmtree(staging, ignore_errors=True)
