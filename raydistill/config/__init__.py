@@ -1,5 +1,6 @@
-"""raydistill's settings: the job config (``job.py``: JobConfig and its sections, YAML loading with file and line in
-every error, ``--set a.b=c``, the config hash), the sweep settings (``sweep.py``), the schema library under them
+"""raydistill's settings: the job config (``job.py``: JobConfig; its sections in ``sections.py``, YAML loading with
+file and line in every error and ``--set a.b=c`` in ``loading.py``, the old ``extra.<runtime knob>`` spellings in
+``runtime_knobs.py``, all re-exported by ``job.py``), the sweep settings (``sweep.py``), the schema library under them
 (``schema.py``) and the ``--help`` text generated from it (``help.py``).
 
 It sits below ``methods/`` and ``runtime/``: it imports only ``data``, ``augment`` and ``fileio``, so a method may

@@ -22,6 +22,10 @@ before any Ray actor exists, so a bad config fails in a second instead of after 
 naming the new field (old configs, run dirs and scripts keep working; the hash is the same either way, since both
 spellings are runtime-only fields), and ``cfg.extra.get(<key>)`` still answers from ``runtime``.
 
+This module assembles ``JobConfig``, validates and hashes it; its parts live beside it and are re-exported from here
+(import them from this module): ``sections.py`` (the sections), ``loading.py`` (YAML with the line of every key,
+``--set`` overrides, building a section) and ``runtime_knobs.py`` (the knobs' old spelling under ``extra``).
+
     cfg = JobConfig.from_yaml("configs/congen.yaml", overrides=["train.lr=1e-4", "loss.queue_size=16384"])
     cfg.validate()             # across fields; preflight(cfg) checks the method, models, files and directories
     cfg.config_hash()          # stable across processes; ignores RUNTIME_ONLY_FIELDS (resources, tracking, ...)
@@ -30,32 +34,36 @@ spellings are runtime-only fields), and ``cfg.extra.get(<key>)`` still answers f
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import hashlib
 import json
 import os
 import re
-import warnings
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import AfterValidator, BeforeValidator, Field, StrictBool
+from pydantic import AfterValidator, BeforeValidator, Field
 
 from raydistill.nested import flatten
-from raydistill.config.schema import (
-    ConfigError,
-    Float,
-    Int,
-    build,
-    finite_everywhere,
-    line_of,
-    none_is_default,
-    section,
-    states,
-    str_is_list,
-    suggest,
-    where,
+from raydistill.config.loading import _build, apply_overrides, load_yaml_with_overrides, read_yaml
+from raydistill.config.runtime_knobs import (
+    RUNTIME_KNOBS,
+    ConfigDeprecationWarning,
+    MethodSettings,
+    _move_runtime_knobs,
+    _warn_moved,
+)
+from raydistill.config.schema import ConfigError, Int, finite_everywhere, line_of, section, suggest, where
+from raydistill.config.sections import (
+    _DEFAULTS_IF_NULL,
+    DataConfig,
+    LearnerResources,
+    ResourcesConfig,
+    RoleResources,
+    RuntimeConfig,
+    TrackingConfig,
+    TrainConfig,
+    _Section,
 )
 
 __all__ = [
@@ -74,162 +82,12 @@ __all__ = [
     "DEFAULT_HASH_EXCLUDE",
     "RUNTIME_ONLY_FIELDS",
     "RUNTIME_KNOBS",
+    "read_yaml",
 ]
 
 
-class ConfigDeprecationWarning(FutureWarning):
-    """A config spelling that still loads but has moved (shown by default: it is meant for the person running)."""
-
-
-_Section = Annotated  # a nested section field: ``_Section[TrainConfig, _DEFAULTS_IF_NULL]``
-_DEFAULTS_IF_NULL = BeforeValidator(none_is_default)
 _CORPORA = ("flickr", "nli", "flickr+nli", "mixed")  # raydistill.data.corpus.NAMED_CORPORA
 _MISSING = object()
-
-
-@states(">= 0.5")
-def _data_headroom(value: float) -> float:
-    if value < 0.5:
-        raise ValueError(f"{value} is below 0.5: Ray Data needs CPU headroom or the pipeline hangs "
-                         "(ray-project/ray#44687)")
-    return value
-
-
-def _non_empty(what: str):
-    def check(value: str | None) -> str | None:
-        if value is not None and not value.strip():
-            raise ValueError(f"must be a non-empty {what}")
-        return value
-    return AfterValidator(check)
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# Sections
-
-
-@section
-class RoleResources:
-    """Resources of one actor role (teacher, queue). Applied with ``.options()``, never in decorators."""
-
-    num_actors: Int = Field(1, gt=0, description="actors of this role")
-    num_cpus: Float = Field(1, ge=0, description="CPUs Ray reserves for each actor of this role")
-    num_gpus: Float = Field(0, ge=0, description="GPUs (fractions allowed) Ray reserves for each actor of this role")
-    threads: Int = Field(1, gt=0, description="torch intra-op threads inside each actor of this role (Ray gives "
-                                               "fractional-CPU actors 1 thread otherwise)")
-    batch_size: Int = Field(128, gt=0, description="sentences per forward pass (teacher)")
-    max_tokens: Int | None = Field(None, gt=0, description="teacher only: padded tokens per forward pass (null: "
-                                                           "raydistill.runtime.teachers.teacher.DEFAULT_TEACHER_MAX_"
-                                                           "TOKENS)")
-    # raydistill.runtime.teachers.teacher.PRECISIONS
-    precision: Literal["auto", "fp32", "bf16"] = Field(
-        "auto", description="teacher only: auto, fp32 or bf16 (auto: bf16 where the CPU or GPU multiplies bf16 "
-                            "natively; bf16 vectors are cached apart from fp32 ones)")
-
-
-@section
-class LearnerResources:
-    """Where and with what the learners run."""
-
-    num_learners: Int = Field(0, ge=0, description="0 = the learner runs in the driver process (tests, laptops), "
-                                                   "like RLlib's LearnerGroup; N = N Ray Train workers")
-    num_cpus: Float = Field(1, ge=0, description="CPUs Ray reserves for each learner")
-    num_gpus: Float = Field(0, ge=0, description="GPUs (fractions allowed) Ray reserves for each learner")
-    threads: Int = Field(2, gt=0, description="torch intra-op threads of each learner")
-    cpu_speedups: StrictBool = Field(
-        True, description="on CPU, models/speedups.py: dropout masks from a quarter of the random draws (same p), "
-                          "the word-embedding gradient in one reused buffer (same values); false: torch's own")
-
-
-@section
-class ResourcesConfig:
-    """What each actor role reserves (``RUNTIME_ONLY_FIELDS``: a run resumes across changes here)."""
-
-    num_cpus: Float = Field(2, gt=0, description="CPUs of the local Ray that raydistill starts itself (unused on a "
-                                                 "cluster)")
-    teacher: _Section[RoleResources, _DEFAULTS_IF_NULL] = Field(default_factory=RoleResources,
-                                                                description="the teacher-pass actors")
-    learner: _Section[LearnerResources, _DEFAULTS_IF_NULL] = Field(default_factory=LearnerResources,
-                                                                   description="the learners")
-    queue: _Section[RoleResources, _DEFAULTS_IF_NULL] = Field(default_factory=lambda: RoleResources(num_cpus=0),
-                                                              description="the shared queue actors")
-    data_max_cpus: Annotated[Float, AfterValidator(_data_headroom)] = Field(
-        0.5, description="CPUs that actors must leave to Ray Data: with every CPU held by actors, Data's tasks "
-                         "never get scheduled and the job hangs (ray-project/ray#44687); also written "
-                         "resources.data.max_cpus")
-
-
-@section
-class DataConfig:
-    """The training text and how each view of it is made."""
-
-    corpus: str = Field("flickr", description="flickr | nli | flickr+nli | mixed | file:<path>[#column] (.txt, "
-                                              "JSON Lines, CSV/TSV, Parquet, a datasets directory; docs/data.md)")
-    max_sentences: Int | None = Field(20000, gt=0, description="training sentences read from the corpus (null: all)")
-    views: dict[str, str] = Field(default_factory=lambda: {"a": "none"},
-                                  description="view name -> augmentation spec of raydistill.augment (none = the "
-                                              "sentence itself, caption = another caption of the same image, "
-                                              "delete:0.1, ...); each view becomes a text_<view> column")
-    teacher_views: Annotated[list[str], BeforeValidator(str_is_list)] = Field(
-        default_factory=list, description="views whose teacher embeddings the method needs (empty: the method's)")
-    max_length: Int = Field(32, gt=0, description="student tokens per sentence")
-    teacher_max_length: Int = Field(128, gt=0, description="teacher tokens per sentence")
-    shuffle: StrictBool = Field(True, description="shuffle the training rows every epoch")
-
-
-@section
-class TrainConfig:
-    """The optimisation."""
-
-    batch_size: Int = Field(128, gt=0, description="rows per training step")
-    lr: Float = Field(5e-4, gt=0, description="peak learning rate (AdamW, linear warm-up then linear decay)")
-    epochs: Int = Field(1, gt=0, description="passes over the training data")
-    max_steps: Int | None = Field(None, gt=0, description="stop after this many steps (null: run the epochs)")
-    warmup_ratio: Float = Field(0.1, ge=0, lt=1, description="share of the steps spent warming the learning rate up")
-    weight_decay: Float = Field(0.01, ge=0, description="AdamW weight decay")
-    grad_clip: Float = Field(1.0, ge=0, description="clip the gradient norm to this (0: no clipping)")
-    eval_every: Int = Field(100, gt=0, description="evaluate STS-B dev every N steps (and at each epoch end); the "
-                                                   "best-dev model is kept")
-    checkpoint_every: Int = Field(200, gt=0, description="write a resumable checkpoint every N steps")
-    keep_last: Int = Field(2, gt=0, description="checkpoints kept on disk")
-    patience: Int | None = Field(None, gt=0, description="stop after this many dev evaluations without a new best "
-                                                         "(null: never)")
-    # On a CPU with AVX512-BF16 (or AMX) bf16 matrix products run 2-4x faster than fp32; on a CPU without them (AVX2
-    # only) torch emulates bf16 products, tens of times slower than fp32, and the learner warns. bench/train_step.py
-    # measures the speed; committed ConGen runs the 7-STS cost (docs/benchmarks.md).
-    precision: Literal["fp32", "bf16"] = Field(
-        "fp32", description="fp32, or bf16: the student's forward and backward under torch.autocast(bfloat16) (and "
-                            "ConGen's products against the queue); weights, optimiser state, queue and softmax stay "
-                            "fp32")
-
-
-@section
-class TrackingConfig:
-    """MLflow."""
-
-    enabled: StrictBool = Field(True, description="record the run in MLflow")
-    tracking_uri: str | None = Field(None, description="MLflow store (null: $MLFLOW_TRACKING_URI, else "
-                                                       "sqlite:///<cwd>/mlflow.db)")
-    experiment: Annotated[str, _non_empty("name")] = Field("raydistill", description="MLflow experiment name")
-    run_name: str | None = Field(None, description="MLflow run name (null: generated)")
-
-
-@section
-class RuntimeConfig:
-    """How a run is kept alive, watched and stored: never what it trains (``RUNTIME_ONLY_FIELDS``)."""
-
-    max_restarts: Int = Field(3, ge=0, description="worker-group failures Ray Train retries from the newest "
-                                                   "checkpoint (a lost node or worker; 0: none)")
-    learner_timeout_s: Float | None = Field(None, gt=0, description="seconds the learners may send nothing before "
-                                                                    "the job stops saying how to resume (null: 600)")
-    log_every: Int | None = Field(None, ge=1, description="steps between progress lines (null: about 50 per run, "
-                                                          "or every 30 s)")
-    storage_path: Annotated[str | None, _non_empty("path or pyarrow filesystem URI")] = Field(
-        None, description="where Ray Train workers persist the checkpoints: <storage_path>/<run dir name>/ (a local "
-                          "path or pyarrow filesystem URI; null: the run dir). Not to be changed mid-run")
-
-
-#: Keys that used to live under ``extra`` and moved to ``runtime``.
-RUNTIME_KNOBS = ("max_restarts", "learner_timeout_s", "log_every", "storage_path")
 
 # Fields that change how a run is executed, watched or kept, never what it trains: they may change between the
 # invocations of one run, and a checkpoint resumes across them. The config hash leaves out exactly these, and a
@@ -245,62 +103,9 @@ RUNTIME_ONLY_FIELDS = (
 )
 DEFAULT_HASH_EXCLUDE = RUNTIME_ONLY_FIELDS
 
-_SECTION_ALIASES = {
-    # runtime.md writes the Data cap as a nested block; both spellings load into data_max_cpus.
-    ("resources", "data"): ("max_cpus", "data_max_cpus"),
-}
-
-
 # Fields (dotted paths) added after run directories existed, with the values that mean "as before": while a field
 # holds one of them it stays out of the config hash, so old run directories keep theirs (see paths_at_default).
 _HASHED_ONLY_WHEN_SET = {"student_projection_init": ("default",), "train.precision": ("fp32",)}
-
-
-class MethodSettings(dict):
-    """``extra``: the method's own settings, as a plain mapping (its schema is the method's ``extra_settings``).
-
-    ``get``/``[]``/``in`` of a runtime knob (``max_restarts``, ...) answer from ``runtime``, for readers written
-    when the knobs lived here; iterating, ``to_dict`` and the hash see only the method's settings."""
-
-    def __init__(self, *args, runtime: "RuntimeConfig | None" = None, **kwargs):
-        super().__init__(*args, **kwargs)
-        self._runtime = runtime
-
-    def _knob(self, key: Any) -> Any:
-        runtime = getattr(self, "_runtime", None)
-        if runtime is not None and key in RUNTIME_KNOBS and not dict.__contains__(self, key):
-            return getattr(runtime, key)
-        return _MISSING
-
-    def get(self, key: Any, default: Any = None) -> Any:
-        value = self._knob(key)
-        if value is _MISSING or value is None:
-            return dict.get(self, key, default)
-        return value
-
-    def __getitem__(self, key: Any) -> Any:
-        value = self._knob(key)
-        if value is _MISSING or value is None:
-            return dict.__getitem__(self, key)
-        return value
-
-    def __contains__(self, key: object) -> bool:
-        value = self._knob(key)
-        return dict.__contains__(self, key) if value is _MISSING or value is None else True
-
-    def __bool__(self) -> bool:
-        # ``(cfg.extra or {}).get("storage_path")`` must see a storage path set under runtime: true while a knob
-        # differs from its default (at its default, ``{}`` answers the same).
-        runtime = getattr(self, "_runtime", None)
-        return dict.__len__(self) > 0 or (runtime is not None and any(
-            getattr(runtime, key) != RuntimeConfig.__pydantic_fields__[key].get_default() for key in RUNTIME_KNOBS))
-
-    def __reduce__(self):
-        return (_method_settings, (dict(self), getattr(self, "_runtime", None)))
-
-
-def _method_settings(items: dict, runtime: "RuntimeConfig | None") -> MethodSettings:
-    return MethodSettings(items, runtime=runtime)
 
 
 _FreeForm = Annotated[dict[str, Any], BeforeValidator(lambda v: {} if v is None else v),
@@ -479,135 +284,8 @@ class JobConfig:
         return ConfigError(where(self._source, self._lines, path) + message)
 
 
-def read_yaml(path: Path, error: type[Exception]) -> tuple[Any, dict[str, int]]:
-    """``(data, {dotted key: line})`` of a YAML file; a syntax error raises ``error`` naming the file and line."""
-    text = path.read_text(encoding="utf-8")
-    try:
-        return yaml.safe_load(text), _yaml_key_lines(text)
-    except yaml.YAMLError as err:
-        mark = getattr(err, "problem_mark", None)
-        line = f":{mark.line + 1}" if mark is not None else ""
-        raise error(f"{path}{line}: not valid YAML: {getattr(err, 'problem', err)}") from None
-
-
-def load_yaml_with_overrides(path: str | os.PathLike, overrides: list[str] | None, *, nearby_hint: bool = False,
-                             error: type[ConfigError] = ConfigError) -> tuple[dict[str, Any], dict[str, int]]:
-    """A config file's mapping with ``key.path=value`` overrides applied, and its ``{dotted key: line}`` (0: the
-    command line)."""
-    path = Path(path)
-    if not path.is_file():
-        hint = ""
-        if nearby_hint and path.parent.is_dir():
-            siblings = sorted(p.name for p in path.parent.glob("*.y*ml"))
-            close = difflib.get_close_matches(path.name, siblings, n=1)
-            hint = f"; did you mean {path.parent / close[0]}?" if close else (
-                f"; files there: {', '.join(siblings)}" if siblings else "")
-        raise error(f"config file not found: {path}{hint}")
-    data, lines = read_yaml(path, error)
-    if data is None:
-        data = {}
-    if not isinstance(data, dict):
-        raise error(f"{path}:1: a config file must be a mapping of fields, got {type(data).__name__}")
-    apply_overrides(data, lines, overrides or [])
-    return data, lines
-
-
-def apply_overrides(data: dict[str, Any], lines: dict[str, int], overrides: list[str]) -> None:
-    """``key.path=value`` overrides into ``data`` (values parsed as YAML), their lines marked 0 (the command line)."""
-    for item in overrides:
-        key, value = _parse_override(item)
-        _set_path(data, key, value, item)
-        lines[key] = 0  # 0 = came from the command line, see where()
-
-
-def _move_runtime_knobs(d: dict[str, Any], source: str | None, lines: dict[str, int]) -> dict[str, Any]:
-    """``extra.<knob>`` of an older config moved to ``runtime.<knob>``, with one deprecation line per key."""
-    extra = d.get("extra")
-    if not isinstance(extra, dict) or not any(key in extra for key in RUNTIME_KNOBS):
-        return d
-    d = dict(d)
-    extra = dict(extra)
-    runtime = d.get("runtime")
-    runtime = dict(runtime) if isinstance(runtime, dict) else ({} if runtime is None else runtime)
-    if not isinstance(runtime, dict):
-        return d  # the schema says what is wrong with runtime
-    moved = {}
-    for key in RUNTIME_KNOBS:
-        if key not in extra:
-            continue
-        value = extra.pop(key)
-        if key in runtime and runtime[key] != value and not _later_spelling_wins(key, runtime[key], lines):
-            raise ConfigError(where(source, lines, f"extra.{key}") + f"moved to runtime.{key}, which this config "
-                              f"also sets ({runtime[key]!r}); keep runtime.{key} only")
-        runtime[key] = value
-        moved[key] = value
-        if f"extra.{key}" in lines:
-            lines[f"runtime.{key}"] = lines[f"extra.{key}"]
-    d["extra"], d["runtime"] = extra, runtime
-    _warn_moved(moved, source, lines)
-    return d
-
-
-def _later_spelling_wins(key: str, in_runtime: Any, lines: dict[str, int]) -> bool:
-    """Whether ``extra.<key>`` may replace what ``runtime.<key>`` holds: it came from the command line (``--set``
-    overrides the file, as for any field), or ``runtime`` only holds the default (a saved config's ``to_dict``).
-    Both written in the file, or given as data with different values, are a conflict."""
-    if lines.get(f"extra.{key}") == 0:
-        return True
-    default = RuntimeConfig.__pydantic_fields__[key].get_default()
-    return f"runtime.{key}" not in lines and in_runtime == default
-
-
-def _warn_moved(moved: dict[str, Any], source: str | None, lines: dict[str, int]) -> None:
-    for key in moved:
-        line = line_of(lines, f"extra.{key}")
-        message = (f"extra.{key} is deprecated: it moved to runtime.{key}; write it there (the old spelling still "
-                   "loads)")
-        # Attributed to the config file and line (not to this module), so the warning points where to edit.
-        warnings.warn_explicit(("--set " if line == 0 else "") + message, ConfigDeprecationWarning,
-                               filename=source or "<config>", lineno=line or 0, module="raydistill.config")
-
-
 def raydistill_home() -> Path:
     return Path(os.environ.get("RAYDISTILL_HOME", "~/.cache/raydistill")).expanduser()
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# Building (the schema library does the checking; this adds the section aliases)
-
-
-def _build(cls: type, data: dict[str, Any], prefix: str, source: str | None, lines: dict[str, int]):
-    """``cls`` (a ``@section``) from ``data``, with the spellings of ``_SECTION_ALIASES`` folded in first."""
-    data = _fold_aliases(data, prefix, source, lines)
-    return build(cls, data, source=source, lines=lines, prefix=prefix)
-
-
-def _fold_aliases(data: dict[str, Any], prefix: str, source: str | None, lines: dict[str, int]) -> dict[str, Any]:
-    if not isinstance(data, dict):
-        return data
-    data = dict(data)
-    for (section_name, alias_key), (inner, target) in _SECTION_ALIASES.items():
-        parts = section_name.split(".")
-        holder = data
-        for part in parts[:-1]:
-            holder = holder.get(part) if isinstance(holder, dict) else None
-        if not isinstance(holder, dict) or not isinstance(holder.get(parts[-1]), dict):
-            continue
-        block_owner = dict(holder[parts[-1]])
-        if not isinstance(block_owner.get(alias_key), dict):
-            continue
-        block = block_owner.pop(alias_key)
-        path = f"{prefix}{section_name}."
-        for key in block:
-            if key != inner:
-                raise ConfigError(where(source, lines, f"{path}{alias_key}.{key}") + f"unknown field; allowed: {inner}")
-        if inner in block:
-            if target in block_owner and block_owner[target] != block[inner]:
-                raise ConfigError(where(source, lines, f"{path}{target}") + f"given twice, also as "
-                                  f"{path}{alias_key}.{inner}; keep one")
-            block_owner[target] = block[inner]
-        holder[parts[-1]] = block_owner
-    return data
 
 
 def _to_plain(obj: Any) -> Any:
@@ -644,40 +322,6 @@ def _short_name(name: str) -> str:
     return Path(name.rstrip("/")).name
 
 
-def _parse_override(item: str) -> tuple[str, Any]:
-    if "=" not in item:
-        raise ConfigError(f"--set {item}: expected key.path=value, e.g. train.lr=1e-4")
-    key, raw = item.split("=", 1)
-    key = key.strip()
-    if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z0-9_]+)*", key):
-        raise ConfigError(f"--set {item}: {key!r} is not a dotted field path")
-    try:
-        value = yaml.safe_load(raw) if raw.strip() else None
-    except yaml.YAMLError:
-        value = raw
-    return key, value
-
-
-def _set_path(data: dict, key: str, value: Any, item: str) -> None:
-    for (owner, alias_key), (inner, target) in _SECTION_ALIASES.items():
-        if key == f"{owner}.{alias_key}.{inner}":
-            key = f"{owner}.{target}"
-        if key == f"{owner}.{target}":  # an override of the field replaces the alias spelling in the file
-            block = data.get(owner, {}).get(alias_key) if isinstance(data.get(owner), dict) else None
-            if isinstance(block, dict):
-                block.pop(inner, None)
-    parts = key.split(".")
-    node = data
-    for part in parts[:-1]:
-        child = node.get(part)
-        if child is None:
-            child = node[part] = {}
-        if not isinstance(child, dict):
-            raise ConfigError(f"--set {item}: '{part}' is not a section")
-        node = child
-    node[parts[-1]] = value
-
-
 def _drop_paths(plain: dict, exclude: tuple[str, ...]) -> dict:
     plain = json.loads(json.dumps(plain, default=str))
     for path in exclude:
@@ -701,24 +345,3 @@ def paths_at_default(plain: dict, defaults: dict[str, tuple]) -> tuple[str, ...]
     """The dotted paths of ``defaults`` whose value in ``plain`` is one of their "as before" values (or absent)."""
     values = flatten(plain)
     return tuple(path for path, as_before in defaults.items() if values.get(path, as_before[0]) in as_before)
-
-
-def _yaml_key_lines(text: str) -> dict[str, int]:
-    """Dotted key path -> 1-based line, from the YAML node tree (safe_load drops positions)."""
-    lines: dict[str, int] = {}
-
-    def walk(node, prefix: str) -> None:
-        if isinstance(node, yaml.MappingNode):
-            for key_node, value_node in node.value:
-                if isinstance(key_node, yaml.ScalarNode):
-                    path = f"{prefix}{key_node.value}"
-                    lines[path] = key_node.start_mark.line + 1
-                    walk(value_node, path + ".")
-
-    root = yaml.compose(text, Loader=yaml.SafeLoader)
-    if root is not None:
-        walk(root, "")
-    # resources.data.max_cpus is an alias of resources.data_max_cpus
-    if "resources.data.max_cpus" in lines:
-        lines.setdefault("resources.data_max_cpus", lines["resources.data.max_cpus"])
-    return lines

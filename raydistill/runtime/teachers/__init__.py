@@ -2,7 +2,9 @@
 Ray Data pipeline that fills it, and the shared instance-queue actor.
 
     teacher.py          TeacherSpec, TeacherEncoder, the teacher's identity (a hash of its weights)
-    embedding_cache.py  EmbeddingCache: memory-mapped teacher vectors keyed by sentence
+    cache_store.py      EmbeddingCache's store: part files, index, lookups, appends, TeacherVectors
+    embedding_cache.py  the teacher pass that fills the cache with the misses (re-exports the store's names)
+    rows_file.py        the rows file: written once per content, verified, memory-mapped
     pipeline.py         training texts and rows, the Ray Data teacher pass over cache misses
     queue_actor.py      the instance queue shared by the learners (a Ray actor)
 """

@@ -30,6 +30,9 @@ Views (``cfg.data.views``: view name -> spec). Specs handled here, because they 
 (the second text of a pairs file). Every other spec (``delete:0.1``, ...) is a text augmentation of
 ``raydistill.augment.make_views``, seeded per (job seed, view name), so views are identical run after run.
 
+The rows file (its writing, verification and memory-mapped reads) is ``rows_file.py``'s; ``write_rows_file`` and
+``RowsFileError`` are re-exported here.
+
 Order: each epoch is a permutation drawn from ``(seed, epoch)``, independent of how Ray schedules blocks, so
 ``skip_batches`` resumes a run at exactly the batch it would have seen next (``data.arrays.ArrayData`` uses the
 same rule).
@@ -43,12 +46,12 @@ import math
 import re
 import zlib
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Iterator
 
 import numpy as np
 
 from raydistill.config.job import DataConfig, JobConfig
+from raydistill.runtime.teachers.rows_file import RowsFileError, _mapped_rows, _take_rows, write_rows_file
 
 __all__ = ["TrainingData", "load_training_texts", "build_training_data", "cache_teacher_vectors", "view_seed",
            "write_rows_file", "RowsFileError", "EVALUATION_SETS", "SOURCE_SETS", "LONG_TEXT_CHARS",
@@ -307,8 +310,6 @@ class TrainingData:
 
 # Rows per block of the training stream: a block's texts are a few MB, and a 300k-row epoch is ~40 map tasks.
 STREAM_BLOCK_ROWS = 8192
-# Where the rows files live, under the job's cache dir (next to the teacher's embedding cache).
-ROWS_DIR = "rows"
 
 
 def epoch_order(num_rows: int, seed: int, epoch: int, shuffle: bool = True) -> np.ndarray:
@@ -339,140 +340,6 @@ def _read_stream_rows(batch: dict[str, np.ndarray], *, rows_path: str, num_rows:
     out = _take_rows(rows_path, row_ids)
     out["epoch"], out["position"] = epoch, position
     return out
-
-
-@functools.lru_cache(maxsize=4)
-def _mapped_rows(rows_path: str):
-    """The rows file as an Arrow table over a read-only memory map (zero-copy; kept open per process)."""
-    import pyarrow as pa
-
-    try:
-        with pa.memory_map(rows_path, "r") as source:
-            return pa.ipc.open_file(source).read_all()
-    except (OSError, pa.ArrowInvalid) as exc:
-        raise RowsFileError(f"rows file {rows_path} is unreadable ({exc}); it was changed after the job's driver "
-                            "checked it. Run the job again: its driver verifies the rows file and rebuilds a damaged "
-                            "one") from exc
-
-
-class RowsFileError(RuntimeError):
-    """A rows file that cannot be read; the message names it."""
-
-
-def _take_rows(rows_path: str, row_ids: np.ndarray) -> dict[str, np.ndarray]:
-    """Rows ``row_ids`` of the rows file as numpy columns (texts as object arrays)."""
-    import pyarrow as pa
-
-    taken = _mapped_rows(rows_path).take(pa.array(row_ids, type=pa.int64()))
-    return {name: (np.asarray(taken.column(name).to_pylist(), dtype=object) if name.startswith("text_")
-                   else taken.column(name).to_numpy())
-            for name in taken.column_names}
-
-
-def write_rows_file(columns: dict[str, np.ndarray], cache_dir) -> Path:
-    """Write the rows' ``idx``, ``group`` and ``text_<view>`` columns as an uncompressed Arrow IPC file
-    ``<cache_dir>/rows/<sha256 of its content>.arrow`` and return its path.
-
-    Named by its content, the file is written once and shared by every job and trial that trains on the same rows
-    (a sweep's trials find the one the sweep's shared teacher pass wrote). An existing file is reused only when its
-    content still hashes to its name (checked once per process and file state: size and modification time); a
-    torn or altered one is reported with its path and rebuilt. It is written to a temporary file, fsynced and renamed,
-    so no reader sees half a file and a crash leaves none. Readers memory-map it (``_mapped_rows``). On a multi-node
-    cluster the cache dir is shared storage, as for the teacher's vectors.
-    """
-    import pyarrow as pa
-
-    table = pa.table({name: (pa.array(list(column), type=pa.string()) if name.startswith("text_")
-                             else pa.array(column)) for name, column in columns.items()})
-    digest = _write_ipc(table, _HashingSink()).hexdigest()  # the name first, serialised without keeping a copy
-    path = Path(cache_dir) / ROWS_DIR / f"{digest[:_ROWS_NAME_HEX]}.arrow"
-    if path.is_file():
-        problem = _rows_file_problem(path)
-        if problem is None:
-            return path
-        log.warning("rows file %s is damaged (%s); rebuilding it", path, problem)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    _write_rows_durably(table, path)
-    return path
-
-
-# Hex digits of the content's SHA-256 in a rows file's name.
-_ROWS_NAME_HEX = 32
-# Rows files found intact in this process: path -> (size, mtime_ns) when checked.
-_VERIFIED_ROWS_FILES: dict[str, tuple[int, int]] = {}
-
-
-class _HashingSink:
-    """A write-only file object that hashes what it is given and keeps nothing; with ``stream``, also writes it."""
-
-    def __init__(self, stream=None):
-        import hashlib
-
-        self.digest, self.stream, self.closed, self.position = hashlib.sha256(), stream, False, 0
-
-    def write(self, data) -> int:
-        self.digest.update(data)
-        if self.stream is not None:
-            self.stream.write(data)
-        self.position += len(data)
-        return len(data)
-
-    def tell(self) -> int:
-        return self.position
-
-    def flush(self) -> None:
-        if self.stream is not None:
-            self.stream.flush()
-
-    def close(self) -> None:
-        self.closed = True
-
-    def writable(self) -> bool:
-        return True
-
-    def hexdigest(self) -> str:
-        return self.digest.hexdigest()
-
-
-def _write_ipc(table, sink: _HashingSink) -> _HashingSink:
-    import pyarrow as pa
-
-    with pa.PythonFile(sink, mode="w") as stream, pa.ipc.new_file(stream, table.schema) as writer:
-        writer.write_table(table)
-    return sink
-
-
-def _rows_file_problem(path: Path) -> str | None:
-    """None when the rows file's content hashes to its name, else what is wrong (remembered while intact)."""
-    from raydistill.fileio import file_sha256
-
-    stat = path.stat()
-    if _VERIFIED_ROWS_FILES.get(str(path)) == (stat.st_size, stat.st_mtime_ns):
-        return None
-    digest = file_sha256(path)
-    if digest[:_ROWS_NAME_HEX] != path.stem:
-        return f"its {stat.st_size} bytes hash to sha256 {digest[:_ROWS_NAME_HEX]}, not to its name"
-    _VERIFIED_ROWS_FILES[str(path)] = (stat.st_size, stat.st_mtime_ns)
-    return None
-
-
-def _write_rows_durably(table, path: Path) -> None:
-    """Stream the IPC file through ``fileio.atomic_writer``, hashing as it goes: content that does not hash to the
-    file's name is never renamed into place. The temporary name is unique per write, since two jobs in one process
-    (a sweep's trials) may build the same rows file at once."""
-    import os
-    import uuid
-
-    from raydistill.fileio import atomic_writer
-
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
-    with atomic_writer(path, tmp=tmp) as stream:
-        written = _write_ipc(table, _HashingSink(stream))
-        if written.hexdigest()[:_ROWS_NAME_HEX] != path.stem:
-            raise RuntimeError(f"rows file {path}: the content written hashes to {written.hexdigest()}, not to its "
-                               "name (Arrow serialised the same table differently twice)")
-    stat = path.stat()
-    _VERIFIED_ROWS_FILES[str(path)] = (stat.st_size, stat.st_mtime_ns)
 
 
 def build_training_data(cfg: JobConfig) -> TrainingData:
@@ -529,4 +396,3 @@ def cache_teacher_vectors(cfg: JobConfig, texts_by_view: dict[str, list[str]], *
                              for key in ("hits", "misses", "teacher_forward_sentences")}
     stats["views"] = per_view
     return teacher, stats
-

@@ -21,7 +21,8 @@ process (docs/methods.md, Trans-Encoder).
 
 The job is split by what each part does; each module imports only the ones listed before it:
 
-    config.py         TencConfig and its sections, validation, the stage names
+    sections.py       the config's sections and the stage names
+    config.py         TencConfig: loading, validation, the config hash
     state.py          the run directory's layout and state.json (resume)
     labels.py         label sets: write (driver), read (learners, through Ray Data), statistics, dev weights
     learners.py       the bi- and cross-encoder learners behind the actors

@@ -1,5 +1,6 @@
 """The Trans-Encoder job's configuration: its schema (``TencConfig`` and its sections), validation, and the names of
-a cycle's two stages.
+a cycle's two stages. The sections and the stage names live in ``sections.py`` and are re-exported here; import them
+from this module.
 
 Defaults are the paper's training settings; ``configs/mutual_tenc*.yaml`` scale them to a machine. Every section is a
 pydantic dataclass of ``raydistill.config.schema`` (as the job config's): an unknown key or a wrong type is an error
@@ -16,7 +17,7 @@ import re
 from pathlib import Path
 from typing import Annotated, Any
 
-from pydantic import BeforeValidator, Field, StrictBool, ValidationError
+from pydantic import Field, ValidationError
 
 from raydistill.nested import flatten
 from raydistill.runtime.engine.cluster import Reservation
@@ -33,8 +34,22 @@ from raydistill.config.job import (
     load_yaml_with_overrides,
     paths_at_default,
 )
-from raydistill.config.schema import Float, Int, error_text, none_is_default, section, str_is_list
+from raydistill.config.schema import Float, Int, error_text, section
 from raydistill.runtime.tenc.pairs import PAIR_SOURCES
+from raydistill.runtime.tenc.sections import (
+    _DEFAULTS_IF_NULL,
+    STAGE_LABELS,
+    STAGE_TRAINED_IN,
+    STAGE_TRAINS,
+    STAGES,
+    STS7,
+    FamilyConfig,
+    PairsConfig,
+    StageConfig,
+    TencEvalConfig,
+    TencResources,
+    stage_key,
+)
 
 __all__ = [
     "STAGES",
@@ -52,12 +67,6 @@ __all__ = [
     "stage_key",
 ]
 
-STS7 = ("sts12", "sts13", "sts14", "sts15", "sts16", "stsb", "sickr")
-# A cycle is two stages; each is named for the direction its labels flow.
-STAGES = ("bi2cross", "cross2bi")  # bi labels -> cross learns; cross labels -> bi learns
-STAGE_TRAINS = {"bi2cross": "cross", "cross2bi": "bi"}  # which encoder a stage trains
-STAGE_LABELS = {"bi2cross": "bi", "cross2bi": "cross"}  # which encoder labels a stage's pairs
-STAGE_TRAINED_IN = {"cross": "bi2cross", "bi": "cross2bi"}
 MODES = ("mutual", "self")
 INITS = ("refresh", "sequential")
 TEST_CYCLES = ("all", "best", "none")
@@ -70,119 +79,6 @@ STAGE_PRECISIONS = ("fp32", "bf16", "auto")
 # precision and the head stay shared, so every family labels and is evaluated the same way.
 FAMILY_STAGE_KEYS = ("lr", "epochs", "batch_size", "max_steps", "warmup_ratio", "weight_decay", "grad_clip",
                      "eval_every")
-
-
-def stage_key(cycle: int, stage: str) -> str:
-    """``cycle=<k>/stage=<bi2cross|cross2bi>``: how the run state, the label directories and ``stop_after_stage``
-    name a stage."""
-    return f"cycle={cycle}/stage={stage}"
-
-
-_DEFAULTS_IF_NULL = BeforeValidator(none_is_default)
-
-
-@section
-class FamilyConfig:
-    """One model family: a bi-encoder and a cross-encoder built from the same pretrained encoder."""
-
-    name: str = Field(description="family name, used in column names (score_<name>), paths and run names")
-    bi: str = Field(description="bi-encoder: a preset name or a local directory")
-    cross: str | None = Field(None, description="start checkpoint of the cross-encoder (null: the bi checkpoint, "
-                                                "with a new head)")
-    pooling: str | None = Field(None, description="bi-encoder pooling: mean or cls (null: the checkpoint's own, mean "
-                                                  "for plain HF checkpoints)")
-    # e.g. a higher learning rate for a 2-layer bi-encoder, which barely moves at the rate a 4-layer one needs.
-    bi_stage: dict[str, Any] | None = Field(None, description="this family's own bi-stage settings over bi: (lr, "
-                                                              "epochs, batch_size, max_steps, warmup_ratio, ...)")
-    cross_stage: dict[str, Any] | None = Field(None, description="this family's own cross-stage settings over cross: "
-                                                                 "(lr, epochs, batch_size, ...)")
-
-    @property
-    def cross_start(self) -> str:
-        return self.cross or self.bi
-
-    def own_stage(self, kind: str) -> dict[str, Any]:
-        """This family's own ``bi`` or ``cross`` stage settings ({} when it has none)."""
-        return (self.bi_stage if kind == "bi" else self.cross_stage) or {}
-
-    def recorded(self) -> dict[str, Any]:
-        """The family as result files record it (``training.families[<name>]``): its models and own settings."""
-        return {"bi": self.bi, "cross": self.cross_start,
-                **{f"{kind}_stage": self.own_stage(kind) for kind in ("bi", "cross") if self.own_stage(kind)}}
-
-
-@section
-class StageConfig:
-    """Training of one encoder kind in every cycle (the bi- or the cross-encoder stage)."""
-
-    batch_size: Int = Field(32, description="rows (pairs) per training step")
-    lr: Float = Field(2e-5, description="peak learning rate")
-    epochs: Int = Field(1, description="passes over the labelled pairs per stage")
-    max_steps: Int | None = Field(None, description="cap per stage (quick runs, tests; null: the epochs)")
-    max_length: Int = Field(64, description="token limit of this stage's encoder")
-    warmup_ratio: Float = Field(0.1, description="share of the steps spent warming the learning rate up")
-    weight_decay: Float = Field(0.01, description="AdamW weight decay")
-    grad_clip: Float = Field(1.0, description="clip the gradient norm to this (0: no clipping)")
-    eval_every: Int = Field(200, description="STS-B dev every N steps and at each epoch end; the best checkpoint is "
-                                             "the stage's output")
-    amp: StrictBool = Field(True, description="bf16 autocast on CUDA only (the authors train with AMP); ignored on CPU")
-    # "bf16" is several times faster on CPUs with hardware bf16 products (AVX512-BF16, AMX) and many times slower
-    # where torch emulates it (warned); each learner logs which precision "auto" chose.
-    precision: str = Field("fp32", description="CPU precision of training, labelling and evaluation: fp32, bf16 "
-                                               "autocast, or auto (bf16 where the CPU has hardware bf16 products)")
-    head: str | None = Field(None, description="cross-encoder only (bi: leave null): classifier (a head on [CLS], the "
-                                               "paper's) or segment_cosine (scale x cos of the two sentences' mean "
-                                               "token states in the joint encoding); null = classifier")
-
-
-@section
-class PairsConfig:
-    """The unlabeled sentence pairs the encoders label for each other."""
-
-    source: str = Field("transductive", description="unlabeled sentence pairs: transductive (the STS test pairs), "
-                                                    "inductive, qqp, mrpc or file:<path.jsonl> (pairs.py)")
-    max_pairs: Int | None = Field(None, description="seeded subsample of the deduplicated pool (null: all)")
-    seed: Int | None = Field(None, description="seed of the subsample (null: the job's seed)")
-
-
-@section
-class TencEvalConfig:
-    """Model selection and the final evaluation."""
-
-    dev_set: str = Field("stsb_dev", description="model selection inside every stage")
-    test_sets: Annotated[list[str], BeforeValidator(str_is_list)] = Field(
-        default_factory=lambda: list(STS7), description="sets of the final 7-STS evaluation")
-    test_cycles: str = Field("all", description="all: 7-STS of every family, encoder and cycle (+ cycle 0); best: "
-                                                "cycle 0 and each family's best-dev model only; none: no test "
-                                                "evaluation (quick checks)")
-
-
-@section
-class TencResources:
-    """Per-role actor resources. Each family has one bi- and one cross-encoder actor; they never compute at the
-    same time, so on a small machine both may reserve a fraction of a CPU while running one thread each."""
-
-    num_cpus: Float = Field(2, description="CPUs of the local Ray the job starts itself (unused on a cluster)")
-    # batch_size of each role = sentences (bi) / pairs (cross) per forward pass when labelling and evaluating
-    bi: Annotated[RoleResources, _DEFAULTS_IF_NULL] = Field(
-        default_factory=lambda: RoleResources(num_cpus=0.25, threads=1, batch_size=128),
-        description="each family's bi-encoder actor (batch_size: sentences per forward pass)")
-    cross: Annotated[RoleResources, _DEFAULTS_IF_NULL] = Field(
-        default_factory=lambda: RoleResources(num_cpus=0.25, threads=1, batch_size=64),
-        description="each family's cross-encoder actor (batch_size: pairs per forward pass)")
-    # Measured hang with every CPU reserved: docs/runtime.md, Ray behaviour.
-    data_max_cpus: Float = Field(1.0, description="CPUs the actors must leave to Ray Data (the label sets' Parquet "
-                                                  "writes and the learners' reads of them)")
-    # The nodes started as `ray start --resources '{"node_a": 4}'`: one family per node on a multi-node cluster.
-    families: dict[str, dict[str, Float]] = Field(
-        default_factory=dict, description="custom Ray resources each family's two actors ask for, by family name, "
-                                          "e.g. {bert: {node_a: 1}}; a family not named goes wherever Ray has room")
-
-    @property
-    def data_task_cpus(self) -> float:
-        """CPUs each Ray Data task of the job asks for: at most one, and never more than the headroom, so a task
-        always fits in what the actors leave."""
-        return min(1.0, self.data_max_cpus)
 
 
 def _paper_bi_stage() -> StageConfig:
@@ -315,6 +211,19 @@ class TencConfig:
     # Validation (before Ray starts)
 
     def validate(self) -> TencConfig:
+        """Ranges, names and the rules across fields, section by section in a fixed order (the first problem found
+        is the one reported); raises ConfigError naming the field (and the file and line). Returns self."""
+        self._check_families()
+        self._check_labels()
+        self._check_pairs()
+        self._check_stage_settings()
+        self._check_evaluation()
+        self._check_resources()
+        self._check_run()
+        return self
+
+    def _check_families(self) -> None:
+        """The mode and the model families: names, models, pooling."""
         err = self._error
         if self.mode not in MODES:
             raise err("mode", f"{self.mode!r}{_suggest(self.mode, MODES)} is not one of {', '.join(MODES)}")
@@ -340,6 +249,10 @@ class TencConfig:
                                                 "unused; remove it or use init: refresh")
             if family.pooling not in (None, "mean", "cls"):
                 raise err(f"{where}.pooling", f"{family.pooling!r} is not one of mean, cls (or null)")
+
+    def _check_labels(self) -> None:
+        """How the stages' labels are made: init, cycles, label scaling and weighting."""
+        err = self._error
         if self.init not in INITS:
             raise err("init", f"{self.init!r}{_suggest(self.init, INITS)} is not one of {', '.join(INITS)}")
         _positive(err, "cycles", self.cycles)
@@ -360,6 +273,9 @@ class TencConfig:
             raise err("label_weight_temperature", f"must be a number > 0 (dev points), got "
                                                   f"{self.label_weight_temperature!r}")
 
+    def _check_pairs(self) -> None:
+        """The unlabeled pairs' source and size."""
+        err = self._error
         source = self.pairs.source
         if source.startswith("file:"):
             if not Path(source[len("file:"):]).expanduser().is_file():
@@ -369,6 +285,9 @@ class TencConfig:
                                       f"{', '.join(PAIR_SOURCES)} or file:<path>")
         _positive(err, "pairs.max_pairs", self.pairs.max_pairs, allow_none=True)
 
+    def _check_stage_settings(self) -> None:
+        """The shared bi and cross stage settings, each family's own on top, and the heads."""
+        err = self._error
         for kind in ("bi", "cross"):
             self._check_stage(kind, getattr(self, kind))
         for i, family in enumerate(self.families):
@@ -396,6 +315,9 @@ class TencConfig:
             raise err("cross.head", f"{self.cross.head!r}{_suggest(self.cross.head, HEADS)} is not one of "
                                     f"{', '.join(HEADS)}")
 
+    def _check_evaluation(self) -> None:
+        """The dev and test sets and which cycles are tested."""
+        err = self._error
         from raydistill.data import DATASETS
         from raydistill.evaluation import STS_SETS
 
@@ -410,6 +332,9 @@ class TencConfig:
             raise err("eval.test_sets", f"result files need all of {', '.join(STS7)}; use eval.test_cycles: none "
                                         "to skip test evaluation")
 
+    def _check_resources(self) -> None:
+        """The actors' resources and Ray Data's headroom."""
+        err = self._error
         r = self.resources
         _positive(err, "resources.num_cpus", r.num_cpus)
         for role in ("bi", "cross"):
@@ -432,11 +357,15 @@ class TencConfig:
         if r.data_max_cpus < 0.5:
             raise err("resources.data_max_cpus", f"{r.data_max_cpus} is below 0.5: Ray Data needs CPU headroom or "
                                                  "its Parquet writes hang (ray-project/ray#44687)")
+
+    def _check_run(self) -> None:
+        """Tracking and the stage a test run stops after."""
+        err = self._error
         if not self.tracking.experiment:
             raise err("tracking.experiment", "must be a non-empty name")
         if self.stop_after_stage is not None and not _STAGE_KEY.fullmatch(self.stop_after_stage):
             raise err("stop_after_stage", f"{self.stop_after_stage!r}: expected cycle=<k>/stage=<bi2cross|cross2bi>")
-        return self
+
 
     def actor_reservation(self) -> Reservation:
         """What the job's actors hold while it runs (a bi- and a cross-encoder actor per family), for

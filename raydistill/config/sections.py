@@ -1,0 +1,160 @@
+"""The job config's sections other than ``loss``/``extra`` (``RoleResources``, ``LearnerResources``,
+``ResourcesConfig``, ``DataConfig``, ``TrainConfig``, ``TrackingConfig``, ``RuntimeConfig``): their fields, types,
+ranges, defaults and ``--help`` descriptions.
+
+Each is a ``@section`` (a pydantic dataclass of ``raydistill.config.schema``): a wrong type, a value out of range or
+an unknown key is refused while the config is built, naming the field. ``raydistill.config.job`` assembles them into
+``JobConfig`` and re-exports them; import them from there.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import AfterValidator, BeforeValidator, Field, StrictBool
+
+from raydistill.config.schema import Float, Int, none_is_default, section, states, str_is_list
+
+_Section = Annotated  # a nested section field: ``_Section[TrainConfig, _DEFAULTS_IF_NULL]``
+_DEFAULTS_IF_NULL = BeforeValidator(none_is_default)
+
+
+@states(">= 0.5")
+def _data_headroom(value: float) -> float:
+    if value < 0.5:
+        raise ValueError(f"{value} is below 0.5: Ray Data needs CPU headroom or the pipeline hangs "
+                         "(ray-project/ray#44687)")
+    return value
+
+
+def _non_empty(what: str):
+    def check(value: str | None) -> str | None:
+        if value is not None and not value.strip():
+            raise ValueError(f"must be a non-empty {what}")
+        return value
+    return AfterValidator(check)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Sections
+
+
+@section
+class RoleResources:
+    """Resources of one actor role (teacher, queue). Applied with ``.options()``, never in decorators."""
+
+    num_actors: Int = Field(1, gt=0, description="actors of this role")
+    num_cpus: Float = Field(1, ge=0, description="CPUs Ray reserves for each actor of this role")
+    num_gpus: Float = Field(0, ge=0, description="GPUs (fractions allowed) Ray reserves for each actor of this role")
+    threads: Int = Field(1, gt=0, description="torch intra-op threads inside each actor of this role (Ray gives "
+                                               "fractional-CPU actors 1 thread otherwise)")
+    batch_size: Int = Field(128, gt=0, description="sentences per forward pass (teacher)")
+    max_tokens: Int | None = Field(None, gt=0, description="teacher only: padded tokens per forward pass (null: "
+                                                           "raydistill.runtime.teachers.teacher.DEFAULT_TEACHER_MAX_"
+                                                           "TOKENS)")
+    # raydistill.runtime.teachers.teacher.PRECISIONS
+    precision: Literal["auto", "fp32", "bf16"] = Field(
+        "auto", description="teacher only: auto, fp32 or bf16 (auto: bf16 where the CPU or GPU multiplies bf16 "
+                            "natively; bf16 vectors are cached apart from fp32 ones)")
+
+
+@section
+class LearnerResources:
+    """Where and with what the learners run."""
+
+    num_learners: Int = Field(0, ge=0, description="0 = the learner runs in the driver process (tests, laptops), "
+                                                   "like RLlib's LearnerGroup; N = N Ray Train workers")
+    num_cpus: Float = Field(1, ge=0, description="CPUs Ray reserves for each learner")
+    num_gpus: Float = Field(0, ge=0, description="GPUs (fractions allowed) Ray reserves for each learner")
+    threads: Int = Field(2, gt=0, description="torch intra-op threads of each learner")
+    cpu_speedups: StrictBool = Field(
+        True, description="on CPU, models/speedups.py: dropout masks from a quarter of the random draws (same p), "
+                          "the word-embedding gradient in one reused buffer (same values); false: torch's own")
+
+
+@section
+class ResourcesConfig:
+    """What each actor role reserves (``RUNTIME_ONLY_FIELDS``: a run resumes across changes here)."""
+
+    num_cpus: Float = Field(2, gt=0, description="CPUs of the local Ray that raydistill starts itself (unused on a "
+                                                 "cluster)")
+    teacher: _Section[RoleResources, _DEFAULTS_IF_NULL] = Field(default_factory=RoleResources,
+                                                                description="the teacher-pass actors")
+    learner: _Section[LearnerResources, _DEFAULTS_IF_NULL] = Field(default_factory=LearnerResources,
+                                                                   description="the learners")
+    queue: _Section[RoleResources, _DEFAULTS_IF_NULL] = Field(default_factory=lambda: RoleResources(num_cpus=0),
+                                                              description="the shared queue actors")
+    data_max_cpus: Annotated[Float, AfterValidator(_data_headroom)] = Field(
+        0.5, description="CPUs that actors must leave to Ray Data: with every CPU held by actors, Data's tasks "
+                         "never get scheduled and the job hangs (ray-project/ray#44687); also written "
+                         "resources.data.max_cpus")
+
+
+@section
+class DataConfig:
+    """The training text and how each view of it is made."""
+
+    corpus: str = Field("flickr", description="flickr | nli | flickr+nli | mixed | file:<path>[#column] (.txt, "
+                                              "JSON Lines, CSV/TSV, Parquet, a datasets directory; docs/data.md)")
+    max_sentences: Int | None = Field(20000, gt=0, description="training sentences read from the corpus (null: all)")
+    views: dict[str, str] = Field(default_factory=lambda: {"a": "none"},
+                                  description="view name -> augmentation spec of raydistill.augment (none = the "
+                                              "sentence itself, caption = another caption of the same image, "
+                                              "delete:0.1, ...); each view becomes a text_<view> column")
+    teacher_views: Annotated[list[str], BeforeValidator(str_is_list)] = Field(
+        default_factory=list, description="views whose teacher embeddings the method needs (empty: the method's)")
+    max_length: Int = Field(32, gt=0, description="student tokens per sentence")
+    teacher_max_length: Int = Field(128, gt=0, description="teacher tokens per sentence")
+    shuffle: StrictBool = Field(True, description="shuffle the training rows every epoch")
+
+
+@section
+class TrainConfig:
+    """The optimisation."""
+
+    batch_size: Int = Field(128, gt=0, description="rows per training step")
+    lr: Float = Field(5e-4, gt=0, description="peak learning rate (AdamW, linear warm-up then linear decay)")
+    epochs: Int = Field(1, gt=0, description="passes over the training data")
+    max_steps: Int | None = Field(None, gt=0, description="stop after this many steps (null: run the epochs)")
+    warmup_ratio: Float = Field(0.1, ge=0, lt=1, description="share of the steps spent warming the learning rate up")
+    weight_decay: Float = Field(0.01, ge=0, description="AdamW weight decay")
+    grad_clip: Float = Field(1.0, ge=0, description="clip the gradient norm to this (0: no clipping)")
+    eval_every: Int = Field(100, gt=0, description="evaluate STS-B dev every N steps (and at each epoch end); the "
+                                                   "best-dev model is kept")
+    checkpoint_every: Int = Field(200, gt=0, description="write a resumable checkpoint every N steps")
+    keep_last: Int = Field(2, gt=0, description="checkpoints kept on disk")
+    patience: Int | None = Field(None, gt=0, description="stop after this many dev evaluations without a new best "
+                                                         "(null: never)")
+    # On a CPU with AVX512-BF16 (or AMX) bf16 matrix products run 2-4x faster than fp32; on a CPU without them (AVX2
+    # only) torch emulates bf16 products, tens of times slower than fp32, and the learner warns. bench/train_step.py
+    # measures the speed; committed ConGen runs the 7-STS cost (docs/benchmarks.md).
+    precision: Literal["fp32", "bf16"] = Field(
+        "fp32", description="fp32, or bf16: the student's forward and backward under torch.autocast(bfloat16) (and "
+                            "ConGen's products against the queue); weights, optimiser state, queue and softmax stay "
+                            "fp32")
+
+
+@section
+class TrackingConfig:
+    """MLflow."""
+
+    enabled: StrictBool = Field(True, description="record the run in MLflow")
+    tracking_uri: str | None = Field(None, description="MLflow store (null: $MLFLOW_TRACKING_URI, else "
+                                                       "sqlite:///<cwd>/mlflow.db)")
+    experiment: Annotated[str, _non_empty("name")] = Field("raydistill", description="MLflow experiment name")
+    run_name: str | None = Field(None, description="MLflow run name (null: generated)")
+
+
+@section
+class RuntimeConfig:
+    """How a run is kept alive, watched and stored: never what it trains (``RUNTIME_ONLY_FIELDS``)."""
+
+    max_restarts: Int = Field(3, ge=0, description="worker-group failures Ray Train retries from the newest "
+                                                   "checkpoint (a lost node or worker; 0: none)")
+    learner_timeout_s: Float | None = Field(None, gt=0, description="seconds the learners may send nothing before "
+                                                                    "the job stops saying how to resume (null: 600)")
+    log_every: Int | None = Field(None, ge=1, description="steps between progress lines (null: about 50 per run, "
+                                                          "or every 30 s)")
+    storage_path: Annotated[str | None, _non_empty("path or pyarrow filesystem URI")] = Field(
+        None, description="where Ray Train workers persist the checkpoints: <storage_path>/<run dir name>/ (a local "
+                          "path or pyarrow filesystem URI; null: the run dir). Not to be changed mid-run")
