@@ -106,13 +106,13 @@ def command_line(argv: list[str] | None = None) -> str:
 def write_record(path: str | os.PathLike | None, record: dict[str, Any], *, threads: int,
                  load_before: float) -> dict[str, Any]:
     """Add provenance (command, git SHA, date, machine, load) to ``record``; write it when ``path`` is given."""
-    from raydistill.evaluation import git_sha
+    from raydistill.evaluation.results import code_provenance
     from raydistill.fileio import atomic_write_text
 
     full = {
         **record,
         "command": command_line(),
-        "git_sha": git_sha(),
+        **code_provenance(),
         "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         "machine": machine(threads),
         "load_before": load_before,

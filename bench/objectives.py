@@ -44,7 +44,7 @@ sys.path.insert(0, str(ROOT))
 
 from raydistill.augment import make_views
 from raydistill.objectives import ConGenLoss
-from raydistill.evaluation import git_sha
+from raydistill.evaluation.results import code_provenance
 
 
 def build_student(tokenizer, teacher_dim: int):
@@ -204,7 +204,7 @@ def main(argv: list[str] | None = None) -> dict:
     print(f"{'GEMM floor (3 products)':<28}{result['gemm_floor_ms']:>10.1f}"
           f"{result['gemm_floor_ms'] / median['step']:>9.1%}   (the matmuls alone: no exact loss is cheaper)")
     if args.write is not None:
-        record = {**result, "command": "python " + shlex.join(sys.argv), "git_sha": git_sha(),
+        record = {**result, "command": "python " + shlex.join(sys.argv), **code_provenance(),
                   "date": datetime.datetime.now(datetime.timezone.utc).isoformat()}
         args.write.parent.mkdir(parents=True, exist_ok=True)
         args.write.write_text(json.dumps(record, indent=2) + "\n")

@@ -78,7 +78,7 @@ def run(args) -> None:
 
 
 def collect(args) -> None:
-    from raydistill.evaluation.results import default_command, git_sha
+    from raydistill.evaluation.results import code_provenance, default_command
 
     runs = [json.loads(line) for line in Path(args.log).read_text().splitlines() if line.strip()]
     teachers = {}
@@ -102,7 +102,7 @@ def collect(args) -> None:
         "short_runs": runs,
         "teachers": teachers,
         "command": default_command(),
-        "git_sha": git_sha(),
+        **code_provenance(),
         "date": time.strftime("%Y-%m-%dT%H:%M:%S+00:00", time.gmtime()),
     }
     Path(args.out).write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")

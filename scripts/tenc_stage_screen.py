@@ -43,7 +43,7 @@ def main(argv: list[str] | None = None) -> dict:
 
     from raydistill.evaluation import evaluate_sts
     from raydistill.evaluation.sts import STS7
-    from raydistill.evaluation.results import default_command, git_sha
+    from raydistill.evaluation.results import code_provenance, default_command
     from raydistill.runtime.tenc.pairs import build_pair_set
     from raydistill.runtime.tenc.config import TencConfig, stage_key
     from raydistill.runtime.tenc.learners import BiEncoderLearner, CrossEncoderLearner
@@ -96,7 +96,7 @@ def main(argv: list[str] | None = None) -> dict:
               f"shared_{args.kind}_stage": {"lr": shared.lr, "epochs": shared.epochs, "batch_size": shared.batch_size,
                                             "max_length": shared.max_length, "precision": shared.precision},
               "rows": rows, "chosen_by_dev": {"lr": chosen["lr"], "epochs": chosen["epochs"]},
-              "command": default_command(), "git_sha": git_sha(), "date": now()}
+              "command": default_command(), **code_provenance(), "date": now()}
     if args.write:
         args.write.parent.mkdir(parents=True, exist_ok=True)
         args.write.write_text(json.dumps(record, indent=2) + "\n")

@@ -71,9 +71,68 @@ def test_write_result_fills_provenance_and_writes_a_valid_sorted_file(tmp_path):
     assert text.endswith("}\n")
     assert text == json.dumps(json.loads(text), indent=2, sort_keys=True, ensure_ascii=False) + "\n"
     assert written["command"] == default_command()
-    assert written["git_sha"] == "unknown" or re.fullmatch(r"[0-9a-f]{40}(-dirty)?", written["git_sha"])
+    assert re.fullmatch(r"[0-9a-f]{40}(-dirty)?", written["git_sha"]) or "no git checkout" in written["git_sha"]
+    assert written["git_sha"].endswith("-dirty") == ("code_diff_sha256" in written)
     assert written["date"].endswith("+00:00")
     assert [p.name for p in path.parent.iterdir()] == [path.name]  # no temporary file left behind
+
+
+def test_provenance_names_the_commit_and_hashes_uncommitted_code(tmp_path):
+    """A clean checkout records its commit; changed or untracked code records ``-dirty`` and a hash that tells one
+    uncommitted state from another; no checkout at all (an installed wheel) says so instead of "unknown"."""
+    import subprocess
+
+    from raydistill.evaluation.results import code_provenance
+
+    def git(*args):
+        subprocess.run(["git", "-c", "user.email=t@t", "-c", "user.name=t", *args], cwd=tmp_path, check=True,
+                       capture_output=True)
+
+    git("init", "-q")
+    (tmp_path / "raydistill").mkdir()
+    (tmp_path / "raydistill" / "a.py").write_text("x = 1\n")
+    (tmp_path / "README.md").write_text("docs\n")
+    git("add", "-A")
+    git("commit", "-q", "-m", "c")
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=tmp_path, capture_output=True, text=True).stdout.strip()
+    states = {}
+
+    def provenance():
+        code_provenance.cache_clear()
+        return code_provenance(str(tmp_path))
+
+    states["clean"] = provenance()
+    (tmp_path / "README.md").write_text("more docs\n")  # not code: still the commit
+    states["docs"] = provenance()
+    (tmp_path / "raydistill" / "a.py").write_text("x = 2\n")
+    states["edited"] = provenance()
+    (tmp_path / "raydistill" / "a.py").write_text("x = 3\n")
+    states["edited again"] = provenance()
+    (tmp_path / "raydistill" / "a.py").write_text("x = 1\n")
+    (tmp_path / "raydistill" / "new.py").write_text("y = 1\n")
+    states["untracked"] = provenance()
+    code_provenance.cache_clear()
+    outside = tmp_path / "no-checkout"
+    outside.mkdir()
+    # GIT_CEILING_DIRECTORIES keeps git from finding the checkout above.
+    import os
+
+    os.environ["GIT_CEILING_DIRECTORIES"] = str(tmp_path)
+    try:
+        states["installed"] = code_provenance(str(outside))
+    finally:
+        del os.environ["GIT_CEILING_DIRECTORIES"]
+        code_provenance.cache_clear()
+    assert states["clean"] == states["docs"] == {"git_sha": head}
+    for name in ("edited", "edited again", "untracked"):
+        assert states[name]["git_sha"] == f"{head}-dirty"
+        assert re.fullmatch(r"[0-9a-f]{64}", states[name]["code_diff_sha256"])
+    hashes = {states[name]["code_diff_sha256"] for name in ("edited", "edited again", "untracked")}
+    assert len(hashes) == 3
+    assert states["installed"]["git_sha"].startswith("raydistill ") and "no git checkout" in states["installed"]["git_sha"]
+    written = write_result(tmp_path / "r.json", **record(git_sha=states["edited"]["git_sha"],
+                                                        code_diff_sha256=states["edited"]["code_diff_sha256"]))
+    assert validate_result_file(tmp_path / "r.json") == written
 
 
 def test_explicit_provenance_is_kept(tmp_path):

@@ -41,6 +41,7 @@ __all__ = [
     "run_id",
     "format_scores_table",
     "git_sha",
+    "code_provenance",
     "default_command",
 ]
 
@@ -106,26 +107,52 @@ def validate_result_file(path: str | os.PathLike) -> dict:
     return validate_result(record, str(path))
 
 
-@lru_cache(maxsize=1)
-def git_sha(project_dir: str = str(PROJECT_DIR)) -> str:
-    """``git rev-parse HEAD`` of the project checkout, + ``-dirty`` when its code differs from HEAD; ``"unknown"``
-    without git, a commit, or a checkout (an installed wheel).
+@lru_cache(maxsize=4)
+def code_provenance(project_dir: str = str(PROJECT_DIR)) -> dict[str, str]:
+    """Which code a run used: ``{"git_sha": ...}``, plus ``code_diff_sha256`` when it differs from the commit.
+
+    ``git_sha`` is ``git rev-parse HEAD`` of the project checkout, with ``-dirty`` when its code differs from HEAD
+    (a changed or an untracked file); ``code_diff_sha256`` then identifies the difference: the sha256 of
+    ``git diff HEAD`` of the code and of every untracked code file's name and bytes, so two runs of the same
+    uncommitted code carry the same hash and a run whose code was never committed says so. Without a checkout (an
+    installed wheel) it is ``raydistill <version> (installed, no git checkout)``.
 
     Only code counts (the package with its configs, jobs, bench, scripts): a run is reproducible from HEAD while
-    results or docs are uncommitted, and is not when the code that produced it is. Cached: the first call of a process, i.e.
-    the code it imported.
+    results or docs are uncommitted, and is not when the code that produced it is. Cached: the first call of a
+    process, i.e. the code it imported.
     """
+    from raydistill import __version__
+
+    installed = {"git_sha": f"raydistill {__version__} (installed, no git checkout)"}
+
+    def git(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(["git", *args], cwd=project_dir, capture_output=True, timeout=30, check=False)
+
     try:
-        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=project_dir, capture_output=True, text=True,
-                              timeout=10, check=False)
-        sha = head.stdout.strip()
+        head = git("rev-parse", "HEAD")
+        sha = head.stdout.decode().strip()
         if head.returncode != 0 or not sha:
-            return "unknown"
-        diff = subprocess.run(["git", "diff", "--quiet", "HEAD", "--", *_CODE_PATHS], cwd=project_dir,
-                              capture_output=True, timeout=10, check=False)
+            return installed
+        diff = git("diff", "--binary", "HEAD", "--", *_CODE_PATHS)
+        untracked = git("ls-files", "--others", "--exclude-standard", "-z", "--", *_CODE_PATHS)
     except (OSError, subprocess.SubprocessError):
-        return "unknown"
-    return sha + ("-dirty" if diff.returncode == 1 else "")
+        return installed
+    names = sorted(name for name in untracked.stdout.decode(errors="surrogateescape").split("\0") if name)
+    if diff.returncode != 0 or (not diff.stdout and not names):
+        return {"git_sha": sha}
+    digest = hashlib.sha256(diff.stdout)
+    for name in names:
+        digest.update(b"\0untracked\0" + name.encode(errors="surrogateescape") + b"\0")
+        try:
+            digest.update((Path(project_dir) / name).read_bytes())
+        except OSError:
+            pass
+    return {"git_sha": f"{sha}-dirty", "code_diff_sha256": digest.hexdigest()}
+
+
+def git_sha(project_dir: str = str(PROJECT_DIR)) -> str:
+    """``code_provenance(project_dir)["git_sha"]``: the commit, ``-dirty`` when the code differs from it."""
+    return code_provenance(project_dir)["git_sha"]
 
 
 _CODE_PATHS = ("raydistill", "jobs", "bench", "scripts")  # the job configs ship inside raydistill/
@@ -157,12 +184,14 @@ def default_command(argv: list[str] | None = None) -> str:
 def write_result(path: str | os.PathLike, **fields: Any) -> dict:
     """Validate and atomically write one result record; return it.
 
-    ``git_sha``, ``date`` (ISO 8601, UTC) and ``command`` (`default_command`) are filled in unless given.
+    ``git_sha``, ``date`` (ISO 8601, UTC) and ``command`` (`default_command`) are filled in unless given; a run
+    of code that differs from its commit also records ``code_diff_sha256`` (`code_provenance`).
     The file has sorted keys and 2-space indentation (stable diffs) and appears whole or not at all
     (``raydistill.fileio.atomic_write_text``). Overwrites `path`: pick it with `result_path_of_run`.
     """
     record = dict(fields)
-    record.setdefault("git_sha", git_sha())
+    if "git_sha" not in record:
+        record.update(code_provenance())
     record.setdefault("date", dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"))
     record.setdefault("command", default_command())
     path = Path(path)

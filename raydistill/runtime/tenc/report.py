@@ -13,7 +13,7 @@ import logging
 import time
 from typing import Any
 
-from raydistill.evaluation.results import default_command, git_sha
+from raydistill.evaluation.results import code_provenance, default_command
 from raydistill.runtime.tenc.pairs import pair_sets_of
 from raydistill.runtime.tenc.config import STAGE_TRAINED_IN, stage_key
 from raydistill.runtime.tenc.actors import say
@@ -179,7 +179,7 @@ class TencReport:
             "mlflow_run_id": job.tracker.run_id if job.tracker else None,
             # What reproduces it: the command, the code and the whole config (a screen with no result files, as
             # eval.test_cycles none makes, is known by this file alone).
-            "command": default_command(), "git_sha": git_sha(),
+            "command": default_command(), **code_provenance(),
             "date": now(),
             "config": cfg.to_dict(),
         }
