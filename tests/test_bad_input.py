@@ -332,7 +332,7 @@ def test_bad_evaluation_file_stops_the_job_before_training(tmp_path, tiny_bert, 
 def test_duplicate_pairs_and_blank_lines_of_a_pairs_corpus_are_dropped_and_counted(tmp_path, reliability):
     from raydistill.runtime.teachers.pipeline import load_training_texts
 
-    pairs = [("a man rides a horse", "a person is on a horse"), ("two dogs play", "dogs are playing")]
+    pairs = [("a man rides a grey horse", "a person is on a horse"), ("two dogs play", "dogs are playing")]
     lines = [{"sentence1": a, "sentence2": b} for a, b in pairs]
     path = tmp_path / "pairs.jsonl"
     path.write_bytes(jsonl(lines[0], "", lines[1], lines[0], lines[0]))

@@ -220,8 +220,8 @@ def test_pairs_file_corpus_keeps_pairs(tmp_path):
     import json
 
     path = tmp_path / "pairs.jsonl"
-    pairs = [("a man rides a horse", "a person is on a horse"), ("two dogs play", "dogs are playing"),
-             ("a man rides a horse", "someone rides an animal")]
+    pairs = [("a man rides a grey horse", "a person is on a horse"), ("two dogs play", "dogs are playing"),
+             ("a man rides a grey horse", "someone rides an animal")]
     path.write_text("".join(json.dumps({"sentence1": a, "sentence2": b}) + "\n" for a, b in pairs))
     rows = load_training_texts(DataConfig(corpus=f"file:{path}", max_sentences=None,
                                           views={"a": "none", "b": "pair"}), seed=0)

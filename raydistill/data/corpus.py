@@ -5,22 +5,26 @@ A training corpus is named by ``data.corpus``:
     mixed                 every unlabeled English sentence the package ships that no reported score is computed on:
                           Flickr30k captions, SNLI/MultiNLI dev premises and hypotheses, and the train splits of
                           MRPC, SICK, STS-B, SST-2 and TREC (``MIXED_SOURCES``), normalised and de-duplicated
-    flickr, nli,          the older named sources, read as they are (no normalisation, no evaluation filter), so that
-    flickr+nli            results trained on them stay reproducible
+    flickr, nli,          the older named sources, read as they are so that results trained on them stay reproducible:
+    flickr+nli            UNFILTERED (no normalisation, no evaluation filter; they hold sentences of the STS, SICK
+                          and MRPC evaluation sets, so scores of models trained on them are not held out)
     file:<path>[#column]  a user's corpus: a text file (one sentence per line), JSON Lines, CSV/TSV, Parquet (a file
                           or a directory of parts) or a Hugging Face ``datasets`` directory (``save_to_disk``);
                           ``#column`` picks the text column (default ``text``). A JSON Lines / Parquet / CSV / dataset
                           with ``sentence1``/``sentence2`` (or ``premise``/``hypothesis``) columns and no ``#column``
                           is a pairs corpus, whose second text is the ``pair`` view.
 
-Evaluation text never reaches training through ``mixed`` or a ``file:`` corpus: a sentence equal to one of any set
-the project reports a score on (``EVALUATION_DATASETS``), compared after Unicode NFC, whitespace collapsing and case
-folding, is removed (a pair goes when either of its texts is one), and counted as ``evaluation_sentences_removed``.
-A corpus with nothing left, or nothing in it, is a ``DataError`` naming the file (or the corpus) raised while the job
-config is validated, before any teacher pass.
+Evaluation text never reaches training through ``mixed`` or a ``file:`` corpus: a sentence of any set the project
+reports a score on or selects with (``EVALUATION_DATASETS``), compared by ``evaluation_key`` (Unicode NFKC, case
+folded, punctuation, symbols and whitespace removed; ``raydistill.data.evaluation_text``), is removed (a pair goes
+when either of its texts is one), and counted as ``evaluation_sentences_removed``. A corpus with nothing left, or
+nothing in it, is a ``DataError`` naming the file (or the corpus) raised while the job config is validated, before
+any teacher pass. The labelled pairs the supervised stages train on (``training_pairs``: SNLI/MultiNLI dev for
+DistilCSE's triplets and DvBERT's teachers, STS-B train for DvBERT's second stage) go through the same filter.
 
     corpus = read_corpus("mixed")          # Corpus: texts, sources, caption_groups, groups (partner texts), stats
-    mixed_corpus_counts()                  # {"flickr30k_captions": 153161, "nli_dev": 36058, ...}
+    mixed_corpus_counts()                  # {"flickr30k_captions": 152987, "nli_dev": 36041, ...}
+    pairs, removed = training_pairs(NLI_TRAINING_SETS)   # labelled NLI pairs without evaluation text
     python -m raydistill.data.corpus       # the per-source table (--update docs/data.md rewrites it there)
 """
 
@@ -28,14 +32,22 @@ from __future__ import annotations
 
 import functools
 import unicodedata
+from collections.abc import Sequence
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from raydistill.data.evaluation_text import (
+    EVALUATION_DATASETS,
+    dataset_versions,
+    drop_evaluation_pairs,
+    evaluation_key,
+    evaluation_keys,
+)
 from raydistill.data.formats import DataError, is_hf_dataset, iter_records
-from raydistill.data.readers import PAIR_TEXT_FIELDS, read_pairs, read_sentences
-from raydistill.data.registry import DATASETS, dataset_path, load_dataset
+from raydistill.data.readers import PAIR_TEXT_FIELDS, Pair, read_pairs, read_sentences
+from raydistill.data.registry import DATASETS, load_dataset
 
 __all__ = [
     "Corpus",
@@ -43,6 +55,7 @@ __all__ = [
     "EVALUATION_DATASETS",
     "MIXED_SOURCES",
     "NAMED_CORPORA",
+    "NLI_TRAINING_SETS",
     "MixedSource",
     "corpus_spec_problem",
     "evaluation_key",
@@ -52,17 +65,15 @@ __all__ = [
     "normalize_text",
     "parse_corpus_spec",
     "read_corpus",
+    "training_pairs",
 ]
 
 FILE_PREFIX = "file:"
 NAMED_CORPORA = ("mixed", "flickr", "nli", "flickr+nli")
 DEFAULT_TEXT_COLUMN = "text"
 
-# Every set a reported score is computed on: the 7-STS sets and STS-B dev (model selection), and the paraphrase sets
-# of the AUC evaluations (MRPC validation; QQP dev for Trans-Encoder). The SentEval transfer sets are not here
-# because no score is reported on them; tests/test_corpus_mixed.py checks this list against raydistill.evaluation.
-EVALUATION_DATASETS = ("sts12", "sts13", "sts14", "sts15", "sts16", "stsb_dev", "stsb_test", "sick_test", "mrpc_val",
-                       "qqp_dev")
+# The only labelled NLI pairs offline (SNLI/MultiNLI train are not shipped): DistilCSE's triplets, DvBERT's teachers.
+NLI_TRAINING_SETS = ("snli_dev", "mnli_dev")
 
 
 @dataclass(frozen=True)
@@ -91,33 +102,16 @@ def normalize_text(text: str) -> str:
     return " ".join(unicodedata.normalize("NFC", text).split())
 
 
-def evaluation_key(text: str) -> str:
-    """What a sentence is compared on against the evaluation sets: normalised and case-folded."""
-    return normalize_text(text).casefold()
+def training_pairs(names: Sequence[str]) -> tuple[tuple[Pair, ...], int]:
+    """``(pairs, removed)``: the pairs of the registry sets ``names`` in file order, less every pair either of whose
+    texts is an evaluation sentence, and how many went. Cached per file version."""
+    return _training_pairs(dataset_versions(tuple(names) + EVALUATION_DATASETS), tuple(names))
 
 
-def evaluation_keys() -> frozenset[str]:
-    """``evaluation_key`` of every text of every ``EVALUATION_DATASETS`` set (both sides of each pair)."""
-    return _evaluation_keys(_versions(EVALUATION_DATASETS))
-
-
-@functools.lru_cache(maxsize=2)
-def _evaluation_keys(versions: tuple) -> frozenset[str]:
-    keys: set[str] = set()
-    for name in EVALUATION_DATASETS:
-        for text, _, _ in _dataset_texts(name):
-            keys.add(evaluation_key(text))
-    return frozenset(keys)
-
-
-def _versions(names) -> tuple:
-    """Where each registry set is read from now and its size and mtime: a cache key that sees a changed file."""
-    out = []
-    for name in names:
-        path = dataset_path(name)
-        stat = path.stat()
-        out.append((name, str(path), stat.st_size, stat.st_mtime_ns))
-    return tuple(out)
+@functools.lru_cache(maxsize=4)
+def _training_pairs(versions: tuple, names: tuple[str, ...]) -> tuple[tuple[Pair, ...], int]:
+    kept, removed = drop_evaluation_pairs(pair for name in names for pair in load_dataset(name))
+    return tuple(kept), removed
 
 
 def _dataset_texts(name: str) -> Iterator[tuple[str, int, tuple[str, ...]]]:
@@ -176,7 +170,7 @@ class Corpus:
 
 
 def _build_mixed(versions: tuple) -> Corpus:
-    excluded = _evaluation_keys(_versions(EVALUATION_DATASETS))
+    excluded = evaluation_keys()
     texts: list[str] = []
     groups: list[tuple[str, ...]] = []
     caption_groups: list[int] = []
@@ -320,12 +314,12 @@ def read_corpus(spec: str) -> Corpus:
     if parsed.name is not None:
         if parsed.name == "mixed":
             datasets = tuple(name for source in MIXED_SOURCES for name in source.datasets)
-            return _read_mixed_cached(_versions(datasets + EVALUATION_DATASETS))
+            return _read_mixed_cached(dataset_versions(datasets + EVALUATION_DATASETS))
         return _read_named(parsed.name)
     path = parsed.path.resolve()
     if not path.exists():
         raise DataError(path, "file not found", reason="missing_file")
-    return _read_file_cached(str(path), parsed.column, _file_version(path), _versions(EVALUATION_DATASETS))
+    return _read_file_cached(str(path), parsed.column, _file_version(path), dataset_versions(EVALUATION_DATASETS))
 
 
 @functools.lru_cache(maxsize=2)
@@ -334,7 +328,8 @@ def _read_mixed_cached(versions: tuple) -> Corpus:
 
 
 def _read_named(name: str) -> Corpus:
-    """``flickr``, ``nli`` or ``flickr+nli`` as they always were: raw texts, no evaluation filter."""
+    """``flickr``, ``nli`` or ``flickr+nli`` as they always were: raw texts, unfiltered (evaluation sentences
+    included), so that results trained on them stay reproducible."""
     texts: list[str] = []
     groups: list[tuple[str, ...]] = []
     caption_groups: list[int] = []
@@ -376,7 +371,7 @@ def _pair_fields(path: Path) -> tuple[str, str] | None:
 @functools.lru_cache(maxsize=4)
 def _read_file_cached(path_text: str, column: str | None, version: tuple, evaluation_versions: tuple) -> Corpus:
     path = Path(path_text)
-    excluded = _evaluation_keys(evaluation_versions)
+    excluded = evaluation_keys()  # the version in the cache key makes a changed evaluation file a new entry
     pair_fields = None if column is not None else (_pair_fields(path) if path.is_file() or path.is_dir() else None)
     if pair_fields is not None:
         pairs = read_pairs(path, text_fields=pair_fields)

@@ -328,8 +328,11 @@ def _resolve_preset(preset: Preset) -> Path:
 
 
 def _derivation_plan(preset: Preset) -> dict[str, Any]:
+    """What a derived preset is built from; a cached build of another plan (or calibration set) is rebuilt."""
+    from raydistill.models.derive_files import CALIBRATION_SET
+
     source_name = preset.source.split(":", 1)[1]
-    return {"source": source_name, **DERIVATION_PLANS[preset.name]}
+    return {"source": source_name, **DERIVATION_PLANS[preset.name], "calibration": CALIBRATION_SET}
 
 
 def _resolve_derived(preset: Preset) -> Path:

@@ -31,7 +31,8 @@ What differs here from the paper's recipe, each for a measured reason (results/d
   pair once and only the head trains, for several epochs, in seconds. ``finetune: true`` trains the transformer
   too (the paper's way; the GPU config).
 * **Fewer labelled pairs.** The only labelled NLI data available offline is SNLI dev + MultiNLI dev (29,478 pairs,
-  raydistill/data/bundled/nli/), not SNLI + MultiNLI train (≈940k).
+  raydistill/data/bundled/nli/; 29,316 once the 162 with an evaluation sentence are left out), not SNLI + MultiNLI
+  train (≈940k).
 
 A teacher below ``min_accuracy`` held-out accuracy is refused before the student trains (``TeacherAccuracyError``,
 naming it and its accuracy): a teacher at chance adds only label smoothing that fades with the annealing. The
@@ -91,13 +92,14 @@ class TeacherAccuracyError(ConfigError):
 
 
 def nli_pairs(max_pairs: int | None = None, seed: int = 1000) -> dict[str, np.ndarray]:
-    """SNLI dev + MultiNLI dev as columns ``text_a`` (premise), ``text_b`` (hypothesis), ``label`` (0/1/2).
+    """SNLI dev + MultiNLI dev, less the pairs with an evaluation sentence (``data.corpus.training_pairs``), as
+    columns ``text_a`` (premise), ``text_b`` (hypothesis), ``label`` (0/1/2).
 
     A deterministic random subset of ``max_pairs`` when given (CPU-sized runs).
     """
-    from raydistill.data import load_dataset
+    from raydistill.data.corpus import NLI_TRAINING_SETS, training_pairs
 
-    pairs = list(load_dataset("snli_dev")) + list(load_dataset("mnli_dev"))
+    pairs = list(training_pairs(NLI_TRAINING_SETS)[0])
     label_of = {name: i for i, name in enumerate(NLI_LABELS)}
     if max_pairs is not None and max_pairs < len(pairs):
         keep = np.sort(np.random.default_rng(seed).choice(len(pairs), size=max_pairs, replace=False))

@@ -11,7 +11,9 @@ runs here, through the embedding cache; ``pipeline.build_training_data``). The l
 | stsb_train | STS-B train pairs | text_a, text_b, score (gold / 5) |
 | nli_teacher_labels | the labelled NLI pairs + the cross-encoder teachers' mean out-of-fold class distribution | text_a, text_b, label, teacher_probs |
 
-``data.max_sentences`` keeps a seeded subset of a labelled set's rows.
+Every labelled set is read through ``raydistill.data.corpus.training_pairs``: a pair either of whose texts is an
+evaluation sentence (``raydistill.data.evaluation_text``) is not trained on. ``data.max_sentences`` keeps a seeded
+subset of a labelled set's rows.
 """
 
 from __future__ import annotations
@@ -47,11 +49,14 @@ def _subset(num_rows: int, max_rows: int | None, seed: int) -> np.ndarray:
 
 
 def nli_triplets(max_rows: int | None, seed: int) -> dict[str, np.ndarray]:
-    """(premise, entailed, contradicted) triplets of SNLI dev + MultiNLI dev (``objectives.load_nli_triplets``: the
-    SimCSE recipe on the only labelled NLI data offline); a seeded subset of ``max_rows`` when given."""
-    from raydistill.objectives import load_nli_triplets
+    """(premise, entailed, contradicted) triplets of SNLI dev + MultiNLI dev (``objectives.build_nli_triplets``: the
+    SimCSE recipe on the only labelled NLI data offline), built from the pairs without evaluation text; a seeded
+    subset of ``max_rows`` when given."""
+    from raydistill.data.corpus import NLI_TRAINING_SETS, training_pairs
+    from raydistill.objectives import build_nli_triplets
 
-    triplets = load_nli_triplets()
+    # Filtered before the triplets are built, so a premise keeps its other hypotheses when one of them is held out.
+    triplets = build_nli_triplets(training_pairs(NLI_TRAINING_SETS)[0])
     columns = np.array(triplets, dtype=object)[_subset(len(triplets), max_rows, seed)]  # [N, 3]
     return {"text_anchor": columns[:, 0], "text_positive": columns[:, 1], "text_negative": columns[:, 2]}
 
@@ -61,9 +66,9 @@ def _triplet_data(cfg: JobConfig) -> ArrayData:
 
 
 def _stsb_train_data(cfg: JobConfig) -> ArrayData:
-    from raydistill.data import load_dataset
+    from raydistill.data.corpus import training_pairs
 
-    pairs = list(load_dataset("stsb_train"))
+    pairs = training_pairs(("stsb_train",))[0]
     pairs = [pairs[i] for i in _subset(len(pairs), cfg.data.max_sentences, cfg.seed)]
     return ArrayData({"text_a": np.array([p.sentence1 for p in pairs], dtype=object),
                       "text_b": np.array([p.sentence2 for p in pairs], dtype=object),

@@ -6,7 +6,10 @@ unlabeled *pairs* with a bi-encoder and a cross-encoder. Which pairs is a choice
 * ``transductive`` (the paper, ``src/data.py`` task ``sts_sickr``): every pair of STS12-16, STS-B train/dev/test and
   SICK train/trial/test, without their scores. The pairs the models are tested on are seen during training (never
   their gold labels). Scores from such a run are transductive and every result file says so.
-* ``inductive``: the training splits only (STS-B train + SICK train); test and dev pairs are never seen.
+* ``inductive``: the training splits only (STS-B train + SICK train), less every pair either of whose sentences is an
+  evaluation sentence (``raydistill.data.evaluation_text``): neither test and dev pairs nor their sentences are seen.
+  The splits share most sentences with the test sets (STS-B was drawn from STS12-16; SICK reuses sentences across
+  its splits), so this leaves 734 of 10,146 distinct pairs.
 * ``file:<path>``: a JSON Lines file of ``sentence1``/``sentence2`` rows (scores, if present, are ignored).
 * ``qqp`` / ``mrpc`` (the paper's pair-classification tasks): the pairs of QQP dev, or of MRPC train + validation,
   without their 0/1 paraphrase labels. Transductive by design: the models learn on exactly the pairs they are then
@@ -74,8 +77,9 @@ class PairSet:
 
     @property
     def transductive(self) -> bool:
-        """True when evaluation pairs may be in the pool: STS12-16, STS-B dev/test, SICK trial/test (``transductive``,
-        and any ``file:``, which may hold anything), or the very pairs the AUC is measured on (``qqp``, ``mrpc``)."""
+        """True when evaluation pairs or sentences may be in the pool: STS12-16, STS-B dev/test, SICK trial/test
+        (``transductive``, and any ``file:``, which may hold anything), or the very pairs the AUC is measured on
+        (``qqp``, ``mrpc``)."""
         return self.source != "inductive"
 
     def pairs(self) -> list[tuple[str, str]]:
@@ -110,6 +114,10 @@ def build_pair_set(source: str = "transductive", max_pairs: int | None = None, s
     if source.startswith("file:"):
         path = Path(source[len("file:"):]).expanduser()
         records = [read_pairs(path)]
+    elif source == "inductive":
+        from raydistill.data.corpus import training_pairs
+
+        records = [training_pairs((name,))[0] for name in pair_sets_of(source)]
     else:
         records = [load_dataset(name) for name in pair_sets_of(source)]
 
