@@ -29,9 +29,7 @@ import contextlib
 import importlib
 import inspect
 import io
-import json
 import math
-import os
 import platform
 import sys
 import tempfile
@@ -171,11 +169,11 @@ class Report:
         self.record.update(passed=all(s in ("pass", "skipped") for s in statuses),
                            counts=dict(Counter(statuses)), wall_s=round(self.elapsed(), 1))
         if self.args.write:
+            from raydistill.fileio import atomic_write_json
+
             path = Path(self.args.write)
             path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_name(path.name + ".tmp")
-            tmp.write_text(json.dumps(self.record, indent=2, default=str) + "\n")
-            os.replace(tmp, path)
+            atomic_write_json(path, self.record, default=str)
 
 
 def _short(value) -> str:
