@@ -1,11 +1,20 @@
 """Tiny ConGen jobs shared by the job, fault and determinism tests.
 
-    from tests.distill_fixtures import distill_runs, teacher_dir  # noqa: F401 - fixtures
+    from tests import distill_fixtures
+    distill_runs, teacher_dir = distill_fixtures.distill_runs, distill_fixtures.teacher_dir  # the fixtures
 
 ``teacher_dir``: a tiny random MPNet teacher (hidden 48), built once per session. ``distill_runs``: a
-``DistillRuns`` over one session-wide workspace (a fixed pairs corpus, one teacher-embedding cache), which runs a
-tiny ConGen job with the real Ray runtime and keeps the uninterrupted reference runs, so the fault tests and the
-determinism tests compare against the same runs instead of training them twice.
+``DistillRuns`` over one session-wide workspace (a fixed pairs corpus, one teacher-embedding cache, one MLflow
+store), which runs a tiny ConGen job with the real Ray runtime and keeps the uninterrupted reference runs, so the
+job, fault and determinism tests compare against the same runs instead of training them again.
+
+The reference of the default seed is the whole job: the session's first job in the workspace (every other run
+trains it first), so its teacher pass is the one that fills the cache (every later run only hits it); it is tracked
+in MLflow and scored on the 7 STS sets, so tests/test_distill_job.py checks its result file, MLflow run and cache
+counts. What each run printed (the driver's progress, restart and stop lines) is kept with it (``RunLog.out``,
+``DistillRuns.watches``), whichever test triggered it. Every run polls its Ray Train workers every 0.2 s
+(``quick_train_polls``, also for tests that start Train runs of their own): at Train's default 2 s, a step of these
+tiny jobs waited ~2 s for its report to be collected.
 
 The corpus is a pairs file (two captions of one Flickr30k image per line, the ``pair`` view): no subsampling, so
 the seed changes only the data order, the projection's initialisation and the dropout masks, and every seed reuses
@@ -14,7 +23,11 @@ the teacher vectors cached by the first run.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
+import os
+import sys
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,6 +44,12 @@ STEPS = ROWS // BATCH * EPOCHS
 CHECKPOINT_EVERY = 5
 EVAL_EVERY = 10  # an STS-B dev pass costs more than the 10 steps between them
 SEED = 1000  # JobConfig's default
+EXPERIMENT = "distill-runs"  # the MLflow experiment of the tracked runs (the reference's)
+
+# Ray Train hands its controller a worker's reports one per poll, every RAY_TRAIN_HEALTH_CHECK_INTERVAL_S (default
+# 2 s): with a report after every step, a tiny job's step took 2 s instead of ~0.1 s. The controller of a Train run
+# reads it from the driver's environment when the run starts; a missed poll is no failure (Train waits 10 minutes).
+TRAIN_POLL_ENV, TRAIN_POLL_S = "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.2"
 
 _SESSION: dict[str, Any] = {}
 _LOCK = threading.Lock()
@@ -70,9 +89,13 @@ def write_caption_pairs(path: Path, rows: int = ROWS) -> Path:
 
 
 def congen_config(student: Path, teacher: Path, root: Path, run_name: str, *, seed: int = SEED, learners: int = 1,
-                  threads: int = 1, corpus: Path | None = None, **extra: Any) -> dict[str, Any]:
-    """A tiny ConGen job as a config dict: 20 steps of 16 pairs, a checkpoint every 5 steps, dev every 10, no MLflow."""
+                  threads: int = 1, corpus: Path | None = None, tracking_uri: str | None = None,
+                  **extra: Any) -> dict[str, Any]:
+    """A tiny ConGen job as a config dict: 20 steps of 16 pairs, a checkpoint every 5 steps, dev every 10; MLflow
+    only with ``tracking_uri`` (experiment ``EXPERIMENT``, run named ``run_name``)."""
     corpus = corpus or root / "pairs.jsonl"
+    tracking = ({"tracking_uri": tracking_uri, "experiment": EXPERIMENT, "run_name": run_name} if tracking_uri
+                else {"enabled": False})
     return {
         "method": "congen", "student": str(student), "teacher": str(teacher), "seed": seed,
         "run_dir": str(root / run_name), "cache_dir": str(root / "embeddings"),
@@ -85,11 +108,25 @@ def congen_config(student: Path, teacher: Path, root: Path, run_name: str, *, se
         "resources": {"num_cpus": 2, "teacher": {"num_actors": 1, "num_cpus": 1, "threads": 1, "batch_size": 64},
                       "learner": {"num_learners": learners, "num_cpus": 1 if learners == 1 else 0.5,
                                   "threads": threads}},
-        "tracking": {"enabled": False},
+        "tracking": tracking,
         # runtime knobs (learner_timeout_s, max_restarts, ...) go to the runtime section, method settings to extra
         "runtime": {"log_every": 1, **{key: value for key, value in extra.items() if key in RUNTIME_KNOBS}},
         "extra": {key: value for key, value in extra.items() if key not in RUNTIME_KNOBS},
     }
+
+
+@contextlib.contextmanager
+def quick_train_polls():
+    """Train runs started inside poll their workers every ``TRAIN_POLL_S``."""
+    before = os.environ.get(TRAIN_POLL_ENV)
+    os.environ[TRAIN_POLL_ENV] = TRAIN_POLL_S
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(TRAIN_POLL_ENV, None)
+        else:
+            os.environ[TRAIN_POLL_ENV] = before
 
 
 @dataclass
@@ -102,6 +139,7 @@ class RunLog:
     history: list[dict[str, Any]]
     run_dir: Path
     notes: dict[str, Any] = field(default_factory=dict)
+    out: str = ""  # what the driver printed while the job ran
 
     @property
     def training(self) -> dict[str, Any]:
@@ -150,6 +188,36 @@ def expected_batches(cfg: JobConfig, learners: int = 1, rank: int = 0) -> list[i
     return out
 
 
+@dataclass
+class Watch:
+    """What the driver saw of one run so far, kept when the job raises: the optimiser steps it heard of (a replayed
+    step appears twice) and what it printed."""
+
+    steps_seen: list[int] = field(default_factory=list)
+    parts: list[str] = field(default_factory=list)
+
+    @property
+    def out(self) -> str:
+        return "".join(self.parts)
+
+
+class _Tee(io.TextIOBase):
+    """``sys.stdout`` while a job runs: passes everything on (pytest's capture shows it) and keeps a copy."""
+
+    def __init__(self, stream, parts: list[str]):
+        self.stream, self.parts = stream, parts
+
+    def write(self, text: str) -> int:
+        self.parts.append(text)
+        return self.stream.write(text)
+
+    def flush(self) -> None:
+        self.stream.flush()
+
+    def fileno(self) -> int:
+        return self.stream.fileno()
+
+
 class DistillRuns:
     """Runs tiny ConGen jobs in one workspace; uninterrupted runs are kept per (seed, learners, threads)."""
 
@@ -157,33 +225,55 @@ class DistillRuns:
         self.root = root
         self.student, self.teacher = student, teacher
         self.corpus = write_caption_pairs(root / "pairs.jsonl")
+        self.tracking_uri = f"sqlite:///{root / 'mlflow.db'}"
+        self.watches: dict[str, Watch] = {}
         self._reference: dict[tuple[int, int, int], RunLog] = {}
 
-    def config(self, run_name: str, **kwargs: Any) -> JobConfig:
-        return JobConfig.from_dict(congen_config(self.student, self.teacher, self.root, run_name,
-                                                 corpus=self.corpus, **kwargs))
+    def config(self, run_name: str, *, tracked: bool = False, **kwargs: Any) -> JobConfig:
+        """The job's config; ``tracked``: logged to the workspace's MLflow store."""
+        return JobConfig.from_dict(congen_config(self.student, self.teacher, self.root, run_name, corpus=self.corpus,
+                                                 tracking_uri=self.tracking_uri if tracked else None, **kwargs))
+
+    def result_path(self, run_name: str) -> Path:
+        return self.root / "results" / f"{run_name}.json"
 
     def run(self, run_name: str, *, on_step: Callable[[int], None] | None = None,
-            on_start: Callable[[dict[str, Any]], None] | None = None, **kwargs: Any) -> RunLog:
-        """Train to the end. In the driver, ``on_step(step)`` is called after every optimiser step (as its event
-        arrives: the workers may be a step or two further) and ``on_start(info)`` whenever the learners (re)start
-        (``info``: rank 0's ``pid`` and ``actor``, the ``queue_actors``, the checkpoint step ``resumed_from``)."""
+            on_start: Callable[[dict[str, Any]], None] | None = None, tracked: bool = False,
+            evaluate: bool = False, **kwargs: Any) -> RunLog:
+        """Train to the end (and with ``evaluate`` score the best model on the 7 STS sets and write the result file).
+        In the driver, ``on_step(step)`` is called after every optimiser step (as its event arrives: the workers may
+        be a step or two further) and ``on_start(info)`` whenever the learners (re)start (``info``: rank 0's ``pid``
+        and ``actor``, the ``queue_actors``, the checkpoint step ``resumed_from``). ``watches[run_name]`` keeps the
+        steps seen and the output also when the job raises."""
+        import torch
+
         from raydistill.runtime.jobs.distill import run_distillation
 
-        steps_seen: list[int] = []
+        if run_name != _reference_name(*_SHARED):
+            self.reference()  # the teacher pass is the reference's: every other run finds its rows cached
+        watch = self.watches[run_name] = Watch()
 
         def progress(event: str, info: dict[str, Any], step: int) -> None:
             if event == "start" and on_start is not None:
                 on_start(info)
             if event == "step":
-                steps_seen.append(step)
+                watch.steps_seen.append(step)
                 if on_step is not None:
                     on_step(step)
 
-        cfg = self.config(run_name, **kwargs)
-        record = run_distillation(cfg, result_path=self.root / "results" / f"{run_name}.json", evaluate=False,
-                                  progress=progress)
-        return RunLog(record, steps_seen, final_history(cfg.resolved_run_dir()), cfg.resolved_run_dir())
+        cfg = self.config(run_name, tracked=tracked, **kwargs)
+        # The driver scores STS-B dev and the final evaluation: a tiny model on a busy 2-core box is ~10x slower on
+        # 2 threads, whichever test asked for the run.
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            with contextlib.redirect_stdout(_Tee(sys.stdout, watch.parts)), quick_train_polls():
+                record = run_distillation(cfg, result_path=self.result_path(run_name), evaluate=evaluate,
+                                          command=f"tests/distill_fixtures.py {run_name}", progress=progress)
+        finally:
+            torch.set_num_threads(threads)
+        return RunLog(record, watch.steps_seen, final_history(cfg.resolved_run_dir()), cfg.resolved_run_dir(),
+                      out=watch.out)
 
     def seed_spread(self, seeds: tuple[int, ...] = (SEED, SEED + 1, SEED + 2)) -> float:
         """max - min final STS-B dev of the uninterrupted one-learner run over ``seeds``: what "within noise" means
@@ -193,12 +283,21 @@ class DistillRuns:
         return max(scores) - min(scores)
 
     def reference(self, seed: int = SEED, learners: int = 1, threads: int = 1) -> RunLog:
-        """The uninterrupted run of this seed and learner setup (trained on first use)."""
+        """The uninterrupted run of this seed and learner setup (trained on first use). The default one is the
+        whole job: tracked in MLflow, scored on the 7 STS sets, its result file written."""
         key = (seed, learners, threads)
         if key not in self._reference:
-            self._reference[key] = self.run(f"reference-s{seed}-l{learners}-t{threads}", seed=seed,
-                                            learners=learners, threads=threads)
+            whole = key == _SHARED
+            self._reference[key] = self.run(_reference_name(*key), seed=seed, learners=learners, threads=threads,
+                                            tracked=whole, evaluate=whole)
         return self._reference[key]
+
+
+_SHARED = (SEED, 1, 1)  # the reference every default test compares with
+
+
+def _reference_name(seed: int, learners: int, threads: int) -> str:
+    return f"reference-s{seed}-l{learners}-t{threads}"
 
 
 @pytest.fixture(scope="session")

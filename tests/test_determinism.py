@@ -1,16 +1,20 @@
 """Determinism: the same seed and config give the same pseudo-labels and the same final scores.
 
 Measured here, on this machine, under the real Ray runtime with tiny models:
-  * a ConGen job run twice with one seed: the same batches, the same loss at every step, the same final STS-B dev;
+  * a ConGen job run twice with one seed: the same batches, the same loss at every step, the same final STS-B dev
+    (the second run finds every teacher vector in the cache the first one filled);
   * the same job with the learner on 2 torch threads instead of 1: the same batches, losses equal to float
     rounding, a final score within 0.05;
   * the teacher's vectors on 1 and 2 threads: equal to float rounding (the embedding cache does not key on threads);
+  * a Trans-Encoder stage trained again: the same weights and pseudo-labels as the job's;
   * a Trans-Encoder (mutual) cycle run twice: the same Parquet pseudo-label sets and the same best STS-B dev.
 docs/reliability.md says what this covers and what it does not (other machines, GPUs).
 
-The job twice and the Trans-Encoder cycle twice each add one run to a run another test already made (the shared
-reference of tests/distill_fixtures.py, the mutual run of tests/test_mutual_tenc.py). The 2-thread job is marked
-``e2e``: by default tests/test_learner.py checks the thread count where it acts, in the learner's steps.
+The job twice adds one run to the shared reference of tests/distill_fixtures.py. The Trans-Encoder's determinism is
+checked by default where it is made, in a stage: each cross-encoder of the mutual run of tests/tenc_runs.py
+trained again in this process must come out with the job's weights and pseudo-labels; the whole cycle run twice is
+marked ``e2e``. So is the 2-thread job: by default tests/test_learner.py checks the thread count where it acts, in
+the learner's steps.
 """
 
 from __future__ import annotations
@@ -18,11 +22,15 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tests.distill_fixtures import distill_runs, teacher_dir  # noqa: F401 - fixtures
-from tests.ray_fixtures import ray_session  # noqa: F401 - the session-wide Ray fixture
-from tests.test_mutual_tenc import mutual_run  # noqa: F401 - the session's mutual Trans-Encoder run
+from tests import distill_fixtures, ray_fixtures, tenc_runs
+from tests.distill_fixtures import ROWS
 
 pytest_plugins = ["tests.reliability_log"]
+# The shared fixtures, seen by this module's tests (distill_runs asks for the next two; mutual_run is the session's
+# mutual Trans-Encoder run).
+distill_runs, teacher_dir, ray_session = distill_fixtures.distill_runs, distill_fixtures.teacher_dir, \
+    ray_fixtures.ray_session
+mutual_run = tenc_runs.mutual_run
 pytestmark = pytest.mark.ray
 
 SCORE_TOLERANCE = 0.05  # the contract: "the same final scores to ±0.05"
@@ -37,6 +45,7 @@ def max_loss_difference(first, second) -> float:
 def test_distillation_twice_with_one_seed_trains_the_same_batches_losses_and_score(distill_runs, reliability):
     reference = distill_runs.reference()
     again = distill_runs.run("again")
+    assert again.training["teacher_cache"] == {"hits": ROWS, "misses": 0, "teacher_forward_sentences": 0}
     assert again.batches() == reference.batches()
     difference = max_loss_difference(again, reference)
     assert difference == 0.0, f"per-step losses differ by up to {difference}"
@@ -86,12 +95,55 @@ def test_teacher_vectors_on_one_and_two_threads_agree_to_rounding(teacher_dir, r
         lost="nothing", max_difference=difference)
 
 
+def test_a_trans_encoder_stage_trained_again_gives_the_jobs_model_and_pseudo_labels(mutual_run, tiny_models,
+                                                                                    tmp_path, one_thread,
+                                                                                    reliability):
+    """Each family's cross-encoder of the session's mutual cycle, trained again in this process as its actor did
+    (same settings, start checkpoint, label set and seed): the same weights as the job's, and bit-identical scores
+    for every pair, which are the cycle's cross→bi pseudo-labels. The bi→cross labels are the start models' cosines,
+    recomputed by tests/test_mutual_tenc.py."""
+    import dataclasses
+    import json
+
+    from raydistill.runtime.tenc import read_label_set, stage_key
+    from raydistill.runtime.tenc.learners import CrossEncoderLearner
+    from raydistill.runtime.tenc.pairs import build_pair_set
+
+    cfg = tenc_runs.mutual_config(tiny_models, mutual_run.root)
+    run_dir = mutual_run.root / "run"
+    trained = json.loads((run_dir / "state.json").read_text())["stages"][stage_key(1, "bi2cross")]["families"]
+    pair_set = build_pair_set(cfg.pairs.source, cfg.pairs.max_pairs, cfg.pairs_seed())
+    labels = read_label_set(run_dir / "labels" / "cycle=1" / "stage=cross2bi")
+    differences = {}
+    for family in cfg.families:
+        job = trained[family.name]
+        learner = CrossEncoderLearner(
+            family.name, pair_set, dataclasses.asdict(cfg.stage_settings(family, "cross")),
+            label_scaling=cfg.label_scaling, seed=cfg.seed, threads=1, device="cpu",
+            inference_batch_size=cfg.resources.cross.batch_size, dev_set=cfg.eval.dev_set,
+            data_task_cpus=cfg.resources.data_task_cpus)
+        assert learner.load(job["init"]["init_from"], cycle=1)["init_fingerprint"] == job["init"]["init_fingerprint"]
+        again = learner.fit(job["labels_dir"], job["target_column"], cycle=1, stage="bi2cross",
+                            out_dir=str(tmp_path / family.name))
+        assert (again["fingerprint"], again["best_step"]) == (job["fingerprint"], job["best_step"]), family.name
+        scores = learner.predict_pairs()
+        differences[family.name] = float(np.abs(scores - labels[f"score_{family.name}"].to_numpy()).max())
+        assert differences[family.name] == 0.0, f"{family.name}: pseudo-labels differ by {differences[family.name]}"
+    reliability.record(
+        "determinism", "Trans-Encoder stage trained again, same seed",
+        input="each family's cross-encoder of a mutual cycle (two tiny families) trained again in another process "
+              "from the same start checkpoint, bi→cross label set and seed",
+        did="the same weights as the job's (encoder fingerprint, best step) and bit-identical scores for every "
+            "pair, the cycle's cross→bi pseudo-labels",
+        lost="nothing: fully reproducible", label_differences=differences)
+
+
+@pytest.mark.e2e
 def test_trans_encoder_twice_with_one_seed_gives_the_same_pseudo_labels(mutual_run, tiny_models, tmp_path,
                                                                         reliability):
     from raydistill.runtime.tenc import read_label_set, run_trans_encoder
-    from tests.test_mutual_tenc import mutual_config
 
-    summaries = [mutual_run.summary, run_trans_encoder(mutual_config(tiny_models, tmp_path))]
+    summaries = [mutual_run.summary, run_trans_encoder(tenc_runs.mutual_config(tiny_models, tmp_path))]
     label_sets = []
     for root in (mutual_run.root, tmp_path):
         labels_dir = root / "run" / "labels" / "cycle=1"

@@ -1,7 +1,13 @@
 """Resume safety of the learner and the in-process LearnerGroup: non-finite gradients or teacher vectors stop the
 run at the step that meets them, with no checkpoint of broken weights; a damaged newest checkpoint makes the resume
 fall back to the previous one, saying so; a stop request (SIGTERM) checkpoints at the next step boundary. The
-Ray-level versions (a real SIGTERM to a job's driver, a frozen learner actor) are in tests/test_faults.py."""
+Ray-level versions (a real SIGTERM to a training job, a frozen learner actor) are in tests/test_faults.py.
+
+On Ray Train workers, a learner's error ends the run once, without a restart: by default with a NaN teacher vector
+in one of two workers' batches (both workers stop at that step). A diverged run (NaN loss) on one worker is marked
+``e2e``: by default a NaN loss that fails its run without a retry is tests/test_tune.py's diverging trial
+(``test_asha_stops_the_wrecked_trial_early_and_the_nan_trial_fails``), and a worker's error without a restart is the
+two-worker test here."""
 
 from __future__ import annotations
 
@@ -18,12 +24,13 @@ from raydistill.data.arrays import ArrayData
 from raydistill.runtime.engine.learner_group import LearnerGroup, PreemptedError
 from raydistill.methods import get_method
 
-pytest_plugins = ["tests.reliability_log"]
-
 # The tiny ConGen set-up of the learner tests (fixtures in conftest.py), not a copy of it.
+from tests import ray_fixtures
+from tests.distill_fixtures import quick_train_polls
 from tests.test_learner import BATCH, TEACHER_DIM, congen_config
-from tests.ray_fixtures import ray_session  # noqa: F401, E402 - the session-wide Ray fixture
 
+pytest_plugins = ["tests.reliability_log"]
+ray_session = ray_fixtures.ray_session  # the session-wide Ray fixture, seen by this module's tests
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
@@ -153,7 +160,8 @@ def test_stop_request_checkpoints_at_the_next_step_boundary(tiny_bert, tiny_teac
 
 
 @pytest.mark.ray
-def test_a_diverged_run_on_a_train_worker_fails_once_without_a_restart(ray_session, tiny_bert,  # noqa: F811
+@pytest.mark.e2e
+def test_a_diverged_run_on_a_train_worker_fails_once_without_a_restart(ray_session, tiny_bert,
                                                                        tiny_teacher, teacher_vectors, paraphrases,
                                                                        tmp_path):
     """A NaN loss on a Ray Train worker ends the run with the learner's FloatingPointError: the worker returns it and
@@ -164,13 +172,13 @@ def test_a_diverged_run_on_a_train_worker_fails_once_without_a_restart(ray_sessi
     data = congen_data(cfg, paraphrases, teacher_vectors)
     starts: list[int] = []
     group = LearnerGroup(cfg, get_method("congen"), run_dir=tmp_path, teacher_dim=TEACHER_DIM)
-    with pytest.raises(FloatingPointError, match=r"loss is (nan|inf) at step"):
+    with pytest.raises(FloatingPointError, match=r"loss is (nan|inf) at step"), quick_train_polls():
         group.fit(data, on_event=lambda kind, info, step: starts.append(step) if kind == "start" else None)
     assert starts == [0]  # one start of the worker group: no restart
 
 
 @pytest.mark.ray
-def test_a_bad_batch_on_one_of_two_workers_stops_both_at_the_same_step(ray_session, tiny_bert,  # noqa: F811
+def test_a_bad_batch_on_one_of_two_workers_stops_both_at_the_same_step(ray_session, tiny_bert,
                                                                        tiny_teacher, teacher_vectors, paraphrases,
                                                                        tmp_path):
     """Only one worker's batch holds a NaN teacher vector: the workers agree before DDP's collectives, so both stop
@@ -186,6 +194,6 @@ def test_a_bad_batch_on_one_of_two_workers_stops_both_at_the_same_step(ray_sessi
     starts: list[int] = []
     group = LearnerGroup(cfg, get_method("congen"), run_dir=tmp_path, teacher_dim=TEACHER_DIM)
     with pytest.raises(FloatingPointError, match=r"worker [01]: congen: non-finite teacher vectors in column "
-                                                 r"teacher_control at step [12] \(1 of 16 rows"):
+                                                 r"teacher_control at step [12] \(1 of 16 rows"), quick_train_polls():
         group.fit(data, on_event=lambda kind, info, step: starts.append(step) if kind == "start" else None)
     assert starts == [0]

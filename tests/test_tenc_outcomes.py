@@ -1,9 +1,10 @@
 """What a Trans-Encoder job reports at its end: model selection that includes the start, the per-family verdict and
 summary.json, the transductive pair-classification runs on QQP / MRPC pairs with their ROC AUC, and the per-cycle
-dev curves on the MLflow parent run.
+dev curves on the MLflow parent run; and the label weighting and per-family stage settings a mutual run applies.
 
-The run uses the tiny random BERT and MPNet checkpoints of conftest on 40 QQP dev pairs, one cycle of 3 steps per
-stage; every number the job reports is recomputed here from the models it saved.
+The runs are the session's shared ones (tests/tenc_runs.py): the self-distillation run on 40 QQP dev pairs (3 steps
+per stage, stopped after its first stage and resumed) and the mutual run with dev-weighted labels.
+Every number the job reports is recomputed here from the models it saved.
 """
 
 from __future__ import annotations
@@ -19,7 +20,8 @@ from raydistill.config.job import ConfigError
 from raydistill.runtime.tenc.pairs import PAIR_SOURCES, build_pair_set, gold_pair_labels
 from raydistill.evaluation.plots import plot_dev_by_cycle
 from raydistill.runtime.tenc import TencConfig, read_label_set, run_trans_encoder, stage_key
-from tests.ray_fixtures import ray_session  # noqa: F401  (session-scoped Ray fixture)
+import tests.tenc_runs as tenc_runs
+from tests.tenc_runs import QQP_PAIRS, QQP_SEED, WEIGHT_TEMPERATURE, self_qqp_config
 from tests.test_mutual_tenc import (
     bi_cosines,
     cross_scores,
@@ -28,10 +30,8 @@ from tests.test_mutual_tenc import (
     tiny_config,
 )
 
-pytest_plugins = ["tests.reliability_log"]
-
-QQP_PAIRS = 40
-QQP_SEED = 7
+pytest_plugins = ["tests.ray_fixtures", "tests.reliability_log"]  # the session's Ray; the reliability rows
+mutual_run, self_qqp_run = tenc_runs.mutual_run, tenc_runs.self_qqp_run  # the shared runs, fixtures here too
 
 
 def auc_x100(scores, labels) -> float:
@@ -140,33 +140,23 @@ def test_label_weighting_is_validated_by_name_and_needs_mutual_mode(tiny_models,
     assert tiny_config(tiny_models, tmp_path, label_weighting="dev").config_hash() != plain.config_hash()
 
 
-@pytest.fixture(scope="module")
-def dev_weighted_run(tiny_models, tmp_path_factory, ray_session):  # noqa: F811
-    """One cycle with dev-weighted labels in which one family has its own bi-stage settings (bert: 1 step): the run
-    of the two tests below, which look at different parts of it (the labels; each learner's steps)."""
-    root = tmp_path_factory.mktemp("dev-weighted")
-    families = [{"name": "bert", "bi": str(tiny_models["bert"]), "bi_stage": {"max_steps": 1}},
-                {"name": "mpnet", "bi": str(tiny_models["mpnet"])}]
-    run_trans_encoder(tiny_config(tiny_models, root, families=families, label_weighting="dev",
-                                  label_weight_temperature=0.5, stop_after_stage=stage_key(1, "cross2bi")))
-    return root
-
-
 @pytest.mark.ray
-def test_dev_weighted_labels_are_the_families_labels_weighted_by_their_labellers_dev(dev_weighted_run):
+def test_dev_weighted_labels_are_the_families_labels_weighted_by_their_labellers_dev(mutual_run):
     from raydistill.objectives.trans_encoder import dev_weights
 
     # One cycle covers both ways labels are made: by the starts before training (their dev measured first), and by
     # the models a stage has just trained (cycle 1's cross-encoders), weighted by that stage's best dev.
-    tmp_path = dev_weighted_run
+    tmp_path = mutual_run.root
     state = json.loads((tmp_path / "run" / "state.json").read_text())
+    temperature = state["config"]["label_weight_temperature"]
+    assert state["config"]["label_weighting"] == "dev" and temperature == WEIGHT_TEMPERATURE
     families = ["bert", "mpnet"]
     labellers_dev = {  # who labelled each stage: the starts, then cycle 1's cross-encoders
         stage_key(1, "bi2cross"): [state["start_dev"][f] for f in families],
         stage_key(1, "cross2bi"): [state["stages"][stage_key(1, "bi2cross")]["families"][f]["best_dev"]
                                    for f in families]}
     for key, dev in labellers_dev.items():
-        weights = dev_weights(dev, temperature=0.5)
+        weights = dev_weights(dev, temperature=temperature)
         assert [state["labels"][key]["weights"][f] for f in families] == pytest.approx(weights.tolist())
         table = read_label_set(tmp_path / "run" / "labels" / key)
         np.testing.assert_allclose(table["score"], weights[0] * table["score_bert"] + weights[1] * table["score_mpnet"],
@@ -187,25 +177,23 @@ def test_dev_by_cycle_plot_draws_every_family_and_encoder(tmp_path):
 
 
 @pytest.mark.ray
-@pytest.mark.usefixtures("ray_session")
-def test_qqp_run_reports_transductive_auc_selection_with_the_start_and_dev_curves(tiny_models, tmp_path, capsys):
+def test_qqp_run_reports_transductive_auc_selection_with_the_start_and_dev_curves(self_qqp_run, tiny_models, tmp_path,
+                                                                                  capsys):
     from mlflow import MlflowClient
 
     from raydistill.evaluation import validate_result_file
 
-    tracking_uri = f"sqlite:///{tmp_path}/mlflow.db"
-    cross = {"batch_size": 8, "lr": 1e-3, "epochs": 1, "max_steps": 3, "max_length": 32, "eval_every": 2,
-             "head": "segment_cosine"}
-    settings = {"pairs": {"source": "qqp", "max_pairs": QQP_PAIRS, "seed": QQP_SEED}, "cross": cross,
-                    "eval": {"test_cycles": "best"},
-                    "tracking": {"enabled": True, "tracking_uri": tracking_uri, "experiment": "tenc-outcomes"}}
-    summary = run_trans_encoder(tiny_config(tiny_models, tmp_path, **settings))
-    printed = capsys.readouterr().out
-    run_dir, results = tmp_path / "run", tmp_path / "results"
+    run = self_qqp_run
+    summary, printed = run.summary, run.printed
+    run_dir, results = run.run_dir, run.results
     state = read_state(run_dir)
     pair_set = build_pair_set("qqp", QQP_PAIRS, QQP_SEED)
     pairs, gold = pair_set.pairs(), gold_pair_labels(pair_set)
     assert 0 < gold.sum() < len(gold)
+    cycles = range(1, state["config"]["cycles"] + 1)
+
+    def stage_dev(cycle: int, stage: str, family: str) -> float:
+        return state["stages"][stage_key(cycle, stage)]["families"][family]["best_dev"]
 
     # Training saw the pairs only: the first labels are the starting bi-encoders' cosines, the tables hold no gold
     bi_labels = read_label_set(run_dir / "labels" / "cycle=1" / "stage=bi2cross")
@@ -213,13 +201,15 @@ def test_qqp_run_reports_transductive_auc_selection_with_the_start_and_dev_curve
     for family in ("bert", "mpnet"):
         np.testing.assert_allclose(bi_labels[f"score_{family}"], bi_cosines(tiny_models[family], pairs), atol=2e-4)
 
-    # Selection: the bi-encoder's candidates are the start (cycle 0, its dev measured at cycle 0) and cycle 1
+    # Selection by dev: the bi-encoder's candidates are the start (cycle 0, its dev measured at cycle 0) and every
+    # cycle; the cross-encoder's, the cycles (no cross-encoder before cycle 1). Ties go to the earlier cycle.
     for family in ("bert", "mpnet"):
         start_dev = state["start_dev"][family]
-        trained_dev = state["stages"][stage_key(1, "cross2bi")]["families"][family]["best_dev"]
         assert start_dev == pytest.approx(state["evaluations"][f"cycle=0/bi/{family}"]["scores"]["stsb_dev"])
-        assert summary["best"][family]["bi"]["cycle"] == (1 if trained_dev > start_dev else 0)
-        assert summary["best"][family]["cross"]["cycle"] == 1  # no cross-encoder before cycle 1
+        bi_candidates = [(start_dev, 0)] + [(stage_dev(c, "cross2bi", family), c) for c in cycles]
+        cross_candidates = [(stage_dev(c, "bi2cross", family), c) for c in cycles]
+        assert summary["best"][family]["bi"]["cycle"] == max(bi_candidates, key=lambda x: (x[0], -x[1]))[1]
+        assert summary["best"][family]["cross"]["cycle"] == max(cross_candidates, key=lambda x: (x[0], -x[1]))[1]
 
     # summary.json: per family start / best / cycles / improved, the same file in the run and the results dir
     on_disk = json.loads((run_dir / "summary.json").read_text())
@@ -230,15 +220,18 @@ def test_qqp_run_reports_transductive_auc_selection_with_the_start_and_dev_curve
     assert on_disk["git_sha"] and on_disk["date"] and on_disk["command"]
     for family in ("bert", "mpnet"):
         by_cycle = on_disk["stsb_dev_by_cycle"][family]
-        trained = {stage: round(state["stages"][stage_key(1, stage)]["families"][family]["best_dev"], 2)
-                   for stage in ("bi2cross", "cross2bi")}
-        assert by_cycle == {"bi": {"0": round(state["start_dev"][family], 2), "1": trained["cross2bi"]},
-                            "cross": {"1": trained["bi2cross"]}}
+        assert by_cycle == {
+            "bi": {"0": round(state["start_dev"][family], 2),
+                   **{str(c): round(stage_dev(c, "cross2bi", family), 2) for c in cycles}},
+            "cross": {str(c): round(stage_dev(c, "bi2cross", family), 2) for c in cycles}}
     records = {p.name: validate_result_file(p) for p in results.glob("*.json") if p.name != "summary.json"}
+    best_cross_scores = {}
     for family in ("bert", "mpnet"):
         row = on_disk["by_family"][family]
         best_bi, best_cross = row["best_bi_cycle"], row["best_cross_cycle"]
-        assert row["start_bi_cycle"] == 0 and best_cross == 1
+        assert row["start_bi_cycle"] == 0
+        assert (best_bi, best_cross) == (summary["best"][family]["bi"]["cycle"],
+                                         summary["best"][family]["cross"]["cycle"])
         assert row["start_bi"] == records[f"{family}-bi-cycle0.json"]["scores"]["avg"]
         assert row["best_bi"] == records[f"{family}-bi-cycle{best_bi}.json"]["scores"]["avg"]
         assert row["best_cross"] == records[f"{family}-cross-cycle{best_cross}.json"]["scores"]["avg"]
@@ -251,59 +244,63 @@ def test_qqp_run_reports_transductive_auc_selection_with_the_start_and_dev_curve
         # AUC: the job's pair scores are the saved models' own (recomputed here), and its AUC of them against the
         # gold labels of the same pairs is scikit-learn's
         start_scores = np.load(run_dir / "eval" / "cycle=0" / "bi" / f"{family}-pairs.npy")
-        cross_dir = run_dir / "models" / "cycle=1" / "cross" / family
-        best_cross_scores = np.load(run_dir / "eval" / "cycle=1" / "cross" / f"{family}-pairs.npy")
+        cross_dir = run_dir / "models" / f"cycle={best_cross}" / "cross" / family
+        best_cross_scores[family] = np.load(run_dir / "eval" / f"cycle={best_cross}" / "cross" / f"{family}-pairs.npy")
         np.testing.assert_allclose(start_scores, bi_cosines(tiny_models[family], pairs), atol=2e-4)
-        np.testing.assert_allclose(best_cross_scores, cross_scores(cross_dir, pairs), atol=2e-4)
+        np.testing.assert_allclose(best_cross_scores[family], cross_scores(cross_dir, pairs), atol=2e-4)
         assert row["start_bi_auc"] == pytest.approx(auc_x100(start_scores, gold), abs=0.006)
-        assert row["best_cross_auc"] == pytest.approx(auc_x100(best_cross_scores, gold), abs=0.006)
+        assert row["best_cross_auc"] == pytest.approx(auc_x100(best_cross_scores[family], gold), abs=0.006)
         start_record = records[f"{family}-bi-cycle0.json"]
         assert start_record["extra"]["pair_auc"]["auc"] == row["start_bi_auc"]
         assert start_record["extra"]["pair_auc"]["transductive"] is True
         assert start_record["extra"]["pair_auc"]["pairs"] == QQP_PAIRS
         assert start_record["training"]["transductive"] is True and start_record["training"]["pairs_source"] == "qqp"
-        assert records[f"{family}-cross-cycle1.json"]["extra"]["pair_auc"]["auc"] == row["best_cross_auc"]
+        assert records[f"{family}-cross-cycle{best_cross}.json"]["extra"]["pair_auc"]["auc"] == row["best_cross_auc"]
         assert f"{family} qqp ROC AUC (transductive" in printed
-    mean_cross = np.mean([np.load(run_dir / "eval" / "cycle=1" / "cross" / f"{family}-pairs.npy")
-                          for family in ("bert", "mpnet")], axis=0)
+    mean_cross = np.mean([best_cross_scores[family] for family in ("bert", "mpnet")], axis=0)
     assert records["ensemble-cross-best.json"]["extra"]["pair_auc"]["auc"] == pytest.approx(
         auc_x100(mean_cross, gold), abs=0.006)
 
-    # MLflow parent: every family's dev per cycle (cycle 0 = the start for bi), and the chart of them all
-    client = MlflowClient(tracking_uri=tracking_uri)
+    # MLflow parent: every family's dev per cycle (cycle 0 = the start for bi), and the chart of them all; the
+    # resumed job's parent run holds the points of the stages the stopped one finished too
+    client = MlflowClient(tracking_uri=run.tracking_uri)
     parent_id = summary["mlflow_run_id"]
     for family in ("bert", "mpnet"):
         bi_curve = client.get_metric_history(parent_id, f"dev/{family}/bi")
         cross_curve = client.get_metric_history(parent_id, f"dev/{family}/cross")
-        assert [(m.step, round(m.value, 4)) for m in bi_curve] == [
-            (0, round(state["start_dev"][family], 4)),
-            (1, round(state["stages"][stage_key(1, "cross2bi")]["families"][family]["best_dev"], 4))]
-        assert [(m.step, round(m.value, 4)) for m in cross_curve] == [
-            (1, round(state["stages"][stage_key(1, "bi2cross")]["families"][family]["best_dev"], 4))]
+        assert sorted((m.step, round(m.value, 4)) for m in bi_curve) == [
+            (0, round(state["start_dev"][family], 4)), *((c, round(stage_dev(c, "cross2bi", family), 4))
+                                                         for c in cycles)]
+        assert sorted((m.step, round(m.value, 4)) for m in cross_curve) == [
+            (c, round(stage_dev(c, "bi2cross", family), 4)) for c in cycles]
     assert {a.path for a in client.list_artifacts(parent_id, "plots")} == {"plots/dev_by_cycle.png"}
     assert (run_dir / "plots" / "dev_by_cycle.png").is_file()
 
-    # Training that never beats its start on dev keeps the start. The same run again, with the trained
-    # bi-encoders' recorded dev scores lowered below their starts (as a harmful cycle would leave them): model
+    # Training that never beats its start on dev keeps the start. A copy of the run again, with the trained
+    # bi-encoders' recorded dev scores lowered below their starts (as harmful cycles would leave them): model
     # selection, done afresh at every run's end, picks cycle 0, best/<family>/bi is the start checkpoint saved as
     # the job used it, and the verdict says training did not improve.
-    stage = state["stages"][stage_key(1, "cross2bi")]
-    for family in ("bert", "mpnet"):
-        stage["families"][family]["best_dev"] = state["start_dev"][family] - 1.0
-    (run_dir / "state.json").write_text(json.dumps(state, indent=2))
-    shutil.rmtree(results)
-    again = run_trans_encoder(tiny_config(tiny_models, tmp_path, **settings))
+    copy = tmp_path / "run"
+    shutil.copytree(run_dir, copy)
+    lowered = read_state(copy)
+    for cycle in cycles:
+        for family in ("bert", "mpnet"):
+            lowered["stages"][stage_key(cycle, "cross2bi")]["families"][family]["best_dev"] = \
+                lowered["start_dev"][family] - 1.0
+    (copy / "state.json").write_text(json.dumps(lowered, indent=2))
+    capsys.readouterr()
+    again = run_trans_encoder(self_qqp_config(tiny_models, tmp_path, tracking={"enabled": False}))
     printed = capsys.readouterr().out
     for family in ("bert", "mpnet"):
         row = again["by_family"][family]
         assert row["best_bi_cycle"] == 0 and row["improved"] is False and row["best_bi"] == row["start_bi"]
         assert (f"{family} bi: start {row['start_bi']:.2f}, best {row['start_bi']:.2f} (cycle 0) — training did "
                 "NOT improve on the start") in printed
-        best_dir = run_dir / "best" / family / "bi"
+        best_dir = copy / "best" / family / "bi"
         assert fingerprint_of(best_dir, "bi") == fingerprint_of(tiny_models[family], "bi")
         assert json.loads((best_dir / "sentence_bert_config.json").read_text())["max_seq_length"] == 32
-    assert (results / "ensemble-bi-best.json").is_file()
-    assert json.loads((results / "summary.json").read_text())["by_family"] == again["by_family"]
+    assert (tmp_path / "results" / "ensemble-bi-best.json").is_file()
+    assert json.loads((tmp_path / "results" / "summary.json").read_text())["by_family"] == again["by_family"]
 
 
 def test_stage_precision_is_validated_and_bf16_labels_track_fp32(tiny_models, tmp_path):
@@ -354,12 +351,15 @@ def test_a_familys_own_stage_settings_are_validated_and_hashed_only_when_set(tin
 
 
 @pytest.mark.ray
-def test_a_familys_own_stage_settings_reach_only_its_learner(dev_weighted_run):
-    state = json.loads((dev_weighted_run / "run" / "state.json").read_text())
-    trained = state["stages"][stage_key(1, "cross2bi")]["families"]
-    assert (trained["bert"]["steps"], trained["mpnet"]["steps"]) == (1, 3)
+def test_a_familys_own_stage_settings_reach_only_its_learner(mutual_run):
+    from tests.tenc_runs import MUTUAL_BI_STEPS
+
+    state = json.loads((mutual_run.root / "run" / "state.json").read_text())
+    assert state["config"]["families"][0]["cross_stage"]["max_steps"] == 2  # bert's own; the shared cross: 3 steps
     crosses = state["stages"][stage_key(1, "bi2cross")]["families"]
-    assert (crosses["bert"]["steps"], crosses["mpnet"]["steps"]) == (3, 3)
+    assert (crosses["bert"]["steps"], crosses["mpnet"]["steps"]) == (2, 3)
+    trained = state["stages"][stage_key(1, "cross2bi")]["families"]
+    assert (trained["bert"]["steps"], trained["mpnet"]["steps"]) == (MUTUAL_BI_STEPS, MUTUAL_BI_STEPS)
 
 
 def test_mode_self_on_the_shipped_default_runs_with_mean_labels():

@@ -13,22 +13,22 @@ SCRIPT = ROOT / "scripts" / "tenc_targets.py"
 STS7 = ("sts12", "sts13", "sts14", "sts15", "sts16", "stsb", "sickr")
 
 
-def run_names() -> dict[str, str]:
+def script():
+    """scripts/tenc_targets.py, imported: its functions run here, without a process start per call."""
     sys.path.insert(0, str(ROOT / "scripts"))
     try:
-        from tenc_targets import run_names as names
+        import tenc_targets
     finally:
         sys.path.remove(str(ROOT / "scripts"))
-    return {key: value["run_name"] for key, value in names().items()}
+    return tenc_targets
+
+
+def run_names() -> dict[str, str]:
+    return {key: value["run_name"] for key, value in script().run_names().items()}
 
 
 def default_families() -> list[str]:
-    sys.path.insert(0, str(ROOT / "scripts"))
-    try:
-        from tenc_targets import default_families as families
-    finally:
-        sys.path.remove(str(ROOT / "scripts"))
-    return families()
+    return script().default_families()
 
 
 def write_record(results: Path, run_name: str, family: str, encoder: str, cycle: int, avg: float, dev: float,
@@ -45,11 +45,16 @@ def write_record(results: Path, run_name: str, family: str, encoder: str, cycle:
     path.write_text(json.dumps(record))
 
 
-def targets_of(results: Path) -> dict:
+def targets_of(results: Path, *, command_line: bool = False) -> dict:
+    """The script's targets.json for ``results``: from its command line (a process of its own), or from its ``main``
+    in this process (the same code, without a process start)."""
     out = results / "targets.json"
-    done = subprocess.run([sys.executable, str(SCRIPT), "--results-dir", str(results), "--out", str(out)],
-                          capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr
+    argv = ["--results-dir", str(results), "--out", str(out)]
+    if command_line:
+        done = subprocess.run([sys.executable, str(SCRIPT), *argv], capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr
+    else:
+        assert script().main(argv) == 0
     return json.loads(out.read_text())
 
 
@@ -124,7 +129,7 @@ def test_targets_from_synthetic_result_files(tmp_path):
 
 
 def test_targets_without_any_run_are_all_missing(tmp_path):
-    targets = targets_of(tmp_path / "empty")
+    targets = targets_of(tmp_path / "empty", command_line=True)
     for row in targets["families"].values():
         assert {t["status"] for t in row["targets"].values()} == {"missing"}
         assert row["start_bi"] is None and row["mutual_best_bi"] is None and row["qqp_start_auc"] is None
