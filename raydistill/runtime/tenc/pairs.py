@@ -6,10 +6,12 @@ unlabeled *pairs* with a bi-encoder and a cross-encoder. Which pairs is a choice
 * ``transductive`` (the paper, ``src/data.py`` task ``sts_sickr``): every pair of STS12-16, STS-B train/dev/test and
   SICK train/trial/test, without their scores. The pairs the models are tested on are seen during training (never
   their gold labels). Scores from such a run are transductive and every result file says so.
-* ``inductive``: the training splits only (STS-B train + SICK train), less every pair either of whose sentences is an
+* ``inductive``: pairs of sets nothing is scored on (STS-B train, SICK train, MRPC train, and the premise /
+  hypothesis pairs of SNLI and MultiNLI dev, their labels dropped), less every pair either of whose sentences is an
   evaluation sentence (``raydistill.data.evaluation_text``): neither test and dev pairs nor their sentences are seen.
-  The splits share most sentences with the test sets (STS-B was drawn from STS12-16; SICK reuses sentences across
-  its splits), so this leaves 734 of 10,146 distinct pairs.
+  STS-B train and SICK train alone would leave 734 pairs (STS-B was drawn from STS12-16 and SICK reuses sentences
+  across its splits); with MRPC train and the NLI pairs the pool holds 32,779 distinct pairs, NLI pairs for the most part, so an
+  inductive run also learns from another kind of pair than the STS test sets hold.
 * ``file:<path>``: a JSON Lines file of ``sentence1``/``sentence2`` rows (scores, if present, are ignored).
 * ``qqp`` / ``mrpc`` (the paper's pair-classification tasks): the pairs of QQP dev, or of MRPC train + validation,
   without their 0/1 paraphrase labels. Transductive by design: the models learn on exactly the pairs they are then
@@ -45,7 +47,7 @@ PAIR_SOURCES: dict[str, tuple[str, ...]] = {
         "stsb_train", "stsb_dev", "stsb_test",
         "sick_train", "sick_trial", "sick_test",
     ),
-    "inductive": ("stsb_train", "sick_train"),
+    "inductive": ("stsb_train", "sick_train", "mrpc_train", "snli_dev", "mnli_dev"),
     "qqp": ("qqp_dev",),
     "mrpc": ("mrpc_train", "mrpc_val"),
 }
