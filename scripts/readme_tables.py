@@ -190,6 +190,12 @@ BASELINE_METHODS = {"st-mse"}
 STS_LABEL_STAGES = {"sts-cosine"}
 
 
+def _dev(scores: dict) -> float:
+    """What every "best" run is chosen by: STS-B dev, never a test set's score (no dev score: never chosen)."""
+    value = scores.get("stsb_dev")
+    return float("-inf") if value is None else value
+
+
 def _raydistill_students(records: list[dict]) -> list[dict]:
     return [r for r in records if r["kind"] in ("distill", "tune") and r.get("method") not in BASELINE_METHODS
             and not any(stage.get("method") in STS_LABEL_STAGES for stage in r.get("training", {}).get("stages") or [])]
@@ -204,7 +210,7 @@ def targets_table(records: list[dict]) -> str:
     best: dict[tuple[str, str], dict] = {}
     for r in distilled:
         key = (r["model"], r["teacher"])
-        if key not in best or r["scores"]["avg"] > best[key]["scores"]["avg"]:
+        if key not in best or _dev(r["scores"]) > _dev(best[key]["scores"]):
             best[key] = r
     order = list(RETENTION_TARGETS)
     lines = ["| student | params (M) | before | teacher (7-STS) | best distilled | avg | % of teacher | target "
@@ -340,6 +346,14 @@ def _shipped_families(config_name: str = "mutual_tenc.yaml") -> dict:
     return {family.name: family.recorded() for family in shipped.families}
 
 
+def _pairs_label(training: dict) -> str:
+    """``6000 transductive (test pairs, unlabeled)`` or ``6000 inductive``: how many pairs, and whether the models
+    trained on the unlabeled pairs they are then scored on."""
+    source = training.get("pairs_source") or "transductive"
+    what = {"transductive": "transductive (trained on the unlabeled test pairs)"}.get(source, source)
+    return f"{training.get('pairs', '?')} {what}"
+
+
 def tenc_compare_table(records: list[dict], families: dict | None = None) -> str:
     """Self vs mutual, per family, on the STS pair sets: the 7-STS average of the starting bi-encoder and of each
     run's best-dev bi- and cross-encoder, with the cycle it came from. A self run and a mutual run are twins when
@@ -357,7 +371,7 @@ def tenc_compare_table(records: list[dict], families: dict | None = None) -> str
             and (families is None or r.get("training", {}).get("families") == families)]
     for r in sorted(tenc, key=lambda r: r.get("training", {}).get("cycle") or 0):  # ties: the earlier cycle
         training, family = r.get("training", {}), r["extra"]["family"]
-        key = (str(training.get("pairs", "?")), cross_head(r), json.dumps(training.get("families"), sort_keys=True))
+        key = (_pairs_label(training), cross_head(r), json.dumps(training.get("families"), sort_keys=True))
         in_run_order.setdefault(key[2], training.get("families") or {})
         slots = runs.setdefault(key, {}).setdefault(training.get("mode", "?"), {})
         cycle = training.get("cycle") or 0
@@ -374,8 +388,8 @@ def tenc_compare_table(records: list[dict], families: dict | None = None) -> str
             return "–"
         return f"{record['scores']['avg']:.2f} ({record['training'].get('cycle')})"
 
-    order = sorted(runs, key=lambda key: (key[1] != "segment_cosine", key[1], int(key[0]) if key[0].isdigit()
-                                          else 0, key[2]))
+    order = sorted(runs, key=lambda key: (key[1] != "segment_cosine", key[1], key[0].split()[1:],
+                                          int(key[0].split()[0]) if key[0].split()[0].isdigit() else 0, key[2]))
     for pairs, head, families_json in order:
         own = {mode: runs[(pairs, head, families_json)].get(mode, {}) for mode in ("self", "mutual")}
         run_families = in_run_order[families_json]
@@ -480,31 +494,38 @@ FRONT_PAGE_SIZES = ("minilm-l3", "bert-mini", "bert-tiny")
 
 
 def best_students_table(records: list[dict], rates: dict[str, float] | None = None) -> str:
-    """The front page's table: per student size, the run on the whole corpus with the best 7-STS average (any
-    method, any bi-encoder teacher), its share of that teacher's average and how much faster it encodes than the
-    teacher."""
+    """The front page's table: per student size, the run on the whole corpus with the best STS-B dev (any method,
+    any bi-encoder teacher), once label-free and once with NLI labels (DistilCSE's second stage), with its 7-STS
+    average, its share of that teacher's average and how much faster it encodes than the teacher. A label-free
+    row may be the first stage of an NLI run: that stage's own scores, recorded in the run's file."""
     rates = _encode_rates() if rates is None else rates
     records = scale_records(records)
     teachers = {r["model"]: r for r in records if r["kind"] == "baseline"}
-    lines = ["| student | params (M) | 7-STS before | best distilled (method ← teacher) | 7-STS | % of teacher "
-             "| encodes × faster than teacher | result file |", "|---|---|---|---|---|---|---|---|"]
+    lines = ["| student | params (M) | 7-STS before | labels | best by STS-B dev (method ← teacher) | STS-B dev "
+             "| 7-STS | % of teacher | encodes × faster than teacher | result file |", "|" + "---|" * 10]
     for student in FRONT_PAGE_SIZES:
-        runs = [r for r in _raydistill_students(records) if r["model"] == student and r.get("teacher") in teachers]
-        if not runs:
-            start = teachers.get(student)
-            lines.append(f"| `{student}` | – | {start['scores']['avg']:.2f} | not run on the whole corpus yet "
-                         "| – | – | – | – |" if start else f"| `{student}` | – | – | not run yet | – | – | – | – |")
-            continue
-        best = max(runs, key=lambda r: r["scores"]["avg"])
-        teacher = teachers[best["teacher"]]
         start = teachers.get(student)
-        speed = (f"{rates[student] / rates[best['teacher']]:.1f} ×"
-                 if student in rates and best["teacher"] in rates else "–")
-        lines.append("| " + " | ".join([
-            f"`{student}`", f"{best['params_m']:.1f}", f"{start['scores']['avg']:.2f}" if start else "–",
-            f"{best.get('method', '?')} ← `{best['teacher']}` ({teacher['scores']['avg']:.2f})",
-            f"**{best['scores']['avg']:.2f}**", f"{100 * best['scores']['avg'] / teacher['scores']['avg']:.1f}",
-            speed, f"[{best['_file']}](results/{best['_file']})"]) + " |")
+        runs = [r for r in _raydistill_students(records) if r["model"] == student and r.get("teacher") in teachers]
+        label_free = [(method, scores, r) for method, scores, r in _label_free_students(records, student)
+                      if r.get("teacher") in teachers]
+        supervised = [(r.get("method", "?"), r["scores"], r) for r in runs
+                      if any(stage.get("method") in LABELLED_STAGES
+                             for stage in r.get("training", {}).get("stages") or [])]
+        for labels, found in (("none", label_free), ("NLI", supervised)):
+            if not found:
+                lines.append(f"| `{student}` | – | {start['scores']['avg']:.2f} | {labels} | not run on the whole "
+                             "corpus yet | – | – | – | – | – |" if start else
+                             f"| `{student}` | – | – | {labels} | not run yet | – | – | – | – | – |")
+                continue
+            method, scores, best = max(found, key=lambda item: _dev(item[1]))
+            teacher = teachers[best["teacher"]]
+            speed = (f"{rates[student] / rates[best['teacher']]:.1f} ×"
+                     if student in rates and best["teacher"] in rates else "–")
+            lines.append("| " + " | ".join([
+                f"`{student}`", f"{best['params_m']:.1f}", f"{start['scores']['avg']:.2f}" if start else "–", labels,
+                f"{method} ← `{best['teacher']}` ({teacher['scores']['avg']:.2f})", f"{scores['stsb_dev']:.2f}",
+                f"**{scores['avg']:.2f}**", f"{100 * scores['avg'] / teacher['scores']['avg']:.1f}",
+                speed, f"[{best['_file']}](results/{best['_file']})"]) + " |")
     return "\n".join(lines)
 
 
@@ -517,8 +538,9 @@ SCALE_TARGETS = {"minilm-l3": 78.0, "bert-mini": 76.5, "bert-tiny": 72.0}
 LABELLED_STAGES = {"simcse-sup", "dvbert", "sts-cosine"}
 
 
-def _label_free_students(records: list[dict], student: str) -> list[tuple[str, float, dict]]:
-    """``(method, 7-STS avg, record)`` of every label-free student of ``student`` distilled from the scale teacher."""
+def _label_free_students(records: list[dict], student: str) -> list[tuple[str, dict, dict]]:
+    """``(method, scores, record)`` of every label-free student of ``student`` distilled from the scale teacher: the
+    run's scores, or those of the label-free stage before its first labelled one."""
     found = []
     for r in records:
         if (r["kind"] not in ("distill", "tune") or r["model"] != student or r.get("teacher") != SCALE_TEACHER
@@ -527,11 +549,11 @@ def _label_free_students(records: list[dict], student: str) -> list[tuple[str, f
         stages = r.get("training", {}).get("stages") or []
         labelled = [i for i, stage in enumerate(stages) if stage.get("method") in LABELLED_STAGES]
         if not labelled:
-            found.append((r.get("method", "?"), r["scores"]["avg"], r))
+            found.append((r.get("method", "?"), r["scores"], r))
         elif labelled[0] > 0 and (stages[labelled[0] - 1].get("scores") or {}).get("avg") is not None:
             first = stages[labelled[0] - 1]
             label = "ckd" if r.get("method") == "distilcse" else first.get("method", "?")
-            found.append((f"{label} ({r.get('method')} stage {labelled[0]})", first["scores"]["avg"], r))
+            found.append((f"{label} ({r.get('method')} stage {labelled[0]})", first["scores"], r))
     return found
 
 
@@ -543,7 +565,7 @@ def scale_targets_table(records: list[dict]) -> str:
 
     def best_of(method: str, student: str) -> dict | None:
         runs = [r for r in records if r["kind"] == "distill" and r["model"] == student and r.get("method") == method]
-        return max(runs, key=lambda r: r["scores"]["avg"]) if runs else None
+        return max(runs, key=lambda r: _dev(r["scores"])) if runs else None
 
     def check(value: float | None, bar: float | None) -> str:
         if value is None or bar is None:
@@ -557,7 +579,8 @@ def scale_targets_table(records: list[dict]) -> str:
         label_free = _label_free_students(records, student)
         simcse, st_mse, distilcse = (best_of(m, student) for m in ("simcse", "st-mse", "distilcse"))
         if label_free:
-            method, avg, record = max(label_free, key=lambda found: found[1])
+            method, scores, record = max(label_free, key=lambda found: _dev(found[1]))
+            avg = scores["avg"]
             best_cell, target_cell = f"**{avg:.2f}** ({method})", f"≥ {target:g}: {check(avg, target)}"
             link = f"[{record['_file']}](results/{record['_file']})"
         else:

@@ -61,6 +61,10 @@ def test_committed_result_file_is_valid(path):
     result = validate_result_file(path)
     # avg is what the README shows: it must be the mean of the seven scores in the same file.
     assert result["scores"]["avg"] == pytest.approx(sum(result["scores"][name] for name in STS7) / 7, abs=0.01)
+    # which code made it: a commit (with the diff's hash when the tree differed), never a bare "unknown"
+    assert result["git_sha"] != "unknown"
+    if result["git_sha"].endswith("-dirty"):
+        assert re.fullmatch(r"[0-9a-f]{40}-dirty", result["git_sha"])
 
 
 def test_write_result_fills_provenance_and_writes_a_valid_sorted_file(tmp_path):
