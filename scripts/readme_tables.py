@@ -529,6 +529,41 @@ def best_students_table(records: list[dict], rates: dict[str, float] | None = No
     return "\n".join(lines)
 
 
+PUBLISHED_MODELS = ROOT / "results" / "published" / "small-models-mteb.json"
+
+
+def public_models_table(records: list[dict], published: dict | None = None) -> str:
+    """Public small encoders' published 7-STS scores (results/published/, MTEB) beside this project's best student
+    of each size (by STS-B dev, label-free and with NLI labels, on the whole corpus, scored by raydistill's own
+    evaluator), sorted by the 7-set average."""
+    published = json.loads(PUBLISHED_MODELS.read_text()) if published is None else published
+    rows = []
+    for model in published["models"]:
+        scores = model["scores"]
+        rows.append((sum(scores[name] for name in STS7) / len(STS7), [
+            model["model"] + (" (static)" if model["static"] else ""), f"{model['params_m']:.1f}", "–",
+            *[f"{scores[name]:.2f}" for name in STS7], "published (MTEB; SICK-R on all of SICK)"]))
+    records = scale_records(records)
+    teachers = {r["model"]: r for r in records if r["kind"] == "baseline"}
+    for student in FRONT_PAGE_SIZES:
+        runs = [r for r in _raydistill_students(records) if r["model"] == student and r.get("teacher") in teachers]
+        label_free = [(m, sc, r) for m, sc, r in _label_free_students(records, student) if r.get("teacher") in teachers]
+        supervised = [(r.get("method", "?"), r["scores"], r) for r in runs
+                      if any(stage.get("method") in LABELLED_STAGES
+                             for stage in r.get("training", {}).get("stages") or [])]
+        for labels, found in (("none", label_free), ("NLI", supervised)):
+            if not found:
+                continue
+            method, scores, r = max(found, key=lambda item: _dev(item[1]))
+            rows.append((scores["avg"], [
+                f"raydistill `{student}` ({method} ← `{r['teacher']}`)", f"{r['params_m']:.1f}", labels,
+                *[f"{scores[name]:.2f}" for name in STS7], f"[{r['_file']}](../results/{r['_file']})"]))
+    lines = ["| model | params (M) | labels | " + " | ".join(STS7) + " | avg | source |", "|" + "---|" * 12]
+    for avg, cells in sorted(rows, key=lambda row: -row[0]):
+        lines.append("| " + " | ".join(cells[:10] + [f"**{avg:.2f}**", cells[10]]) + " |")
+    return "\n".join(lines)
+
+
 # Targets of the runs at scale (7-STS average, teacher mpnet-base, the whole mixed corpus): the best label-free
 # student of each size, and margins over its start, SimCSE on the same corpus and sentence-transformers' MSE recipe.
 SCALE_TEACHER = "mpnet-base"
@@ -762,6 +797,7 @@ PAGES = {
     "README.md": {"best_students": best_students_table, "scale_targets": scale_targets_table,
                   "tenc_main": tenc_main_table, "job_log": job_log_excerpt, "reliability_summary": reliability_summary},
     "docs/results.md": {"dev_curves": dev_curves_table, "baselines": baselines_table,
+                        "public_models": public_models_table,
                         "distill": lambda records: distill_table(scale_records(records)),
                         "distill_history": lambda records: distill_table(history_records(records)),
                         "targets": targets_table,
