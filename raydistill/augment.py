@@ -285,9 +285,17 @@ def _pick_views(texts: Sequence[str], table: dict[str, Sequence[str]], spec: str
     if missing:
         examples = "; ".join(repr(t[:80]) for t in missing[:3])
         raise AugmentationError(f"{source}: {len(missing)} of {len(texts)} texts have no entry (first: {examples})")
+    from raydistill.data.evaluation_text import evaluation_key, evaluation_keys
+
+    # A view is trained on like its text: a paraphrase or sibling caption that is an evaluation sentence is never
+    # one (the text itself stands in when every option is).
+    held_out = evaluation_keys()
     out = []
     for text in texts:
-        options = table[text]
+        options = [option for option in table[text] if evaluation_key(option) not in held_out]
+        if not options:
+            out.append(text)
+            continue
         view = options[0] if len(options) == 1 else options[text_rng(seed, spec, text).randrange(len(options))]
         out.append(view if _visible(view) else text)
     return out

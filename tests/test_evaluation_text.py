@@ -108,3 +108,22 @@ def test_the_ascii_fast_path_is_the_general_key():
     texts = [ascii_text, "Caf\u00e9 \u2014 na\u00efve \u00bd \u2460 \U0001F600 \u00b4quoted\u00b4 \ufe0f \U000E0041"]
     texts += [t for pair in load_dataset("sts16")[:200] for t in (pair.sentence1, pair.sentence2)]
     assert [evaluation_key(t) for t in texts] == [general(t) for t in texts]
+
+
+def test_a_view_is_never_an_evaluation_sentence(tmp_path):
+    """Views are trained on like texts: a paraphrase (``paired:<file>``) or sibling caption (``caption``) that is an
+    evaluation sentence, however written, is never chosen; the text stands in when it is the only option."""
+    from raydistill.augment import caption_views, make_views
+
+    sts = load_dataset("sts12")[0].sentence1
+    leaked = sts.rstrip(".").upper()
+    path = tmp_path / "paraphrases.jsonl"
+    rows = [("A dog runs on the beach.", leaked), ("A dog runs on the beach.", "A dog is running on sand."),
+            ("3 men talk in a cafe.", leaked)]
+    path.write_text("".join(json.dumps({"text": t, "paraphrase": p}) + "\n" for t, p in rows), encoding="utf-8")
+    texts = ["A dog runs on the beach.", "3 men talk in a cafe."]
+    for seed in range(8):
+        assert make_views(texts, f"paired:{path}", seed) == ["A dog is running on sand.", "3 men talk in a cafe."]
+    groups = [("A girl sits on a bench.", sts), ("A girl sits on a bench.", sts, "A child rests on a seat.")]
+    for seed in range(8):
+        assert caption_views(["A girl sits on a bench."], groups, seed) == ["A child rests on a seat."]

@@ -19,7 +19,7 @@ while a missed one scores a model on a sentence it trained on: the key errs towa
 
 Every training path calls these: ``raydistill.data.corpus`` (``mixed``, ``file:`` corpora, the NLI training pairs
 behind DistilCSE's triplets and DvBERT's teachers), the derivation's calibration sentences and Trans-Encoder's
-inductive pairs. The older named corpora (``flickr``, ``nli``, ``flickr+nli``) and Trans-Encoder's transductive
+inductive pairs, and the views of ``augment`` (a ``paired:<file>`` paraphrase or a sibling caption is never an evaluation sentence). The older named corpora (``flickr``, ``nli``, ``flickr+nli``) and Trans-Encoder's transductive
 sources are the exceptions, each documented where it is read.
 """
 
