@@ -212,7 +212,7 @@ def test_a_dvbert_head_prints_a_line_whenever_30_s_passed(monkeypatch, capsys):
     pooled = rng.normal(size=(24, 8)).astype(np.float32)
     gold = rng.integers(0, 3, size=24)
     cfg = _nli_training(finetune=False)
-    head = dv._build_head(8, 0, 0.0)
+    head = dv.build_head(8, 0, 0.0)
     torch.manual_seed(0)
     monkeypatch.setattr(learner_group, "time", FakeClock(31.0))
     dv._fit_head(head, pooled, gold, np.arange(16), np.arange(16, 24), cfg, "cpu", "dvbert-teacher tiny fold 1/2 head")
