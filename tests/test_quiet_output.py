@@ -237,3 +237,24 @@ def test_a_dvbert_fold_fine_tuning_prints_a_line_whenever_30_s_passed(tiny_bert,
     assert probs.shape == (4, 3) and stats["steps"] == 2
     # 2 steps, each past 30 s: a line after each, where every 50 steps printed only the last before
     assert _step_lines(capsys.readouterr().out, "dvbert-teacher tiny fold 1/2") == [1, 2]
+
+
+def test_ray_workers_load_models_without_a_progress_bar(tiny_bert, monkeypatch):
+    """transformers 5 draws a "Loading weights" bar at every model load; the environment every worker of a local
+    Ray inherits turns it off (a process started without it still draws one, so the check can fail)."""
+    import subprocess
+    import sys
+
+    from raydistill.runtime.engine.cluster import WORKER_ENV, prepare_worker_environment
+
+    load = ("from transformers import AutoModel; "
+            f"AutoModel.from_pretrained({str(tiny_bert)!r}, local_files_only=True)")
+    bare = {k: v for k, v in os.environ.items() if k != "HF_HUB_DISABLE_PROGRESS_BARS"}
+    drawn = subprocess.run([sys.executable, "-c", load], env=bare, capture_output=True, text=True, check=True)
+    assert "Loading weights" in drawn.stderr
+    monkeypatch.delenv("HF_HUB_DISABLE_PROGRESS_BARS", raising=False)
+    prepare_worker_environment()
+    assert os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] == WORKER_ENV["HF_HUB_DISABLE_PROGRESS_BARS"]
+    quiet = subprocess.run([sys.executable, "-c", load], env=dict(os.environ), capture_output=True, text=True,
+                           check=True)
+    assert "Loading weights" not in quiet.stderr

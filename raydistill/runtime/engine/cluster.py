@@ -55,6 +55,9 @@ WORKER_ENV = {
     # any other process on the machine (an evaluation, a second job) starves them (measured: a Trans-Encoder
     # learner got 5% of a core beside one nice-0 process). Read by the raylet of a local cluster only.
     "RAY_worker_niceness": "0",
+    # transformers 5 draws a "Loading weights" bar at every model load, in every actor and Data worker, between the
+    # job's own progress lines (which say what is loading and how far the job is).
+    "HF_HUB_DISABLE_PROGRESS_BARS": "1",
 }
 
 # Ray's setting for token authentication of a new local cluster ("token" or "disabled").
