@@ -1,4 +1,4 @@
-"""Encode throughput of every preset and distilled student side by side, and of an int8 dynamically quantised student.
+"""Encode throughput of every preset and distilled student side by side, and of a student's ONNX int8 export.
 
 Models: the presets (minilm-l6, mpnet-base, minilm-l3, bert-tiny, bert-mini, bert-small) and, per student size,
 the best raydistill student trained on the whole corpus (``--all-students``: every distilled student) of the
@@ -14,17 +14,16 @@ ways per model, both fp32:
     plain    batches in input order, each padded to its longest (bench/train_step.py's ``plain_rate``): what a
              sentence-transformers-style user loop gets from the same weights without sorting
 
-int8: the minilm-l3 preset (or ``--student DIR``) written by ``raydistill.models.quantize.export_quantized``
-(dynamic int8 ``nn.Linear`` layers, per-channel weights; the FFN output layers stay fp32) and read back with
-``load_quantized``, timed the same two ways; for the trade-off, the export with every Linear in int8 (FFN output
-too: faster, less accurate) is timed as well (``inference_int8_all_linear_vs_fp32``, no quality run). With
-``--quality`` the export's 7-STS average is evaluated (``raydistill.evaluation.evaluate_sts``, what ``raydistill
+int8: the minilm-l3 preset (or ``--student DIR``) exported as ``raydistill distill`` ships it
+(``raydistill.models.export.export_onnx``: ONNX Runtime dynamic int8 for this CPU, sentence-transformers' ONNX
+layout) and run by ``load_onnx`` at the same thread count, timed the same two ways (bench/export_speed.py compares
+it with the fp32 ONNX file and with torch's own dynamic int8). With ``--quality`` the export's 7-STS average is evaluated (``raydistill.evaluation.evaluate_sts``, what ``raydistill
 eval`` runs) and compared with the fp32 model's, taken from its result file when there is one (same evaluator),
 else evaluated here too; ~1.5-8 min per minilm-l3 evaluation on two shared cores, depending on their load.
 
     inference_vs_minilm_l6   minilm-l3 sorted ÷ minilm-l6 plain
     inference_vs_mpnet       minilm-l3 sorted ÷ mpnet-base plain
-    inference_int8_vs_fp32   int8 sorted ÷ fp32 sorted of the same model
+    inference_int8_vs_fp32   ONNX int8 sorted ÷ torch fp32 sorted of the same model
 
 The speed of an architecture does not depend on its weights, but it does depend on the truncation a checkpoint
 carries (``max_length`` in the table): the distilled students are saved with their last stage's ``data.max_length``
@@ -32,10 +31,11 @@ carries (``max_length`` in the table): the distilled students are saved with the
 so on STS sentences they run faster than the same architecture at the preset's 256, and their 7-STS scores were
 taken at that length too. The headline ratios use the minilm-l3 preset, so that they compare architectures at the presets'
 truncation. 7-STS averages in the ``models`` table come from results/baseline-<preset>.json or the student's own
-result file (null when there is none); docs/speed_quality.png plots the sorted sentences/s (log scale) against them.
+result file (null when there is none); ``--plot FILE`` plots the sorted sentences/s (log scale) against them (the
+headline picture, docs/speed_quality.png, is bench/compare_public.py's).
 
     python bench/inference.py                                    # table + a JSON line
-    python bench/inference.py --quality --write results/bench-inference.json    # also draws docs/speed_quality.png
+    python bench/inference.py --quality --write results/bench-inference.json [--plot FILE]
 """
 
 from __future__ import annotations
@@ -58,7 +58,6 @@ from train_step import plain_rate
 
 PRESETS = ("minilm-l6", "mpnet-base", "minilm-l3", "bert-tiny", "bert-mini", "bert-small")
 DISTILLED_KINDS = ("distill", "mutual_tenc")
-PLOT = ROOT / "docs" / "speed_quality.png"
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -241,10 +240,10 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--rounds", type=int, default=2, help="passes over all models; medians")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--int8", action=argparse.BooleanOptionalAction, default=True,
-                        help="also time the int8 dynamically quantised --student")
-    parser.add_argument("--student", default="minilm-l3", help="model to quantise: a preset name or a directory")
+                        help="also time the ONNX int8 export of --student")
+    parser.add_argument("--student", default="minilm-l3", help="model to export: a preset name or a directory")
     parser.add_argument("--quality", action="store_true", help="7-STS of the int8 model vs fp32 (~1.5-8 min each)")
-    parser.add_argument("--plot", type=Path, default=PLOT, help="picture drawn when --write is given")
+    parser.add_argument("--plot", type=Path, default=None, help="also draw the speed-quality picture into FILE")
     parser.add_argument("--write", type=Path, default=None, help=f"e.g. {RESULTS.name}/bench-inference.json")
     parser.add_argument("--all-students", action="store_true",
                         help="every distilled student on this machine, not only the best full-corpus one per size")
@@ -257,7 +256,7 @@ def main(argv: list[str] | None = None) -> dict:
     started = time.perf_counter()
 
     from raydistill.models import BiEncoder, resolve_model
-    from raydistill.models.quantize import QUANTIZED_WEIGHTS, export_quantized, load_quantized
+    from raydistill.models.export import export_onnx, load_onnx
 
     records = result_records(args.uncommitted)
     baselines = baseline_averages(records)
@@ -287,29 +286,20 @@ def main(argv: list[str] | None = None) -> dict:
                 fp32_entry["params_m"] = round(sum(p.numel() for p in models[name].parameters()) / 1e6, 2)
                 fp32_entry["max_length"] = models[name].max_length
                 entries.append(fp32_entry)
-            # The export as shipped (FFN output layers fp32), and, timed only, every Linear in int8.
-            int8_entries = []
-            for suffix, keep_ffn_output_fp32 in (("int8", True), ("int8 all-linear", False)):
-                export_dir = export_quantized(source, work / suffix.replace(" ", "-"),
-                                              keep_ffn_output_fp32=keep_ffn_output_fp32)
-                name = f"{fp32_entry['name']} {suffix}"
-                models[name] = load_quantized(export_dir)
-                quantization = json.loads((export_dir / "raydistill_model.json").read_text())["quantization"]
-                int8_entries.append({"name": name, "label": f"{fp32_entry.get('label', fp32_entry['name'])} {suffix}",
-                                     "model_dir": None, "kind": "int8",
-                                     "params_m": fp32_entry["params_m"], "max_length": fp32_entry["max_length"],
-                                     "sts7_avg": None, "sts7_source": None,
-                                     "quantized_layers": len(quantization["layers"]),
-                                     "fp32_linear_layers": quantization["fp32_layers"],
-                                     "int8_file_mb": round((export_dir / QUANTIZED_WEIGHTS).stat().st_size / 1e6, 1)})
-            entries += int8_entries
-            int8_entry, all_linear_entry = int8_entries
-            int8_info = {"source": str(args.student), "fp32_model": fp32_entry["name"],
-                         "quantized_layers": int8_entry["quantized_layers"],
-                         "fp32_layers": int8_entry["fp32_linear_layers"],
-                         "fp32_param_mb": round(quantization["fp32_param_bytes"] / 1e6, 1),
-                         "int8_file_mb": int8_entry["int8_file_mb"],
-                         "all_linear_file_mb": all_linear_entry["int8_file_mb"]}
+            # The student as a package ships it: its sentence-transformers directory and the ONNX files.
+            export_dir = work / "export"
+            BiEncoder.from_pretrained(source).save(export_dir)
+            fp32_file, int8_file = export_onnx(export_dir, report=None)
+            name = f"{fp32_entry['name']} onnx int8"
+            models[name] = load_onnx(export_dir, int8_file["file"], threads=args.threads)
+            int8_entry = {"name": name, "label": f"{fp32_entry.get('label', fp32_entry['name'])} onnx int8",
+                          "model_dir": None, "kind": "int8", "params_m": fp32_entry["params_m"],
+                          "max_length": fp32_entry["max_length"], "sts7_avg": None, "sts7_source": None,
+                          "int8_file": int8_file["file"], "int8_file_mb": round(int8_file["bytes"] / 1e6, 1)}
+            entries.append(int8_entry)
+            int8_info = {"source": str(args.student), "fp32_model": fp32_entry["name"], "file": int8_file["file"],
+                         "quantization": int8_file["quantization"],
+                         "fp32_file_mb": round(fp32_file["bytes"] / 1e6, 1), "int8_file_mb": int8_entry["int8_file_mb"]}
 
         texts = sts_sentences(args.sentences)
         print(f"{len(models)} models, {len(texts)} STS sentences, batch {args.batch}, {args.threads} threads, "
@@ -329,7 +319,7 @@ def main(argv: list[str] | None = None) -> dict:
     by_name = {e["name"]: e for e in entries}
     ours = by_name["minilm-l3"]["sentences_per_s"]["sorted"]
     keys = ("name", "label", "kind", "params_m", "max_length", "sentences_per_s", "sts7_avg", "sts7_source",
-            "sentences_per_s_all", "quantized_layers", "int8_file_mb")
+            "sentences_per_s_all", "int8_file", "int8_file_mb")
     table = [{key: e.get(key) for key in keys if key in e}
              | ({"model_dir": str(e["model_dir"])} if e.get("model_dir") else {}) for e in entries]
     record = {
@@ -346,8 +336,6 @@ def main(argv: list[str] | None = None) -> dict:
         fp32_rate = by_name[int8_info["fp32_model"]]["sentences_per_s"]["sorted"]
         int8_rate = by_name[int8_entry["name"]]["sentences_per_s"]["sorted"]
         record["inference_int8_vs_fp32"] = round(int8_rate / fp32_rate, 3)
-        record["inference_int8_all_linear_vs_fp32"] = round(
-            by_name[all_linear_entry["name"]]["sentences_per_s"]["sorted"] / fp32_rate, 3)
         for key in ("int8_sts7_avg", "fp32_sts7_avg", "sts7_avg_delta"):
             if key in int8_info:
                 record[key] = int8_info[key]
@@ -361,7 +349,7 @@ def main(argv: list[str] | None = None) -> dict:
         print(f"{e['name']:<56}{e['params_m']:>9.1f}{e['max_length']:>8}{e['sentences_per_s']['sorted']:>10.1f}"
               f"{e['sentences_per_s']['plain']:>9.1f}{avg:>7}")
     record = write_record(args.write, record, threads=args.threads, load_before=load_before)
-    if args.write is not None:
+    if args.plot is not None:
         subtitle = (f"batch {args.batch}, {args.threads} threads, {len(texts)} STS sentences, "
                     f"load {record['load_before']}-{record['load_after']}")
         if plot_speed_quality(table, args.plot, subtitle) is not None:

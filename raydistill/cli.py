@@ -4,7 +4,11 @@
     raydistill eval --model minilm-l6      7-STS (+ STS-B dev, MRPC AUC) of a bi- or cross-encoder
     raydistill tune --student bert-mini    Ray Tune search of lr, temperatures and queue size (docs/tune.md)
     raydistill run congen [--set ...]      a distillation job on its shipped config (= python jobs/congen.py)
+    raydistill distill --teacher minilm-l6 --student layers:3 --corpus FILE [--out DIR]
+                                           teacher + your text -> a student to ship: the best recipe for its size,
+                                           trained, evaluated and packaged (docs/distill.md)
     raydistill ui                          the MLflow UI on the runs' store, with links to each training-runs view
+    raydistill serve DIR                   a packaged student over HTTP on Ray Serve (docs/cluster.md)
 """
 
 from __future__ import annotations
@@ -17,6 +21,10 @@ import sys
 import time
 
 from raydistill.cputime import cpu_seconds
+from raydistill.argtypes import non_negative_float as _non_negative_float
+from raydistill.argtypes import non_negative_int as _non_negative_int
+from raydistill.argtypes import positive_float as _positive_float
+from raydistill.argtypes import positive_int as _positive_int
 
 
 def _cmd_models(args: argparse.Namespace) -> int:
@@ -114,6 +122,12 @@ def _cmd_ui(args: argparse.Namespace) -> int:
     command = [mlflow, "ui", "--backend-store-uri", uri, "--host", args.host, "--port", str(args.port)]
     sys.stdout.flush()  # the links before the server's own log, also when stdout is a file
     os.execv(mlflow, command)  # the server replaces this process: Ctrl-C and kill reach it, nothing is orphaned
+
+
+def _cmd_serve(args: argparse.Namespace) -> int:
+    from raydistill.ship.serve import run
+
+    return run(args)
 
 
 def _cmd_tune(args: argparse.Namespace) -> int:
@@ -235,6 +249,55 @@ def _add_tune_parser(sub) -> None:
     tu.set_defaults(func=_cmd_tune, parser=tu)
 
 
+def _cmd_distill(args: argparse.Namespace) -> int:
+    from raydistill.ship.command import run_command
+
+    options = {"teacher": args.teacher, "student": args.student, "corpus": args.corpus, "out": args.out,
+               "labels": args.labels, "max_sentences": args.max_sentences, "eval_pairs": args.eval_pairs,
+               "register": args.register, "seed": args.seed, "overrides": args.overrides}
+    return run_command(options, argv=args.argv)
+
+
+def _add_distill_parser(sub) -> None:
+    from raydistill.ship.recipe import recipes_help
+
+    di = sub.add_parser(
+        "distill", help="teacher + your text -> a student to ship: the best committed recipe for its size, trained, "
+                        "evaluated, exported and packaged",
+        description="Distil TEACHER into a STUDENT on your corpus with the recipe the committed results show is best "
+                    "for the student's size (label-free unless --labels nli), then write to --out a "
+                    "sentence-transformers model, its ONNX exports and a model card, and print how teacher, student "
+                    "and exports score and how fast they encode. The same command again resumes. docs/distill.md.",
+        epilog=recipes_help(), formatter_class=argparse.RawDescriptionHelpFormatter)
+    di.add_argument("--teacher", required=True, help="a preset (raydistill models) or a local sentence-transformers "
+                                                     "/ Hugging Face model directory")
+    di.add_argument("--student", required=True,
+                    help="a preset, a local model directory, or a shape cut from the teacher: layers:N, "
+                         "layers:N,hidden:H (whole heads), layers:N,hidden:H,ffn:F")
+    di.add_argument("--corpus", required=True, help="your text: a .txt (a sentence a line), JSON Lines, CSV/TSV, "
+                                                    "Parquet or datasets directory (FILE#column picks the column), "
+                                                    "or a bundled corpus: mixed, flickr, nli, flickr+nli")
+    di.add_argument("--out", help="output directory (default ./distilled-<teacher>-<student>); the same --out again "
+                                  "resumes")
+    di.add_argument("--labels", default="none", metavar="none|nli",
+                    help="none (default): label-free, your text only; nli: then DistilCSE's supervised stage on the "
+                         "bundled NLI triplets")
+    di.add_argument("--max-sentences", type=_positive_int, metavar="N", help="a seeded sample of N corpus sentences")
+    di.add_argument("--eval-pairs", metavar="FILE", help="your own scored sentence pairs, evaluated beside STS-B in "
+                                                         "the report and model card")
+    di.add_argument("--register", metavar="NAME", help="register the model under NAME in the MLflow Model Registry")
+    di.add_argument("--seed", type=int, help="seed of sampling, shuffling and initialisation (default: the recipe's)")
+    di.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                    help="experts: any job config field on top of the recipe, e.g. train.precision=bf16 (repeatable; "
+                         "raydistill run distilcse --help lists them)")
+
+    def one_line_error(message: str):  # a bad option is one line, as every other refusal of this command
+        di.exit(2, f"raydistill distill: {message} (raydistill distill --help)\n")
+
+    di.error = one_line_error
+    di.set_defaults(func=_cmd_distill)
+
+
 def _add_run_parser(sub) -> None:
     from raydistill.runtime.entry import JOBS
 
@@ -278,6 +341,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     _add_tune_parser(sub)
     _add_run_parser(sub)
+    _add_distill_parser(sub)
 
     ui = sub.add_parser("ui", help="start the MLflow UI on the jobs' store and print each experiment's runs link",
                         description="Start `mlflow ui` on the store the jobs write to. Prints, per experiment, the "
@@ -288,47 +352,20 @@ def build_parser() -> argparse.ArgumentParser:
     ui.add_argument("--port", type=_positive_int, default=5000)
     ui.add_argument("--no-serve", action="store_true", help="print the links only")
     ui.set_defaults(func=_cmd_ui)
+
+    from raydistill.ship.serve import add_arguments as add_serve_arguments
+
+    srv = sub.add_parser("serve", help="serve a student over HTTP with Ray Serve, batching concurrent requests",
+                         description="Serve DIR (what raydistill distill wrote) over HTTP on the Ray cluster in "
+                                     "RAY_ADDRESS, else on a local Ray, until Ctrl-C. Request format, replicas and "
+                                     "the measured cost: docs/cluster.md, Serving a student.")
+    add_serve_arguments(srv)
+    srv.set_defaults(func=_cmd_serve)
     return parser
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
-    return value
 
 
-def _non_negative_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {value}")
-    return value
-
-
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number > 0, got {text!r}") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"expected a number > 0, got {text}")
-    return value
-
-
-def _non_negative_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text!r}") from None
-    if not value >= 0:
-        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text}")
-    return value
 
 
 def _reduction_factor(text: str) -> float:
@@ -386,6 +423,9 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
     args = build_parser().parse_args(argv)
+    if args.command == "distill":  # the command line as given, for the model card and the result record
+        given = list(sys.argv[1:] if argv is None else argv)
+        args.argv = given[given.index("distill") + 1:] if "distill" in given else given
     logging.basicConfig(
         level=logging.INFO if args.verbose else logging.WARNING,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",

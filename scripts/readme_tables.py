@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import re
 import sys
 from pathlib import Path
@@ -493,6 +494,63 @@ def _encode_rates(results_dir: Path = ROOT / "results") -> dict[str, float]:
 FRONT_PAGE_SIZES = ("minilm-l3", "bert-mini", "bert-tiny")
 
 
+def _speed_model_cell(row: dict) -> str:
+    spec = row.get("speed_model") or {}
+    if spec.get("static") or spec.get("preset") == row.get("name"):
+        return "itself"
+    head = f" + Linear(→{spec['projection_dim']})" if spec.get("projection_dim") else ""
+    return f"`{spec.get('preset')}`{head}, max_length {spec.get('max_length')} (same shape)"
+
+
+def compare_public_table(records: list[dict], record: dict | None = None) -> str:
+    """raydistill's best students beside the teacher, all-MiniLM-L6-v2, sentence-transformers' MSE recipe and
+    Model2Vec (results/bench-compare_public.json, bench/compare_public.py): 7-STS, where it comes from, sentences/s
+    measured side by side in one run; then where each alternative stands against raydistill's student of its size,
+    or the one nearest to it in speed."""
+    if record is None:
+        path = ROOT / "results" / "bench-compare_public.json"
+        if not path.is_file():
+            return "No comparison yet: run `python bench/compare_public.py --write results/bench-compare_public.json`."
+        record = json.loads(path.read_text())
+    rows = record["models"]
+    notes = list(dict.fromkeys(r["corpus_note"] for r in rows if r.get("corpus_note")))
+    lines = ["| model | params (M) | 7-STS | 7-STS from | sentences / CPU s | × teacher's | sentences / s (wall) "
+             "| 7-STS − teacher | speed measured on |", "|" + "---|" * 9]
+    for r in rows:
+        mark = " " + "†" * (notes.index(r["corpus_note"]) + 1) if r.get("corpus_note") else ""
+        source = r["sts7_source"]
+        source = f"[{Path(source).name}]({source})" if source.startswith("results/") else source
+        lines.append("| " + " | ".join([
+            r["label"], f"{r['params_m']:.1f}", f"**{r['sts7_avg']:.2f}**{mark}", source,
+            f"{r['sentences_per_s']['cpu']:,.1f}", f"{r['vs_teacher']['speed_cpu']:g} ×",
+            f"{r['sentences_per_s']['wall']:,.1f}", f"{r['vs_teacher']['sts7']:+.2f}",
+            _speed_model_cell(r)]) + " |")
+    lines.append("")
+    lines += [f"{'†' * (i + 1)} {note}." for i, note in enumerate(notes)]
+    if record.get("command"):
+        lines.append(f"Measured by [`{record['command']}`](results/bench-compare_public.json) "
+                     f"({record.get('date', '?')[:10]}, {record['machine']['cpu']}, {record['threads']} threads, "
+                     f"batch {record['batch']}, {record['sentences']} STS sentences, load {record['load_before']} "
+                     f"→ {record['load_after']}).")
+    lines.append("")
+    ours = [r for r in rows if r["family"] == "raydistill"]
+    for r in rows:
+        if r["family"] == "raydistill" or not ours:
+            continue
+        size = (r.get("speed_model") or {}).get("preset")
+        same_size = [o for o in ours if (o.get("speed_model") or {}).get("preset") == size]
+        peer = same_size[0] if same_size else min(ours, key=lambda o: abs(
+            math.log(o["sentences_per_s"]["cpu"] / r["sentences_per_s"]["cpu"])))
+        speed = r["sentences_per_s"]["cpu"] / peer["sentences_per_s"]["cpu"]
+        points = r["sts7_avg"] - peer["sts7_avg"]
+        faster = speed if speed >= 1 else 1 / speed
+        times = f"{faster:.0f}" if faster >= 10 else f"{faster:.1f}"
+        lines.append(f"- {r['label']}: {times} × {'faster' if speed >= 1 else 'slower'} than {peer['label']} "
+                     f"(per CPU second), {abs(points):.2f} points {'lower' if points < 0 else 'higher'} "
+                     f"({r['sts7_avg']:.2f} against {peer['sts7_avg']:.2f})")
+    return "\n".join(lines).rstrip()
+
+
 def best_students_table(records: list[dict], rates: dict[str, float] | None = None) -> str:
     """The front page's table: per student size, the run on the whole corpus with the best STS-B dev (any method,
     any bi-encoder teacher), once label-free and once with NLI labels (DistilCSE's second stage), with its 7-STS
@@ -772,16 +830,6 @@ def gpu_configs_table(records: list[dict] | None = None) -> str:
 JOB_LOGS = ("docs/mutual_tenc-run.log", "docs/congen-run.log")
 
 
-def job_log_excerpt(records: list[dict] | None = None, head: int = 3, tail: int = 3) -> str:
-    """The command and the first and last lines a job printed, from the first committed log of ``JOB_LOGS``."""
-    for name in JOB_LOGS:
-        path = ROOT / name
-        if path.is_file():
-            lines = [line.rstrip() for line in path.read_text().splitlines() if line and not line.startswith("#")]
-            shown = lines if len(lines) <= head + tail else lines[:head] + ["..."] + lines[-tail:]
-            return "\n".join([f"The whole output: [{name}]({name}).", "", "```text", *shown, "```"])
-    return "(no job log committed under docs/)"
-
 
 def reliability_summary(records: list[dict] | None = None) -> str:
     """Cases tried, faults survived, steps lost, from docs/reliability.json (scripts/reliability_table.py)."""
@@ -795,7 +843,7 @@ def reliability_summary(records: list[dict] | None = None) -> str:
 # Which tables live in which page. README keeps the front-page table; the long ones have their own pages.
 PAGES = {
     "README.md": {"best_students": best_students_table, "scale_targets": scale_targets_table,
-                  "tenc_main": tenc_main_table, "job_log": job_log_excerpt, "reliability_summary": reliability_summary},
+                  "tenc_main": tenc_main_table, "reliability_summary": reliability_summary},
     "docs/results.md": {"dev_curves": dev_curves_table, "baselines": baselines_table,
                         "public_models": public_models_table,
                         "distill": lambda records: distill_table(scale_records(records)),
@@ -805,7 +853,7 @@ PAGES = {
     "docs/trans-encoder.md": {"tenc": tenc_table, "tenc_compare": tenc_compare_table,
                               "tenc_pair_auc": tenc_pair_auc_table, "tenc_levers": tenc_levers_table,
                               "tenc_stage_screen": tenc_stage_screen_table},
-    "docs/benchmarks.md": {"bench": bench_table},
+    "docs/benchmarks.md": {"bench": bench_table, "compare_public": compare_public_table},
     "docs/cluster.md": {"gpu_configs": gpu_configs_table},
 }
 

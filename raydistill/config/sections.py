@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import AfterValidator, BeforeValidator, Field, StrictBool
+from pydantic import AfterValidator, BeforeValidator, Field, StrictBool, model_validator
 
 from raydistill.config.schema import Float, Int, none_is_default, section, states, str_is_list
 
@@ -33,6 +33,14 @@ def _non_empty(what: str):
             raise ValueError(f"must be a non-empty {what}")
         return value
     return AfterValidator(check)
+
+
+@states("no '/' or ':'")
+def _registered_model_name(value: str | None) -> str | None:
+    # MLflow addresses a version as models:/<name>/<version>: it refuses '/' and ':' in a name, and a blank one.
+    if value is not None and (not value.strip() or any(c in value for c in "/:") or value.strip() in (".", "..")):
+        raise ValueError(f"{value!r} is no MLflow registered model name: it must be non-empty, without '/' or ':'")
+    return value
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -143,6 +151,16 @@ class TrackingConfig:
                                                        "sqlite:///<cwd>/mlflow.db)")
     experiment: Annotated[str, _non_empty("name")] = Field("raydistill", description="MLflow experiment name")
     run_name: str | None = Field(None, description="MLflow run name (null: generated)")
+    register_model: Annotated[str | None, AfterValidator(_registered_model_name)] = Field(
+        None, description="register the job's best student in the MLflow Model Registry under this name, a new "
+                          "version each run (null: logged as an MLflow model, not registered); --register NAME")
+
+    @model_validator(mode="after")
+    def _registering_needs_tracking(self):
+        if self.register_model is not None and not self.enabled:
+            raise ValueError(f"register_model {self.register_model!r} needs enabled: true (the model is registered "
+                             "from the job's MLflow run)")
+        return self
 
 
 @section

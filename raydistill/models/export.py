@@ -7,7 +7,8 @@
     onnx/model_<weights>_<cpu>.onnx   the same graph dynamically quantised to int8 for this CPU (``quantize=True``)
 
 and returns one row per file written: ``file`` (relative to ``model_dir``), ``bytes``, ``seconds`` and
-``quantization`` (None for fp32, else the settings used and the CPU flags that chose them). ``report`` gets one
+``quantization`` (None for fp32, else the settings used and the CPU flags that chose them), ``versions`` (torch,
+onnx, onnxscript, onnxruntime). ``report`` gets one
 line per file. Pooling, the Dense projection and Normalize stay in the directory's sentence-transformers modules,
 which run them after the graph, as they do after the torch transformer.
 
@@ -33,8 +34,11 @@ Needs the ``export`` extra (onnx, onnxruntime, onnxscript): ``pip install 'raydi
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import platform
 import time
+import warnings
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, Callable
@@ -65,6 +69,18 @@ def cpu_flags() -> set[str]:
     return set()
 
 
+def cpu_name() -> str | None:
+    """The CPU's model name as /proc/cpuinfo gives it (None elsewhere): what a speed figure was measured on."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return None
+    for line in text.splitlines():
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    return None
+
+
 def quantization_target(flags: set[str] | None = None, machine: str | None = None) -> tuple[str, str]:
     """The int8 preset for this CPU and why: (name, the flags that decided)."""
     machine = (machine or platform.machine()).lower()
@@ -89,6 +105,18 @@ def _require_onnxruntime():
     return onnxruntime
 
 
+def _require_exporter() -> dict[str, str]:
+    """The versions the files are written with. torch's exporter imports onnx and onnxscript only once it runs:
+    a missing one fails here, before the model is traced."""
+    try:
+        import onnx
+        import onnxscript
+    except ImportError as error:
+        raise ImportError(f"ONNX export needs onnxruntime, onnx and onnxscript: {EXPORT_EXTRA}") from error
+    return {"torch": torch.__version__, "onnx": onnx.__version__, "onnxscript": onnxscript.__version__,
+            "onnxruntime": _require_onnxruntime().__version__}
+
+
 class _LastHiddenState(nn.Module):
     """The transformer with named tensor inputs and one tensor output, the graph's signature."""
 
@@ -103,13 +131,40 @@ class _LastHiddenState(nn.Module):
         return self.transformer(**inputs).last_hidden_state
 
 
+class _DropMessages(logging.Filter):
+    def __init__(self, *fragments: str):
+        super().__init__()
+        self.fragments = fragments
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not any(fragment in record.getMessage() for fragment in self.fragments)
+
+
+@contextlib.contextmanager
+def _quiet_exporter():
+    """Without the lines the exporter and the quantiser print on every call that say nothing about this export:
+    torchvision's operators it skips, a pytree deprecation, onnxruntime's advice to pre-process image models."""
+    registration = logging.getLogger("torch.onnx._internal.exporter._registration")
+    hint = _DropMessages("pre-processing before quantization")
+    level = registration.level
+    registration.setLevel(logging.ERROR)
+    logging.getLogger().addFilter(hint)
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", category=FutureWarning, message=".*LeafSpec.*")
+            yield
+    finally:
+        registration.setLevel(level)
+        logging.getLogger().removeFilter(hint)
+
+
 def _export_fp32(model: BiEncoder, path: Path) -> dict[str, Any]:
     features = model.tokenize(EXAMPLE_TEXTS)  # two lengths: batch and sequence must not specialise to 1
     names = [name for name in ("input_ids", "attention_mask", "token_type_ids") if name in features
              and name in model.input_names]
     dynamic = {0: torch.export.Dim.DYNAMIC, 1: torch.export.Dim.DYNAMIC}
     wrapper = _LastHiddenState(model.transformer).eval()
-    with torch.no_grad():
+    with torch.no_grad(), _quiet_exporter():
         program = torch.onnx.export(
             wrapper, (), kwargs={name: features[name] for name in names}, input_names=names,
             output_names=["last_hidden_state"], dynamic_shapes={name: dynamic for name in names}, dynamo=True,
@@ -129,7 +184,8 @@ def _quantize(source: Path, destination: Path, target: str, reason: str) -> dict
     # quantiser (behind sentence-transformers' presets) does; onnxruntime's own default keeps them fp32.
     settings = {"per_channel": True, "reduce_range": False,
                 "extra_options": {"WeightSymmetric": True, "ActivationSymmetric": False, "MatMulConstBOnly": False}}
-    quantize_dynamic(source, destination, weight_type=getattr(QuantType, TARGETS[target]), **settings)
+    with _quiet_exporter():
+        quantize_dynamic(source, destination, weight_type=getattr(QuantType, TARGETS[target]), **settings)
     return {
         "target": target,
         "chosen_from": reason,
@@ -158,7 +214,7 @@ def export_onnx(model_dir: str | Path, *, quantize: bool = True, target: str | N
                                 "(BiEncoder.save writes one)")
     if target is not None and target not in TARGETS:
         raise ValueError(f"target must be one of {sorted(TARGETS)}, got {target!r}")
-    _require_onnxruntime()
+    versions = _require_exporter()
     say = report or (lambda line: None)
     rows = []
 
@@ -166,7 +222,7 @@ def export_onnx(model_dir: str | Path, *, quantize: bool = True, target: str | N
     fp32 = directory / FP32_FILE
     graph = _export_fp32(BiEncoder.from_pretrained(directory), fp32)
     rows.append({"file": FP32_FILE, "bytes": fp32.stat().st_size, "seconds": round(time.perf_counter() - started, 2),
-                 "exporter": "torch.onnx.export (dynamo)", **graph, "quantization": None})
+                 "exporter": "torch.onnx.export (dynamo)", **graph, "quantization": None, "versions": versions})
     say(f"{FP32_FILE}: {fp32.stat().st_size / 2**20:.1f} MiB fp32, opset {graph['opset']}, "
         f"{rows[-1]['seconds']:.1f} s")
 
@@ -177,7 +233,8 @@ def export_onnx(model_dir: str | Path, *, quantize: bool = True, target: str | N
         config = _quantize(fp32, directory / int8_file, name, reason)
         size = (directory / int8_file).stat().st_size
         rows.append({"file": int8_file, "bytes": size, "seconds": round(time.perf_counter() - started, 2),
-                     "exporter": "torch.onnx.export (dynamo)", **graph, "quantization": config})
+                     "exporter": "torch.onnx.export (dynamo)", **graph, "quantization": config,
+                     "versions": versions})
         say(f"{int8_file}: {size / 2**20:.1f} MiB int8 for {name} ({reason}), {rows[-1]['seconds']:.1f} s")
     return rows
 

@@ -9,6 +9,8 @@ message and exit status 2, never a traceback; so does a learner or cluster that 
 how to resume). A job stopped by SIGTERM or SIGINT (Ctrl-C) keeps what it did (training: a checkpoint at the next
 step boundary; the teacher pass: the vectors encoded so far; Trans-Encoder: every finished stage and the running
 stage at its next step), says how to resume, and exits with 128 + the signal: 143 for SIGTERM, 130 for SIGINT.
+Every job that trains a student takes ``--register NAME`` (``tracking.register_model``): its best student, logged as
+an MLflow model at the end, becomes a new version of the registered model NAME.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import sys
 from typing import NoReturn
 
 __all__ = ["USER_ERRORS", "JOBS", "exit_with_user_error", "distill_job_main", "st_mse_job_main", "tenc_job_main",
-           "teacher_pass_job_main",
+           "teacher_pass_job_main", "add_register_option", "register_overrides",
            "run_job"]
 
 # Job name -> what it does (one line; ``raydistill --help`` and ``raydistill run --help`` print these). Each job's
@@ -115,6 +117,22 @@ def _job_parser(job: str, doc: str | None, prog: str | None, config_cls: type) -
     return parser
 
 
+def add_register_option(parser: argparse.ArgumentParser) -> None:
+    """``--register NAME``, of every job that trains a student: its best student becomes a new version of that
+    registered MLflow model (the config field ``tracking.register_model``, ``engine.model_logging``)."""
+    parser.add_argument("--register", metavar="NAME",
+                        help="register the best student in the MLflow Model Registry as a new version of NAME "
+                             "(serve it with: mlflow models serve -m models:/NAME/<version> --env-manager local); "
+                             "sets tracking.register_model")
+
+
+def register_overrides(name: str | None) -> list[str]:
+    """The ``--set`` that ``--register NAME`` stands for (quoted: a name such as 2024 or null stays a name)."""
+    import json
+
+    return [] if name is None else [f"tracking.register_model={json.dumps(name)}"]
+
+
 def distill_job_main(method: str, doc: str | None, argv: list[str] | None = None, prog: str | None = None,
                      runner=None, run_dir_help: str = "checkpoints and best model (a re-run with the same dir resumes)"
                      ) -> dict:
@@ -130,8 +148,10 @@ def distill_job_main(method: str, doc: str | None, argv: list[str] | None = None
     parser = _job_parser(method, doc, prog, JobConfig)
     parser.add_argument("--run-dir", help=run_dir_help)
     parser.add_argument("--results-dir", default="results", help="where <method>-<student>-<teacher>.json goes")
+    add_register_option(parser)
     args = parser.parse_args(argv)
-    overrides = args.overrides + ([f"run_dir={args.run_dir}"] if args.run_dir else [])
+    overrides = args.overrides + ([f"run_dir={args.run_dir}"] if args.run_dir else []) + \
+        register_overrides(args.register)
     from raydistill.runtime.engine.stopping import JobStopped
 
     try:
@@ -206,6 +226,7 @@ def tenc_job_main(doc: str | None, argv: list[str] | None = None, prog: str | No
     parser.add_argument("--init", choices=("refresh", "sequential"), help="start each stage from the original "
                         "checkpoint (refresh) or from the previous stage's weights (sequential)")
     parser.add_argument("--run-dir", help="labels, models and state (a re-run with the same dir resumes)")
+    add_register_option(parser)
     args = parser.parse_args(argv)
 
     overrides = list(args.overrides)
@@ -214,6 +235,7 @@ def tenc_job_main(doc: str | None, argv: list[str] | None = None, prog: str | No
         if value is not None:
             overrides.append(f"{key}={value}")
     overrides += args.max_length or []
+    overrides += register_overrides(args.register)
     overrides += self_mode_overrides(args.mode, args.overrides)
     from raydistill.runtime.engine.stopping import JobStopped
 

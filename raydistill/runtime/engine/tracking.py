@@ -203,9 +203,10 @@ class Tracker:
         except (urllib.error.URLError, OSError) as exc:
             raise ConnectionError(f"MLflow server not reachable at {url}: {exc}") from exc
 
-    def _guard(self, what: str, fn, *args, lost: int = 0, **kwargs) -> Any:
+    def _guard(self, what: str, fn, *args, lost: int = 0, disables: bool = True, **kwargs) -> Any:
         """``fn(*args, **kwargs)``, retried on transient errors; None after a failure (``lost``: the metric values
-        that a failure drops)."""
+        that a failure drops). ``disables=False``: a failure warns (naming the URI and the error) and tracking
+        stays on, for a call whose failure says nothing about the store (a model MLflow cannot save)."""
         if self.failed_reason is not None:
             self.lost_metrics += lost
             return None
@@ -219,6 +220,9 @@ class Tracker:
                                 self.tracking_uri, attempt, len(_RETRY_DELAYS_S) + 1, _first_line(exc), delay)
                     time.sleep(delay)
                     continue
+                if not disables:
+                    log.warning("MLflow %s failed at %s: %s", what, self.tracking_uri, _first_line(exc))
+                    return None
                 self.failed_reason = f"{type(exc).__name__}: {exc}"
                 self.lost_metrics += lost
                 tries = f" after {attempt} attempts" if attempt > 1 else ""
@@ -296,6 +300,28 @@ class Tracker:
         if not self.active:
             return
         self._guard("log_artifacts", self._client.log_artifacts, self.run_id, str(directory), artifact_path)
+
+    def log_model(self, model_dir: str | os.PathLike, *, name: str = "model", register: str | None = None,
+                  step: int = 0, tags: Mapping[str, Any] | None = None):
+        """The sentence-transformers directory ``model_dir`` as an MLflow model of this run, registered as a new
+        version of ``register`` when given (``engine.model_logging``); returns its ``LoggedStudent``, or None when
+        tracking is off or logging failed. A model MLflow cannot log warns and goes in as plain artifacts
+        (``<name>/``), as before models were logged; a failed registration warns with the logged model's URI."""
+        if not self.active:
+            return None
+        from raydistill.runtime.engine.model_logging import log_student, register_student
+
+        logged = self._guard(f"log_model {name}", log_student, model_dir, tracking_uri=self.tracking_uri,
+                             run_id=self.run_id, name=name, step=step, tags=tags, disables=False)
+        if logged is None:
+            if self.active:
+                self.log_artifacts(model_dir, name)
+            return None
+        if register:
+            registered = self._guard(f"registration of {logged.model_uri} as {register!r}", register_student,
+                                     self.tracking_uri, logged, register, disables=False)
+            logged = registered or logged
+        return logged
 
     # ------------------------------------------------------------------------------------------------------------
     # Runs

@@ -12,8 +12,10 @@
 
 MLflow (``Tracker``; a tracking failure never stops training): params = the effective config (flattened) plus
 method/teacher/student/taus/K/lr/batch/seed/git SHA/config hash/corpus size and teacher-cache counts; metrics =
-every step's loss parts, lr, sentences/s, STS-B dev at each evaluation, the final 7-STS; artifacts = the final model
-directory, the result JSON, the learning curve and the STS-B dev scatter plot. Multi-stage methods log their stages
+every step's loss parts, lr, sentences/s, STS-B dev at each evaluation, the final 7-STS; artifacts = the result JSON,
+the learning curve and the STS-B dev scatter plot; the best model ``run_dir/best`` as an MLflow model (the
+sentence-transformers flavor, ``engine.model_logging``, linked to the final 7-STS), registered as
+``tracking.register_model`` when set (``--register NAME``). Multi-stage methods log their stages
 on one step axis (stage 2 continues where stage 1 ended) with ``stage`` as a metric.
 
 SIGTERM (a preempted node, ``kill``, Slurm's time limit) or SIGINT (Ctrl-C) stops the job cleanly wherever it is
@@ -219,8 +221,10 @@ def _run_locked(cfg, stages, run_dir: Path, results_dir, result_path, command, e
 
         try:
             raise_if_stop_requested("before the final evaluation")
+            # A Ray Tune trial logs into the sweep's run: its model is one candidate, not the one to register.
+            register = cfg.tracking.register_model if own_tracker else None
             record = _evaluate_and_record(cfg, stages, stage_summaries, cache_info, history, model_dir, run_dir,
-                                          tracker, result_path, command, started, cpu_started, evaluate)
+                                          tracker, result_path, command, started, cpu_started, evaluate, register)
         except JobStopped as exc:
             exc.where = exc.where or "during the final evaluation"
             exc.kept = "training is complete (final checkpoints, best model); the next run trains no step again"
@@ -340,7 +344,7 @@ def _run_stage(stage, tracker, init_model: str | None, step_offset: int, history
 
 def _evaluate_and_record(cfg, stages, stage_summaries, cache_info, history, model_dir: Path, run_dir: Path,
                          tracker, result_path: Path, command: str, started: float, cpu_started: float,
-                         evaluate: bool) -> dict[str, Any]:
+                         evaluate: bool, register: str | None = None) -> dict[str, Any]:
     from raydistill.evaluation import STS7, evaluate_sts, write_result
     from raydistill.evaluation.sts import sts_predictions
     from raydistill.models import BiEncoder
@@ -406,10 +410,15 @@ def _evaluate_and_record(cfg, stages, stage_summaries, cache_info, history, mode
     for plot in (curve, dev_plot):
         if plot is not None:
             tracker.log_artifact(plot, "plots")
-    tracker.log_artifacts(model_dir, "model")
+    from raydistill.runtime.engine.model_logging import log_job_model
+
+    log_job_model(tracker, model_dir, register, step=sum(s["total_steps"] for s in stage_summaries),
+                  tags={"method": cfg.method, "student": cfg.student, "teacher": teacher_label(cfg) or "none"},
+                  prefix=f"[{cfg.method}]")
     record = dict(record)
     record["result_path"] = str(result_path) if evaluate else None
     return record
+
 
 
 def _training_record(cfg, stages, stage_summaries, stage_scores, cache_info, history, run_dir: Path

@@ -32,7 +32,8 @@ What follows is the distillation jobs' ending, except that the student scored is
 distillation jobs score their best STS-B dev checkpoint): ``raydistill.evaluation.evaluate_sts`` on the 7 STS sets
 and STS-B dev, then ``results/st-mse-<student>-<teacher>.json`` by ``write_result`` (command, git SHA, date) with
 the wall time, ``training.sentences``, ``training.corpus`` and ``training.reduction``. MLflow gets the config, the
-teacher-cache counts, the loss every ``runtime.log_every`` steps, the scores, the plots and the model.
+teacher-cache counts, the loss every ``runtime.log_every`` steps, the scores, the plots and the final model as an MLflow
+model (``engine.model_logging``), registered as ``tracking.register_model`` when set (``--register NAME``).
 
 The job keeps no checkpoints: a stopped run starts again (the teacher pass stays cached).
 """
@@ -215,8 +216,10 @@ def _run_locked(cfg: JobConfig, run_dir: Path, results_dir, result_path, command
         tracker.log_metrics({"teacher_cache_hits": cache_stats["hits"], "teacher_cache_misses": cache_stats["misses"],
                              "teacher_forward_sentences": cache_stats["teacher_forward_sentences"],
                              "teacher_pass_s": teacher_pass_s}, step=0)
+        # A tracker passed in is a caller's run (a sweep's): it decides what gets registered.
+        register = cfg.tracking.register_model if own_tracker else None
         record = _train_evaluate_record(cfg, run_dir, texts, vectors, cache_stats, teacher_pass_s, tracker,
-                                        result_path, command, started, cpu_started)
+                                        result_path, command, started, cpu_started, register)
     return record
 
 
@@ -264,7 +267,8 @@ def _teacher_vectors(cfg: JobConfig, texts: list[str], in_process: bool
 
 def _train_evaluate_record(cfg: JobConfig, run_dir: Path, texts: list[str], vectors: np.ndarray,
                            cache_stats: dict[str, Any], teacher_pass_s: float, tracker, result_path: Path,
-                           command: str, started: float, cpu_started: float) -> dict[str, Any]:
+                           command: str, started: float, cpu_started: float, register: str | None = None
+                           ) -> dict[str, Any]:
     import sentence_transformers
 
     from raydistill.evaluation import STS7, evaluate_sts, write_result
@@ -335,7 +339,11 @@ def _train_evaluate_record(cfg: JobConfig, run_dir: Path, texts: list[str], vect
     for plot in (curve, dev_plot):
         if plot is not None:
             tracker.log_artifact(plot, "plots")
-    tracker.log_artifacts(model_dir, "model")
+    from raydistill.runtime.engine.model_logging import log_job_model
+
+    log_job_model(tracker, model_dir, register, step=steps,
+                  tags={"method": METHOD, "student": cfg.student, "teacher": teacher_label(cfg) or "none"},
+                  prefix=f"[{METHOD}]")
     record["result_path"] = str(result_path)
     return record
 

@@ -2,8 +2,9 @@
 
 The orchestration (``job``) records every evaluation in the run state; `TencReport.publish_results` turns each
 record that has no result file yet into one (result schema, ``kind: mutual_tenc``) and logs its scores to MLflow.
-At the end `TencReport.finish` writes ``summary.json`` (in the run dir and beside the result files) and prints, per
-family, the start, the best model by dev (the start is a candidate) and whether training improved on the start.
+At the end `TencReport.finish` writes ``summary.json`` (in the run dir and beside the result files), logs each family's
+best bi-encoder as an MLflow model (the best of them registered as ``tracking.register_model`` when set) and prints,
+per family, the start, the best model by dev (the start is a candidate) and whether training improved on the start.
 """
 
 from __future__ import annotations
@@ -221,6 +222,23 @@ class TencReport:
             job.tracker.log_artifact(png, "plots")
         except Exception as exc:  # noqa: BLE001 - a plot must never stop a run
             log.warning("dev-by-cycle plot failed: %s", exc)
+        self._log_models(best)
+
+    def _log_models(self, best: dict[str, dict[str, Any]]) -> None:
+        """Each family's best bi-encoder (by dev, as selected) as the MLflow model ``<family>-bi`` of the job's run;
+        with ``tracking.register_model``, the one with the best dev score of all families (ties: the first family)
+        is registered under that name."""
+        from raydistill.runtime.engine.model_logging import log_job_model
+
+        job = self.job
+        register = self.cfg.tracking.register_model
+        chosen = max(job.families, key=lambda f: best[f]["bi"]["best_dev"])
+        for f in job.families:
+            bi = best[f]["bi"]
+            log_job_model(job.tracker, bi["model_dir"], register if f == chosen else None, step=bi["cycle"],
+                          tags={"method": self.cfg.method, "family": f, "encoder": "bi", "cycle": bi["cycle"],
+                                f"{self.cfg.eval.dev_set}": round(float(bi["best_dev"]), 2)},
+                          prefix="[tenc]", name=f"{f}-bi")
 
     def outcome(self, best: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
         """Per family: the start's and the best models' 7-STS averages (null, with the reason, without test

@@ -1,0 +1,280 @@
+"""The model card (README.md) of a packaged student, written the way sentence-transformers writes its cards.
+
+Contract: ``render_card(manifest, out_name)`` returns the card's text from the manifest ``package_student`` writes
+(raydistill.ship.package): YAML front matter with sentence-transformers' fields (``library_name:
+sentence-transformers``, ``pipeline_tag: sentence-similarity``, ``tags``, ``base_model``, ``datasets``, ``metrics``
+and a ``model-index`` with each evaluation set's Spearman of cosine similarity, as a fraction, as sentence-transformers
+records it), then the body: how the student was made (recipe, the exact command, teacher, corpus and its size), the
+7-STS (per set and average) and STS-B dev of teacher and student, each export's quality and encode speed on the
+machine that packaged it (the CPU named), how to load each, and the BibTeX of the papers behind the recipe's methods.
+Scores in the body are Spearman x 100, as everywhere else in raydistill. Pure: it reads nothing but its arguments.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import yaml
+
+from raydistill.evaluation import DEV_SET, STS7
+
+__all__ = ["render_card", "CITATIONS", "METHOD_PAPERS", "base_model_id"]
+
+SET_NAMES = {"sts12": "STS12", "sts13": "STS13", "sts14": "STS14", "sts15": "STS15", "sts16": "STS16",
+             "stsb": "STS-B", "sickr": "SICK-R", DEV_SET: "STS-B dev", "eval_pairs": "own pairs"}
+
+CITATIONS: dict[str, str] = {
+    "Sentence-BERT": """@inproceedings{reimers-2019-sentence-bert,
+    title = "Sentence-BERT: Sentence Embeddings using Siamese BERT-Networks",
+    author = "Reimers, Nils and Gurevych, Iryna",
+    booktitle = "Proceedings of the 2019 Conference on Empirical Methods in Natural Language Processing",
+    month = "11",
+    year = "2019",
+    publisher = "Association for Computational Linguistics",
+    url = "https://arxiv.org/abs/1908.10084",
+}""",
+    "ConGen": """@inproceedings{limkonchotiwat-etal-2022-congen,
+    title = "{ConGen}: Unsupervised Control and Generalization Distillation For Sentence Representation",
+    author = "Limkonchotiwat, Peerat and Ponwitayarat, Wuttikorn and Lowphansirikul, Lalita and
+              Udomcharoenchaikit, Can and Chuangsuwanich, Ekapol and Nutanong, Sarana",
+    booktitle = "Findings of the Association for Computational Linguistics: EMNLP 2022",
+    year = "2022",
+    publisher = "Association for Computational Linguistics",
+    url = "https://aclanthology.org/2022.findings-emnlp.483",
+}""",
+    "SCT": """@article{limkonchotiwat-etal-2023-sct,
+    title = "An Efficient Self-Supervised Cross-View Training For Sentence Embedding",
+    author = "Limkonchotiwat, Peerat and Ponwitayarat, Wuttikorn and Lowphansirikul, Lalita and
+              Udomcharoenchaikit, Can and Chuangsuwanich, Ekapol and Nutanong, Sarana",
+    journal = "Transactions of the Association for Computational Linguistics",
+    volume = "11",
+    year = "2023",
+}""",
+    "DistilCSE (CKD)": """@article{gao-etal-2021-distilcse,
+    title = "{DistilCSE}: Effective Knowledge Distillation For Contrastive Sentence Embeddings",
+    author = "Gao, Chaochen and Wu, Xing and Wang, Peng and Wang, Jue and Zang, Liangjun and Wang, Zhongyuan and
+              Hu, Songlin",
+    journal = "arXiv preprint arXiv:2112.05638",
+    year = "2021",
+    url = "https://arxiv.org/abs/2112.05638",
+}""",
+    "SimCSE": """@inproceedings{gao-etal-2021-simcse,
+    title = "{SimCSE}: Simple Contrastive Learning of Sentence Embeddings",
+    author = "Gao, Tianyu and Yao, Xingcheng and Chen, Danqi",
+    booktitle = "Proceedings of the 2021 Conference on Empirical Methods in Natural Language Processing",
+    year = "2021",
+    publisher = "Association for Computational Linguistics",
+    url = "https://aclanthology.org/2021.emnlp-main.552",
+}""",
+    "DvBERT": """@inproceedings{cheng-2021-dvbert,
+    title = "Dual-View Distilled {BERT} for Sentence Embedding",
+    author = "Cheng, Xingyi",
+    booktitle = "Proceedings of the 44th International ACM SIGIR Conference on Research and Development in
+                 Information Retrieval",
+    year = "2021",
+    url = "https://arxiv.org/abs/2104.08675",
+}""",
+    "Trans-Encoder": """@inproceedings{liu-etal-2022-trans-encoder,
+    title = "Trans-Encoder: Unsupervised sentence-pair modelling through self- and mutual-distillations",
+    author = "Liu, Fangyu and Jiao, Yunlong and Massiah, Jordan and Yilmaz, Emine and Havrylov, Serhii",
+    booktitle = "International Conference on Learning Representations",
+    year = "2022",
+    url = "https://arxiv.org/abs/2109.13059",
+}""",
+}
+# raydistill method (a job or stage name) -> the papers it comes from. DistilCSE's second stage is supervised SimCSE.
+METHOD_PAPERS: dict[str, tuple[str, ...]] = {
+    "congen": ("ConGen",),
+    "sct": ("SCT",),
+    "sct-distill": ("SCT",),
+    "distilcse": ("DistilCSE (CKD)", "SimCSE"),
+    "ckd": ("DistilCSE (CKD)",),
+    "simcse": ("SimCSE",),
+    "dvbert": ("DvBERT",),
+    "mutual_tenc": ("Trans-Encoder",),
+}
+
+
+def base_model_id(name: str | None) -> str | None:
+    """The Hugging Face id of the model a preset's weights are: a derived preset's source (minilm-l3 is 3 layers
+    of all-MiniLM-L6-v2), else the preset's own; None for a directory or an unknown name."""
+    if not name:
+        return None
+    from raydistill.models.registry import PRESETS
+
+    preset = PRESETS.get(str(name))
+    if preset is None:
+        return None
+    if preset.source.startswith("derive:"):
+        return base_model_id(preset.source.split(":", 1)[1])
+    return preset.hub_ids[0] if preset.hub_ids else None
+
+
+def _papers(methods: list[str]) -> list[str]:
+    papers = ["Sentence-BERT"]
+    for method in methods:
+        papers += [paper for paper in METHOD_PAPERS.get(str(method).lower(), ()) if paper not in papers]
+    return papers
+
+
+def _score(scores: dict[str, float], key: str) -> str:
+    value = scores.get(key)
+    return "–" if value is None else f"{value:.2f}"
+
+
+def _front_matter(manifest: dict[str, Any], title: str, base_model: str | None) -> dict[str, Any]:
+    corpus, recipe = manifest.get("corpus") or {}, manifest.get("recipe") or {}
+    student = next(row for row in manifest["rows"] if row["kind"] == "student")
+    methods = [str(m) for m in recipe.get("methods") or []]
+    tags = ["sentence-transformers", "sentence-similarity", "feature-extraction", "dense", "knowledge-distillation",
+            "raydistill", "onnx", *[f"method:{m}" for m in methods]]
+    if corpus.get("sentences"):
+        tags.append(f"dataset_size:{int(corpus['sentences'])}")
+    results = [{
+        "task": {"type": "semantic-similarity", "name": "Semantic Similarity"},
+        "dataset": {"name": SET_NAMES.get(key, key), "type": key},
+        "metrics": [{"type": "spearman_cosine", "value": round(student["scores"][key] / 100, 4),
+                     "name": "Spearman Cosine"}],
+    } for key in (*STS7, DEV_SET) if key in student["scores"]]
+    data: dict[str, Any] = {"language": ["en"], "library_name": "sentence-transformers",
+                            "pipeline_tag": "sentence-similarity", "tags": tags}
+    if base_model:
+        data["base_model"] = base_model
+    if corpus.get("datasets"):
+        data["datasets"] = [str(d) for d in corpus["datasets"]]
+    data["metrics"] = ["spearman_cosine"]
+    data["model-index"] = [{"name": title, "results": results}]
+    return data
+
+
+def _stage_line(stage: Any) -> str:
+    if isinstance(stage, dict):
+        head = stage.get("method") or stage.get("name") or "stage"
+        rest = ", ".join(f"{k} {v}" for k, v in stage.items() if k not in ("method", "name"))
+        return f"- **{head}**" + (f": {rest}" if rest else "")
+    return f"- {stage}"
+
+
+def render_card(manifest: dict[str, Any], out_name: str = "DIR") -> str:
+    """The README.md text for the package described by ``manifest`` (see the module docstring)."""
+    rows = manifest["rows"]
+    teacher = next(row for row in rows if row["kind"] == "teacher")
+    student = next(row for row in rows if row["kind"] == "student")
+    exports = [row for row in rows if row["kind"] == "export"]
+    corpus, recipe, model, speed = (manifest.get("corpus") or {}, manifest.get("recipe") or {},
+                                    manifest.get("model") or {}, manifest["speed"])
+    methods = [str(m) for m in recipe.get("methods") or []]
+    start = recipe.get("student")
+    teacher_name = manifest["teacher"]
+    base_model = base_model_id(start) or base_model_id(teacher_name)
+    title = recipe.get("name") or (f"{start} distilled from {teacher_name}" if start
+                                   else f"Student distilled from {teacher_name}")
+    margin = manifest["quality_margin"]
+    has_pairs = any("eval_pairs" in row["scores"] for row in rows)
+    pairs_info = manifest.get("eval_pairs") or {}
+
+    front = yaml.safe_dump(_front_matter(manifest, title, base_model), sort_keys=False, allow_unicode=True)
+    out: list[str] = ["---", front.rstrip(), "---", "", f"# {title}", ""]
+    corpus_text = corpus.get("name", "a corpus")
+    if corpus.get("sentences"):
+        corpus_text += f" ({int(corpus['sentences']):,} sentences)"
+    out += [
+        f"This is a [sentence-transformers](https://www.SBERT.net) model distilled with raydistill from the teacher "
+        f"`{teacher_name}` into {'`' + str(start) + '`' if start else 'a smaller student'}"
+        f"{f' (weights from [{base_model}](https://huggingface.co/{base_model}))' if base_model else ''} on "
+        f"{corpus_text}, by {', '.join(methods) or 'distillation'}. It maps sentences to a "
+        f"{model.get('dim', '?')}-dimensional dense vector space; compare them by cosine similarity.",
+        "",
+        "## Model Details",
+        "",
+        "- **Model Type:** Sentence Transformer (distilled student)",
+        f"- **Teacher:** `{teacher_name}`",
+        f"- **Start model:** `{start}`" if start else "- **Start model:** see the recipe below",
+        f"- **Maximum Sequence Length:** {model.get('max_length', '?')} tokens",
+        f"- **Output Dimensionality:** {model.get('dim', '?')} dimensions",
+        "- **Similarity Function:** Cosine Similarity",
+        f"- **Pooling:** {model.get('pooling', '?')}",
+        f"- **Parameters:** {model.get('parameters', 0) / 1e6:.1f} M" if model.get("parameters") else "",
+        f"- **Training corpus:** {corpus_text}",
+        "- **Language:** en",
+        "",
+    ]
+    if model.get("architecture"):
+        out += ["### Full Model Architecture", "", "```", model["architecture"], "```", ""]
+
+    out += ["## How it was made", ""]
+    if recipe.get("description"):
+        out += [str(recipe["description"]), ""]
+    if recipe.get("stages"):
+        out += [*(_stage_line(stage) for stage in recipe["stages"]), ""]
+    out += [f"- **Teacher:** `{teacher_name}`",
+            f"- **Corpus:** {corpus_text}" + (f": {corpus['description']}" if corpus.get("description") else "")]
+    if recipe.get("seed") is not None:
+        out.append(f"- **Seed:** {recipe['seed']}")
+    out += ["", "The exact command:", "", "```bash", manifest["command"], "```", "",
+            f"Made with raydistill at `{manifest.get('git_sha', '?')}` on {manifest.get('date', '?')}; every number "
+            f"below is in `raydistill_package.json`.", ""]
+
+    out += ["## Evaluation", "",
+            "Spearman's rank correlation x 100 between cosine similarity and the gold score over each whole set "
+            "(SentEval's \"all\" setting, the protocol of the SimCSE / ConGen / DistilCSE tables); 7-STS is the mean "
+            "of STS12-16, STS-B test and SICK-R test; STS-B dev, the development set, is not part of it. "
+            f"Sets read from: {manifest.get('evaluation_data', 'the bundled copies')}.", ""]
+    keys = [*STS7, "avg", DEV_SET, *(["eval_pairs"] if has_pairs else [])]
+    headers = [SET_NAMES.get(k, "7-STS avg" if k == "avg" else k) for k in keys]
+    out += ["| model | " + " | ".join(headers) + " |", "|---|" + "---:|" * len(keys)]
+    for row in (teacher, student):
+        out.append(f"| {row['name']} | " + " | ".join(_score(row["scores"], k) for k in keys) + " |")
+    out.append("")
+    if teacher["scores_source"] != "evaluated":
+        out += [f"The teacher's STS scores are those of {teacher['scores_source']}, taken on the same sets; "
+                "it was timed and, where given, scored on the own pairs here.", ""]
+    if has_pairs:
+        out += [f"Own pairs: {pairs_info.get('pairs', '?')} labelled pairs from `{pairs_info.get('path', '?')}`.", ""]
+
+    out += ["## Exports and speed", "",
+            f"Encode speed on the machine that packaged the model: **{speed['cpu']}**, {speed['sentences']} STS "
+            f"sentences, batch {speed['batch_size']}, median of {speed['rounds']} round(s) taken in one run, every "
+            f"model in turn (load average {speed['load_before']} when it began; other processes shared the cores, "
+            "so compare the rates with each other, not with another machine's). sentences/CPU-s counts this "
+            "process's CPU time, the steadier figure on shared cores.", ""]
+    quality_keys = ["avg", DEV_SET, *(["eval_pairs"] if has_pairs else [])]
+    out += ["| model | file | size (MB) | " + " | ".join("7-STS" if k == "avg" else SET_NAMES[k] for k in quality_keys)
+            + " | sentences/s | sentences/CPU-s |",
+            "|---|---|---:|" + "---:|" * len(quality_keys) + "---:|---:|"]
+    for row in (teacher, student, *exports):
+        size = f"{row['bytes'] / 1e6:.1f}" if row.get("bytes") else "–"
+        cells = [_score(row["scores"], k) + (" \\*" if k in row["marked"] else "") for k in quality_keys]
+        out.append(f"| {row['name']} | `{row['file']}` | {size} | " + " | ".join(cells)
+                   + f" | {row['sentences_per_s']:,.1f} | {row['sentences_per_cpu_s']:,.1f} |")
+    marked = [row["name"] for row in exports if row["marked"]]
+    out += ["", f"\\* more than {margin:g} points (Spearman x 100) below the student on that column, the margin "
+            "this package was built with. "
+            + (f"Marked: {', '.join(marked)}." if marked else "No export is below it."), ""]
+    int8 = [row for row in manifest.get("files", []) if row.get("quantization")]
+    for row in int8:
+        q = row["quantization"]
+        out += [f"`{row['file']}`: dynamic int8 for {q['target']} CPUs ({q['chosen_from']}): {q['weights']} weights "
+                f"per channel, activations quantised per call (`{q['method']}`). Run it on a CPU of that kind; the "
+                "fp32 `onnx/model.onnx` runs anywhere.", ""]
+
+    out += ["## Usage", "", "```bash", "pip install -U sentence-transformers", "```", "",
+            "The torch model:", "", "```python", student["load"],
+            'embeddings = model.encode(["A man is playing a guitar.", "Someone plays an instrument."])',
+            "print(model.similarity(embeddings, embeddings))", "```", ""]
+    for row in exports:
+        out += [f"{row['name']} through sentence-transformers' ONNX backend "
+                "(`pip install sentence-transformers[onnx]`; its optimum-onnx needs transformers < 4.58):", "",
+                "```python", row["load"], "```", ""]
+    if exports:
+        example = exports[-1]["file"]
+        out += ["Beside transformers 5, where that backend does not install, raydistill runs the same files with "
+                "ONNX Runtime behind the model's own tokenizer and pooling:", "",
+                "```python", "from raydistill.models.export import load_onnx",
+                f'model = load_onnx("{out_name}", "{example}")',
+                'embeddings = model.encode(["A man is playing a guitar."], normalize=True)', "```", ""]
+
+    out += ["## Citation", "", "### BibTeX", ""]
+    for paper in _papers(methods):
+        out += [f"#### {paper}", "", "```bibtex", CITATIONS[paper], "```", ""]
+    return "\n".join(line for line in out if line is not None) + "\n"

@@ -1,0 +1,468 @@
+"""From a trained student to the directory a user ships: ``package_student`` (the last step of ``raydistill distill``).
+
+Contract: ``package_student(student_dir, out_dir, ...)`` leaves in ``out_dir``
+
+    the student, a sentence-transformers directory   ``SentenceTransformer(out_dir)`` loads it (``BiEncoder.save``)
+    onnx/model.onnx                                   the transformer in fp32, sentence-transformers' ONNX layout
+    onnx/model_<weights>_<cpu>.onnx                   its dynamic int8 variant for this CPU (raydistill.models.export)
+    README.md                                         a sentence-transformers model card (raydistill.ship.card)
+    raydistill_package.json                           every number of the card and the table, with provenance
+
+and returns a `PackageReport` whose ``table`` is what the command prints last: the teacher, the student and each
+export with its quality (7-STS average, STS-B dev and, with ``eval_pairs``, the user's own labelled pairs; Spearman
+x 100) and encode speed, all measured in this process on the same sentences at the same thread count. An export more
+than ``quality_margin`` points below the student on any quality column is marked there and in the card.
+
+``out_dir`` is built in a staging sibling and swapped in whole (``fileio.staged_directory``): a rerun replaces an
+earlier package at once, and a failure at any point leaves the earlier one (or nothing), never a half-written export.
+A directory that holds anything but an earlier package is refused (`check_out_dir`), not replaced; the command calls
+it, and `read_eval_pairs`, before training, so a bad ``DIR`` or pairs file fails in seconds rather than hours.
+
+Teacher scores: a preset teacher evaluated on the bundled sets has the scores of its committed baseline
+(`TEACHER_BASELINES`, the ``scores`` of results/baseline-<preset>.json; tests/test_package.py holds them equal), so
+the 110M mpnet-base is not re-evaluated for ~25 min on two cores; it is still timed, and encodes the user's pairs.
+Any other teacher, or any data under ``$RAYDISTILL_DATA``, is evaluated here.
+
+Speed: ``speed_sentences`` distinct STS sentences (STS12-16 and STS-B test, a seeded sample), batch
+``speed_batch``, in ``speed_rounds`` rounds that go through every model in turn (load from other processes falls on
+all of them) after one untimed warm-up each; medians. Two rates: sentences per wall second, what a user sees, and
+per CPU second of this process, the steadier one on shared cores. Each ONNX session gets torch's thread count.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import platform
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from raydistill.cputime import cpu_seconds
+from raydistill.data import BUNDLED_DIR, DATA_ENV, DataError, Pair, dataset_path, load_dataset
+from raydistill.data.formats import is_csv, iter_lines, iter_records
+from raydistill.data.readers import _Line
+from raydistill.evaluation import DEV_SET, STS7, STS_SETS, pair_similarities, spearman
+
+__all__ = ["PackageError", "PackageReport", "Row", "TEACHER_BASELINES", "QUALITY_COLUMNS", "DEFAULT_MARGIN",
+           "MANIFEST_FILE", "check_out_dir", "read_eval_pairs", "package_student", "mark_rows", "format_table"]
+
+MANIFEST_FILE = "raydistill_package.json"
+CARD_FILE = "README.md"
+EVAL_PAIRS = "eval_pairs"
+# Spearman x 100 points. int8 exports of the presets lose 0.06-0.21 on STS-B dev (results/bench-export_speed.json);
+# half a point is more than a dynamic-int8 rounding costs and less than what separates two recipes in docs/results.md.
+DEFAULT_MARGIN = 0.5
+# Column key, header. "avg" is the mean of the seven STS sets; the user's pairs only when given.
+QUALITY_COLUMNS = (("avg", "7-STS"), (DEV_SET, "STS-B dev"), (EVAL_PAIRS, "own pairs"))
+PAIR_COLUMNS = ("sentence1", "sentence2", "score")
+
+# results/baseline-<preset>.json "scores" (raydistill eval --model <preset>, the bundled sets, the preset's own
+# max_length and pooling). Embedded, not read, because an installed raydistill has no results/ folder.
+TEACHER_BASELINES: dict[str, dict[str, float]] = {
+    "mpnet-base": {"sts12": 72.63, "sts13": 83.49, "sts14": 78.01, "sts15": 85.65, "sts16": 80.02, "stsb": 83.42,
+                   "sickr": 80.48, "avg": 80.53, "stsb_dev": 88.11},
+    "minilm-l6": {"sts12": 72.37, "sts13": 80.6, "sts14": 75.6, "sts15": 85.4, "sts16": 78.99, "stsb": 82.03,
+                  "sickr": 77.15, "avg": 78.88, "stsb_dev": 86.72},
+    "minilm-l3": {"sts12": 67.07, "sts13": 78.33, "sts14": 72.29, "sts15": 82.82, "sts16": 78.74, "stsb": 79.05,
+                  "sickr": 69.12, "avg": 75.34, "stsb_dev": 84.21},
+    "bert-mini": {"sts12": 65.97, "sts13": 76.2, "sts14": 70.03, "sts15": 79.98, "sts16": 76.58, "stsb": 75.34,
+                  "sickr": 67.53, "avg": 73.09, "stsb_dev": 81.14},
+    "bert-tiny": {"sts12": 56.16, "sts13": 69.16, "sts14": 61.65, "sts15": 73.94, "sts16": 65.92, "stsb": 62.87,
+                  "sickr": 64.71, "avg": 64.92, "stsb_dev": 73.68},
+}
+SPEED_SETS = ("sts12", "sts13", "sts14", "sts15", "sts16", "stsb")
+
+
+class PackageError(ValueError):
+    """An output directory package_student must not replace; the message names it and what to do."""
+
+
+@dataclass
+class Row:
+    """One line of the table: the teacher, the student or an export of it.
+
+    ``scores``: Spearman x 100 per STS set, ``avg``, ``stsb_dev`` and, when given, ``eval_pairs``.
+    ``marked``: the quality columns where an export falls more than the margin below the student.
+    """
+
+    name: str
+    kind: str  # "teacher" | "student" | "export"
+    file: str | None  # relative to the package directory (the teacher's: its name or path)
+    bytes: int | None
+    scores: dict[str, float]
+    scores_source: str
+    sentences_per_s: float
+    sentences_per_cpu_s: float
+    load: str  # how a user loads it (Python)
+    marked: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class PackageReport:
+    out_dir: Path
+    card_path: Path
+    rows: list[Row]
+    table: str
+    margin: float
+    manifest: dict[str, Any]
+
+    @property
+    def marked(self) -> list[Row]:
+        return [row for row in self.rows if row.marked]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Inputs checked before anything runs
+
+
+def check_out_dir(out_dir: str | os.PathLike) -> Path:
+    """``out_dir`` if package_student may write it: missing, empty, or an earlier package (it has the manifest)."""
+    out = Path(out_dir).expanduser()
+    if out.exists() and not out.is_dir():
+        raise PackageError(f"{out}: exists and is not a directory; pick another output directory")
+    if out.is_dir() and any(out.iterdir()) and not (out / MANIFEST_FILE).is_file():
+        raise PackageError(f"{out}: not empty and not an earlier raydistill package (no {MANIFEST_FILE}); it would "
+                           "be replaced whole, so pick a new or empty directory")
+    return out
+
+
+def _score_value(value: Any) -> Any:
+    """A text cell's number (CSV / TSV cells are strings); anything else as it is, for the field check to reject."""
+    if isinstance(value, str):
+        try:
+            return float(value.strip())
+        except ValueError:
+            return value
+    return value
+
+
+def _tsv_rows(path: Path):
+    """``(line, {sentence1, sentence2, score})`` of a tab-separated file, header line optional.
+
+    Plain tab splitting, no quoting: STS files hold quotes that a CSV reader would take as field delimiters.
+    """
+    columns = None
+    for line_number, text in iter_lines(path):
+        if isinstance(text, DataError):
+            yield line_number, text
+            continue
+        cells = text.split("\t")
+        if columns is None:
+            names = [cell.strip().lower() for cell in cells]
+            if {"sentence1", "sentence2"} <= set(names):
+                columns = names
+                continue
+            columns = list(PAIR_COLUMNS)
+        if len(cells) > len(columns):
+            yield line_number, DataError(path, f"has {len(cells)} tab-separated fields, expected {len(columns)} "
+                                               f"({', '.join(columns)})", line=line_number, reason="not_object")
+            continue
+        yield line_number, dict(zip(columns, cells))
+
+
+def read_eval_pairs(path: str | os.PathLike) -> list[Pair]:
+    """The user's labelled pairs: (sentence1, sentence2, score), every line checked; DataError names file, line, field.
+
+    Formats: ``.tsv`` (three columns in that order, or a header line naming them; more columns with a header),
+    ``.csv`` with a header line, JSON Lines (``{"sentence1", "sentence2", "score"}``), Parquet; gzip'd alike. Scores
+    are any finite numbers (a Spearman correlation needs only their order), at least two of them distinct.
+    """
+    path = Path(path).expanduser()
+    suffixes = [s.lower() for s in path.suffixes if s.lower() != ".gz"]
+    if suffixes and suffixes[-1] == ".tsv" and path.is_file():
+        rows = _tsv_rows(path)
+        text_cells = True
+    else:
+        rows = iter_records(path)
+        text_cells = is_csv(path)
+    pairs = []
+    for line_number, obj in rows:
+        if isinstance(obj, DataError):
+            raise obj
+        if text_cells and "score" in obj:
+            obj = {**obj, "score": _score_value(obj["score"])}
+        line = _Line(path, line_number, obj, PAIR_COLUMNS)
+        pairs.append(Pair(line.text("sentence1"), line.text("sentence2"), line.numeric("score", None), None))
+    if len(pairs) < 2 or len({pair.score for pair in pairs}) < 2:
+        raise DataError(path, f"{len(pairs)} pair(s) with {len({p.score for p in pairs})} distinct score(s): a "
+                        "Spearman correlation needs at least two pairs of different scores", field="score",
+                        reason="too_few")
+    return pairs
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Measuring
+
+
+def _bundled_evaluation() -> bool:
+    """Whether every set the table scores is read from the bundled copy (not a $RAYDISTILL_DATA one)."""
+    return all(dataset_path(STS_SETS[name]).is_relative_to(BUNDLED_DIR) for name in (*STS7, DEV_SET))
+
+
+def teacher_baseline(teacher: str) -> dict[str, float] | None:
+    """The committed scores of a preset teacher, when the evaluation data is the bundled data they were taken on."""
+    scores = TEACHER_BASELINES.get(str(teacher))
+    return dict(scores) if scores is not None and _bundled_evaluation() else None
+
+
+def speed_sentences(count: int, seed: int = 0) -> list[str]:
+    """``count`` distinct sentences of STS12-16 and STS-B test in a seeded order (bench/common.py's sample)."""
+    seen: dict[str, None] = {}
+    for name in SPEED_SETS:
+        for pair in load_dataset(STS_SETS[name]):
+            seen.setdefault(pair.sentence1, None)
+            seen.setdefault(pair.sentence2, None)
+    texts = list(seen)
+    return [texts[i] for i in np.random.default_rng(seed).permutation(len(texts))[:count]]
+
+
+def _median(values: Sequence[float]) -> float:
+    return float(np.median(values))
+
+
+def measure_speed(models: dict[str, Any], sentences: list[str], *, batch_size: int, rounds: int
+                  ) -> dict[str, tuple[float, float]]:
+    """{name: (sentences per wall second, per CPU second)}, medians over ``rounds`` interleaved rounds."""
+    for model in models.values():
+        model.encode(sentences, batch_size=batch_size)  # warm-up: first-call allocations, ONNX Runtime's plans
+    wall: dict[str, list[float]] = {name: [] for name in models}
+    cpu: dict[str, list[float]] = {name: [] for name in models}
+    for _ in range(rounds):
+        for name, model in models.items():
+            started, cpu_started = time.perf_counter(), cpu_seconds()
+            model.encode(sentences, batch_size=batch_size)
+            wall[name].append(time.perf_counter() - started)
+            cpu[name].append(cpu_seconds() - cpu_started)
+    return {name: (len(sentences) / max(_median(wall[name]), 1e-9), len(sentences) / max(_median(cpu[name]), 1e-9))
+            for name in models}
+
+
+def evaluation_pairs(eval_pairs: list[Pair] | None, *, sts: bool = True) -> dict[str, Sequence[Pair]]:
+    sets: dict[str, Sequence[Pair]] = {}
+    if sts:
+        sets = {name: load_dataset(STS_SETS[name]) for name in (*STS7, DEV_SET)}
+    if eval_pairs is not None:
+        sets[EVAL_PAIRS] = eval_pairs
+    return sets
+
+
+def score_model(model: Any, sets: dict[str, Sequence[Pair]], batch_size: int) -> dict[str, float]:
+    """Spearman x 100 of each set (one encoder pass over all their distinct sentences), and the 7-STS ``avg``."""
+    similarities = pair_similarities(model, sets, encoder="bi", batch_size=batch_size)
+    scores = {name: spearman(similarities[name], np.array([p.score for p in pairs], dtype=np.float64))
+              for name, pairs in sets.items()}
+    if all(name in scores for name in STS7):
+        scores["avg"] = float(np.mean([scores[name] for name in STS7]))
+    return {name: round(float(value), 2) for name, value in scores.items()}
+
+
+def mark_rows(rows: list[Row], margin: float) -> list[Row]:
+    """Set each export's ``marked``: the quality columns where it is more than ``margin`` below the student's."""
+    student = next(row for row in rows if row.kind == "student")
+    for row in rows:
+        row.marked = []
+        if row.kind != "export":
+            continue
+        for key, _ in QUALITY_COLUMNS:
+            mine, reference = row.scores.get(key), student.scores.get(key)
+            # On the two decimals shown, so the table never marks a difference it does not show.
+            if mine is not None and reference is not None and round(reference - mine, 2) > margin:
+                row.marked.append(key)
+    return rows
+
+
+def cpu_description(threads: int) -> str:
+    from raydistill.models.export import cpu_name
+
+    return f"{cpu_name() or platform.machine()}, {threads} thread{'s' if threads != 1 else ''}"
+
+
+def format_table(rows: list[Row], *, margin: float, speed: dict[str, Any]) -> str:
+    """The terminal table: one line per row, marks as ``*``, the margin and how speed was taken in the footer."""
+    columns = [key for key, _ in QUALITY_COLUMNS if any(key in row.scores for row in rows)]
+    headers = ["model", "file", "MB", *(dict(QUALITY_COLUMNS)[key] for key in columns), "sent/s", "sent/CPU-s"]
+    lines = []
+    for row in rows:
+        cells = [row.name, row.file or "", f"{row.bytes / 1e6:.1f}" if row.bytes else ""]
+        for key in columns:
+            value = row.scores.get(key)
+            cells.append("" if value is None else f"{value:.2f}" + (" *" if key in row.marked else ""))
+        cells += [f"{row.sentences_per_s:,.1f}", f"{row.sentences_per_cpu_s:,.1f}"]
+        lines.append(cells)
+    widths = [max(len(str(cells[i])) for cells in [headers, *lines]) for i in range(len(headers))]
+
+    def render(cells: list[str]) -> str:
+        return "  ".join(str(cell).ljust(width) if i < 2 else str(cell).rjust(width)
+                         for i, (cell, width) in enumerate(zip(cells, widths))).rstrip()
+
+    rule = "-" * len(render(headers))
+    out = [render(headers), rule, *(render(cells) for cells in lines), rule]
+    out.append(f"quality: Spearman x 100 of cosine similarity; * = more than {margin:g} points below the student "
+               "on that column (the margin)")
+    out.extend(f"  {row.name}: 7-STS and STS-B dev from {row.scores_source}" for row in rows
+               if row.scores_source != "evaluated")
+    out.append(f"speed: {speed['sentences']} STS sentences, batch {speed['batch_size']}, {speed['cpu']}, "
+               f"median of {speed['rounds']} round(s), load average {speed['load_before']} before")
+    return "\n".join(out)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Packaging
+
+
+def _load_snippets(files: list[dict[str, Any]], out_name: str) -> dict[str, str]:
+    snippets = {"model.safetensors": (f'from sentence_transformers import SentenceTransformer\n'
+                                      f'model = SentenceTransformer("{out_name}")')}
+    for row in files:
+        snippets[row["file"]] = (f'from sentence_transformers import SentenceTransformer\n'
+                                 f'model = SentenceTransformer("{out_name}", backend="onnx", '
+                                 f'model_kwargs={{"file_name": "{row["file"]}"}})')
+    return snippets
+
+
+def package_student(
+    student_dir: str | os.PathLike,
+    out_dir: str | os.PathLike,
+    *,
+    teacher: str,
+    corpus_info: dict[str, Any],
+    recipe_info: dict[str, Any],
+    command: str,
+    eval_pairs: str | os.PathLike | None = None,
+    quality_margin: float = DEFAULT_MARGIN,
+    progress: Callable[[str], Any] | None = print,
+    batch_size: int = 128,
+    speed_sentences_count: int = 256,
+    speed_batch: int = 32,
+    speed_rounds: int = 3,
+) -> PackageReport:
+    """Write the package described in the module docstring into ``out_dir`` and return its report.
+
+    Args:
+        student_dir: the trained student (a sentence-transformers directory, e.g. a job's ``best/``).
+        teacher: the teacher as the recipe named it (a preset or a directory): evaluated, or its baseline's scores.
+        corpus_info: ``name`` and ``sentences`` (count) of the training corpus; optional ``description``,
+            ``datasets`` (Hugging Face dataset ids for the card's front matter).
+        recipe_info: ``methods`` (e.g. ``["congen"]``: the card cites their papers), optional ``student`` (the
+            start model: preset or path; the card's ``base_model``), ``stages`` (strings or dicts, one per stage),
+            ``description``, ``seed``, ``name`` (the card's title).
+        command: the exact command line that made the student (the card quotes it).
+        eval_pairs: the user's labelled pairs (`read_eval_pairs`), scored for every row.
+        quality_margin: Spearman x 100 points an export may fall below the student before it is marked.
+        progress: called with one line per step (None: silent).
+    """
+    import torch
+
+    from raydistill.evaluation.results import code_provenance
+    from raydistill.fileio import atomic_write_json, atomic_write_text, staged_directory
+    from raydistill.models import BiEncoder, resolve_model
+    from raydistill.models.export import export_onnx, load_onnx
+    from raydistill.ship.card import render_card
+
+    if not (isinstance(quality_margin, (int, float)) and math.isfinite(quality_margin) and quality_margin >= 0):
+        raise ValueError(f"quality_margin must be a finite number >= 0 (Spearman x 100 points), got {quality_margin!r}")
+    say = progress or (lambda line: None)
+    out = check_out_dir(out_dir)
+    user_pairs = read_eval_pairs(eval_pairs) if eval_pairs is not None else None
+    threads = torch.get_num_threads()
+    started = time.perf_counter()
+
+    with staged_directory(out) as staged:
+        say(f"package: writing the student to {out} (sentence-transformers directory)")
+        student = BiEncoder.from_pretrained(student_dir)
+        teacher_model = BiEncoder.from_pretrained(resolve_model(teacher))  # a teacher that is gone fails here, early
+        student.save(staged)
+        files = export_onnx(staged, report=lambda line: say(f"package: {line}"))
+
+        models = {"teacher": teacher_model, "student": student}
+        names = {"teacher": f"teacher {teacher}", "student": "student (torch fp32)"}
+        for row in files:
+            key = row["file"]
+            models[key] = load_onnx(staged, key, threads=threads)
+            quantized = row["quantization"]
+            names[key] = f"onnx int8 ({quantized['target']})" if quantized else "onnx fp32"
+
+        sentences = speed_sentences(speed_sentences_count)
+        load_before = round(os.getloadavg()[0], 2)
+        say(f"package: timing {len(models)} models on {len(sentences)} STS sentences, batch {speed_batch}, "
+            f"{threads} threads, {speed_rounds} round(s)")
+        rates = measure_speed(models, sentences, batch_size=speed_batch, rounds=speed_rounds)
+
+        baseline = teacher_baseline(teacher)
+        scores: dict[str, dict[str, float]] = {}
+        sources: dict[str, str] = {}
+        for index, (key, model) in enumerate(models.items(), start=1):
+            use_baseline = key == "teacher" and baseline is not None
+            sets = evaluation_pairs(user_pairs, sts=not use_baseline)
+            what = ", ".join(filter(None, ["7 STS sets + STS-B dev" if not use_baseline else "",
+                                           f"{len(user_pairs):,} own pairs" if user_pairs is not None else ""]))
+            if use_baseline:
+                sources[key] = f"results/baseline-{teacher}.json (committed evaluation of the preset)"
+                say(f"package: [{index}/{len(models)}] {names[key]}: 7-STS and STS-B dev from {sources[key]}")
+            else:
+                sources[key] = "evaluated"
+            measured: dict[str, float] = {}
+            if sets:
+                distinct = len({text for pairs in sets.values() for p in pairs for text in (p.sentence1, p.sentence2)})
+                say(f"package: [{index}/{len(models)}] evaluating {names[key]}: {what} ({distinct:,} sentences, "
+                    f"~{distinct / max(rates[key][0], 1e-9) / 60:.1f} min at its timed rate)")
+                model_started = time.perf_counter()
+                measured = score_model(model, sets, batch_size)
+                shown = ", ".join(f"{label} {measured[column]:.2f}" for column, label in QUALITY_COLUMNS
+                                  if column in measured)
+                say(f"package: [{index}/{len(models)}] {names[key]}: {shown} ({time.perf_counter() - model_started:.0f} s)")
+            scores[key] = {**(baseline if use_baseline else {}), **measured}
+
+        snippets = _load_snippets(files, out.name)
+        weights = staged / "model.safetensors"
+        places = {"teacher": (str(teacher), None, f'BiEncoder.from_pretrained("{teacher}")  # raydistill.models'),
+                  "student": ("model.safetensors", weights.stat().st_size if weights.is_file() else None,
+                              snippets["model.safetensors"]),
+                  **{row["file"]: (row["file"], row["bytes"], snippets[row["file"]]) for row in files}}
+        rows = [Row(name=names[key], kind=key if key in ("teacher", "student") else "export", file=places[key][0],
+                    bytes=places[key][1], scores=scores[key], scores_source=sources[key],
+                    sentences_per_s=round(rates[key][0], 1), sentences_per_cpu_s=round(rates[key][1], 1),
+                    load=places[key][2])
+                for key in models]
+        mark_rows(rows, quality_margin)
+        speed = {"sentences": len(sentences), "batch_size": speed_batch, "rounds": speed_rounds, "threads": threads,
+                 "cpu": cpu_description(threads), "load_before": load_before,
+                 "source": "STS12-16 + STS-B test sentences, seed 0"}
+        table = format_table(rows, margin=quality_margin, speed=speed)
+
+        from sentence_transformers import SentenceTransformer
+
+        architecture = str(SentenceTransformer(str(staged), device="cpu"))  # also: the directory loads
+        manifest = {
+            "kind": "raydistill_package",
+            "teacher": str(teacher),
+            "student_source": str(student_dir),
+            "corpus": corpus_info,
+            "recipe": recipe_info,
+            "command": command,
+            "eval_pairs": None if eval_pairs is None else {"path": str(eval_pairs), "pairs": len(user_pairs)},
+            "quality_margin": quality_margin,
+            "evaluation_data": ("the copies bundled with raydistill" if _bundled_evaluation()
+                                else f"${DATA_ENV} = {os.environ.get(DATA_ENV)}"),
+            "rows": [row.to_dict() for row in rows],
+            "files": files,
+            "speed": {**speed, "load_after": round(os.getloadavg()[0], 2)},
+            "model": {"dim": student.dim, "max_length": student.max_length, "pooling": student.pooling,
+                      "parameters": sum(p.numel() for p in student.parameters()), "architecture": architecture},
+            "wall_s": round(time.perf_counter() - started, 1),
+            **code_provenance(),
+            "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        }
+        atomic_write_text(staged / CARD_FILE, render_card(manifest, out_name=out.name))
+        atomic_write_json(staged / MANIFEST_FILE, manifest)
+    say(f"package: {out} written in {time.perf_counter() - started:.0f} s")
+    return PackageReport(out_dir=out, card_path=out / CARD_FILE, rows=rows, table=table, margin=quality_margin,
+                         manifest=manifest)

@@ -1,0 +1,142 @@
+"""Which training recipe ``raydistill distill`` runs for a student: per student size, the committed run with the best
+STS-B dev, label-free by default, with DistilCSE's supervised NLI stage under ``--labels nli``.
+
+The table is code, not a lookup in ``results/``: an installed wheel has no results directory. Each recipe names the
+result file it comes from (under the repository's ``results/``), the shipped job config it starts from and the
+``--set`` overrides that reproduce that run's training, and carries the scores of that file. tests/
+test_distill_command.py recomputes the choice from the committed files (best STS-B dev among the runs on the whole
+``mixed`` corpus, never the 7-STS test average) and rebuilds each recipe's config against the file's recorded
+settings, so the table cannot go stale silently.
+
+What a recipe leaves out of its source run: the student and the teacher (the user's), ``train.precision`` (the source
+runs used bf16 on a CPU with native bf16; on one without it bf16 is emulated and many times slower, so it stays the
+config's fp32: pass ``--set train.precision=bf16`` where the hardware has it) and ``resources`` (where it ran, not
+what it trained).
+
+A student gets the recipe of the size nearest to it by the parameters of its transformer layers (embeddings not
+counted: they are looked up, not computed, and a vocabulary's size says nothing about how a student learns), on a log
+scale: ``size_for(layer_params)``.
+
+    recipe = recipe_for(layer_params(layers=3, hidden=384, intermediate=1536), labels="none")
+    recipe.config, recipe.overrides      # "congen", ()
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from typing import Any
+
+__all__ = ["LABELS", "RECIPES", "SIZES", "Recipe", "layer_params", "recipe_for", "recipes_help", "size_for"]
+
+# ``--labels`` values: none (label-free distillation on the user's text only) or nli (then supervised SimCSE on the
+# bundled NLI triplets, DistilCSE's second stage).
+LABELS = ("none", "nli")
+
+# Where every recipe's scores come from: runs from this teacher on the whole bundled ``mixed`` corpus.
+SOURCE_TEACHER = "mpnet-base"
+SOURCE_CORPUS = "mixed"
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """One row of the table: what to train a student of ``size`` with, and the committed run that chose it."""
+
+    size: str  # the student preset whose runs chose it
+    labels: str  # "none" | "nli"
+    method: str  # the method trained ("ckd" is DistilCSE's label-free first stage on its own)
+    config: str  # the shipped job config (raydistill/configs/<config>.yaml) it starts from
+    overrides: tuple[str, ...]  # --set on top of that config: what the source run changed, for what it trained
+    source: str  # its result file, relative to the repository's results/
+    stage: int | None  # the stage of that run whose model this is (1: DistilCSE's CKD), None: the whole run
+    stsb_dev: float  # STS-B dev (Spearman x 100) of that model: what the recipe was chosen by
+    sts7: float  # its 7-STS average: reported, never chosen by
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "overrides": list(self.overrides), "source_teacher": SOURCE_TEACHER,
+                "source_corpus": SOURCE_CORPUS}
+
+    def describe(self) -> str:
+        """``congen (results/mixed/congen-minilm-l3-mpnet-base.json: STS-B dev 83.84, 7-STS 77.20)``."""
+        stage = f" stage {self.stage}" if self.stage else ""
+        return (f"{self.method} (results/{self.source}{stage}: STS-B dev {self.stsb_dev:.2f}, "
+                f"7-STS {self.sts7:.2f})")
+
+
+# The size presets' shapes (raydistill.models.registry.PRESETS): (layers, hidden, intermediate).
+SIZES: dict[str, tuple[int, int, int]] = {
+    "minilm-l3": (3, 384, 1536),
+    "bert-mini": (4, 256, 1024),
+    "bert-tiny": (2, 128, 512),
+}
+
+_CKD = ("method=ckd", "extra={}")  # distilcse.yaml without its NLI stage: the CKD stage alone
+_NLI_LONGER = ("extra.stage2.train.epochs=3", "extra.stage2.data.max_sentences=null")
+
+RECIPES: tuple[Recipe, ...] = (
+    # minilm-l3 label-free: congen 83.84 > ckd 83.61 > sct-distill 83.50 > l2 83.00 (STS-B dev)
+    Recipe("minilm-l3", "none", "congen", "congen", (), "mixed/congen-minilm-l3-mpnet-base.json", None, 83.84, 77.20),
+    Recipe("minilm-l3", "nli", "distilcse", "distilcse", (), "mixed/distilcse-minilm-l3-mpnet-base.json", None,
+           84.25, 78.28),
+    # bert-mini: CKD for 2 epochs (83.76) beat 1 epoch (82.98); its NLI stage on all 9.2k triplets for 3 epochs
+    Recipe("bert-mini", "none", "ckd", "distilcse", _CKD + ("train.epochs=2",),
+           "mixed/longer/distilcse-bert-mini-mpnet-base.json", 1, 83.76, 76.48),
+    Recipe("bert-mini", "nli", "distilcse", "distilcse", ("train.epochs=2",) + _NLI_LONGER,
+           "mixed/longer/distilcse-bert-mini-mpnet-base.json", None, 84.91, 78.27),
+    # bert-tiny: CKD for 3 epochs (81.77) beat 2 (80.98) and 1 (79.84)
+    Recipe("bert-tiny", "none", "ckd", "distilcse", _CKD + ("train.epochs=3",),
+           "mixed/three-epochs/distilcse-bert-tiny-mpnet-base.json", 1, 81.77, 72.85),
+    Recipe("bert-tiny", "nli", "distilcse", "distilcse", ("train.epochs=3",) + _NLI_LONGER,
+           "mixed/three-epochs/distilcse-bert-tiny-mpnet-base.json", None, 82.87, 74.72),
+)
+
+
+def layer_params(layers: int, hidden: int, intermediate: int) -> int:
+    """Parameters of ``layers`` BERT-style transformer layers (attention, FFN, two LayerNorms): the size measure."""
+    per_layer = 4 * (hidden * hidden + hidden) + (hidden * intermediate + intermediate) + \
+        (intermediate * hidden + hidden) + 2 * 2 * hidden
+    return layers * per_layer
+
+
+def _size_params() -> dict[str, int]:
+    return {size: layer_params(*shape) for size, shape in SIZES.items()}
+
+
+def size_for(params: int) -> str:
+    """The size whose layer parameters are nearest to ``params`` on a log scale (ties: the larger size)."""
+    sizes = sorted(_size_params().items(), key=lambda item: -item[1])
+    return min(sizes, key=lambda item: abs(math.log(max(params, 1)) - math.log(item[1])))[0]
+
+
+def recipe_for(params: int, labels: str = "none") -> Recipe:
+    """The recipe for a student with ``params`` layer parameters (``layer_params``) and ``labels``."""
+    if labels not in LABELS:
+        raise ValueError(f"labels must be one of {', '.join(LABELS)}, not {labels!r}")
+    size = size_for(params)
+    return next(recipe for recipe in RECIPES if recipe.size == size and recipe.labels == labels)
+
+
+def _boundaries() -> list[tuple[str, float, float]]:
+    """``(size, from, to)`` in millions of layer parameters: the range of students each size's recipe serves."""
+    sizes = sorted(_size_params().items(), key=lambda item: item[1])
+    edges = [math.sqrt(a[1] * b[1]) for a, b in zip(sizes, sizes[1:])]
+    lows, highs = [0.0] + edges, edges + [math.inf]
+    return [(size, low / 1e6, high / 1e6) for (size, _), low, high in zip(sizes, lows, highs)]
+
+
+def recipes_help() -> str:
+    """The recipe table as ``raydistill distill --help`` prints it."""
+    lines = [f"recipes: per student size, the run with the best STS-B dev among the committed runs from "
+             f"{SOURCE_TEACHER} on the whole {SOURCE_CORPUS} corpus (7-STS shown, never chosen by); a student gets "
+             "the size nearest by its transformer layers' parameters (embeddings not counted):"]
+    for size, low, high in reversed(_boundaries()):
+        layers, hidden, _ = SIZES[size]
+        span = f"{low:.1f}M+" if high == math.inf else (f"< {high:.1f}M" if low == 0 else f"{low:.1f}-{high:.1f}M")
+        lines.append(f"  {size} ({layers} layers x {hidden}; students with {span} layer parameters)")
+        for recipe in RECIPES:
+            if recipe.size == size:
+                what = "label-free (default)" if recipe.labels == "none" else "--labels nli"
+                settings = "".join(f" --set {override}" for override in recipe.overrides)
+                lines.append(f"    {what:<21} {recipe.describe()}")
+                lines.append(f"    {'':<21} = configs/{recipe.config}.yaml{settings}")
+    return "\n".join(lines)
