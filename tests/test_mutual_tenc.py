@@ -36,7 +36,7 @@ from raydistill.runtime.tenc.learners import (
 import tests.tenc_runs as tenc_runs
 from tests.tenc_runs import MUTUAL_PAIRS, mutual_config, tiny_config
 
-pytest_plugins = ["tests.ray_fixtures"]  # the session's Ray
+from tests.ray_fixtures import ray_session  # noqa: F401,E402 - the session's Ray
 # The shared runs, fixtures here too; other test files take the mutual run and the configs (tiny_config,
 # mutual_config) from here.
 mutual_run = tenc_runs.mutual_run

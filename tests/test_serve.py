@@ -28,7 +28,7 @@ MAX_BATCH = CLIENTS * PER_CLIENT
 WAIT_MS = 1000
 MIN_COSINE = 0.9999
 
-pytest_plugins = ["tests.ray_fixtures"]  # the session-wide Ray fixture, ray_session
+from tests.ray_fixtures import ray_session  # noqa: F401,E402 - the session-wide Ray fixture
 
 
 def cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:

@@ -31,7 +31,9 @@ import tests.tenc_runs as tenc_runs
 from tests.distill_fixtures import congen_config
 from tests.tenc_runs import MUTUAL_BI_STEPS, MUTUAL_EVAL_EVERY, mutual_config
 
-pytest_plugins = ["tests.ray_fixtures", "tests.reliability_log"]  # the session's Ray; the reliability rows
+from tests.ray_fixtures import ray_session  # noqa: F401,E402 - the session's Ray
+
+pytest_plugins = ["tests.reliability_log"]  # the reliability rows
 # fixtures here too: the session's tiny teacher, the shared mutual Trans-Encoder run
 teacher_dir, mutual_run = distill_fixtures.teacher_dir, tenc_runs.mutual_run
 

@@ -30,7 +30,9 @@ from tests.test_mutual_tenc import (
     tiny_config,
 )
 
-pytest_plugins = ["tests.ray_fixtures", "tests.reliability_log"]  # the session's Ray; the reliability rows
+from tests.ray_fixtures import ray_session  # noqa: F401,E402 - the session's Ray
+
+pytest_plugins = ["tests.reliability_log"]  # the reliability rows
 mutual_run, self_qqp_run = tenc_runs.mutual_run, tenc_runs.self_qqp_run  # the shared runs, fixtures here too
 
 
