@@ -175,3 +175,14 @@ def teacher_vectors(tiny_teacher, paraphrases):
     from raydistill.models import BiEncoder
 
     return BiEncoder.from_pretrained(str(tiny_teacher)).encode(list(paraphrases[0]), normalize=True)  # [N, 48]
+
+
+@pytest.fixture
+def no_ray_start(monkeypatch):
+    """A bad input that gets as far as starting Ray was checked too late: fail instead of training."""
+    from raydistill.runtime.engine import cluster
+
+    def started(*args, **kwargs):
+        raise AssertionError("Ray was started: the bad input was not refused first")
+
+    monkeypatch.setattr(cluster, "init_ray", started)

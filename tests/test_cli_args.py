@@ -23,16 +23,6 @@ PRESETS = ("bert-mini", "bert-small", "bert-tiny", "minilm-l3", "minilm-l6", "mp
 LOST = "nothing: rejected before Ray or any model starts"
 
 
-@pytest.fixture
-def no_ray_start(monkeypatch):
-    """A job that gets as far as starting Ray accepted the bad argument: fail instead of training."""
-    from raydistill.runtime.engine import cluster
-
-    def started(*args, **kwargs):
-        raise AssertionError("the entry point started Ray: the bad argument was not rejected")
-
-    monkeypatch.setattr(cluster, "init_ray", started)
-
 
 def run_job(script: str, args: list[str], monkeypatch, capsys) -> str:
     """Run jobs/<script> in this process; return what it printed on exit (its sys.exit message or argparse's)."""

@@ -24,16 +24,6 @@ RESULTS = ROOT / "results"
 LOST = "nothing: refused before a model was cut or loaded and before Ray started"
 
 
-@pytest.fixture
-def no_ray_start(monkeypatch):
-    """A refusal that reaches Ray's start did its checks too late: fail instead of training."""
-    from raydistill.runtime.engine import cluster
-
-    def started(*args, **kwargs):
-        raise AssertionError("raydistill distill started Ray: the bad input was not refused first")
-
-    monkeypatch.setattr(cluster, "init_ray", started)
-
 
 def run_cli(argv: list[str], capsys) -> tuple[int, str, str]:
     from raydistill import cli
