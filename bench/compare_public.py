@@ -9,8 +9,9 @@ Rows (teacher: ``mpnet-base``, all-mpnet-base-v2 from its weight wheel):
 
     teacher      mpnet-base itself
     public       all-MiniLM-L6-v2 (``minilm-l6``), the small encoder most users take as it is
-    raydistill   per student size (minilm-l3, bert-mini, bert-tiny), the best committed student distilled from
-                 mpnet-base on the whole ``mixed`` corpus (the runs README's best-student table reports)
+    raydistill   per student size (minilm-l3, bert-mini, bert-tiny), the committed students distilled from
+                 mpnet-base on the whole ``mixed`` corpus that README's best-student table reports: the best STS-B
+                 dev label-free and the best with NLI labels (``labels``: none / NLI; never chosen by a test set)
     st-mse       sentence-transformers' own distillation recipe (``jobs/st_mse.py``: MSELoss to the teacher's
                  vectors, same student, corpus and teacher), per size
     model2vec    Model2Vec's distillation of the same teacher directory (``model2vec.distill.distill``, its
@@ -242,12 +243,13 @@ def committed_rows(records: list[dict], corpus_now: int, work: Path) -> list[dic
     files changed since the commit that wrote it and, when some did, whether that commit's package reads the same
     evaluation pairs as this checkout (``evaluation_sets_same``)."""
     from raydistill.models import resolve_model
-    from scripts.readme_tables import STS7, _raydistill_students, at_scale
+    from scripts.readme_tables import (LABELLED_STAGES, STS7, _dev, _label_free_students, _raydistill_students,
+                                       at_scale)
 
     now = evaluation_sets(None, work)
 
-    def row(record: dict, **fields) -> dict:
-        scores = record["scores"]
+    def row(record: dict, scores: dict | None = None, **fields) -> dict:
+        scores = record["scores"] if scores is None else scores
         missing = [name for name in STS7 if name not in scores]
         if missing or abs(np.mean([scores[name] for name in STS7]) - scores["avg"]) > 0.01:
             raise ValueError(f"results/{record['_file']}: not a 7-STS average of {', '.join(STS7)}")
@@ -269,16 +271,25 @@ def committed_rows(records: list[dict], corpus_now: int, work: Path) -> list[dic
             row(baselines["minilm-l6"], name="minilm-l6", label="all-MiniLM-L6-v2", family="public",
                 speed_model={"preset": "minilm-l6"})]
     scale = [r for r in records if at_scale(r) and r.get("teacher") == TEACHER]
-    for family, candidates in (("raydistill", _raydistill_students(scale)),
-                               ("st-mse", [r for r in scale if r.get("method") == "st-mse"])):
-        for size in SIZES:
-            runs = [r for r in candidates if r["model"] == size]
-            if not runs:
-                print(f"  no committed {family} student of {size} from {TEACHER} on the whole corpus", flush=True)
+    for size in SIZES:
+        # What README's best-student table picks: by STS-B dev, label-free and with NLI labels apart.
+        label_free = [(method, scores, r) for method, scores, r in _label_free_students(scale, size)]
+        supervised = [(r.get("method", "?"), r["scores"], r) for r in _raydistill_students(scale)
+                      if r["model"] == size and any(stage.get("method") in LABELLED_STAGES
+                                                    for stage in (r.get("training") or {}).get("stages") or [])]
+        library = [(r.get("method", "?"), r["scores"], r) for r in scale
+                   if r["model"] == size and r.get("method") == "st-mse"]
+        for family, labels, found in (("raydistill", "none", label_free), ("raydistill", "NLI", supervised),
+                                      ("st-mse", "none", library)):
+            if not found:
+                print(f"  no committed {family} student of {size} ({labels} labels) from {TEACHER} on the whole "
+                      "corpus", flush=True)
                 continue
-            best = max(runs, key=lambda r: r["scores"]["avg"])  # what README's best-student table picks
-            rows.append(row(best, name=f"{family} {size}", label=f"{best.get('method')} {size}", family=family,
-                            method=best.get("method"), speed_model=stand_in(best, size, teacher_dim)))
+            method, scores, best = max(found, key=lambda item: _dev(item[1]))
+            suffix = " + NLI" if labels == "NLI" else ""
+            rows.append(row(best, scores, name=f"{family} {size}{suffix.replace(' + ', ' ').lower()}",
+                            label=f"{method} {size}{suffix}", family=family, method=method, labels=labels,
+                            speed_model=stand_in(best, size, teacher_dim)))
     return rows
 
 

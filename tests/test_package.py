@@ -163,6 +163,28 @@ def test_table_has_every_row_and_marks_an_export_below_the_margin(packaged):
     assert f"{bad.scores['avg']:.2f} *" in bad_line and bad_line.count("*") == 1
 
 
+def test_the_jobs_own_scores_of_the_student_are_not_computed_again(student_dir, tiny_teacher, tmp_path, monkeypatch,
+                                                                     small_data):
+    """The command hands over the training job's 7-STS and STS-B dev of the same directory: the student is then
+    timed and exported but not evaluated a second time; incomplete scores, or other evaluation data, are scored."""
+    import raydistill.ship.package as package
+
+    from raydistill.evaluation import STS7
+
+    job = {**{name: 50.0 + i for i, name in enumerate(STS7)}, "avg": 53.0, "stsb_dev": 61.5}
+    monkeypatch.setattr(package, "_bundled_evaluation", lambda: True)
+    assert package._job_scores(({**job, "stsb_dev": None}, "r.json")) == (None, "")
+    lines: list[str] = []
+    report = package_student(student_dir, tmp_path / "DIR", teacher=str(tiny_teacher), corpus_info=CORPUS,
+                             recipe_info=RECIPE, command=COMMAND, student_scores=(job, "run/result.json"),
+                             progress=lines.append, speed_sentences_count=8, speed_rounds=1)
+    student = next(row for row in report.rows if row.kind == "student")
+    assert student.scores == job and "run/result.json (the training job's evaluation)" in student.scores_source
+    assert sum("evaluating" in line for line in lines) == 3  # teacher and the two exports, not the student
+    monkeypatch.setattr(package, "_bundled_evaluation", lambda: False)
+    assert package._job_scores((job, "r.json")) == (None, "")
+
+
 def test_eval_pairs_errors_name_file_line_and_field(tmp_path):
     tsv = tmp_path / "pairs.tsv"
     tsv.write_text("A man plays.\tSomeone plays.\t4.5\nA dog.\tA cat.\tabc\n")

@@ -84,7 +84,8 @@ _BERT_LAYOUT = _Layout(
     "attention.self.query", "attention.self.key", "attention.self.value", "attention.output.dense",
     "attention.output.LayerNorm", "intermediate.dense", "output.dense", "output.LayerNorm",
 )
-_LAYOUTS = {
+#: Architectures (``config.model_type``) ``derive_student`` can cut, and where each keeps its layer weights.
+DERIVABLE_LAYOUTS = {
     "bert": _BERT_LAYOUT,
     "roberta": _BERT_LAYOUT,
     "xlm-roberta": _BERT_LAYOUT,
@@ -254,11 +255,11 @@ def derive_student(
     started = time.perf_counter()
     source, target = Path(source), Path(target)
     config = AutoConfig.from_pretrained(source, local_files_only=True)
-    layout = _LAYOUTS.get(config.model_type)
+    layout = DERIVABLE_LAYOUTS.get(config.model_type)
     if layout is None:
         raise ValueError(
             f"{source}/config.json: field 'model_type': {config.model_type!r} cannot be derived from "
-            f"(supported: {', '.join(_LAYOUTS)})"
+            f"(supported: {', '.join(DERIVABLE_LAYOUTS)})"
         )
     shape = _target_shape(config, source, layers, hidden, intermediate)
     ffn_selection = selection if ffn_selection is None else ffn_selection

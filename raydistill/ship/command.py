@@ -224,7 +224,7 @@ def _model(text: str, option: str, rows: dict[str, dict[str, Any]]) -> tuple[Sha
 
 
 def _cut_shape(spec: StudentSpec, teacher: Shape, teacher_text: str) -> Shape:
-    from raydistill.models.derive import _LAYOUTS as DERIVABLE  # the architectures derive_student can cut
+    from raydistill.models.derive import DERIVABLE_LAYOUTS as DERIVABLE
 
     if teacher.model_type not in DERIVABLE:
         raise DistillError(f"--student {spec.text!r}: a student is cut only from a {', '.join(DERIVABLE)} teacher; "
@@ -536,7 +536,7 @@ def _package(plan: DistillPlan, record: dict[str, Any], progress: Progress):
     }
     return package_student(record["model_dir"], plan.out_dir, teacher=plan.teacher, corpus_info=corpus_info,
                            recipe_info=recipe_info, command=plan.command, eval_pairs=plan.eval_pairs,
-                           progress=progress)
+                           student_scores=(record.get("scores") or {}, str(plan.result_path)), progress=progress)
 
 
 def run_command(options: dict[str, Any], argv: list[str] | None = None, progress: Progress = print_line) -> int:

@@ -21,7 +21,9 @@ it, and `read_eval_pairs`, before training, so a bad ``DIR`` or pairs file fails
 Teacher scores: a preset teacher evaluated on the bundled sets has the scores of its committed baseline
 (`TEACHER_BASELINES`, the ``scores`` of results/baseline-<preset>.json; tests/test_package.py holds them equal), so
 the 110M mpnet-base is not re-evaluated for ~25 min on two cores; it is still timed, and encodes the user's pairs.
-Any other teacher, or any data under ``$RAYDISTILL_DATA``, is evaluated here.
+Any other teacher, or any data under ``$RAYDISTILL_DATA``, is evaluated here. Likewise the student's 7-STS and STS-B
+dev come from ``student_scores`` when the caller passes the training job's evaluation of this very directory (the
+job's ``evaluate_sts`` is the computation done here, on the bundled sets), so the command does not score it twice.
 
 Speed: ``speed_sentences`` distinct STS sentences (STS12-16 and STS-B test, a seeded sample), batch
 ``speed_batch``, in ``speed_rounds`` rounds that go through every model in turn (load from other processes falls on
@@ -207,6 +209,17 @@ def _bundled_evaluation() -> bool:
     return all(dataset_path(STS_SETS[name]).is_relative_to(BUNDLED_DIR) for name in (*STS7, DEV_SET))
 
 
+def _job_scores(student_scores: tuple[dict[str, float], str] | None) -> tuple[dict[str, float] | None, str]:
+    """``(scores, source)`` of the student from its training job when they can stand for scoring it here."""
+    if student_scores is None:
+        return None, ""
+    scores, source = student_scores
+    wanted = (*STS7, "avg", DEV_SET)
+    if not _bundled_evaluation() or not all(isinstance(scores.get(name), (int, float)) for name in wanted):
+        return None, ""
+    return {name: float(scores[name]) for name in wanted}, f"{source} (the training job's evaluation)"
+
+
 def teacher_baseline(teacher: str) -> dict[str, float] | None:
     """The committed scores of a preset teacher, when the evaluation data is the bundled data they were taken on."""
     scores = TEACHER_BASELINES.get(str(teacher))
@@ -337,6 +350,7 @@ def package_student(
     recipe_info: dict[str, Any],
     command: str,
     eval_pairs: str | os.PathLike | None = None,
+    student_scores: tuple[dict[str, float], str] | None = None,
     quality_margin: float = DEFAULT_MARGIN,
     progress: Callable[[str], Any] | None = print,
     batch_size: int = 128,
@@ -356,6 +370,9 @@ def package_student(
             ``description``, ``seed``, ``name`` (the card's title).
         command: the exact command line that made the student (the card quotes it).
         eval_pairs: the user's labelled pairs (`read_eval_pairs`), scored for every row.
+        student_scores: ``(scores, source)``: the training job's 7-STS and STS-B dev of ``student_dir`` and the file
+            that holds them; used instead of scoring the student again when they cover every set and the sets are
+            the bundled ones.
         quality_margin: Spearman x 100 points an export may fall below the student before it is marked.
         progress: called with one line per step (None: silent).
     """
@@ -396,16 +413,19 @@ def package_student(
             f"{threads} threads, {speed_rounds} round(s)")
         rates = measure_speed(models, sentences, batch_size=speed_batch, rounds=speed_rounds)
 
-        baseline = teacher_baseline(teacher)
+        known = {"teacher": (teacher_baseline(teacher), f"results/baseline-{teacher}.json (committed evaluation "
+                                                        "of the preset)"),
+                 "student": _job_scores(student_scores)}
         scores: dict[str, dict[str, float]] = {}
         sources: dict[str, str] = {}
         for index, (key, model) in enumerate(models.items(), start=1):
-            use_baseline = key == "teacher" and baseline is not None
+            baseline, baseline_source = known.get(key, (None, ""))
+            use_baseline = baseline is not None
             sets = evaluation_pairs(user_pairs, sts=not use_baseline)
             what = ", ".join(filter(None, ["7 STS sets + STS-B dev" if not use_baseline else "",
                                            f"{len(user_pairs):,} own pairs" if user_pairs is not None else ""]))
             if use_baseline:
-                sources[key] = f"results/baseline-{teacher}.json (committed evaluation of the preset)"
+                sources[key] = baseline_source
                 say(f"package: [{index}/{len(models)}] {names[key]}: 7-STS and STS-B dev from {sources[key]}")
             else:
                 sources[key] = "evaluated"
