@@ -94,18 +94,23 @@ def test_a_pool_actors_teacher_embeds_a_batch_like_the_in_process_teacher(teache
 
 
 def test_a_training_pass_caches_every_vector_and_batches_read_them_back(teacher_spec, in_process_teacher,
-                                                                        real_sentences, tmp_path):
+                                                                        real_sentences, tmp_path, capsys):
     """return_vectors=False gathers no vector (a job's batches read theirs from the cache); TeacherVectors gives
-    each batch its rows' vectors and refuses, naming the cache, a sentence that has none."""
+    each batch its rows' vectors and refuses, naming the cache, a sentence that has none. The pass prints its own
+    progress lines (what it encodes, then done of total); a pass with nothing to encode prints none."""
     from raydistill.runtime.teachers.embedding_cache import TeacherVectors
 
     texts = real_sentences[:48]
     nothing, stats = ensure_teacher_embeddings(texts, "a", teacher_spec, tmp_path, in_process=True,
                                                return_vectors=False)
     assert nothing is None and (stats["hits"], stats["misses"]) == (0, 48)
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("[teacher]")]
+    assert lines[0].endswith(": 48 sentences to encode") and "view a" in lines[0]
+    assert "48/48 sentences (" in lines[-1] and "left" not in lines[-1]
     nothing, stats = ensure_teacher_embeddings(texts, "a", teacher_spec, tmp_path, in_process=True,
                                                return_vectors=False)
     assert nothing is None and (stats["hits"], stats["misses"], stats["teacher_forward_sentences"]) == (48, 0, 0)
+    assert "[teacher]" not in capsys.readouterr().out
 
     vectors = TeacherVectors(tmp_path, teacher_spec.identity())
     batch = [texts[7], texts[3], texts[40]]
@@ -316,7 +321,7 @@ def test_training_data_stream_is_deterministic_and_resumable(ray_session, tmp_pa
 
 
 @pytest.mark.ray
-def test_init_ray_joins_the_running_ray_and_keeps_data_off_actor_cpus(ray_session):
+def test_init_ray_joins_the_running_ray_and_keeps_data_off_actor_cpus(ray_session, monkeypatch):
     import ray
     from ray.data import DataContext
 
@@ -326,8 +331,13 @@ def test_init_ray_joins_the_running_ray_and_keeps_data_off_actor_cpus(ray_sessio
                                "resources": {"num_cpus": 64, "learner": {"num_learners": 2, "num_cpus": 0.5}}})
     options = DataContext.get_current().execution_options
     before = options.resource_limits
+    monkeypatch.delenv("CI", raising=False)
+    monkeypatch.delenv("RAYDISTILL_NO_PROGRESS", raising=False)
+    monkeypatch.setattr(DataContext.get_current(), "enable_progress_bars", True)
     try:
         init_ray(cfg)  # already initialised: joins it, does not start a 64-CPU Ray
+        # pytest's stdout is no terminal: Ray Data's ten-second log blocks are off, the jobs print their own lines
+        assert DataContext.get_current().enable_progress_bars is False
         assert ray.cluster_resources()["CPU"] == 2
         # Ray Data plans with what the actors leave: 2 CPUs less the learners' 2 x 0.5
         assert DataContext.get_current().execution_options.resource_limits.cpu == 1.0

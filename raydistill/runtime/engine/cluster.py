@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -205,7 +206,11 @@ def prepare_worker_environment() -> None:
 
 
 def configure_data_context(cfg: Any = None) -> Callable[[], None]:
-    """Ray Data defaults: no progress bars in CI; never schedule Data work on the CPUs the long-lived actors hold.
+    """Ray Data defaults: no progress bars in CI or when stdout is not a terminal; never schedule Data work on the
+    CPUs the long-lived actors hold.
+
+    Without a terminal (``ray job submit``, a log file) Ray Data logs every running dataset as an eight-line block
+    every ten seconds; the jobs print their own one-line progress instead (the teacher pass: `embedding_cache`).
 
     ``resource_limits`` lets Ray Data plan with what the long-lived actors (`actor_reservation`) leave of the
     cluster, so its tasks and the teacher pool neither wait for those CPUs nor take them (actors on every CPU hang
@@ -232,7 +237,7 @@ def configure_data_context(cfg: Any = None) -> Callable[[], None]:
     # An actor pool that cannot get its resources fails after this long instead of waiting forever (Ray's
     # default); -1 restores waiting forever, e.g. for an autoscaler that needs long to add GPU nodes.
     ctx.wait_for_min_actors_s = int(os.environ.get("RAYDISTILL_ACTOR_WAIT_S", "600"))
-    if os.environ.get("CI") or os.environ.get("RAYDISTILL_NO_PROGRESS"):
+    if os.environ.get("CI") or os.environ.get("RAYDISTILL_NO_PROGRESS") or not sys.stdout.isatty():
         ctx.enable_progress_bars = False
         ctx.print_on_execution_start = False
     if cfg is not None:

@@ -96,7 +96,9 @@ def ensure_teacher_embeddings(texts: list[str], view: str, teacher_cfg, cache_ro
         batches = (_in_process_batches(unique_misses, spec) if in_process
                    else _ray_data_batches(unique_misses, spec))
         new_embeddings, forward_rows = _collect(batches, unique_misses, cache, view, keep=return_vectors,
-                                                positions=list(first_position.values()))
+                                                positions=list(first_position.values()),
+                                                progress=_PassProgress(f"teacher pass ({spec.model}, view {view})",
+                                                                       len(unique_misses)))
         if return_vectors:
             if embeddings.shape[1] == 0:
                 embeddings = np.zeros((len(texts), new_embeddings.shape[1]), dtype=np.float32)
@@ -177,8 +179,28 @@ def _ray_data_batches(texts: list[str], spec: TeacherSpec):
                int(np.asarray(batch["teacher_forward_rows"]).sum()))
 
 
+class _PassProgress:
+    """One line every ``every_s`` seconds while a teacher pass runs, and one at its end: sentences done, rate, ETA."""
+
+    def __init__(self, what: str, total: int, every_s: float = 30.0):
+        self.what, self.total, self.every_s = what, int(total), float(every_s)
+        self.started = self.last = time.perf_counter()
+        print(f"[teacher] {what}: {self.total:,} sentences to encode", flush=True)
+
+    def update(self, done: int) -> None:
+        now = time.perf_counter()
+        if done < self.total and now - self.last < self.every_s:
+            return
+        self.last, elapsed = now, max(now - self.started, 1e-9)
+        rate = done / elapsed
+        left = (self.total - done) / rate if rate > 0 else float("inf")
+        eta = f", ~{left / 60:.0f} min left" if done < self.total and math.isfinite(left) else ""
+        print(f"[teacher] {self.what}: {done:,}/{self.total:,} sentences ({rate:.0f}/s{eta})", flush=True)
+
+
 def _collect(batches, texts: list[str], cache: EmbeddingCache, view: str, keep: bool = True,
-             positions: list[int] | None = None) -> tuple[np.ndarray | None, int]:
+             positions: list[int] | None = None, progress: _PassProgress | None = None,
+             ) -> tuple[np.ndarray | None, int]:
     """Append ``(idx, embeddings, forward rows)`` batches to ``cache`` every ``_APPEND_EVERY_ROWS`` rows and on the
     way out of an interrupted pass; with ``keep``, also gather them into float32 [N, D] in input order.
 
@@ -223,6 +245,8 @@ def _collect(batches, texts: list[str], cache: EmbeddingCache, view: str, keep: 
             unsaved.append((idx[finite], block[finite]))
             if sum(len(i) for i, _ in unsaved) >= _APPEND_EVERY_ROWS:
                 save()
+            if progress is not None:
+                progress.update(int(seen.sum()))
     finally:
         # Interrupted (Ctrl-C, a failed actor, a stopped job): keep what was computed for the next run.
         save()
