@@ -25,10 +25,19 @@ from raydistill.nested import flatten  # noqa: E402
 STS7 = ("sts12", "sts13", "sts14", "sts15", "sts16", "stsb", "sickr")
 
 
-def load_results(results_dir: Path = ROOT / "results") -> list[dict]:
+# Result files a rerun superseded (results/history/<why>/<their old path>): listed in docs/results.md's history,
+# never on the front page or in the current tables. Their commands need the commit they record.
+HISTORY_DIR = "history"
+
+
+def load_results(results_dir: Path = ROOT / "results", history: bool = False) -> list[dict]:
+    """Every result record under ``results_dir`` (``_file``: its path from there); ``history``: only those under
+    results/history/, else every other one."""
     records = []
     for path in sorted(results_dir.rglob("*.json")):
         if path.name.startswith("bench-") or path.name.startswith("reliability"):
+            continue
+        if (path.relative_to(results_dir).parts[0] == HISTORY_DIR) != history:
             continue
         record = json.loads(path.read_text())
         if "kind" not in record or "scores" not in record:
@@ -47,6 +56,22 @@ SCALE_MIN_SENTENCES = 250_000
 def at_scale(record: dict) -> bool:
     training = record.get("training") or {}
     return training.get("corpus") == SCALE_CORPUS and (training.get("sentences") or 0) >= SCALE_MIN_SENTENCES
+
+
+# The whole ``mixed`` corpus before the punctuation-blind evaluation-text filter (269,672 sentences; 269,340 after,
+# docs/data.md). A run on it that has no rerun yet is marked wherever it appears.
+BEFORE_FILTER_SENTENCES = 269_672
+
+
+def before_filter(record: dict) -> bool:
+    training = record.get("training") or {}
+    return training.get("corpus") == SCALE_CORPUS and training.get("sentences") == BEFORE_FILTER_SENTENCES
+
+
+def _file_cell(record: dict) -> str:
+    """The result-file link of a table row, marked when the run predates the evaluation-text filter."""
+    mark = " (before the filter)" if before_filter(record) else ""
+    return f"[{record['_file']}](results/{record['_file']}){mark}"
 
 
 def scale_records(records: list[dict]) -> list[dict]:
@@ -175,7 +200,7 @@ def distill_table(records: list[dict]) -> str:
             f"{r.get('training', {}).get('lr', '–'):g}" if "lr" in r.get("training", {}) else "–",
             f"{r['params_m']:.1f}", *cells, before,
             retention, vs_simcse, _minutes(r.get("wall_s")), PAPER_REFERENCE.get((r.get("method"), r["model"]), "–"),
-            f"[{r['_file']}](results/{r['_file']})"]) + " |")
+            _file_cell(r)]) + " |")
     return "\n".join(lines)
 
 
@@ -583,7 +608,7 @@ def best_students_table(records: list[dict], rates: dict[str, float] | None = No
                 f"`{student}`", f"{best['params_m']:.1f}", f"{start['scores']['avg']:.2f}" if start else "–", labels,
                 f"{method} ← `{best['teacher']}` ({teacher['scores']['avg']:.2f})", f"{scores['stsb_dev']:.2f}",
                 f"**{scores['avg']:.2f}**", f"{100 * scores['avg'] / teacher['scores']['avg']:.1f}",
-                speed, f"[{best['_file']}](results/{best['_file']})"]) + " |")
+                speed, _file_cell(best)]) + " |")
     return "\n".join(lines)
 
 
@@ -675,7 +700,7 @@ def scale_targets_table(records: list[dict]) -> str:
             method, scores, record = max(label_free, key=lambda found: _dev(found[1]))
             avg = scores["avg"]
             best_cell, target_cell = f"**{avg:.2f}** ({method})", f"≥ {target:g}: {check(avg, target)}"
-            link = f"[{record['_file']}](results/{record['_file']})"
+            link = _file_cell(record)
         else:
             avg, best_cell, target_cell, link = None, "not run yet", f"≥ {target:g}", "–"
         simcse_avg = simcse["scores"]["avg"] if simcse else None
@@ -847,7 +872,9 @@ PAGES = {
     "docs/results.md": {"dev_curves": dev_curves_table, "baselines": baselines_table,
                         "public_models": public_models_table,
                         "distill": lambda records: distill_table(scale_records(records)),
-                        "distill_history": lambda records: distill_table(history_records(records)),
+                        "distill_history": lambda records: distill_table(history_records(records)
+                                                                         + superseded_starts()),
+                        "distill_superseded": lambda records: superseded_table(),
                         "targets": targets_table,
                         "tune": tune_table, "tune_trials": tune_trials_table},
     "docs/trans-encoder.md": {"tenc": tenc_table, "tenc_compare": tenc_compare_table,
@@ -856,6 +883,21 @@ PAGES = {
     "docs/benchmarks.md": {"bench": bench_table, "compare_public": compare_public_table},
     "docs/cluster.md": {"gpu_configs": gpu_configs_table},
 }
+
+
+def superseded_starts(results_dir: Path = ROOT / "results") -> list[dict]:
+    """The baselines of start models that no longer exist (results/history/): listed after the current ones, they
+    are the "before" of runs made from those starts (distill_table keeps the last baseline of a model)."""
+    return [r for r in load_results(results_dir, history=True) if r["kind"] == "baseline"]
+
+
+def superseded_table(results_dir: Path = ROOT / "results") -> str:
+    """The runs a rerun superseded (results/history/), each beside the baseline of the start it had then."""
+    runs = [r for r in load_results(results_dir, history=True) if r["kind"] != "baseline"]
+    if not runs:
+        return "No run has been superseded."
+    current = [r for r in load_results(results_dir) if r["kind"] == "baseline"]
+    return distill_table(current + superseded_starts(results_dir) + runs)
 
 
 def _link_prefix(page: str) -> str:
