@@ -250,13 +250,38 @@ def test_a_learner_reads_its_stage_rows_from_the_label_set_through_ray_data(tiny
     # The order of each epoch is the permutation drawn from (stage seed, epoch) (data.arrays.ArrayData, as every
     # labelled set the engine trains on): every run of the stage (a rerun, a resume) visits the rows in this order;
     # an epoch's last, partial batch is dropped, as the engine drops it.
-    full = len(rows) // train["batch_size"] * train["batch_size"]
+    full, seed = len(rows) // train["batch_size"] * train["batch_size"], stage_seed(1000, 1, "bi", "bert")
     expected = [rows[i] for epoch in range(train["epochs"])
-                for i in np.random.default_rng([stage_seed(1000, 1, "bi", "bert"), epoch]).permutation(len(rows))[:full]]
+                for i in np.random.default_rng([seed, epoch]).permutation(len(rows))[:full]]
     assert [(a, b) for a, b, _ in trained_on] == [(a, b) for a, b, _ in expected]
     np.testing.assert_allclose([t for *_, t in trained_on], [t for *_, t in expected], rtol=1e-6)
     assert summary["labels_dir"] == str(labels_dir) and summary["target_column"] == column
     assert summary["labels_sha"] == labels_digest(parquet[column].to_numpy())
+
+
+@pytest.mark.ray
+@pytest.mark.usefixtures("ray_session")
+def test_a_stage_whose_loss_turns_nan_is_refused_at_that_step(tiny_bert, tmp_path):
+    """A stage trains through the engine's loop, whose NaN refusal names the method, the step and the loss parts;
+    the stage writes no model directory."""
+    pair_set = build_pair_set("inductive", max_pairs=12, seed=1)
+    scores = np.random.default_rng(0).uniform(-1, 1, 12).astype(np.float32)
+    labels_dir = tmp_path / "labels" / "cycle=1" / "stage=cross2bi"
+    write_label_set(labels_dir, pair_set, {"bert": scores}, scores)
+    train = {"batch_size": 4, "lr": 1e-3, "epochs": 1, "max_steps": None, "max_length": 32, "warmup_ratio": 0.0,
+             "weight_decay": 0.0, "grad_clip": 1.0, "eval_every": 100, "amp": False}
+    learner = BiEncoderLearner("bert", pair_set, train, threads=1)
+    learner.load(str(tiny_bert), cycle=1)
+    batch_to_features = learner.spec.batch_to_features
+
+    def nan_targets_at_step_2(ctx, batch):
+        features, targets = batch_to_features(ctx, batch)
+        return features, targets * float("nan") if ctx.step == 1 else targets
+
+    learner.spec = dataclasses.replace(learner.spec, batch_to_features=nan_targets_at_step_2)
+    with pytest.raises(FloatingPointError, match=r"tenc-bi: loss is nan at step 2 \(parts \{'mse': nan\}\)"):
+        learner.fit(str(labels_dir), "score", cycle=1, stage="cross2bi", out_dir=str(tmp_path / "model"))
+    assert not (tmp_path / "model").exists()
 
 
 @pytest.mark.ray

@@ -140,8 +140,8 @@ class DistillLearner(LearnerState):
             # several workers the embedding keeps plain dense gradients so DDP averages them like any other.
             _use_cpu_speedups(self.student, sparse_embedding_grad=self.world_size == 1)
         # A cross-encoder student (Trans-Encoder's bi -> cross stage) has scores, no embedding width.
-        self.loss_module = self.spec.build_loss(cfg, student_dim=getattr(self.student, "dim", None), teacher_dim=teacher_dim,
-                                                total_steps=self.total_steps,
+        self.loss_module = self.spec.build_loss(cfg, student_dim=getattr(self.student, "dim", None),
+                                                teacher_dim=teacher_dim, total_steps=self.total_steps,
                                                 queues=_queue_mirrors(self.spec, cfg, queue_actors, teacher_dim))
         if self.device.type != "cpu":  # modules are built on the CPU; moving a no-op there is skipped
             self.loss_module.to(self.device)

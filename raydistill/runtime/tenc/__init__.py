@@ -53,11 +53,11 @@ Run directory (everything a resume or an inspection needs):
     <run_dir>/plots/dev_by_cycle.png                      every family's dev score per cycle (MLflow parent artifact)
 
 A restarted job with the same config skips every completed stage and reuses its Parquet and models; a stage
-stopped mid-way (SIGTERM, SIGINT) continues from its saved step (the engine's checkpoint in ``training/``); ``cycles`` may grow
-between runs (a 3-cycle run continues to 5). Results go to ``results_dir`` as result-schema JSON: one per
-family, encoder and cycle (``eval.test_cycles: all``; cycle 0 = the starting bi-encoders) or for cycle 0 and each
-family's best-dev models only (``best``), plus the ensembles of the families (mean of their predictions), and a
-copy of ``summary.json``.
+stopped mid-way (SIGTERM, SIGINT) continues from its saved step (the engine's checkpoint in ``training/``);
+``cycles`` may grow between runs (a 3-cycle run continues to 5). Results go to ``results_dir`` as result-schema
+JSON: one per family, encoder and cycle (``eval.test_cycles: all``; cycle 0 = the starting bi-encoders) or for
+cycle 0 and each family's best-dev models only (``best``), plus the ensembles of the families (mean of their
+predictions), and a copy of ``summary.json``.
 
 Model selection (``TransEncoderJob.select_best``) is on the dev set (STS-B dev) and includes the start: the
 bi-encoder candidates are cycles 0..N, where cycle 0 is the starting checkpoint, so a run whose training never beats
