@@ -38,6 +38,7 @@ checkpoint of other stage settings, e.g. other labels, is set aside and the stag
 from __future__ import annotations
 
 import datetime as dt
+import json
 import shutil
 import sys
 import time
@@ -291,9 +292,12 @@ class StageLearner:
         if not self._keep_stage_checkpoints(cfg, Path(train_dir), tag):
             self._say(f"[{tag}] training on {data.num_rows:,} examples, {total_steps} steps "
                       f"(batch {cfg.train.batch_size}, lr {cfg.train.lr}, {cfg.train.epochs} epoch(s))")
+        earlier_wall_s = _earlier_wall_s(Path(train_dir))
+        started = time.perf_counter()
         try:
             fitted = group.fit(data)
         except PreemptedError as stop:
+            _record_wall_s(Path(train_dir), earlier_wall_s + time.perf_counter() - started)
             self._say(f"[{tag}] stop requested: stopped after step {stop.step}/{total_steps}, saved to "
                       f"{stop.checkpoint}")
             return {"family": self.family, "kind": self.kind, "stopped": True, "steps": stop.step,
@@ -306,7 +310,7 @@ class StageLearner:
         summary = {
             "family": self.family, "kind": self.kind, "cycle": cycle, "stage": stage,
             "best_dev": fitted["best_stsb_dev"], "best_step": fitted["best_step"], "steps": fitted["steps"],
-            "total_steps": total_steps, "examples": data.num_rows, "wall_s": fitted["seconds"],
+            "total_steps": total_steps, "examples": data.num_rows, "wall_s": earlier_wall_s + fitted["seconds"],
             "history": _stage_history(fitted["history"]), "model_dir": str(Path(out_dir)),
             "init_from": self.loaded_from, "fingerprint": encoder_fingerprint(model), "labels_dir": str(labels_dir),
             "target_column": target_column, "labels_sha": identity["labels_sha"],
@@ -340,6 +344,23 @@ class StageLearner:
 
     def _say(self, message: str) -> None:
         print(message, file=sys.stdout, flush=True)
+
+
+# The wall seconds of a stage's attempts before a stop, beside its checkpoints: a resumed stage reports them all.
+_WALL_FILE = "tenc_wall_s.json"
+
+
+def _earlier_wall_s(train_dir: Path) -> float:
+    try:
+        return float(json.loads((train_dir / _WALL_FILE).read_text())["wall_s"])
+    except (OSError, ValueError, KeyError, TypeError):  # no earlier attempt, or a record lost: this attempt's only
+        return 0.0
+
+
+def _record_wall_s(train_dir: Path, wall_s: float) -> None:
+    from raydistill.fileio import atomic_write_json
+
+    atomic_write_json(train_dir / _WALL_FILE, {"wall_s": round(float(wall_s), 3)})
 
 
 def _stage_history(history: list[dict[str, Any]]) -> list[dict[str, float]]:
