@@ -9,6 +9,7 @@ recomputes what the job claims from the saved models and the Parquet it wrote.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from pathlib import Path
@@ -163,7 +164,8 @@ def test_cross_learner_trains_both_orders_on_scaled_bi_labels(tiny_bert):
     train = {"batch_size": 4, "max_length": 32}
     for scaling in ("clip", "affine", "raw"):
         learner = CrossEncoderLearner("bert", pair_set, train, label_scaling=scaling, threads=1)
-        first, second, targets = learner._examples(list(pair_set.sentence1), list(pair_set.sentence2), cosines)
+        rows = learner.spec.training_columns(list(pair_set.sentence1), list(pair_set.sentence2), cosines, scaling)
+        first, second, targets = rows["text_a"], rows["text_b"], rows["score"]
         assert list(zip(first, second)) == pair_set.pairs() + swapped
         np.testing.assert_allclose(targets, np.tile(cosine_to_target(cosines, scaling), 2))
     assert targets[0] == pytest.approx(-0.4)  # raw keeps the authors' negative BCE target
@@ -229,13 +231,13 @@ def test_a_learner_reads_its_stage_rows_from_the_label_set_through_ray_data(tiny
     def stage(column: str) -> tuple[list[tuple[str, str, float]], dict]:
         learner = BiEncoderLearner("bert", pair_set, train, threads=1)
         learner.load(str(tiny_bert), cycle=1)
-        trained_on, batch_loss = [], learner._batch_loss
+        trained_on, batch_to_features = [], learner.spec.batch_to_features
 
-        def recorded_batch(first, second, targets):
-            trained_on.extend(zip(first, second, targets.tolist()))
-            return batch_loss(first, second, targets)
+        def recorded_batch(ctx, batch):
+            trained_on.extend(zip(batch["text_a"], batch["text_b"], batch["score"].tolist()))
+            return batch_to_features(ctx, batch)
 
-        learner._batch_loss = recorded_batch
+        learner.spec = dataclasses.replace(learner.spec, batch_to_features=recorded_batch)
         summary = learner.fit(str(labels_dir), column, cycle=1, stage="cross2bi", out_dir=str(tmp_path / column))
         return trained_on, summary
 
@@ -245,14 +247,41 @@ def test_a_learner_reads_its_stage_rows_from_the_label_set_through_ray_data(tiny
     trained_on, summary = stage(column)
     assert reads == [(str(labels_dir), ["pair_id", "sentence1", "sentence2", column])]
     rows = list(zip(parquet["sentence1"], parquet["sentence2"], parquet[column]))
-    # The order is the stage seed's permutation, drawn afresh by each fit of the stage: every run of it (a rerun, a
-    # resume) visits the rows in this order.
-    order = np.random.default_rng(stage_seed(1000, 1, "bi", "bert"))
-    expected = [rows[i] for _ in range(train["epochs"]) for i in order.permutation(len(rows))]
+    # The order of each epoch is the permutation drawn from (stage seed, epoch) (data.arrays.ArrayData, as every
+    # labelled set the engine trains on): every run of the stage (a rerun, a resume) visits the rows in this order;
+    # an epoch's last, partial batch is dropped, as the engine drops it.
+    full, seed = len(rows) // train["batch_size"] * train["batch_size"], stage_seed(1000, 1, "bi", "bert")
+    expected = [rows[i] for epoch in range(train["epochs"])
+                for i in np.random.default_rng([seed, epoch]).permutation(len(rows))[:full]]
     assert [(a, b) for a, b, _ in trained_on] == [(a, b) for a, b, _ in expected]
     np.testing.assert_allclose([t for *_, t in trained_on], [t for *_, t in expected], rtol=1e-6)
     assert summary["labels_dir"] == str(labels_dir) and summary["target_column"] == column
     assert summary["labels_sha"] == labels_digest(parquet[column].to_numpy())
+
+
+@pytest.mark.ray
+@pytest.mark.usefixtures("ray_session")
+def test_a_stage_whose_loss_turns_nan_is_refused_at_that_step(tiny_bert, tmp_path):
+    """A stage trains through the engine's loop, whose NaN refusal names the method, the step and the loss parts;
+    the stage writes no model directory."""
+    pair_set = build_pair_set("inductive", max_pairs=12, seed=1)
+    scores = np.random.default_rng(0).uniform(-1, 1, 12).astype(np.float32)
+    labels_dir = tmp_path / "labels" / "cycle=1" / "stage=cross2bi"
+    write_label_set(labels_dir, pair_set, {"bert": scores}, scores)
+    train = {"batch_size": 4, "lr": 1e-3, "epochs": 1, "max_steps": None, "max_length": 32, "warmup_ratio": 0.0,
+             "weight_decay": 0.0, "grad_clip": 1.0, "eval_every": 100, "amp": False}
+    learner = BiEncoderLearner("bert", pair_set, train, threads=1)
+    learner.load(str(tiny_bert), cycle=1)
+    batch_to_features = learner.spec.batch_to_features
+
+    def nan_targets_at_step_2(ctx, batch):
+        features, targets = batch_to_features(ctx, batch)
+        return features, targets * float("nan") if ctx.step == 1 else targets
+
+    learner.spec = dataclasses.replace(learner.spec, batch_to_features=nan_targets_at_step_2)
+    with pytest.raises(FloatingPointError, match=r"tenc-bi: loss is nan at step 2 \(parts \{'mse': nan\}\)"):
+        learner.fit(str(labels_dir), "score", cycle=1, stage="cross2bi", out_dir=str(tmp_path / "model"))
+    assert not (tmp_path / "model").exists()
 
 
 @pytest.mark.ray

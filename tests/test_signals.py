@@ -184,14 +184,14 @@ class StoppedThenResumed:
     status: int  # exit status of the stopped job
     first: str  # its output
     state: dict  # state.json after the stop
-    saved: dict[str, bool]  # family -> its stopped-stage file existed after the stop
+    saved: dict[str, bool]  # family -> its stage's run dir held a checkpoint after the stop
     stopped_at: dict[str, int]  # family -> the step its learner stopped after
     mlflow_statuses: list[str]  # of the job's parent MLflow runs, after the stop
     bi2cross_files: dict[Path, int]  # the finished stage's model files (path -> mtime) after the stop
     second: str  # what the rerun printed
     second_error: BaseException | None  # what the rerun raised
     final: dict  # state.json after the rerun
-    saved_after: dict[str, bool]  # family -> its stopped-stage file still existed after the rerun
+    saved_after: dict[str, bool]  # family -> its stage's run dir still existed after the rerun
 
 
 @pytest.fixture(scope="module")
@@ -208,12 +208,14 @@ def tenc_stopped_then_resumed(tiny_models, tmp_path_factory, ray_session, mutual
     (root / "job.yaml").write_text(json.dumps(cfg.to_dict()))
     command = [sys.executable, "jobs/mutual_tenc.py", "--config", str(root / "job.yaml")]
     run_dir = root / "run"
-    dev_lines = [f"cross2bi {f}/bi] step {SIGNAL_AT}/{TENC_STEPS} dev" for f in FAMILIES]
+    # the engine's progress line of a dev evaluation: "[cycle 1 cross2bi bert/bi] step 5/40 (12%) ep 1/2 ... dev"
+    dev_lines = [re.compile(rf"cross2bi {f}/bi\] step {SIGNAL_AT}/{TENC_STEPS} \(.* dev ") for f in FAMILIES]
 
-    status, first = start_and_signal(command, root / "first.log", lambda out: all(d in out for d in dev_lines),
-                                     signal.SIGTERM)
-    saved_files = {f: run_dir / "models" / "cycle=1" / "bi" / f"{f}.stopped.pt" for f in FAMILIES}
-    saved = {f: path.is_file() for f, path in saved_files.items()}
+    status, first = start_and_signal(command, root / "first.log",
+                                     lambda out: all(d.search(out) for d in dev_lines), signal.SIGTERM)
+    # the stage's engine run dir, with the checkpoint of the step boundary where each learner stopped
+    saved_files = {f: run_dir / "training" / "cycle=1" / "bi" / f for f in FAMILIES}
+    saved = {f: any(path.glob("checkpoints/step-*")) for f, path in saved_files.items()}
     stopped_at = {f: int(m) for f, m in re.findall(r"cross2bi (\w+)/bi\] stop requested: stopped after step (\d+)/",
                                                     first)}
     client = MlflowClient(cfg.tracking.tracking_uri)

@@ -283,8 +283,15 @@ class MethodSpec:
                                                                                       cfg.student_projection_init))
         return student
 
-    def build_loss(self, cfg: JobConfig, *, student_dim: int, teacher_dim: int | None, total_steps: int | None = None,
-                   queues: list | None = None) -> nn.Module:
+    def dev_score(self, cfg: JobConfig, student) -> float:
+        """The learner's model-selection score of ``student``: STS-B dev Spearman x 100 of its cosine. A method
+        whose student is no bi-encoder, or that selects on another set, says so here."""
+        from raydistill.evaluation import evaluate_sts
+
+        return float(evaluate_sts(student, sets=("stsb_dev",), progress=False)["stsb_dev"])
+
+    def build_loss(self, cfg: JobConfig, *, student_dim: int | None, teacher_dim: int | None,
+                   total_steps: int | None = None, queues: list | None = None) -> nn.Module:
         """The loss module with ``loss_kwargs(cfg)``; ``dim``/``total_steps`` filled in when the class takes them.
 
         ``queues``: queue objects (one per teacher queue, e.g. mirrors of a queue shared by several learners) to

@@ -1,9 +1,9 @@
 """The learner: one student, its loss module, AdamW, the LR schedule, dev evaluation, best model and checkpoints.
 
 ``DistillLearner`` is a plain class (no Ray import at module level). Ray Train runs it: ``train_loop.train_worker``
-builds one per Train worker (in the driver process in Train's local mode, ``num_learners: 0``), and with several
-workers ``enable_ddp`` wraps its student and loss in ``DistributedDataParallel`` over the process group Train set up
-(gloo on CPU, NCCL on GPU).
+builds one per Train worker (in the calling process in Train's local mode, ``num_learners: 0``: the driver, or a
+Trans-Encoder learner actor), and with several workers ``enable_ddp`` wraps its student and loss in
+``DistributedDataParallel`` over the process group Train set up (gloo on CPU, NCCL on GPU).
 
 What one optimiser step does (the fork of sentence-transformers' ``fit`` that SCT and ConGen share,
 docs/methods.md, ConGen and SCT):
@@ -21,8 +21,9 @@ moment starts near 0 and is divided out un-rescaled). This is a known, documente
 Schedule: linear warm-up over ``warmup_ratio`` of the *total* steps, then linear decay to 0 at the nominal end;
 early stopping does not shorten the schedule (as in the authors' fit loop).
 
-Model selection: STS-B dev Spearman (cosine) every ``eval_every`` steps and at each epoch end; whenever it improves,
-the student is written to ``<run_dir>/best/`` as a sentence-transformers directory (with its projection layer).
+Model selection: the method's dev score (``MethodSpec.dev_score``: STS-B dev Spearman of the cosine unless the method
+says otherwise) every ``eval_every`` steps and at each epoch end; whenever it improves, the student is written to
+``<run_dir>/best/`` (a sentence-transformers directory with its projection layer, or a cross-encoder's directory).
 That, early stopping and the checkpoints are ``learner_state.LearnerState``, the learner's mix-in.
 """
 
@@ -138,8 +139,9 @@ class DistillLearner(LearnerState):
             # The reused sparse embedding gradient is set by a hook after accumulation, behind DDP's back: with
             # several workers the embedding keeps plain dense gradients so DDP averages them like any other.
             _use_cpu_speedups(self.student, sparse_embedding_grad=self.world_size == 1)
-        self.loss_module = self.spec.build_loss(cfg, student_dim=self.student.dim, teacher_dim=teacher_dim,
-                                                total_steps=self.total_steps,
+        # A cross-encoder student (Trans-Encoder's bi -> cross stage) has scores, no embedding width.
+        self.loss_module = self.spec.build_loss(cfg, student_dim=getattr(self.student, "dim", None),
+                                                teacher_dim=teacher_dim, total_steps=self.total_steps,
                                                 queues=_queue_mirrors(self.spec, cfg, queue_actors, teacher_dim))
         if self.device.type != "cpu":  # modules are built on the CPU; moving a no-op there is skipped
             self.loss_module.to(self.device)

@@ -3,10 +3,10 @@
 ``fit`` runs a ``TorchTrainer`` whose workers run ``train_loop.train_worker`` (one ``DistillLearner`` each):
 
     ScalingConfig   from ``resources.learner``: ``num_learners: 0`` is Train's local mode (the loop runs in this
-                    process: tests, laptops); N > 0 starts N workers with ``num_cpus``/``num_gpus`` each
-                    (``use_gpu`` when ``num_gpus > 0``). DDP averages the gradients (gloo on CPU, NCCL on GPU),
-                    so one step consumes N batches (batch ``b`` of an epoch goes to worker ``b mod N``) and the
-                    weights stay identical on every worker.
+                    process: tests, laptops, each Trans-Encoder stage inside its learner actor); N > 0 starts N
+                    workers with ``num_cpus``/``num_gpus`` each (``use_gpu`` when ``num_gpus > 0``). DDP averages
+                    the gradients (gloo on CPU, NCCL on GPU), so one step consumes N batches (batch ``b`` of an
+                    epoch goes to worker ``b mod N``) and the weights stay identical on every worker.
     datasets        a corpus streams from Ray Data (``{"train": TrainingData.epoch_stream(...)}``, read from the
                     memory-mapped rows file by Data's tasks, not split: every worker, or the local-mode loop, keeps
                     its own batches of the seeded order); a labelled set, and a corpus whose reporter takes no

@@ -1,6 +1,7 @@
 """What of a ``DistillLearner`` outlives a step: its best dev model and its checkpoints (``LearnerState``).
 
-``LearnerState`` is the mix-in of ``DistillLearner`` that evaluates STS-B dev (on rank 0; a new best is written to
+``LearnerState`` is the mix-in of ``DistillLearner`` that evaluates the method's dev score (``MethodSpec.dev_score``:
+STS-B dev of the cosine by default; on rank 0; a new best is written to
 ``<run_dir>/best`` atomically, with ``BEST_INFO``), decides early stopping (``train.patience`` evaluations without a
 new best), and turns the learner into checkpoint state and back: student, loss module (queues), optimiser, LR
 schedule, step, best dev, history and the python / numpy / torch RNG, as tensors and plain lists only (checkpoints
@@ -42,12 +43,11 @@ class LearnerState:
     """The best dev model and the checkpoints of a ``DistillLearner`` (its mix-in; see the module docstring)."""
 
     def evaluate_dev(self, save_best: bool = True) -> float:
-        """STS-B dev Spearman x 100 (cosine); on rank 0 a new best is saved to ``<run_dir>/best``."""
-        from raydistill.evaluation import evaluate_sts
-
+        """The method's dev score (``MethodSpec.dev_score``: STS-B dev Spearman x 100 of the cosine unless the method
+        says otherwise); on rank 0 a new best is saved to ``<run_dir>/best``."""
         if self.rank != 0:
             return float("nan")
-        score = float(evaluate_sts(self.student, sets=("stsb_dev",), progress=False)["stsb_dev"])
+        score = float(self.spec.dev_score(self.cfg, self.student))
         improved = score > self.best.score
         if improved:
             self.best = BestDev(score=score, step=self.step, evals_without_improvement=0)

@@ -44,7 +44,8 @@ Run directory (everything a resume or an inspection needs):
     <run_dir>/labels/cycle=<k>/stage=<bi2cross|cross2bi>/ Parquet: pair_id, sentence1, sentence2,
                                                           score_<family> per family, score (the average)
     <run_dir>/models/cycle=<k>/<bi|cross>/<family>/       the stage's best-dev model (cycle 0 = start checkpoints)
-    <run_dir>/models/cycle=<k>/<bi|cross>/<family>.stopped.pt  a stopped stage's position (until it finishes)
+    <run_dir>/training/cycle=<k>/<bi|cross>/<family>/     the engine's run dir of a stage in progress or stopped
+                                                          (checkpoints/, best/; removed once the stage finishes)
     <run_dir>/eval/cycle=<k>/<bi|cross>/<family>.npz      per-pair test predictions (ensembles are computed from these)
     <run_dir>/eval/cycle=<k>/<bi|cross>/<family>-pairs.npy the model's score of every training pair (qqp, mrpc)
     <run_dir>/best/<family>/<bi|cross>                    the best-dev model over all cycles (a copy)
@@ -52,11 +53,11 @@ Run directory (everything a resume or an inspection needs):
     <run_dir>/plots/dev_by_cycle.png                      every family's dev score per cycle (MLflow parent artifact)
 
 A restarted job with the same config skips every completed stage and reuses its Parquet and models; a stage
-stopped mid-way (SIGTERM, SIGINT) continues from its saved step (``<model dir>.stopped.pt``); ``cycles`` may grow
-between runs (a 3-cycle run continues to 5). Results go to ``results_dir`` as result-schema JSON: one per
-family, encoder and cycle (``eval.test_cycles: all``; cycle 0 = the starting bi-encoders) or for cycle 0 and each
-family's best-dev models only (``best``), plus the ensembles of the families (mean of their predictions), and a
-copy of ``summary.json``.
+stopped mid-way (SIGTERM, SIGINT) continues from its saved step (the engine's checkpoint in ``training/``);
+``cycles`` may grow between runs (a 3-cycle run continues to 5). Results go to ``results_dir`` as result-schema
+JSON: one per family, encoder and cycle (``eval.test_cycles: all``; cycle 0 = the starting bi-encoders) or for
+cycle 0 and each family's best-dev models only (``best``), plus the ensembles of the families (mean of their
+predictions), and a copy of ``summary.json``.
 
 Model selection (``TransEncoderJob.select_best``) is on the dev set (STS-B dev) and includes the start: the
 bi-encoder candidates are cycles 0..N, where cycle 0 is the starting checkpoint, so a run whose training never beats

@@ -11,9 +11,14 @@ and writes the stage's label set once (``labels``); each learner then reads its 
 Parquet directory through Ray Data. The driver hands a learner only where its labels are and which column to learn.
 A stage is recorded as finished in state.json the moment its learners return, before the next stage's labels.
 
+Training: each stage is a method of the engine (``methods.tenc_bi`` / ``methods.tenc_cross``) that each family's
+long-lived actor runs as ``LearnerGroup(...).fit`` in Train's local mode, in the actor's own process (``learners``
+says why: 19.4 s to start a one-worker Train run against < 1 ms for a local-mode ``fit``); the stage's engine run
+dir is ``RunLayout.training_dir``.
+
 Stopping (``stopping``): SIGTERM or SIGINT while the learners train asks each learner (``request_stop``, served on
-the actors' ``control`` concurrency group while ``fit`` runs) to save its position at the next step boundary
-(``learners.stopped_stage_file``), which the next run continues from; anywhere else (labelling, evaluation)
+the actors' ``control`` concurrency group while ``fit`` runs) to stop at the next step boundary with a checkpoint
+in the stage's run dir, which the next run continues from; anywhere else (labelling, evaluation)
 the job stops at once. Either way the MLflow runs end KILLED and ``JobStopped`` says what was kept and how to resume.
 """
 
@@ -276,8 +281,9 @@ class TransEncoderJob(JobEvaluation):
             # Each learner reads its rows from the label set itself; it is told only where and which column.
             target_column = "score" if self.cfg.mode == "mutual" else f"score_{f}"
             out_dir = self.layout.model_dir(cycle, kind, f)
-            fit_refs.append(actors.actor(f, kind).fit.remote(labels_dir, target_column, cycle=cycle, stage=stage,
-                                                             out_dir=str(out_dir), record=self._stage_record()))
+            fit_refs.append(actors.actor(f, kind).fit.remote(
+                labels_dir, target_column, cycle=cycle, stage=stage, out_dir=str(out_dir),
+                train_dir=str(self.layout.training_dir(cycle, kind, f)), record=self._stage_record()))
             actors.holding[(f, kind)] = str(out_dir)  # fit leaves the best model in memory
         # The next stage's labels come from the models just trained: queue them on the same actors, so each family
         # labels as soon as its own training ends; the exchange (average, Parquet) waits for all of them.
@@ -334,7 +340,7 @@ class TransEncoderJob(JobEvaluation):
             raise JobStopped(f"stop requested ({signal_name()}) while training [{key}]",
                              where=f"while training [{key}]",
                              kept=f"[{key}] stopped at a step boundary ({where}), its position saved in "
-                                  f"{self.layout.model_dir(cycle, kind, '<family>')}.stopped.pt")
+                                  f"{self.layout.training_dir(cycle, kind, '<family>')}/checkpoints")
         return summaries
 
     # ------------------------------------------------------------------------------------------------------------

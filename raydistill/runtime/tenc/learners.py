@@ -1,4 +1,9 @@
-"""Plain learners of Trans-Encoder's two stages: a bi-encoder and a cross-encoder that label pairs and learn labels.
+"""The learners of Trans-Encoder's two stages: a bi-encoder and a cross-encoder that label pairs and learn labels.
+
+Contract: a learner holds one model of one family; ``load`` builds a stage's starting model (seeded), ``fit`` trains
+it on a stage's label set through the engine's loop and leaves the best dev model in memory and on disk (with its
+``stage.json``), ``predict_pairs`` / ``test_predictions`` label and evaluate with the model held, and
+``request_stop`` (served beside a running ``fit``) stops ``fit`` at its next step boundary, resumable step for step.
 
 Trans-Encoder (Liu, Jiao, Massiah, Yilmaz & Havrylov, ICLR 2022, arXiv:2109.13059) alternates two formulations
 of one pretrained encoder:
@@ -13,32 +18,42 @@ authors use the raw cosine). The cross-encoder's labels are the mean of both pai
 order only, but a cross-encoder is order-sensitive and the bi-encoder's cosine is not, so one order would hand the
 bi-encoder a label that depends on which sentence happened to come first (docs/methods.md, Trans-Encoder).
 
-Each learner is a plain class: it holds one model, labels the job's unlabeled ``PairSet`` with it, trains on the
-rows of a stage's label set, which it reads itself from the set's Parquet directory through Ray Data
-(``labels.read_training_rows``), selects the best STS-B dev checkpoint inside the stage (dev every
-``eval_every`` steps and at each epoch end, as the authors' ``fit`` does), and saves it. The Ray actors of the job
-(``job.py``) are these classes behind ``ray.remote`` with resources from the config.
+A stage is a method of the engine (``methods.tenc_bi`` / ``methods.tenc_cross``: rows, student, loss, dev score),
+trained by ``LearnerGroup.fit`` like every distillation stage: the same optimiser, schedule, NaN refusal, dev
+evaluation every ``eval_every`` steps and at each epoch end with the best model kept in ``best/``, progress lines,
+checkpoints and stop/resume. ``fit`` reads the rows itself from the label set's Parquet directory through Ray Data
+(``labels.read_training_rows``), checked against the job's pair set, and runs the stage in Train's local mode
+(``resources.learner.num_learners: 0``) inside this actor's process: a Ray Train run with one worker costs 19.4 s
+to start here (results/bench-train_start.json; the main job's 12 stages would add 209-232 s, over 10 % of its
+2,006 s), local mode 0.16 s for the first ``fit`` and under 1 ms after, in an actor too (bench/train_start.py
+``--local``). Model, data and process stay in the actor, so the families still train at the same time, and the
+model is at hand for labelling afterwards. With ``num_learners >= 1`` (a GPU cluster, where a stage is minutes)
+the same stage would be a Train run with workers.
+
+The stage's engine run dir (``train_dir``: ``checkpoints/``, ``best/``) lives until the stage's model directory
+is saved; a stop leaves the checkpoint of its step boundary there, which the same stage continues from (a
+checkpoint of other stage settings, e.g. other labels, is set aside and the stage trains from its start).
 """
 
 from __future__ import annotations
 
 import datetime as dt
-import io
-import math
+import json
+import shutil
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
-from torch import Tensor, nn
+from torch import nn
 
+from raydistill.methods.tenc_cross import SymmetricCrossScorer
 from raydistill.runtime.tenc.pairs import PairSet
 from raydistill.runtime.tenc.labels import read_training_rows
-from raydistill.runtime.tenc.stage_io import (StageRun, encoder_fingerprint, encoder_state, labels_digest,
-                                              save_model_atomically, stage_seed, stopped_stage_file)
+from raydistill.runtime.tenc.stage_io import (encoder_fingerprint, encoder_state, labels_digest,
+                                              save_model_atomically, stage_seed)
 
 __all__ = [
     "BiEncoderLearner",
@@ -50,35 +65,17 @@ __all__ = [
     "labels_digest",
     "save_model_atomically",
     "stage_seed",
-    "stopped_stage_file",
 ]
+
+# A stage writes a checkpoint only where it stops and where it ends (as the stopped-stage file did before the engine
+# trained the stages): a periodic one would cost a model + AdamW write per period for a crash mid-stage only.
+_NO_PERIODIC_CHECKPOINT = 1_000_000_000
 
 
 def _ray_node_id() -> str | None:
     import ray
 
     return ray.get_runtime_context().get_node_id() if ray.is_initialized() else None
-
-
-class SymmetricCrossScorer:
-    """A cross-encoder seen as an order-free pair scorer: the mean of sigmoid(cross(a, b)) and sigmoid(cross(b, a)).
-
-    It has a ``score(pairs, batch_size)`` method, so ``raydistill.evaluation`` treats it as a cross-encoder; the
-    evaluation numbers are then of the same symmetrised score the cross-encoder hands the bi-encoders as labels.
-    """
-
-    def __init__(self, cross_encoder):
-        self.cross_encoder = cross_encoder
-
-    def score(self, pairs: list[tuple[str, str]], batch_size: int = 64) -> np.ndarray:
-        pairs = [(a, b) for a, b in pairs]
-        forward = self.cross_encoder.score(pairs, batch_size=batch_size, activation="sigmoid")  # [N]
-        backward = self.cross_encoder.score([(b, a) for a, b in pairs], batch_size=batch_size,
-                                            activation="sigmoid")  # [N]
-        return ((forward.astype(np.float64) + backward.astype(np.float64)) / 2.0).astype(np.float32)
-
-
-# ----------------------------------------------------------------------------------------------------------------
 
 
 class StageLearner:
@@ -96,12 +93,13 @@ class StageLearner:
         device: "cpu", "cuda" or None (cuda when available).
         inference_batch_size: batch size of labelling and evaluation passes.
         dev_set: the model-selection set (STS-B dev).
-        log_every: steps between progress lines; a line also comes at the first step that ends 30 s or more
-            after the last one (``learner_group``'s progress lines, as distillation jobs print them).
+        log_every: steps between progress lines (the engine's, ``runtime.log_every``); a line also comes at every
+            dev evaluation and at the first step that ends 30 s or more after the last line.
         data_task_cpus: CPUs of the Ray Data task that reads a label set (within what the actors leave to Ray Data).
     """
 
     kind = "?"
+    method = "?"  # the stage's method (methods.tenc_bi / methods.tenc_cross)
 
     def __init__(self, family: str, pair_set: PairSet, train: dict[str, Any], *, pooling: str | None = None,
                  label_scaling: str = "clip", seed: int = 1000, threads: int | None = 1, device: str | None = None,
@@ -119,6 +117,7 @@ class StageLearner:
         self.pooling = pooling
         self.label_scaling = label_scaling
         self.seed = int(seed)
+        self.threads = int(threads) if threads else None
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         self.inference_batch_size = int(inference_batch_size)
         self.dev_set = dev_set
@@ -127,11 +126,12 @@ class StageLearner:
         self.precision, why = self._resolve_precision()
         if self.device.type == "cpu" and self.train_cfg.get("precision", "fp32") != "fp32":
             self._say(f"[{family}/{self.kind}] {self.precision} on CPU ({why})")
+        from raydistill.methods import get_method
+
+        self.spec = get_method(self.method)  # the stage as a method of the engine: rows, student, loss, dev score
         self.model: nn.Module | None = None
-        self.loss = self._new_loss()
         self.loaded_from: str | None = None
         self.cycle = 0
-        self._stop_requested = threading.Event()  # set by request_stop, from the actor's control thread
 
     def _resolve_precision(self) -> tuple[str, str]:
         """``(bf16 | fp32, why)``: CUDA follows ``amp`` (the authors' AMP); a CPU follows ``precision``."""
@@ -142,14 +142,15 @@ class StageLearner:
         return resolve_precision(str(self.train_cfg.get("precision", "fp32")), self.device.type)
 
     def autocast(self):
-        """The autocast context of every forward pass of this learner: training, labelling and evaluation."""
+        """The autocast context of labelling and evaluation (training: the engine's, from ``train.precision``)."""
         return torch.autocast(device_type=self.device.type, dtype=torch.bfloat16, enabled=self.precision == "bf16")
 
     # ------------------------------------------------------------------------------------------------------------
     # Model
 
     def load(self, checkpoint: str, *, cycle: int) -> dict[str, Any]:
-        """Build this stage's starting model from ``checkpoint`` (seeded: a cross-encoder's new head is drawn here).
+        """Build this stage's starting model from ``checkpoint`` (seeded: a cross-encoder's new head is drawn here,
+        as the engine draws it again from the same seed when the stage trains).
 
         Returns where it came from and the fingerprint of its shared encoder weights.
         """
@@ -187,7 +188,7 @@ class StageLearner:
 
     def scorer(self):
         """What ``raydistill.evaluation`` evaluates: the bi-encoder itself, or the symmetrised cross-encoder."""
-        raise NotImplementedError
+        return self.spec.scorer(self._require_model())
 
     def dev_score(self) -> float:
         from raydistill.evaluation import evaluate_sts
@@ -212,17 +213,6 @@ class StageLearner:
     # ------------------------------------------------------------------------------------------------------------
     # Training
 
-    def _examples(self, sentence1: list[str], sentence2: list[str],
-                  labels: np.ndarray) -> tuple[list[str], list[str], np.ndarray]:
-        """(first sentences, second sentences, targets) of the stage's training examples, from its labelled pairs."""
-        raise NotImplementedError
-
-    def _batch_loss(self, first: list[str], second: list[str], targets: Tensor) -> Tensor:
-        raise NotImplementedError
-
-    def _new_loss(self) -> nn.Module:
-        raise NotImplementedError
-
     def training_rows(self, labels_dir: str, target_column: str) -> tuple[list[str], list[str], np.ndarray]:
         """(sentence1, sentence2, label) of every pair of the label set in ``labels_dir``, read here through Ray
         Data, in pair_id order; checked row by row against the job's pair set."""
@@ -237,12 +227,39 @@ class StageLearner:
         return rows["sentence1"].tolist(), rows["sentence2"].tolist(), labels
 
     def request_stop(self) -> None:
-        """Stop ``fit`` at its next step boundary, saving where the stage stands (``stopped_stage_file``). The job's
-        actors run this method on their ``control`` concurrency group, so it is served while ``fit`` runs."""
-        self._stop_requested.set()
+        """Stop ``fit`` at its next step boundary, with a checkpoint of that boundary in the stage's run dir. The
+        job's actors run this method on their ``control`` concurrency group, so it is served while ``fit`` runs;
+        the flag is this actor process's stop request, which the engine's loop polls at every step boundary (it
+        is not cleared: a stopped stage ends the job, and its actors with it)."""
+        from raydistill.runtime.engine.stopping import request_stop
+
+        request_stop()
+
+    def stage_config(self, cycle: int, stage: str, identity: dict[str, Any], train_dir: str):
+        """The stage as an engine job config: the stage settings, the stage's seed, Train's local mode."""
+        from raydistill.config.job import JobConfig
+
+        cfg = self.train_cfg
+        return JobConfig.from_dict({
+            "method": self.method, "student": str(self.loaded_from), "teacher": None,
+            "seed": stage_seed(self.seed, cycle, self.kind, self.family), "run_dir": str(train_dir),
+            "data": {"max_length": int(cfg["max_length"]), "shuffle": True},
+            "train": {"batch_size": int(cfg["batch_size"]), "lr": float(cfg["lr"]), "epochs": int(cfg["epochs"]),
+                      "max_steps": int(cfg["max_steps"]) if cfg.get("max_steps") else None,
+                      "warmup_ratio": float(cfg["warmup_ratio"]), "weight_decay": float(cfg["weight_decay"]),
+                      "grad_clip": float(cfg["grad_clip"]), "eval_every": int(cfg["eval_every"]),
+                      "checkpoint_every": _NO_PERIODIC_CHECKPOINT, "keep_last": 1, "precision": self.precision},
+            # Train's local mode: the stage runs in this actor's process (module docstring).
+            "resources": {"learner": {"num_learners": 0, "num_gpus": 1 if self.device.type == "cuda" else 0,
+                                      "threads": self.threads or 1, "cpu_speedups": False}},
+            "tracking": {"enabled": False},  # the job records each stage in its MLflow child runs
+            "runtime": {"log_every": self.log_every},
+            "extra": {"pooling": self.pooling, "head": cfg.get("head"), "dev_set": self.dev_set,
+                      "eval_batch_size": self.inference_batch_size, "stage": identity},
+        }, source=f"tenc stage {stage} of cycle {cycle}")
 
     def fit(self, labels_dir: str, target_column: str, *, cycle: int, stage: str, out_dir: str,
-            record: dict[str, Any] | None = None) -> dict[str, Any]:
+            train_dir: str | None = None, record: dict[str, Any] | None = None) -> dict[str, Any]:
         """Train on column ``target_column`` of the label set in ``labels_dir``, keep the best dev model, save it to
         ``out_dir`` with ``stage.json`` (this summary without the history, plus ``record``) inside.
 
@@ -250,169 +267,124 @@ class StageLearner:
         ``loss`` or ``stsb_dev``), where the labels came from and where the model went. The model in memory
         afterwards is the best one.
 
-        A stop request (``request_stop``) ends the stage at the next step boundary: model, optimizer, schedule,
-        step, data-order position, RNG states and the best model so far go to ``stopped_stage_file(out_dir)``, and
-        the summary is ``{"stopped": True, "steps", "total_steps", "checkpoint"}``. The next ``fit`` of the same
-        stage (same labels, settings and start) continues from that file, step for step as if never stopped.
+        The stage trains through ``LearnerGroup.fit`` with ``train_dir`` as its run dir (default: ``<out_dir>.training``
+        beside the model directory; the job passes ``RunLayout.training_dir``). A stop request
+        (``request_stop``) ends it at the next step boundary with a checkpoint there, and the summary is
+        ``{"stopped": True, "steps", "total_steps", "checkpoint"}``; the next ``fit`` of the same stage (same labels,
+        settings and start) continues from that checkpoint, step for step as if never stopped.
         """
-        from raydistill.runtime.engine.learner import build_optimizer, linear_schedule
+        from raydistill.data.arrays import ArrayData
+        from raydistill.runtime.engine.learner_group import LearnerGroup, PreemptedError
 
-        model = self._require_model()
+        self._require_model()
+        spec = self.spec
+        train_dir = str(train_dir or Path(out_dir).with_name(f"{Path(out_dir).name}.training"))
         sentence1, sentence2, labels = self.training_rows(labels_dir, target_column)
-        cfg = self.train_cfg
-        first, second, targets = self._examples(sentence1, sentence2, labels)
-        batch_size = int(cfg["batch_size"])
-        total_steps = math.ceil(len(targets) / batch_size) * int(cfg["epochs"])
-        if cfg.get("max_steps"):
-            total_steps = min(total_steps, int(cfg["max_steps"]))
-        optimizer = build_optimizer([model], lr=float(cfg["lr"]), weight_decay=float(cfg["weight_decay"]))
-        scheduler = linear_schedule(optimizer, math.ceil(float(cfg["warmup_ratio"]) * total_steps), total_steps)
-        rng = np.random.default_rng(stage_seed(self.seed, cycle, self.kind, self.family))
-        torch.manual_seed(stage_seed(self.seed, cycle, self.kind, self.family) + 1)
+        columns = spec.training_columns(sentence1, sentence2, labels, self.label_scaling)
+        identity = {"cycle": cycle, "stage": stage, "family": self.family, "labels_sha": labels_digest(labels),
+                    "target_column": target_column, "init_from": self.loaded_from, "job_seed": self.seed,
+                    "label_scaling": self.label_scaling}
+        cfg = self.stage_config(cycle, stage, identity, train_dir)
+        data = ArrayData(columns, seed=cfg.seed, shuffle=True)
         tag = f"cycle {cycle} {stage} {self.family}/{self.kind}"
-        identity = {"cycle": cycle, "stage": stage, "labels_sha": labels_digest(labels), "target_column": target_column,
-                    "examples": len(targets), "total_steps": total_steps, "init_from": self.loaded_from,
-                    "seed": self.seed, "train": {k: cfg[k] for k in sorted(cfg)}}
-        checkpoint = stopped_stage_file(out_dir)
-        run = StageRun(model=model, optimizer=optimizer, scheduler=scheduler, rng=rng, total_steps=total_steps,
-                        tag=tag)
-        self._resume_stopped(run, checkpoint, identity)
-        if run.resumed_from is None:
-            self._say(f"[{tag}] training on {len(targets):,} examples, {total_steps} steps "
-                      f"(batch {batch_size}, lr {cfg['lr']}, {cfg['epochs']} epoch(s))")
-        if not self._train(run, first, second, targets, batch_size, int(cfg["epochs"]), int(cfg["eval_every"])):
-            return self._stop_stage(run, checkpoint, identity)
-        model.eval()
-        if run.best_state is None:
-            raise RuntimeError(f"[{tag}] no training step was run ({len(targets)} examples, {total_steps} steps)")
-        model.load_state_dict(run.best_state)
-        wall_s = run.wall_s()
+        group = LearnerGroup(cfg, spec, run_dir=train_dir, init_model=self.loaded_from, name=tag)
+        total_steps = group.total_steps(data)
+        if not self._keep_stage_checkpoints(cfg, Path(train_dir), tag):
+            self._say(f"[{tag}] training on {data.num_rows:,} examples, {total_steps} steps "
+                      f"(batch {cfg.train.batch_size}, lr {cfg.train.lr}, {cfg.train.epochs} epoch(s))")
+        earlier_wall_s = _earlier_wall_s(Path(train_dir))
+        started = time.perf_counter()
+        try:
+            fitted = group.fit(data)
+        except PreemptedError as stop:
+            _record_wall_s(Path(train_dir), earlier_wall_s + time.perf_counter() - started)
+            self._say(f"[{tag}] stop requested: stopped after step {stop.step}/{total_steps}, saved to "
+                      f"{stop.checkpoint}")
+            return {"family": self.family, "kind": self.kind, "stopped": True, "steps": stop.step,
+                    "total_steps": total_steps, "checkpoint": stop.checkpoint}
+        if fitted["best_step"] < 0:
+            raise RuntimeError(f"[{tag}] no dev evaluation was run ({data.num_rows} examples, {total_steps} steps)")
+        # The engine keeps the best dev model in best/; it is the model this actor labels and is evaluated with.
+        model = self._new_model(fitted["best_dir"]).to(self.device).eval()
+        self.model = model
         summary = {
             "family": self.family, "kind": self.kind, "cycle": cycle, "stage": stage,
-            "best_dev": run.best_score, "best_step": run.best_step, "steps": run.step, "total_steps": total_steps,
-            "examples": len(targets), "wall_s": wall_s, "history": run.history, "model_dir": str(Path(out_dir)),
+            "best_dev": fitted["best_stsb_dev"], "best_step": fitted["best_step"], "steps": fitted["steps"],
+            "total_steps": total_steps, "examples": data.num_rows, "wall_s": earlier_wall_s + fitted["seconds"],
+            "history": _stage_history(fitted["history"]), "model_dir": str(Path(out_dir)),
             "init_from": self.loaded_from, "fingerprint": encoder_fingerprint(model), "labels_dir": str(labels_dir),
-            "target_column": target_column, "labels_sha": identity["labels_sha"], "resumed_from": run.resumed_from,
+            "target_column": target_column, "labels_sha": identity["labels_sha"],
+            "resumed_from": fitted["resumed_from"],
             "node_id": _ray_node_id(),  # which node trained the stage (resources.families pins a family)
         }
         stage_record = {**{k: v for k, v in summary.items() if k != "history"}, **(record or {}),
                         "completed": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")}
         save_model_atomically(model, out_dir, stage_record=stage_record)
-        checkpoint.unlink(missing_ok=True)  # the stage is whole now; its model directory says so
-        self._say(f"[{tag}] done: {run.step} steps in {wall_s:.0f} s, best dev {run.best_score:.2f} at step "
-                  f"{run.best_step}")
+        shutil.rmtree(train_dir, ignore_errors=True)  # the stage is whole now; its model directory says so
+        self._say(f"[{tag}] done: {summary['steps']} steps in {summary['wall_s']:.0f} s, best dev "
+                  f"{summary['best_dev']:.2f} at step {summary['best_step']}")
         return summary
 
-    def _train(self, run: StageRun, first: list[str], second: list[str], targets: np.ndarray, batch_size: int,
-               epochs: int, eval_every: int) -> bool:
-        """Train from ``run``'s position to the end (True) or to a stop request at a step boundary (False)."""
-        from raydistill.runtime.engine.learner_group import _Progress
+    def _keep_stage_checkpoints(self, cfg, train_dir: Path, tag: str) -> bool:
+        """Whether ``train_dir`` holds a checkpoint this very stage continues from; anything else there (another
+        stage's checkpoint, a best model without a checkpoint) is removed so the stage starts clean."""
+        from raydistill.runtime.engine.checkpoint import CheckpointError
+        from raydistill.runtime.engine.resume import check_resume
 
-        model, grad_clip = run.model, float(self.train_cfg["grad_clip"])
-        progress = _Progress(run.tag, run.total_steps, epochs, self.log_every, run.resumed_from or 0)
-        model.train()
-        while run.epoch < epochs and run.step < run.total_steps:
-            if run.order is None:
-                run.order, run.start = run.rng.permutation(len(targets)), 0
-            while run.start < len(run.order) and run.step < run.total_steps:
-                if self._stop_requested.is_set():
-                    return False
-                index = run.order[run.start:run.start + batch_size]
-                batch_targets = torch.as_tensor(targets[index], dtype=torch.float32, device=self.device)
-                with self.autocast():
-                    loss = self._batch_loss([first[i] for i in index], [second[i] for i in index], batch_targets)
-                loss.backward()
-                if grad_clip > 0:
-                    torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
-                run.optimizer.step()
-                run.scheduler.step()
-                run.optimizer.zero_grad(set_to_none=True)
-                run.start, run.step = run.start + batch_size, run.step + 1
-                self._after_step(run, float(loss.detach()), eval_every, progress)
-            self._evaluate(run)  # end of each epoch (and of the stage, or where max_steps cut it)
-            run.epoch, run.order = run.epoch + 1, None
-        return True
-
-    def _after_step(self, run: StageRun, loss_value: float, eval_every: int, progress) -> None:
-        if not math.isfinite(loss_value):
-            raise FloatingPointError(f"[{run.tag}] loss became {loss_value} at step {run.step}")
-        run.history.append({"step": run.step, "loss": loss_value})
-        progress.update(run.step, run.epoch, {"loss": loss_value}, None, {})
-        if run.step % eval_every == 0 and run.step < run.total_steps:
-            self._evaluate(run)
-
-    def _evaluate(self, run: StageRun) -> None:
-        """Dev score at this step; the best model so far is kept (a copy on the CPU)."""
-        if run.history and run.history[-1].get("step") == run.step and "stsb_dev" in run.history[-1]:
-            return  # already evaluated at this step (eval_every landed on an epoch end)
-        score = self.dev_score()
-        run.history.append({"step": run.step, "stsb_dev": score})
-        improved = score > run.best_score
-        if improved:
-            run.best_score, run.best_step = score, run.step
-            run.best_state = {k: v.detach().to("cpu", copy=True) for k, v in run.model.state_dict().items()}
-        self._say(f"[{run.tag}] step {run.step}/{run.total_steps} dev {score:.2f}"
-                  f"{' (best)' if improved else f' (best {run.best_score:.2f} @ {run.best_step})'}")
-
-    def _stop_stage(self, run: StageRun, checkpoint: Path, identity: dict[str, Any]) -> dict[str, Any]:
-        """Save the stage's position at this step boundary (unless no step was trained since the last save)."""
-        from raydistill.fileio import atomic_write_bytes
-
-        if run.step > (run.resumed_from or 0):
-            state = {"identity": identity, "progress": run.progress(), "model": run.model.state_dict(),
-                     "optimizer": run.optimizer.state_dict(), "scheduler": run.scheduler.state_dict(),
-                     "rng": run.rng.bit_generator.state, "torch_rng": torch.get_rng_state(),
-                     "cuda_rng": torch.cuda.get_rng_state_all() if self.device.type == "cuda" else None}
-            buffer = io.BytesIO()
-            torch.save(state, buffer)
-            checkpoint.parent.mkdir(parents=True, exist_ok=True)  # the stage's first model not saved yet
-            atomic_write_bytes(checkpoint, buffer.getvalue())
-            self._say(f"[{run.tag}] stop requested: stopped after step {run.step}/{run.total_steps}, saved to "
-                      f"{checkpoint}")
-        return {"family": self.family, "kind": self.kind, "stopped": True, "steps": run.step,
-                "total_steps": run.total_steps, "checkpoint": str(checkpoint) if checkpoint.is_file() else None}
-
-    def _resume_stopped(self, run: StageRun, checkpoint: Path, identity: dict[str, Any]) -> None:
-        """Continue from the stage's stopped-stage file when it was written for this very stage."""
-        if not checkpoint.is_file():
-            return
+        if not train_dir.exists():
+            return False
         try:
-            state = torch.load(checkpoint, map_location="cpu", weights_only=True)
-        except Exception as exc:  # noqa: BLE001 - a damaged file costs the stage's progress, never the job
-            self._say(f"[{run.tag}] {checkpoint} is unreadable ({exc}); training the stage from its start")
-            return
-        if state.get("identity") != identity:
-            differing = sorted(k for k in identity if state.get("identity", {}).get(k) != identity[k])
-            self._say(f"[{run.tag}] {checkpoint} was saved for other stage settings ({', '.join(differing)}); "
-                      "training the stage from its start")
-            return
-        run.model.load_state_dict(state["model"])
-        run.optimizer.load_state_dict(state["optimizer"])
-        run.scheduler.load_state_dict(state["scheduler"])
-        run.rng.bit_generator.state = state["rng"]
-        torch.set_rng_state(state["torch_rng"])
-        if state.get("cuda_rng") is not None and self.device.type == "cuda":
-            torch.cuda.set_rng_state_all(state["cuda_rng"])
-        run.restore(state["progress"])
-        self._say(f"[{run.tag}] resuming at step {run.step}/{run.total_steps} from {checkpoint} (the stage was "
-                  "stopped there)")
+            if check_resume(train_dir, cfg, 1) is not None:
+                return True
+        except CheckpointError as exc:
+            self._say(f"[{tag}] {train_dir} holds a checkpoint of other stage settings ({exc}); training the stage "
+                      "from its start")
+        shutil.rmtree(train_dir)
+        return False
 
     def _say(self, message: str) -> None:
         print(message, file=sys.stdout, flush=True)
+
+
+# The wall seconds of a stage's attempts before a stop, beside its checkpoints: a resumed stage reports them all.
+_WALL_FILE = "tenc_wall_s.json"
+
+
+def _earlier_wall_s(train_dir: Path) -> float:
+    try:
+        return float(json.loads((train_dir / _WALL_FILE).read_text())["wall_s"])
+    except (OSError, ValueError, KeyError, TypeError):  # no earlier attempt, or a record lost: this attempt's only
+        return 0.0
+
+
+def _record_wall_s(train_dir: Path, wall_s: float) -> None:
+    from raydistill.fileio import atomic_write_json
+
+    atomic_write_json(train_dir / _WALL_FILE, {"wall_s": round(float(wall_s), 3)})
+
+
+def _stage_history(history: list[dict[str, Any]]) -> list[dict[str, float]]:
+    """The engine's history as the job records a stage's: ``{step, loss}`` per step and ``{step, stsb_dev}`` per
+    dev evaluation (the MLflow curves and learning-curve plots read these two)."""
+    rows = []
+    for row in history:
+        if "loss" in row:
+            rows.append({"step": int(row["step"]), "loss": float(row["loss"])})
+        elif "stsb_dev" in row:
+            rows.append({"step": int(row["step"]), "stsb_dev": float(row["stsb_dev"])})
+    return rows
 
 
 class BiEncoderLearner(StageLearner):
     """The bi-encoder of a family: labels pairs with the cosine; learns cross-encoder labels with cosine MSE."""
 
     kind = "bi"
+    method = "tenc-bi"
 
     def _new_model(self, checkpoint: str) -> nn.Module:
-        from raydistill.models import BiEncoder
+        from raydistill.methods.tenc_bi import new_bi_encoder
 
-        return BiEncoder.from_pretrained(checkpoint, pooling=self.pooling, max_length=int(self.train_cfg["max_length"]))
-
-    def scorer(self):
-        return self._require_model()
+        return new_bi_encoder(checkpoint, self.pooling, int(self.train_cfg["max_length"]))
 
     def predict_pairs(self) -> np.ndarray:
         model = self._require_model()
@@ -425,60 +397,20 @@ class BiEncoderLearner(StageLearner):
         cosines = np.einsum("nd,nd->n", first.astype(np.float64), second.astype(np.float64))  # [N]
         return np.clip(cosines, -1.0, 1.0).astype(np.float32)
 
-    def _examples(self, sentence1: list[str], sentence2: list[str],
-                  labels: np.ndarray) -> tuple[list[str], list[str], np.ndarray]:
-        # The cosine is symmetric, so one order per pair is all there is to learn.
-        return list(sentence1), list(sentence2), np.asarray(labels, dtype=np.float32)
-
-    def _batch_loss(self, first: list[str], second: list[str], targets: Tensor) -> Tensor:
-        model = self._require_model()
-        first_embeddings = model({k: v.to(self.device) for k, v in model.tokenize(first).items()})  # [B, D]
-        second_embeddings = model({k: v.to(self.device) for k, v in model.tokenize(second).items()})  # [B, D]
-        return self.loss({"u": first_embeddings, "v": second_embeddings}, targets).loss
-
-    def _new_loss(self) -> nn.Module:
-        from raydistill.objectives.trans_encoder import CosineMSELoss
-
-        return CosineMSELoss()
-
 
 class CrossEncoderLearner(StageLearner):
     """The cross-encoder of a family: learns scaled bi-encoder cosines with soft BCE on both orders; labels pairs
     with the symmetrised sigmoid score."""
 
     kind = "cross"
+    method = "tenc-cross"
 
     def _new_model(self, checkpoint: str) -> nn.Module:
-        from raydistill.models import CrossEncoder
+        from raydistill.methods.tenc_cross import new_cross_encoder
 
         # The configured head, not a saved one: a sequential-init stage starts from the previous model's weights.
-        return CrossEncoder.from_pretrained(checkpoint, num_labels=1, max_length=int(self.train_cfg["max_length"]),
-                                            head=self.train_cfg.get("head") or "classifier")
-
-    def scorer(self):
-        return SymmetricCrossScorer(self._require_model())
+        return new_cross_encoder(checkpoint, int(self.train_cfg["max_length"]), self.train_cfg.get("head"))
 
     def predict_pairs(self) -> np.ndarray:
         with self.autocast():
             return self.scorer().score(self.pair_set.pairs(), batch_size=self.inference_batch_size)
-
-    def _examples(self, sentence1: list[str], sentence2: list[str],
-                  labels: np.ndarray) -> tuple[list[str], list[str], np.ndarray]:
-        from raydistill.objectives.trans_encoder import cosine_to_target
-
-        targets = np.asarray(cosine_to_target(labels, self.label_scaling), dtype=np.float32)  # [N]
-        # Both orders with the same target (the authors' bi -> cross stage does this too).
-        first = list(sentence1) + list(sentence2)
-        second = list(sentence2) + list(sentence1)
-        return first, second, np.concatenate([targets, targets])
-
-    def _batch_loss(self, first: list[str], second: list[str], targets: Tensor) -> Tensor:
-        model = self._require_model()
-        features = {k: v.to(self.device) for k, v in model.tokenize(list(zip(first, second))).items()}
-        logits = model(features)  # [B]
-        return self.loss({"logits": logits}, targets).loss
-
-    def _new_loss(self) -> nn.Module:
-        from raydistill.objectives.trans_encoder import SoftBCELoss
-
-        return SoftBCELoss()

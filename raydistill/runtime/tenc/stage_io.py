@@ -4,19 +4,16 @@
     labels_digest                         which labels a learner trained on (sha256 of the float32 vector)
     stage_seed                            a distinct, reproducible seed per (cycle, encoder kind, family)
     save_model_atomically                 a stage's model directory (with its ``stage.json``): complete or absent
-    stopped_stage_file / StageRun         where a stage stopped mid-way keeps its position, and that position
 
 The orchestration (``job.py``), the learners (``learners.py``) and the tests read these; ``learners`` re-exports
-them. Moved out of learners.py unchanged.
+them. Where a stage stopped mid-way keeps its position is the engine's business: the checkpoints in the stage's run
+dir (``state.RunLayout.training_dir``).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
-import math
 import os
-import time
 import zlib
 from pathlib import Path
 from typing import Any
@@ -27,8 +24,7 @@ from torch import Tensor, nn
 
 from raydistill.runtime.tenc.state import STAGE_RECORD
 
-__all__ = ["StageRun", "encoder_fingerprint", "encoder_state", "labels_digest", "save_model_atomically",
-           "stage_seed", "stopped_stage_file"]
+__all__ = ["encoder_fingerprint", "encoder_state", "labels_digest", "save_model_atomically", "stage_seed"]
 
 
 def encoder_state(model: nn.Module) -> dict[str, Tensor]:
@@ -84,59 +80,7 @@ def save_model_atomically(model: nn.Module, directory: str | os.PathLike,
     return Path(directory)
 
 
-def stopped_stage_file(out_dir: str | os.PathLike) -> Path:
-    """Where a stage stopped mid-way keeps its position: ``<model dir>.stopped.pt`` beside the model directory."""
-    out_dir = Path(out_dir)
-    return out_dir.with_name(f"{out_dir.name}.stopped.pt")
-
-
 def _json_scalar(value: Any):
     if isinstance(value, (np.floating, np.integer)):
         return value.item()
     raise TypeError(f"not JSON serialisable: {type(value).__name__}")
-
-
-@dataclasses.dataclass
-class StageRun:
-    """Where one ``fit`` stands: what a stopped stage saves and a resumed one restores (with the model, optimizer,
-    schedule and RNGs)."""
-
-    model: nn.Module
-    optimizer: Any
-    scheduler: Any
-    rng: np.random.Generator
-    total_steps: int
-    tag: str
-    step: int = 0
-    epoch: int = 0
-    start: int = 0  # index into this epoch's order of the next batch
-    order: np.ndarray | None = None  # this epoch's example order; None: not drawn yet
-    history: list[dict[str, float]] = dataclasses.field(default_factory=list)
-    best_score: float = -math.inf
-    best_step: int = -1
-    best_state: dict[str, Tensor] | None = None
-    earlier_wall_s: float = 0.0  # wall seconds of the attempts before a stop
-    resumed_from: int | None = None
-    started: float = dataclasses.field(default_factory=time.perf_counter)
-
-    # A file saved before progress lines averaged their own losses also holds loss_sum / loss_count: ignored.
-    _SAVED = ("step", "epoch", "start", "order", "history", "best_score", "best_step", "best_state")
-
-    def wall_s(self) -> float:
-        return self.earlier_wall_s + time.perf_counter() - self.started
-
-    def progress(self) -> dict[str, Any]:
-        """Plain values and tensors only: the stopped-stage file is read back with ``torch.load(weights_only=True)``."""
-        saved = {name: getattr(self, name) for name in self._SAVED}
-        saved["order"] = None if self.order is None else torch.as_tensor(self.order)
-        saved["history"] = [{k: float(v) if isinstance(v, (float, np.floating)) else v for k, v in entry.items()}
-                            for entry in self.history]
-        saved["best_score"] = float(self.best_score)
-        return {**saved, "wall_s": self.wall_s()}
-
-    def restore(self, progress: dict[str, Any]) -> None:
-        for name in self._SAVED:
-            setattr(self, name, progress[name])
-        if self.order is not None:
-            self.order = self.order.numpy()
-        self.earlier_wall_s, self.resumed_from = float(progress["wall_s"]), int(progress["step"])

@@ -2,7 +2,7 @@
 
 Stages are the unit of resume: a stage is recorded the moment its models are saved, so a restarted job with the same
 config skips every completed stage and reuses its files (a label set missing for the next stage is made again). A
-stage stopped mid-way (SIGTERM, SIGINT) continues from its ``<model dir>.stopped.pt`` (``learners``).
+stage stopped mid-way (SIGTERM, SIGINT) continues from the engine's checkpoint in its ``training_dir`` (``learners``).
 
 A damaged state.json (not JSON, or not a run state) is moved aside to ``state.json.damaged-<time>`` and rebuilt from
 the finished stages on disk: each stage's model directory holds ``stage.json``, its summary with the config hash and
@@ -56,6 +56,10 @@ class RunLayout:
 
     def model_dir(self, cycle: int, kind: str, family: str) -> Path:
         return self.root / "models" / f"cycle={cycle}" / kind / family
+
+    def training_dir(self, cycle: int, kind: str, family: str) -> Path:
+        # The stage's engine run dir (checkpoints/, best/): outside models/, whose directories are swapped in whole.
+        return self.root / "training" / f"cycle={cycle}" / kind / family
 
     def best_dir(self, family: str, kind: str) -> Path:
         return self.root / "best" / family / kind
