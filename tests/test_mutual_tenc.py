@@ -279,7 +279,8 @@ def test_a_stage_whose_loss_turns_nan_is_refused_at_that_step(tiny_bert, tmp_pat
         return features, targets * float("nan") if ctx.step == 1 else targets
 
     learner.spec = dataclasses.replace(learner.spec, batch_to_features=nan_targets_at_step_2)
-    with pytest.raises(FloatingPointError, match=r"tenc-bi: loss is nan at step 2 \(parts \{'mse': nan\}\)"):
+    with pytest.raises(FloatingPointError,
+                       match=r"tenc-bi: loss is nan at step 2 \(parts \{'mse': nan\}\); lower the job's bi.lr"):
         learner.fit(str(labels_dir), "score", cycle=1, stage="cross2bi", out_dir=str(tmp_path / "model"))
     assert not (tmp_path / "model").exists()
 

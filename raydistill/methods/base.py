@@ -229,6 +229,8 @@ class MethodSpec:
     stage_defaults: tuple[dict[str, Any], ...] = ()
     check: Callable[[JobConfig], None] | None = None
     internal: bool = False  # a later stage of another method (still runnable on its own)
+    # What the refusal of a NaN/inf loss tells the user to change (after "loss is nan at step N").
+    nonfinite_hint: str = "lower train.lr or check the temperatures in loss.*"
 
     # ------------------------------------------------------------------------------------------------------------
 

@@ -96,5 +96,6 @@ SPEC = TransEncoderStageSpec(
     student_sentences_per_row=2,
     dataset="tenc_labels",
     internal=True,
+    nonfinite_hint="lower the job's bi.lr, or set bi.precision: fp32",
     encoder="bi",
 )

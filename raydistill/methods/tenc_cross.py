@@ -93,5 +93,6 @@ SPEC = _CrossStageSpec(
     student_sentences_per_row=2,
     dataset="tenc_labels",
     internal=True,
+    nonfinite_hint="lower the job's cross.lr, or set cross.precision: fp32",
     encoder="cross",
 )

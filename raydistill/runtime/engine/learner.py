@@ -263,8 +263,8 @@ class DistillLearner(LearnerState):
         # Through DDP when several workers train: its forward arms the gradient all-reduce that backward runs.
         loss, parts = self._ddp(batch) if self._ddp is not None else self._forward(batch)
         self._stop_if_any_worker(None if torch.isfinite(loss) else (
-            f"{self.spec.name}: loss is {loss.item()} at step {self.step + 1} (parts {parts}); lower train.lr or "
-            "check the temperatures in loss.*"))
+            f"{self.spec.name}: loss is {loss.item()} at step {self.step + 1} (parts {parts}); "
+            f"{self.spec.nonfinite_hint}"))
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         params = self._trainable()

@@ -113,11 +113,12 @@ class LearnerGroup:
         name: label of the progress lines.
         reporter: where the loop's reports and checkpoints go (``reporting.Reporter``; None: ``TrainReports``, Ray
             Train's). A Ray Tune trial passes its own (``runtime.tune.reporting``).
+        resume_hint: how to resume a stopped fit, for its stop line (None: rerun the command with this run_dir).
     """
 
     def __init__(self, cfg: JobConfig, spec=None, *, run_dir: str | os.PathLike | None = None,
                  init_model: str | None = None, teacher_dim: int | None = None, name: str | None = None,
-                 reporter=None):
+                 reporter=None, resume_hint: str | None = None):
         self.cfg = cfg
         self.spec = spec if spec is not None else get_method(cfg.method)
         self.run_dir = Path(run_dir if run_dir is not None else cfg.resolved_run_dir()).absolute()
@@ -128,6 +129,8 @@ class LearnerGroup:
         self.max_restarts = cfg.runtime.max_restarts
         self.call_timeout_s = float(cfg.runtime.learner_timeout_s or LEARNER_TIMEOUT_S)
         self.reporter = reporter if reporter is not None else TrainReports()
+        # How a stopped fit is resumed, for the stop line: a job that runs fits as its stages says it its own way.
+        self.resume_hint = resume_hint or f"run the same command with run_dir {self.run_dir} to resume"
 
     @property
     def world_size(self) -> int:
@@ -347,8 +350,7 @@ class LearnerGroup:
     def _raise_preempted(self, step: int) -> None:
         latest = ckpt.latest_checkpoint(self.run_dir)
         message = (f"[{self.name}] stop requested ({signal_name()}): stopped after step {step} with checkpoint "
-                   f"{latest.name if latest else '?'}; run the same command with run_dir {self.run_dir} to resume "
-                   f"at step {step} (no step is redone)")
+                   f"{latest.name if latest else '?'}; {self.resume_hint} at step {step} (no step is redone)")
         print(message, flush=True)
         raise PreemptedError(message, step, str(latest) if latest else None)
 

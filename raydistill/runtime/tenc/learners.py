@@ -287,7 +287,8 @@ class StageLearner:
         cfg = self.stage_config(cycle, stage, identity, train_dir)
         data = ArrayData(columns, seed=cfg.seed, shuffle=True)
         tag = f"cycle {cycle} {stage} {self.family}/{self.kind}"
-        group = LearnerGroup(cfg, spec, run_dir=train_dir, init_model=self.loaded_from, name=tag)
+        group = LearnerGroup(cfg, spec, run_dir=train_dir, init_model=self.loaded_from, name=tag,
+                             resume_hint="the job's command, run again, resumes the stage")
         total_steps = group.total_steps(data)
         if not self._keep_stage_checkpoints(cfg, Path(train_dir), tag):
             self._say(f"[{tag}] training on {data.num_rows:,} examples, {total_steps} steps "
