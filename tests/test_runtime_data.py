@@ -336,8 +336,18 @@ def test_init_ray_joins_the_running_ray_and_keeps_data_off_actor_cpus(ray_sessio
     monkeypatch.setattr(DataContext.get_current(), "enable_progress_bars", True)
     try:
         init_ray(cfg)  # already initialised: joins it, does not start a 64-CPU Ray
-        # pytest's stdout is no terminal: Ray Data's ten-second log blocks are off, the jobs print their own lines
+        # pytest's stdout is no terminal: Ray Data's ten-second log blocks are off, the jobs print their own lines,
+        # and Ray Data's advice to turn the bars back on is not shown (its other messages are)
         assert DataContext.get_current().enable_progress_bars is False
+        import logging
+
+        progress_logger = logging.getLogger("ray.data._internal.progress")
+
+        def record(message: str) -> logging.LogRecord:
+            return logging.LogRecord(progress_logger.name, logging.WARNING, __file__, 1, message, None, None)
+
+        assert not progress_logger.filter(record("Progress bars disabled. To enable, set `ray.data...`."))
+        assert progress_logger.filter(record("Progress bars for operators disabled."))
         assert ray.cluster_resources()["CPU"] == 2
         # Ray Data plans with what the actors leave: 2 CPUs less the learners' 2 x 0.5
         assert DataContext.get_current().execution_options.resource_limits.cpu == 1.0

@@ -239,6 +239,7 @@ def configure_data_context(cfg: Any = None) -> Callable[[], None]:
     ctx.wait_for_min_actors_s = int(os.environ.get("RAYDISTILL_ACTOR_WAIT_S", "600"))
     if os.environ.get("CI") or os.environ.get("RAYDISTILL_NO_PROGRESS") or not sys.stdout.isatty():
         ctx.enable_progress_bars = False
+        _quiet_progress_disabled_notice()
         ctx.print_on_execution_start = False
     if cfg is not None:
         # CPUs and GPUs are this job's to set (a job run after another in one process must not inherit its cap);
@@ -283,6 +284,19 @@ def quiet_ray_internal_deprecation() -> None:
     warnings.filterwarnings("ignore", message=r"`ExecutionOptions\.exclude_resources` is deprecated",
                             category=RayDeprecationWarning,
                             module=r"ray\.data\._internal\.execution\.interfaces\.execution_options$")
+
+
+class _DropProgressDisabledNotice(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("Progress bars disabled")
+
+
+def _quiet_progress_disabled_notice() -> None:
+    """Drop Ray Data's "Progress bars disabled. To enable, set ..." warning: raydistill turns them off on purpose
+    (its own progress lines stand in for them), so the advice would undo that. Other progress messages stay."""
+    progress_logger = logging.getLogger("ray.data._internal.progress")
+    if not any(isinstance(f, _DropProgressDisabledNotice) for f in progress_logger.filters):
+        progress_logger.addFilter(_DropProgressDisabledNotice())
 
 
 def check_resources(cfg: Any, available: dict[str, float] | None = None) -> None:
