@@ -132,10 +132,7 @@ def test_runtime_knobs_have_a_section_of_their_own():
     assert (cfg.runtime.max_restarts, cfg.runtime.learner_timeout_s, cfg.runtime.log_every,
             cfg.runtime.storage_path) == (5, 30.0, 2, "/tmp/s")
     assert cfg.extra == {} and cfg.to_dict()["runtime"]["max_restarts"] == 5
-    # readers written when the knobs lived under extra still get them
-    assert cfg.extra.get("max_restarts", 3) == 5 and cfg.extra.get("storage_path") == "/tmp/s"
-    assert _congen().extra.get("max_restarts", 3) == 3 and _congen().extra.get("storage_path") is None
-    assert (cfg.extra or {}).get("storage_path") == "/tmp/s" and not _congen().extra
+    assert "max_restarts" not in cfg.extra and not _congen().extra  # read from cfg.runtime only
     # the hash and the resume check ignore them, as they ignored extra.<knob>
     assert cfg.config_hash() == _congen().config_hash() and cfg.diff_keys(_congen()) == []
 
@@ -188,7 +185,7 @@ def test_a_stage_config_carries_the_runtime_section():
                                "runtime": {"max_restarts": 7, "log_every": 3}})
     stages = stage_plan(validate_method(cfg))
     assert [s.cfg.runtime.max_restarts for s in stages] == [7, 7]
-    assert stages[1].cfg.extra.get("log_every") == 3
+    assert stages[1].cfg.runtime.log_every == 3
 
 
 # ----------------------------------------------------------------------------------------------------------------

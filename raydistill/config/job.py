@@ -49,7 +49,6 @@ from raydistill.config.loading import _build, apply_overrides, load_yaml_with_ov
 from raydistill.config.runtime_knobs import (
     RUNTIME_KNOBS,
     ConfigDeprecationWarning,
-    MethodSettings,
     _move_runtime_knobs,
     _warn_moved,
 )
@@ -77,7 +76,6 @@ __all__ = [
     "TrackingConfig",
     "RuntimeConfig",
     "JobConfig",
-    "MethodSettings",
     "raydistill_home",
     "DEFAULT_HASH_EXCLUDE",
     "RUNTIME_ONLY_FIELDS",
@@ -154,16 +152,11 @@ class JobConfig:
     _lines: dict[str, int] = dataclasses.field(default_factory=dict, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        moved = {key: self.extra[key] for key in RUNTIME_KNOBS if key in dict.keys(self.extra)}
+        moved = {key: self.extra[key] for key in RUNTIME_KNOBS if key in self.extra}
         if moved:  # built directly (JobConfig(...)), not through from_dict, which moves them with the lines
             _warn_moved(moved, None, {})
             self.runtime = dataclasses.replace(self.runtime, **{k: v for k, v in moved.items() if v is not None})
-        self.extra = MethodSettings({k: v for k, v in self.extra.items() if k not in moved}, runtime=self.runtime)
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        object.__setattr__(self, name, value)
-        if name == "runtime" and isinstance(getattr(self, "extra", None), MethodSettings):
-            self.extra._runtime = value
+        self.extra = {k: v for k, v in self.extra.items() if k not in moved}
 
 
     # ------------------------------------------------------------------------------------------------------------

@@ -4,9 +4,8 @@
 A config that still sets them under ``extra`` loads: ``_move_runtime_knobs`` moves each to ``runtime.<key>`` (with
 its line, for error messages) and ``_warn_moved`` shows one ``ConfigDeprecationWarning`` per key, attributed to the
 config file and line. Setting a knob both ways with different values is a ``ConfigError``, unless the ``extra``
-spelling came from ``--set`` or ``runtime`` holds only the default. ``MethodSettings`` (``cfg.extra``) still answers
-``get``/``[]``/``in`` of a knob from ``runtime``, for readers written when the knobs lived under ``extra``.
-``raydistill.config.job`` re-exports ``ConfigDeprecationWarning``, ``RUNTIME_KNOBS`` and ``MethodSettings``.
+spelling came from ``--set`` or ``runtime`` holds only the default. Code reads them from ``cfg.runtime`` only.
+``raydistill.config.job`` re-exports ``ConfigDeprecationWarning`` and ``RUNTIME_KNOBS``.
 """
 
 from __future__ import annotations
@@ -22,57 +21,8 @@ class ConfigDeprecationWarning(FutureWarning):
     """A config spelling that still loads but has moved (shown by default: it is meant for the person running)."""
 
 
-_MISSING = object()
-
 #: Keys that used to live under ``extra`` and moved to ``runtime``.
 RUNTIME_KNOBS = ("max_restarts", "learner_timeout_s", "log_every", "storage_path")
-
-
-class MethodSettings(dict):
-    """``extra``: the method's own settings, as a plain mapping (its schema is the method's ``extra_settings``).
-
-    ``get``/``[]``/``in`` of a runtime knob (``max_restarts``, ...) answer from ``runtime``, for readers written
-    when the knobs lived here; iterating, ``to_dict`` and the hash see only the method's settings."""
-
-    def __init__(self, *args, runtime: "RuntimeConfig | None" = None, **kwargs):
-        super().__init__(*args, **kwargs)
-        self._runtime = runtime
-
-    def _knob(self, key: Any) -> Any:
-        runtime = getattr(self, "_runtime", None)
-        if runtime is not None and key in RUNTIME_KNOBS and not dict.__contains__(self, key):
-            return getattr(runtime, key)
-        return _MISSING
-
-    def get(self, key: Any, default: Any = None) -> Any:
-        value = self._knob(key)
-        if value is _MISSING or value is None:
-            return dict.get(self, key, default)
-        return value
-
-    def __getitem__(self, key: Any) -> Any:
-        value = self._knob(key)
-        if value is _MISSING or value is None:
-            return dict.__getitem__(self, key)
-        return value
-
-    def __contains__(self, key: object) -> bool:
-        value = self._knob(key)
-        return dict.__contains__(self, key) if value is _MISSING or value is None else True
-
-    def __bool__(self) -> bool:
-        # ``(cfg.extra or {}).get("storage_path")`` must see a storage path set under runtime: true while a knob
-        # differs from its default (at its default, ``{}`` answers the same).
-        runtime = getattr(self, "_runtime", None)
-        return dict.__len__(self) > 0 or (runtime is not None and any(
-            getattr(runtime, key) != RuntimeConfig.__pydantic_fields__[key].get_default() for key in RUNTIME_KNOBS))
-
-    def __reduce__(self):
-        return (_method_settings, (dict(self), getattr(self, "_runtime", None)))
-
-
-def _method_settings(items: dict, runtime: "RuntimeConfig | None") -> MethodSettings:
-    return MethodSettings(items, runtime=runtime)
 
 
 def _move_runtime_knobs(d: dict[str, Any], source: str | None, lines: dict[str, int]) -> dict[str, Any]:
