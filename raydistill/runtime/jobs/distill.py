@@ -250,7 +250,8 @@ def _train_stages(cfg, stages, run_dir: Path, tracker, own_tracker: bool, progre
             if stage_reporter is not None:
                 earlier = [s["best_stsb_dev"] for s in stage_summaries if s.get("best_stsb_dev") is not None]
                 reporter = stage_reporter(stage.index, len(stages), step_offset, max(earlier) if earlier else None)
-            summary, data_info = _run_stage(stage, tracker, init_model, step_offset, history, progress, reporter)
+            summary, data_info = _run_stage(stage, tracker, init_model, step_offset, history, progress, reporter,
+                                            resume_hint=f"run the same command with run_dir {run_dir} to resume")
         except JobStopped as exc:
             if own_tracker:
                 tracker.end("KILLED")  # stopped from outside, not failed: the run resumes from what it kept
@@ -264,7 +265,8 @@ def _train_stages(cfg, stages, run_dir: Path, tracker, own_tracker: bool, progre
 
 
 def _run_stage(stage, tracker, init_model: str | None, step_offset: int, history: list[dict[str, Any]],
-               progress: ProgressHook | None = None, reporter=None) -> tuple[dict[str, Any], dict[str, Any]]:
+               progress: ProgressHook | None = None, reporter=None, resume_hint: str | None = None,
+               ) -> tuple[dict[str, Any], dict[str, Any]]:
     from raydistill.methods import CORPUS
     from raydistill.runtime.engine.learner_group import LearnerGroup
     from raydistill.runtime.jobs.stage_data import build_stage_data
@@ -318,7 +320,8 @@ def _run_stage(stage, tracker, init_model: str | None, step_offset: int, history
             progress("eval", metrics, step_offset + step)
 
     group = LearnerGroup(cfg, spec, run_dir=stage.run_dir, init_model=init_model,
-                         teacher_dim=getattr(data, "teacher_dim", None), name=stage.name, reporter=reporter)
+                         teacher_dim=getattr(data, "teacher_dim", None), name=stage.name, reporter=reporter,
+                         resume_hint=resume_hint)  # the job's run dir: a stage's own is a folder inside it
     total_steps = group.total_steps(data)
     print(f"[{stage.name}] stage {stage.index}: {data.num_rows} rows, {total_steps} steps of "
           f"{cfg.train.batch_size} x {group.world_size} learner(s)", flush=True)
