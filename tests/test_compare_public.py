@@ -87,3 +87,4 @@ def test_the_record_draws_the_picture_and_the_docs_table(tmp_path):
     assert len(rows) == 3 and "before the filter" in table
     # where each alternative stands against the raydistill student nearest to it in speed
     assert "Model2Vec: 20 × faster than distilcse bert-tiny (per CPU second), 4.70 points lower" in table
+

@@ -45,3 +45,23 @@ def test_no_planning_labels_or_outside_references():
                 if PLANNING.search(line):
                     hits.append(f"{path.relative_to(ROOT)}:{number}: {line.strip()[:100]}")
     assert not hits, "\n".join(hits)
+
+
+def test_a_compared_student_whose_result_file_was_rerun_since_says_so():
+    """docs/benchmarks.md's side-by-side table keeps what was measured; a row whose result file a rerun replaced
+    since (another git sha in the file than the bench recorded) is footnoted, not silently relabelled."""
+    import copy
+    import json
+
+    sys.path.insert(0, str(ROOT))
+    from scripts.readme_tables import compare_public_table
+
+    row = {"name": "mpnet-base", "label": "teacher", "family": "teacher", "sts7_avg": 80.5, "params_m": 109.5,
+           "sentences_per_s": {"wall": 20.0, "cpu": 10.0}, "vs_teacher": {"speed": 1.0, "speed_cpu": 1.0, "sts7": 0.0},
+           "sts7_source": "results/baseline-mpnet-base.json", "speed_model": {"preset": "mpnet-base"},
+           "result_git_sha": json.loads((ROOT / "results/baseline-mpnet-base.json").read_text())["git_sha"]}
+    record = {"batch": 128, "threads": 2, "sentences": 4, "machine": {"cpu": "test CPU"}, "models": [row]}
+    assert "rerun since" not in compare_public_table([], record=copy.deepcopy(record))
+    row["result_git_sha"] = "0" * 40  # measured from an earlier version of that file
+    table = compare_public_table([], record=record)
+    assert "**80.50** †" in table and "it has been rerun since" in table
