@@ -1,8 +1,8 @@
 """Short runs that pick DvBERT's teacher training: which head, lr and epochs make an NLI cross-encoder learn.
 
 One run: a seeded subset of the shipped NLI pairs (SNLI dev + MultiNLI dev), ``--train`` pairs trained on by the
-job's own fold training (``_finetune_fold``, or ``_fit_head`` on the frozen transformer's features with
-``finetune=false``), accuracy on ``--heldout`` other pairs it never saw. Each run appends one JSON line to ``--log``.
+job's own fold training (``_fit_fold``: a stage of the engine's loop, the whole cross-encoder, or with
+``finetune=false`` the head on the frozen transformer's features), accuracy on ``--heldout`` other pairs it never saw. Each run appends one JSON line to ``--log``.
 
     python scripts/dvbert_teacher_sweep.py run MODEL [--train 2000] [--heldout 500] [--log FILE] [KEY=VALUE ...]
     python scripts/dvbert_teacher_sweep.py collect --log FILE [--teachers DIR ...]
@@ -15,6 +15,7 @@ a DvBERT job trained (``--teachers``: their cache directories).
 import argparse
 import json
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -23,10 +24,8 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from raydistill.runtime.jobs.dvbert_teachers import (
     TeacherTraining,
-    _build_head,
     _encode_rows,
-    _finetune_fold,
-    _fit_head,
+    _fit_fold,
     build_teacher,
     nli_pairs,
 )
@@ -52,23 +51,26 @@ def run(args) -> None:
     order = np.random.default_rng(args.seed).permutation(len(columns["label"]))
     heldout, train = order[:args.heldout], order[args.heldout:args.heldout + args.train]
     started = time.time()
-    torch.manual_seed(cfg.seed)
-    teacher = build_teacher(transformer_directory(resolve_model(args.model)), cfg)
+    weights = transformer_directory(resolve_model(args.model))
+    run_dir = Path(tempfile.mkdtemp(prefix="dvbert-sweep-")) / "fold"
     if cfg.finetune:
-        probs, stats = _finetune_fold(teacher, columns, train, heldout, cfg, "cpu", args.model)
+        _, probs, stats = _fit_fold(columns, train, heldout, cfg, 0, weights, run_dir, "cpu", args.model,
+                                    args.threads)
     else:  # the frozen transformer's features depend only on the model, head and max_length: computed once
         rows = np.concatenate([train, heldout])
         cache = Path(args.features) / f"{args.model}-{cfg.head}-{cfg.max_length}-{args.seed}-{len(train)}-{len(heldout)}.npy"
         if cache.is_file():
             pooled_rows = np.load(cache)
         else:
+            torch.manual_seed(cfg.seed)
+            teacher = build_teacher(weights, cfg)
             pooled_rows = _encode_rows(teacher, columns, rows, "cpu", cfg.precision, pooled_only=True)
             cache.parent.mkdir(parents=True, exist_ok=True)
             np.save(cache, pooled_rows)
         pooled = np.zeros((len(columns["label"]), pooled_rows.shape[1]), dtype=np.float32)
         pooled[rows] = pooled_rows
-        head = _build_head(pooled.shape[1], cfg.head_hidden, cfg.dropout)
-        probs, stats = _fit_head(head, pooled, columns["label"], train, heldout, cfg, "cpu")
+        _, probs, stats = _fit_fold(columns, train, heldout, cfg, 0, weights, run_dir, "cpu", args.model,
+                                    args.threads, pooled)
     accuracy = float((probs.argmax(axis=1) == columns["label"][heldout]).mean())
     record = {"model": args.model, "settings": overrides, "train_pairs": len(train), "heldout_pairs": len(heldout),
               "heldout_accuracy": round(accuracy, 4), **stats, "wall_s": round(time.time() - started, 1)}

@@ -50,18 +50,14 @@ def test_each_pair_is_labelled_only_by_fold_models_that_did_not_train_on_it(tiny
                                                                             finetune, capsys):
     columns = dv.nli_pairs(PAIRS, seed=3)
     calls = []
-    name = "_finetune_fold" if finetune else "_fit_head"
-    real = getattr(dv, name)
+    real = dv._fit_fold
 
-    rows_at = 2 if finetune else 3  # (teacher, columns, train_rows, ...) / (head, features, gold, train_rows, ...)
-
-    def recording(*args):
-        probs, stats = real(*args)
-        train_rows, label_rows = args[rows_at], args[rows_at + 1]
+    def recording(columns, train_rows, label_rows, *args):
+        model, probs, stats = real(columns, train_rows, label_rows, *args)
         calls.append((set(train_rows.tolist()), label_rows.tolist(), probs))
-        return probs, stats
+        return model, probs, stats
 
-    monkeypatch.setattr(dv, name, recording)
+    monkeypatch.setattr(dv, "_fit_fold", recording)
     # The recording wrapper lives in this process; an earlier test may have left Ray up, and Ray tasks would run
     # the unwrapped function in workers. Fold-for-fold order is also what the assertions below index by.
     monkeypatch.setattr(dv, "_run_parallel", lambda fn, calls, resources: [fn(*args) for args in calls])
@@ -210,3 +206,51 @@ def test_a_fold_head_holding_a_pickled_object_is_refused_without_running_it(tiny
     with pytest.raises(Exception, match="(?i)weights.only|unpickl|unsupported global"):
         dv.load_teacher(fold_dir)
     assert not marker.exists()
+
+
+def test_a_stopped_fine_tuning_fold_continues_where_it_stopped_and_labels_with_its_last_evaluation(
+        tiny_bert, tmp_path, monkeypatch):
+    """A fold is a stage of the engine: a stop leaves a checkpoint at its step boundary, the next fit of the same
+    fold continues from it to the same model as a fold never stopped, and the held-out predictions of the final
+    evaluation are the fold's labels (no second pass over the held-out pairs)."""
+    import dataclasses
+
+    from raydistill import methods
+    from raydistill.methods import nli_teacher
+    from raydistill.models import resolve_model
+    from raydistill.models.bi_encoder import transformer_directory
+    from raydistill.runtime.engine.learner_group import PreemptedError
+    from raydistill.runtime.engine.stopping import clear_stop_request, request_stop
+
+    columns = dv.nli_pairs(PAIRS, seed=3)
+    cfg = small_training(finetune=True, epochs=2, head="mean")
+    weights = transformer_directory(resolve_model(str(tiny_bert)))
+    train_rows, label_rows = np.arange(24), np.arange(24, PAIRS)  # 24 rows / batch 6: 4 steps an epoch, 8 in all
+    _, whole, stats = dv._fit_fold(columns, train_rows, label_rows, cfg, 0, weights, tmp_path / "whole", "cpu", "whole")
+    assert stats["steps"] == 8
+
+    spec = methods.get_method("nli-teacher")
+
+    def stop_in_step_3(ctx, batch):
+        if ctx.step == 2:
+            request_stop()
+        return nli_teacher.pair_class_features(ctx, batch)
+
+    monkeypatch.setitem(methods.METHODS, "nli-teacher", dataclasses.replace(spec, batch_to_features=stop_in_step_3))
+    try:
+        with pytest.raises(PreemptedError) as stopped:
+            dv._fit_fold(columns, train_rows, label_rows, cfg, 0, weights, tmp_path / "stopped", "cpu", "stopped")
+    finally:
+        clear_stop_request()
+    assert stopped.value.step == 3
+    monkeypatch.setitem(methods.METHODS, "nli-teacher", spec)
+
+    passes = []
+    real = nli_teacher.NLITeacherStageSpec.heldout_probs
+    monkeypatch.setattr(nli_teacher.NLITeacherStageSpec, "heldout_probs",
+                        lambda self, *args: passes.append(1) or real(self, *args))
+    _, resumed, stats = dv._fit_fold(columns, train_rows, label_rows, cfg, 0, weights, tmp_path / "stopped", "cpu",
+                                     "stopped")
+    assert stats["steps"] == 8
+    assert len(passes) == 2  # the evaluations at the end of epoch 1 and at the last step, nothing after
+    np.testing.assert_allclose(resumed, whole, atol=1e-5)

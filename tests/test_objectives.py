@@ -668,3 +668,17 @@ def test_learned_scale_moves_off_its_start_in_a_short_run():
         out.loss.backward()
         optimizer.step()
     assert abs(float(loss_fn.scale().detach()) - start) > 0.05, (start, float(loss_fn.scale().detach()))
+
+
+def test_logit_cross_entropy_is_torch_cross_entropy_and_reports_accuracy():
+    from raydistill.objectives import LogitCrossEntropyLoss
+
+    logits = torch.tensor([[2.0, 0.0, 0.0], [0.0, 1.0, 3.0], [0.5, 0.2, 0.1], [0.0, 4.0, 0.0]], requires_grad=True)
+    gold = torch.tensor([0, 2, 1, 1])
+    out = LogitCrossEntropyLoss()({"logits": logits}, gold)
+    assert torch.allclose(out.loss, F.cross_entropy(logits, gold))
+    assert out.parts == {"accuracy": 0.75}
+    out.loss.backward()
+    assert logits.grad is not None
+    with pytest.raises(ValueError, match="gold classes"):
+        LogitCrossEntropyLoss()({"logits": logits})

@@ -203,37 +203,31 @@ def _nli_training(**overrides):
                                          "head": "mean", **overrides})
 
 
-def test_a_dvbert_head_prints_a_line_whenever_30_s_passed(monkeypatch, capsys):
-    import torch
-
+def test_a_dvbert_head_prints_a_line_whenever_30_s_passed(monkeypatch, capsys, tmp_path):
     from raydistill.runtime.jobs import dvbert_teachers as dv
 
     rng = np.random.default_rng(0)
     pooled = rng.normal(size=(24, 8)).astype(np.float32)
     gold = rng.integers(0, 3, size=24)
     cfg = _nli_training(finetune=False)
-    head = dv.build_head(8, 0, 0.0)
-    torch.manual_seed(0)
     monkeypatch.setattr(learner_group, "time", FakeClock(31.0))
-    dv._fit_head(head, pooled, gold, np.arange(16), np.arange(16, 24), cfg, "cpu", "dvbert-teacher tiny fold 1/2 head")
+    dv._fit_fold({"label": gold}, np.arange(16), np.arange(16, 24), cfg, 0, tmp_path, tmp_path / "fold", "cpu",
+                 "dvbert-teacher tiny fold 1/2 head", pooled=pooled)
     # 16 rows / batch 4 = 4 steps an epoch, 2 epochs
     assert _step_lines(capsys.readouterr().out, "dvbert-teacher tiny fold 1/2 head") == list(range(1, 9))
 
 
-def test_a_dvbert_fold_fine_tuning_prints_a_line_whenever_30_s_passed(tiny_bert, monkeypatch, capsys):
-    import torch
-
+def test_a_dvbert_fold_fine_tuning_prints_a_line_whenever_30_s_passed(tiny_bert, monkeypatch, capsys, tmp_path):
     from raydistill.models import resolve_model
     from raydistill.models.bi_encoder import transformer_directory
     from raydistill.runtime.jobs import dvbert_teachers as dv
 
     columns = dv.nli_pairs(12, seed=3)
     cfg = _nli_training(finetune=True, epochs=1)
-    torch.manual_seed(0)
-    teacher = dv.build_teacher(transformer_directory(resolve_model(str(tiny_bert))), cfg)
+    weights = transformer_directory(resolve_model(str(tiny_bert)))
     monkeypatch.setattr(learner_group, "time", FakeClock(31.0))
-    probs, stats = dv._finetune_fold(teacher, columns, np.arange(8), np.arange(8, 12), cfg, "cpu",
-                                     "dvbert-teacher tiny fold 1/2")
+    model, probs, stats = dv._fit_fold(columns, np.arange(8), np.arange(8, 12), cfg, 0, weights,
+                                       tmp_path / "fold", "cpu", "dvbert-teacher tiny fold 1/2")
     assert probs.shape == (4, 3) and stats["steps"] == 2
     # 2 steps, each past 30 s: a line after each, where every 50 steps printed only the last before
     assert _step_lines(capsys.readouterr().out, "dvbert-teacher tiny fold 1/2") == [1, 2]

@@ -13,7 +13,7 @@ from typing import Any, Iterator
 
 import numpy as np
 
-__all__ = ["ArrayData"]
+__all__ = ["ArrayData", "LengthBucketedArrayData"]
 
 
 class ArrayData:
@@ -41,3 +41,42 @@ class ArrayData:
             order = np.random.default_rng([self.seed, int(epoch)]).permutation(self.num_rows)
         for b in range(skip_batches, self.num_batches(batch_size, drop_last)):
             yield self.rows(order[b * batch_size:(b + 1) * batch_size])
+
+
+class LengthBucketedArrayData(ArrayData):
+    """``ArrayData`` whose epochs come as batches of similar length (DvBERT's teacher folds: NLI pairs run from ~10
+    to ~90 tokens, and a batch pads to its longest pair).
+
+    Epoch ``e``: a permutation drawn from ``(seed, e)``; each run of ``batches_per_bucket`` batches of it sorted by
+    ``lengths`` and cut into batches; the full batches shuffled (the ragged ones dropped). Every batch stays a
+    random draw from a random window, and the order is a function of ``(seed, e)``, so a resume at batch ``k``
+    sees exactly the batches it would have. An epoch has ``num_rows // batch_size`` full batches, as the engine
+    counts them.
+    """
+
+    def __init__(self, columns: dict[str, np.ndarray], lengths: np.ndarray, seed: int = 0,
+                 batches_per_bucket: int = 50, cache_stats: dict[str, Any] | None = None):
+        super().__init__(columns, seed=seed, shuffle=True, cache_stats=cache_stats)
+        self.lengths = np.asarray(lengths)
+        if len(self.lengths) != self.num_rows:
+            raise ValueError(f"LengthBucketedArrayData: {len(self.lengths)} lengths for {self.num_rows} rows")
+        self.batches_per_bucket = int(batches_per_bucket)
+
+    def epoch_batches(self, epoch: int, batch_size: int) -> list[np.ndarray]:
+        rng = np.random.default_rng([self.seed, int(epoch)])
+        shuffled = rng.permutation(self.num_rows)
+        span = batch_size * self.batches_per_bucket
+        batches = []
+        for start in range(0, len(shuffled), span):
+            window = shuffled[start:start + span]
+            window = window[np.argsort(-self.lengths[window], kind="stable")]
+            batches.extend(window[i:i + batch_size] for i in range(0, len(window), batch_size))
+        batches = [b for b in batches if len(b) == batch_size]
+        return [batches[i] for i in rng.permutation(len(batches))]
+
+    def iter_batches(self, epoch: int, batch_size: int, skip_batches: int = 0, drop_last: bool = True,
+                     ) -> Iterator[dict[str, np.ndarray]]:
+        if not drop_last:
+            raise ValueError("LengthBucketedArrayData keeps full batches only")
+        for rows in self.epoch_batches(epoch, batch_size)[skip_batches:]:
+            yield self.rows(rows)

@@ -11,12 +11,14 @@ inside the loss. Queue-based losses update their queue inside ``forward``, after
 | ckd.py | CKDLoss | DistilCSE stage 1, arXiv:2112.05638 |
 | distilcse_nli.py | SupervisedSimCSELoss, build_nli_triplets | DistilCSE stage 2 / SimCSE, arXiv:2104.08821 |
 | dvbert.py | DvBERTLoss, SoftmaxClassifierLoss, TeacherAnnealing | Cheng, SIGIR 2021, arXiv:2104.08675 |
+| classification.py | LogitCrossEntropyLoss | (DvBERT's NLI teachers) |
 | trans_encoder.py | SoftBCELoss, CosineMSELoss, cosine_to_target | Liu et al., ICLR 2022, arXiv:2109.13059 |
 | l2.py, simcse.py | L2DistillLoss, SimCSELoss | baselines |
 """
 
 from raydistill.objectives.base import LossOutput
 from raydistill.objectives.ckd import CKDLoss, LearnableScale
+from raydistill.objectives.classification import LogitCrossEntropyLoss
 from raydistill.objectives.congen import ConGenLoss
 from raydistill.objectives.distilcse_nli import SupervisedSimCSELoss, build_nli_triplets, load_nli_triplets
 from raydistill.objectives.dvbert import DvBERTLoss, SoftmaxClassifierLoss, TeacherAnnealing, annealed_target
@@ -41,6 +43,7 @@ __all__ = [
     "InstanceQueue",
     "L2DistillLoss",
     "LearnableScale",
+    "LogitCrossEntropyLoss",
     "LossOutput",
     "SCTDistillLoss",
     "SCTLoss",

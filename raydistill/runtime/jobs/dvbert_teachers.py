@@ -34,6 +34,22 @@ What differs here from the paper's recipe, each for a measured reason (results/d
   raydistill/data/bundled/nli/; 29,316 once the 162 with an evaluation sentence are left out), not SNLI + MultiNLI
   train (≈940k).
 
+**One training loop.** Each fold model trains as a stage of the engine (``LearnerGroup.fit`` in Train's local mode,
+``resources.learner.num_learners: 0``, inside this process or this teacher's Ray task): method ``nli-head``
+(``raydistill.methods.nli_head``: the head on the cached features, its standardisation fitted to the training
+rows) or ``nli-teacher`` (``raydistill.methods.nli_teacher``: the whole cross-encoder, length-bucketed batches,
+grad clip 1), loss ``objectives.LogitCrossEntropyLoss``. The two loops of their own this module had (a head loop,
+a fine-tuning loop) are gone, and with them what they lacked: the engine refuses a NaN loss or gradient, prints
+the same progress lines as every stage (with held-out fold accuracy as ``dev``), and checkpoints the fold in
+``.fold-<f>.training/`` beside the fold, so a stopped fine-tuning fold continues where it stopped. The fold keeps
+its LAST step's model, read back from the engine's final checkpoint, as the loops did: the held-out fold is what
+the model labels, so the engine's best-dev selection (``best/``, which it still writes) would pick the step by the
+very labels it then predicts. What the engine does differently, for the same settings: each epoch drops its
+ragged last batch, batches are drawn from ``(seed + fold, epoch)``, weight decay skips biases and the head keeps
+AdamW's default eps (1e-8); held-out accuracy moved by less than its fold-to-fold spread on the CPU config (the
+teachers' cache key names the new format, so teachers trained by the old loops are trained again, once; the
+frozen transformer's features are unchanged and reused).
+
 A teacher below ``min_accuracy`` held-out accuracy is refused before the student trains (``TeacherAccuracyError``,
 naming it and its accuracy): a teacher at chance adds only label smoothing that fades with the annealing. The
 trained teachers stay cached either way, under ``$RAYDISTILL_HOME/dvbert-teachers/<name>-<key>/``: ``fold-<f>/``
@@ -52,6 +68,7 @@ import logging
 import os
 import shutil
 import time
+import zlib
 from contextlib import nullcontext
 from dataclasses import asdict
 from pathlib import Path
@@ -62,8 +79,8 @@ import numpy as np
 from raydistill.fileio import atomic_write_json, atomic_writer, replace_directory, staged_directory
 from raydistill.methods.dvbert import HEADS, TeacherTraining
 from raydistill.config.job import ConfigError
-from raydistill.runtime.jobs.dvbert_model import (NLI_LABELS, build_head, build_teacher, load_teacher, pool_pair,
-                                                  save_head)
+from raydistill.methods.nli_teacher import (NLI_LABELS, build_head, build_teacher, load_teacher, pool_pair,
+                                            save_head)
 
 __all__ = [
     "HEADS",
@@ -131,7 +148,7 @@ def _teacher_key(model: str, training: TeacherTraining, data_fp: str) -> str:
 
     identity = teacher_identity(model, encoder="cross", max_length=training.max_length)
     payload = json.dumps({"model": identity, "training": training.shaping(), "data": data_fp,
-                          "format": "nli-teacher-oof-1"}, sort_keys=True)
+                          "format": "nli-teacher-oof-2"}, sort_keys=True)
     return hashlib.sha256(payload.encode()).hexdigest()[:16]
 
 
@@ -151,24 +168,8 @@ def _autocast(device: str, precision: str):
     return torch.autocast(device, dtype=torch.bfloat16) if precision == "bf16" else nullcontext()
 
 
-def _bucketed_batches(rows: np.ndarray, lengths: np.ndarray, batch_size: int, rng: np.random.Generator,
-                      batches_per_bucket: int = 50) -> list[np.ndarray]:
-    """A shuffled epoch as batches of similar length: shuffle, sort each run of ``batches_per_bucket`` batches by
-    length, cut it into batches, shuffle the batch order. Padding to the batch's longest pair then wastes little
-    (NLI pairs run from ~10 to ~90 tokens) while every batch stays a random draw from a random window."""
-    shuffled = rng.permutation(rows)
-    span = batch_size * batches_per_bucket
-    batches = []
-    for start in range(0, len(shuffled), span):
-        window = shuffled[start:start + span]
-        window = window[np.argsort(-lengths[window], kind="stable")]
-        batches.extend(window[i:i + batch_size] for i in range(0, len(window), batch_size))
-    batches = [b for b in batches if len(b) == batch_size] or batches  # drop ragged tails unless nothing else
-    return [batches[i] for i in rng.permutation(len(batches))]
-
-
 # Rows between two progress lines of a teacher's encoding pass; a line also comes once this long has passed
-# since the last (the training loops' lines come from ``learner_group``'s progress printer, on the same 30 s).
+# since the last (the folds' training lines come from the engine's progress printer, on the same 30 s).
 _PROGRESS_EVERY_ROWS = 2048
 _PROGRESS_EVERY_S = 30.0
 
@@ -214,90 +215,128 @@ def _encode_rows(teacher, columns: dict[str, np.ndarray], rows: np.ndarray, devi
 # ----------------------------------------------------------------------------------------------------------------
 # Training (plain functions: one teacher runs in-process or as one Ray task)
 
+# A step count no fold reaches. A head fold takes seconds: a checkpoint only where it stops and where it ends, and
+# an evaluation only at epoch ends and the end. A fine-tuned fold writes a checkpoint every
+# ``_FINETUNE_CHECKPOINT_EVERY`` steps too (a model + AdamW write; a fold runs for hours on a CPU).
+_PAST_THE_END = 1_000_000_000
+_FINETUNE_CHECKPOINT_EVERY = 500
+# Progress lines of a fine-tuned fold every this many steps (and every 30 s); a head fold's steps take
+# milliseconds, so it prints on the 30 s cadence and at its last step only.
+_FINETUNE_LOG_EVERY = 50
 
-def _fit_head(head, pooled: np.ndarray, gold: np.ndarray, train_rows: np.ndarray, label_rows: np.ndarray,
-              cfg: TeacherTraining, device: str, name: str = "dvbert-teacher") -> tuple[np.ndarray, dict[str, Any]]:
-    """Train ``head`` on the frozen transformer's features of ``train_rows``; class probabilities of ``label_rows``.
 
-    The head standardises its input by the training rows' mean and spread, then trains with AdamW, linear warm-up
-    and decay, cross-entropy on the gold label. Progress lines (``[name] step i/n ... ETA``) come at least every
-    30 s while it trains, and at its last step.
+def _stage_config(cfg: TeacherTraining, fold: int, weights: Path, train_dir: Path, heldout: Path,
+                  identity: dict[str, Any], threads: int, device: str):
+    """Fold ``fold`` as an engine job config: the teacher's settings, the fold's seed, Train's local mode. The
+    engine evaluates at each epoch end and at the last step (``eval_every`` past the end): held-out accuracy,
+    reported in the progress lines, not used to pick a model."""
+    from raydistill.config.job import JobConfig
+
+    return JobConfig.from_dict({
+        "method": "nli-teacher" if cfg.finetune else "nli-head", "student": str(weights), "teacher": None,
+        "seed": cfg.seed + fold, "run_dir": str(train_dir),
+        "data": {"max_length": int(cfg.max_length), "shuffle": True},
+        "train": {"batch_size": int(cfg.batch_size), "lr": float(cfg.lr), "epochs": int(cfg.epochs),
+                  "warmup_ratio": float(cfg.warmup_ratio), "weight_decay": float(cfg.weight_decay),
+                  # as the loops this replaced: the fine-tuning clipped at 1, the head loop never clipped
+                  "grad_clip": 1.0 if cfg.finetune else 0.0, "eval_every": _PAST_THE_END,
+                  "checkpoint_every": _FINETUNE_CHECKPOINT_EVERY if cfg.finetune else _PAST_THE_END,
+                  "keep_last": 1, "precision": cfg.precision if cfg.finetune else "fp32"},
+        "resources": {"learner": {"num_learners": 0, "num_gpus": 1 if device == "cuda" else 0,
+                                  "threads": max(1, int(threads)), "cpu_speedups": False}},
+        "tracking": {"enabled": False},  # the DvBERT job records the teachers in its result file
+        "runtime": {"log_every": _FINETUNE_LOG_EVERY if cfg.finetune else _PAST_THE_END},
+        "extra": {"teacher_training": asdict(cfg), "heldout": str(heldout), "stage": identity},
+    }, source=f"dvbert teacher fold {fold + 1}/{cfg.folds}")
+
+
+def _clear_other_stage(stage_cfg, train_dir: Path, tag: str) -> None:
+    """Keep ``train_dir`` only when it holds a checkpoint of this very fold (a stopped fold continues from it)."""
+    from raydistill.runtime.engine.checkpoint import CheckpointError
+    from raydistill.runtime.engine.resume import check_resume
+
+    if not train_dir.exists():
+        return
+    try:
+        if check_resume(train_dir, stage_cfg, 1) is not None:
+            return
+    except CheckpointError as exc:
+        print(f"[{tag}] {train_dir} holds a checkpoint of other settings ({exc}); training the fold from its start",
+              flush=True)
+    shutil.rmtree(train_dir)
+
+
+def _fit_fold(columns: dict[str, np.ndarray], train_rows: np.ndarray, label_rows: np.ndarray, cfg: TeacherTraining,
+              fold: int, weights: Path, train_dir: Path, device: str, name: str, threads: int = 1,
+              pooled: np.ndarray | None = None):
+    """Train fold model ``fold`` on ``train_rows`` through the engine; ``(model, probs of label_rows, stats)``.
+
+    Frozen (``pooled`` [N, D], the transformer's features): a head (``methods.nli_head``) whose start the job draws
+    from the fold's seed and standardises by the training rows' mean and spread. Fine-tuned: the whole teacher
+    (``methods.nli_teacher``) on length-bucketed batches of the pairs. Either way ``LearnerGroup.fit`` in Train's
+    local mode trains it in this process: AdamW, linear warm-up and decay, the NaN refusal, progress lines
+    ``[name] step i/n ... dev <held-out accuracy x 100> ... ETA``, checkpoints in ``train_dir`` (a stopped fold
+    continues from them). The model returned is the last step's, read from the final checkpoint.
     """
     import torch
-    import torch.nn.functional as F
 
-    from raydistill.runtime.engine.learner import linear_schedule
-    from raydistill.runtime.engine.learner_group import _Progress
+    from raydistill.data.arrays import ArrayData, LengthBucketedArrayData
+    from raydistill.methods.nli_head import START_HEAD
+    from raydistill.methods.nli_teacher import HELDOUT_PROBS, head_digest
+    from raydistill.runtime.engine import checkpoint as ckpt
+    from raydistill.runtime.engine.learner_group import LearnerGroup
 
-    x = torch.as_tensor(pooled, device=device)  # [N, D]
-    y = torch.as_tensor(gold, device=device)  # [N]
-    train = torch.as_tensor(train_rows, device=device)
-    with torch.no_grad():
-        head.shift.copy_(x[train].mean(0))
-        head.scale.copy_(x[train].std(0) + 1e-6)
-    optimizer = torch.optim.AdamW(head.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
-    steps_per_epoch = -(-len(train_rows) // cfg.batch_size)
-    total = steps_per_epoch * cfg.epochs
-    scheduler = linear_schedule(optimizer, int(cfg.warmup_ratio * total), total)
-    generator = torch.Generator().manual_seed(cfg.seed)
-    # Steps take milliseconds: the 30 s cadence and the last step, no step-count cadence.
-    progress = _Progress(name, total, cfg.epochs, total, 0)
-    head.train()
-    losses = []
-    for epoch in range(cfg.epochs):
-        for batch in train[torch.randperm(len(train), generator=generator).to(device)].split(cfg.batch_size):
-            loss = F.cross_entropy(head(x[batch]), y[batch])
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            optimizer.step()
-            scheduler.step()
-            losses.append(float(loss.detach()))
-            progress.update(len(losses), epoch, {"loss": losses[-1]}, None, {})
-    head.eval()
-    with torch.no_grad():
-        probs = torch.softmax(head(x[torch.as_tensor(label_rows, device=device)]), dim=-1).cpu().numpy()
-    return probs.astype(np.float32), {"steps": total, "final_loss": float(np.mean(losses[-50:]))}
+    identity = {"fold": fold, "train_rows": zlib.crc32(np.ascontiguousarray(train_rows, dtype=np.int64).tobytes()),
+                "weights": str(weights)}
+    heldout = train_dir.parent / f"{train_dir.name}-heldout.npz"
+    stage_cfg = _stage_config(cfg, fold, weights, train_dir, heldout, identity, threads, device)
+    _clear_other_stage(stage_cfg, train_dir, name)
+    gold = columns["label"]
+    torch.manual_seed(cfg.seed + fold)
+    if pooled is not None:
+        start = train_dir.parent / f"{train_dir.name}-start"
+        head = build_head(pooled.shape[1], cfg.head_hidden, cfg.dropout)
+        with torch.no_grad():
+            x = torch.as_tensor(pooled[train_rows])
+            head.shift.copy_(x.mean(0))
+            head.scale.copy_(x.std(0) + 1e-6)
+        start.mkdir(parents=True, exist_ok=True)
+        torch.save(head.state_dict(), start / START_HEAD)
+        with atomic_writer(heldout) as stream:
+            np.savez(stream, pooled=pooled[label_rows], label=gold[label_rows])
+        data = ArrayData({"pooled": pooled[train_rows], "label": gold[train_rows], "idx": train_rows},
+                         seed=stage_cfg.seed, shuffle=True)
+        init_model = str(start)
+    else:
+        with atomic_writer(heldout) as stream:
+            np.savez(stream, text_a=np.asarray(columns["text_a"][label_rows], dtype=str),
+                     text_b=np.asarray(columns["text_b"][label_rows], dtype=str), label=gold[label_rows])
+        lengths = np.array([len(a) + len(b) for a, b in zip(columns["text_a"][train_rows],
+                                                              columns["text_b"][train_rows])])
+        data = LengthBucketedArrayData({name_: columns[name_][train_rows] for name_ in ("text_a", "text_b", "label")}
+                                       | {"idx": train_rows}, lengths, seed=stage_cfg.seed)
+        init_model = str(weights)
+    group = LearnerGroup(stage_cfg, run_dir=train_dir, init_model=init_model, name=name)
+    fitted = group.fit(data)
 
-
-def _finetune_fold(teacher, columns: dict[str, np.ndarray], train_rows: np.ndarray, label_rows: np.ndarray,
-                   cfg: TeacherTraining, device: str, name: str) -> tuple[np.ndarray, dict[str, Any]]:
-    """Fine-tune ``teacher`` (transformer and head) on ``train_rows``; class probabilities of ``label_rows``.
-
-    Cross-entropy on the gold label; AdamW (wd except bias/LayerNorm), linear warm-up then decay, grad clip 1;
-    length-bucketed batches. Progress lines (``[name] step i/n (x%) ep e/E loss ... ETA``) every 50 steps and at
-    the first step that ends 30 s or more after the last line.
-    """
-    import torch
-    import torch.nn.functional as F
-
-    from raydistill.runtime.engine.learner import build_optimizer, linear_schedule
-    from raydistill.runtime.engine.learner_group import _Progress
-
-    lengths = np.array([len(a) + len(b) for a, b in zip(columns["text_a"], columns["text_b"])])
-    rng = np.random.default_rng(cfg.seed + 1)
-    total_steps = max(1, len(train_rows) // cfg.batch_size) * cfg.epochs
-    optimizer = build_optimizer([teacher], lr=cfg.lr, weight_decay=cfg.weight_decay)
-    scheduler = linear_schedule(optimizer, int(cfg.warmup_ratio * total_steps), total_steps)
-    progress = _Progress(name, total_steps, cfg.epochs, 50, 0)
-    teacher.train()
-    step, losses = 0, []
-    for epoch in range(cfg.epochs):
-        for rows in _bucketed_batches(train_rows, lengths, cfg.batch_size, rng):
-            features = teacher.tokenize(columns["text_a"][rows].tolist(), columns["text_b"][rows].tolist())
-            features = {k: v.to(device) for k, v in features.items()}
-            with _autocast(device, cfg.precision):
-                logits = teacher(features)  # [B, 3]
-            loss = F.cross_entropy(logits.float(), torch.as_tensor(columns["label"][rows], device=device))
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(teacher.parameters(), 1.0)
-            optimizer.step()
-            scheduler.step()
-            step += 1
-            losses.append(float(loss.detach()))
-            progress.update(step, epoch, {"loss": losses[-1]}, None, {})
-    probs = _encode_rows(teacher, columns, label_rows, device, cfg.precision, pooled_only=False)
-    return probs, {"steps": step, "final_loss": float(np.mean(losses[-50:])) if losses else None}
+    # The last step's model (the loops this replaced kept it too; methods.nli_teacher says why not the best dev).
+    final, _ = ckpt.latest_good_checkpoint(train_dir)
+    _, state = ckpt.load_checkpoint(final, config=stage_cfg, map_location="cpu")
+    model = group.spec.build_student(stage_cfg, init_model=init_model)
+    model.load_state_dict(state["student"])
+    model.to(device).eval()
+    probs = None
+    saved = train_dir / HELDOUT_PROBS
+    if pooled is None and saved.is_file():
+        with np.load(saved) as kept:  # the final evaluation's predictions, if they are this model's
+            if int(kept["head"]) == head_digest(model.head):
+                probs = kept["probs"].astype(np.float32)
+    if probs is None:
+        probs = group.spec.heldout_probs(stage_cfg, model)
+    losses = [row["loss"] for row in fitted["history"] if "loss" in row]
+    stats = {"steps": int(fitted["steps"]), "final_loss": float(np.mean(losses[-50:])) if losses else None}
+    model.cpu()
+    return model, probs, stats
 
 
 def _replace_dir(tmp: Path, final: Path) -> None:
@@ -357,21 +396,15 @@ def train_nli_teacher(model: str, columns: dict[str, np.ndarray], fold: np.ndarr
         fold_started = time.perf_counter()
         fold_tag = f"dvbert-teacher {name} fold {f + 1}/{cfg.folds}"
         train_rows, label_rows = np.flatnonzero(fold != f), np.flatnonzero(fold == f)
-        torch.manual_seed(cfg.seed + f)
+        train_dir = out / f".fold-{f}.training"
         tmp = out / f".fold-{f}.tmp-{os.getpid()}"
         shutil.rmtree(tmp, ignore_errors=True)
+        fold_model, probs, stats = _fit_fold(columns, train_rows, label_rows, cfg, f, weights, train_dir, device,
+                                             fold_tag if cfg.finetune else f"{fold_tag} head", threads, pooled)
         if cfg.finetune:
-            teacher = build_teacher(weights, cfg).to(device)
-            probs, stats = _finetune_fold(teacher, columns, train_rows, label_rows, cfg, device, fold_tag)
-            teacher.cpu()
-            teacher.transformer.save_pretrained(tmp)
-            teacher.tokenizer.save_pretrained(tmp)
-            save_head(teacher, tmp, ".", cfg)
+            fold_model.save(tmp)
         else:
-            head = build_head(pooled.shape[1], cfg.head_hidden, cfg.dropout).to(device)
-            probs, stats = _fit_head(head, pooled, columns["label"], train_rows, label_rows, cfg, device,
-                                     f"{fold_tag} head")
-            encoder.head = head.cpu()
+            encoder.head = fold_model
             save_head(encoder, tmp, "../encoder", cfg)
         accuracy = float((probs.argmax(axis=1) == columns["label"][label_rows]).mean())
         info = {"fold": f, "train_pairs": len(train_rows), "heldout_pairs": len(label_rows),
@@ -380,6 +413,10 @@ def train_nli_teacher(model: str, columns: dict[str, np.ndarray], fold: np.ndarr
         np.savez(tmp / "rows.npz", train_rows=train_rows, label_rows=label_rows)
         atomic_write_json(tmp / "fold_info.json", info)
         _replace_dir(tmp, fold_dir)
+        # the fold is whole now: its engine run dir, start head and held-out rows go
+        for leftover in (train_dir, out / f"{train_dir.name}-start"):
+            shutil.rmtree(leftover, ignore_errors=True)
+        (out / f"{train_dir.name}-heldout.npz").unlink(missing_ok=True)
         fold_infos.append(info)
         print(f"[dvbert-teacher {name}] fold {f + 1}/{cfg.folds}: held-out NLI accuracy {accuracy:.3f} "
               f"({len(label_rows)} pairs)", flush=True)
