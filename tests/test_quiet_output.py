@@ -169,15 +169,21 @@ def test_a_trans_encoder_stage_prints_a_line_whenever_30_s_passed(tiny_bert, tmp
              "weight_decay": 0.0, "grad_clip": 1.0, "eval_every": 1000, "amp": False, "precision": "fp32"}
     learner = BiEncoderLearner("bert", None, train, threads=1, device="cpu", log_every=1000)
     learner.load(str(tiny_bert), cycle=1)
-    sentences = [f"a dog number {i} runs on the grass" for i in range(20)]
-    rows = (sentences[:10], sentences[10:], np.linspace(0.0, 1.0, 10, dtype=np.float32))
+    sentences = [f"a dog number {i} runs on the grass" for i in range(24)]
+    rows = (sentences[:12], sentences[12:], np.linspace(0.0, 1.0, 12, dtype=np.float32))  # 3 full batches of 4
     monkeypatch.setattr(learner, "training_rows", lambda labels_dir, column: rows)  # no Ray Data read
     monkeypatch.setattr(learner, "dev_score", lambda: 50.0)  # no STS-B dev pass
     monkeypatch.setattr(learner_group, "time", FakeClock(31.0))
-
-    summary = learner.fit(str(tmp_path / "labels"), "score", cycle=1, stage="cross2bi", out_dir=str(tmp_path / "bi"))
+    train_config_log = _Records()  # the stage's local-mode Train run announces itself there; raydistill drops it
+    logging.getLogger("ray.train.v2.api.config").addHandler(train_config_log)
+    try:
+        summary = learner.fit(str(tmp_path / "labels"), "score", cycle=1, stage="cross2bi",
+                              out_dir=str(tmp_path / "bi"))
+    finally:
+        logging.getLogger("ray.train.v2.api.config").removeHandler(train_config_log)
     assert summary["steps"] == 3
     assert _step_lines(capsys.readouterr().out, "cycle 1 cross2bi bert/bi") == [1, 2, 3]
+    assert not [r.getMessage() for r in train_config_log.records if "local mode" in r.getMessage()]
 
 
 def test_a_short_stage_prints_only_its_last_step(tiny_bert, tmp_path, monkeypatch, capsys):
@@ -187,7 +193,7 @@ def test_a_short_stage_prints_only_its_last_step(tiny_bert, tmp_path, monkeypatc
              "weight_decay": 0.0, "grad_clip": 1.0, "eval_every": 1000, "amp": False, "precision": "fp32"}
     learner = BiEncoderLearner("bert", None, train, threads=1, device="cpu", log_every=1000)
     learner.load(str(tiny_bert), cycle=1)
-    rows = ([f"first {i}" for i in range(10)], [f"second {i}" for i in range(10)], np.full(10, 0.5, np.float32))
+    rows = ([f"first {i}" for i in range(12)], [f"second {i}" for i in range(12)], np.full(12, 0.5, np.float32))
     monkeypatch.setattr(learner, "training_rows", lambda labels_dir, column: rows)
     monkeypatch.setattr(learner, "dev_score", lambda: 50.0)
     monkeypatch.setattr(learner_group, "time", FakeClock(1.0))

@@ -252,6 +252,11 @@ class LearnerGroup:
         # Train's local mode logs every report at INFO ("Reported metrics: {...}"), a line per step that the
         # driver's progress lines already summarise.
         logging.getLogger("ray.train.v2._internal.execution.train_fn_utils").setLevel(logging.WARNING)
+        # and every local-mode ScalingConfig announces itself ("Running in local mode. ... please file a report"):
+        # chosen here on purpose, once per Trans-Encoder stage or DvBERT fold, nothing for a user to act on.
+        config_logger = logging.getLogger("ray.train.v2.api.config")
+        if not any(isinstance(f, _DropLocalModeNotice) for f in config_logger.filters):
+            config_logger.addFilter(_DropLocalModeNotice())
         return self._trainer(loop, datasets, local=True).fit()
 
     def _fit_workers(self, loop, datasets, events: "_Dispatcher"):
@@ -353,6 +358,11 @@ class LearnerGroup:
                    f"{latest.name if latest else '?'}; {self.resume_hint} at step {step} (no step is redone)")
         print(message, flush=True)
         raise PreemptedError(message, step, str(latest) if latest else None)
+
+
+class _DropLocalModeNotice(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("Running in local mode")
 
 
 class _Dispatcher:
