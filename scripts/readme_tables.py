@@ -542,8 +542,9 @@ def compare_public_table(records: list[dict], record: dict | None = None) -> str
         path = ROOT / r["sts7_source"] if r["sts7_source"].startswith("results/") else None
         if path is not None and r.get("result_git_sha") and (
                 not path.is_file() or json.loads(path.read_text()).get("git_sha") != r["result_git_sha"]):
-            r["corpus_note"] = ("7-STS of the run this file held when measured; it has been rerun since (the file "
-                                "now holds the rerun, its old record is in docs/results.md's history)")
+            r["corpus_note"] = ("7-STS of the run this file held when measured; the file changed since (rerun, or "
+                                "moved to results/history/before-filter/ with its rebuilt start: docs/results.md's "
+                                "history)")
     notes = list(dict.fromkeys(r["corpus_note"] for r in rows if r.get("corpus_note")))
     lines = ["| model | params (M) | 7-STS | 7-STS from | sentences / CPU s | × teacher's | sentences / s (wall) "
              "| 7-STS − teacher | speed measured on |", "|" + "---|" * 9]

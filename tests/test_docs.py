@@ -61,7 +61,7 @@ def test_a_compared_student_whose_result_file_was_rerun_since_says_so():
            "sts7_source": "results/baseline-mpnet-base.json", "speed_model": {"preset": "mpnet-base"},
            "result_git_sha": json.loads((ROOT / "results/baseline-mpnet-base.json").read_text())["git_sha"]}
     record = {"batch": 128, "threads": 2, "sentences": 4, "machine": {"cpu": "test CPU"}, "models": [row]}
-    assert "rerun since" not in compare_public_table([], record=copy.deepcopy(record))
+    assert "the file changed since" not in compare_public_table([], record=copy.deepcopy(record))
     row["result_git_sha"] = "0" * 40  # measured from an earlier version of that file
     table = compare_public_table([], record=record)
-    assert "**80.50** †" in table and "it has been rerun since" in table
+    assert "**80.50** †" in table and "the file changed since (rerun" in table
