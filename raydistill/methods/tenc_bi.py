@@ -28,7 +28,7 @@ from raydistill.methods.base import ExtraSettings, MethodSpec
 from raydistill.methods.sts_cosine import pair_score_features
 from raydistill.objectives import CosineMSELoss
 
-__all__ = ["SPEC", "TransEncoderStageSettings", "TransEncoderStageSpec", "new_bi_encoder"]
+__all__ = ["SPEC", "TransEncoderStageSettings", "TransEncoderStageSpec", "new_bi_encoder", "stage_dev_score"]
 
 
 @section
@@ -67,14 +67,21 @@ class TransEncoderStageSpec(MethodSpec):
         return student
 
     def dev_score(self, cfg: JobConfig, student) -> float:
-        from raydistill.evaluation import evaluate_sts
+        return stage_dev_score(self, student, str(cfg.extra.get("dev_set", "stsb_dev")),
+                               int(cfg.extra.get("eval_batch_size", 128)), bf16=cfg.train.precision == "bf16")
 
-        dev_set = str(cfg.extra.get("dev_set", "stsb_dev"))
-        device = next(student.parameters()).device.type
-        with torch.autocast(device_type=device, dtype=torch.bfloat16, enabled=cfg.train.precision == "bf16"):
-            scores = evaluate_sts(self.scorer(student), sets=(dev_set,), encoder=self.encoder,
-                                  batch_size=int(cfg.extra.get("eval_batch_size", 128)), progress=False)
-        return float(scores[dev_set])
+
+def stage_dev_score(spec: TransEncoderStageSpec, student, dev_set: str, batch_size: int, *, bf16: bool) -> float:
+    """``dev_set`` Spearman x 100 of a stage's student as ``spec`` scores it (the bi-encoder's cosine, or the
+    symmetrised cross-encoder), under bf16 autocast when ``bf16``: the engine's model selection inside a stage and
+    the job's measurement of a held model are this one computation."""
+    from raydistill.evaluation import evaluate_sts
+
+    device = next(student.parameters()).device.type
+    with torch.autocast(device_type=device, dtype=torch.bfloat16, enabled=bf16):
+        scores = evaluate_sts(spec.scorer(student), sets=(dev_set,), encoder=spec.encoder, batch_size=batch_size,
+                              progress=False)
+    return float(scores[dev_set])
 
 
 def new_bi_encoder(checkpoint: str, pooling: str | None, max_length: int):

@@ -25,8 +25,8 @@ checkpoints and stop/resume. ``fit`` reads the rows itself from the label set's 
 (``labels.read_training_rows``), checked against the job's pair set, and runs the stage in Train's local mode
 (``resources.learner.num_learners: 0``) inside this actor's process: a Ray Train run with one worker costs 19.4 s
 to start here (results/bench-train_start.json; the main job's 12 stages would add 209-232 s, over 10 % of its
-2,006 s), local mode 0.16 s for the first ``fit`` and under 1 ms after, in an actor too (bench/train_start.py
-``--local``). Model, data and process stay in the actor, so the families still train at the same time, and the
+2,006 s), local mode 0.10 s for the first ``fit`` in an actor and 0.3 ms after
+(results/bench-train_local_start.json). Model, data and process stay in the actor, so the families still train at the same time, and the
 model is at hand for labelling afterwards. With ``num_learners >= 1`` (a GPU cluster, where a stage is minutes)
 the same stage would be a Train run with workers.
 
@@ -191,11 +191,11 @@ class StageLearner:
         return self.spec.scorer(self._require_model())
 
     def dev_score(self) -> float:
-        from raydistill.evaluation import evaluate_sts
+        """The held model's dev score, computed as the engine scores the stage's model selection."""
+        from raydistill.methods.tenc_bi import stage_dev_score
 
-        with self.autocast():
-            return float(evaluate_sts(self.scorer(), sets=(self.dev_set,), encoder=self.kind,
-                                      batch_size=self.inference_batch_size, progress=False)[self.dev_set])
+        return stage_dev_score(self.spec, self._require_model(), self.dev_set, self.inference_batch_size,
+                               bf16=self.precision == "bf16")
 
     def test_predictions(self, sets: list[str] | tuple[str, ...]) -> dict[str, np.ndarray]:
         """The model's similarity for every pair of each evaluation set (cosine, or symmetrised cross score)."""
