@@ -55,6 +55,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from raydistill.durations import format_duration
 from raydistill.methods import get_method
 from raydistill.runtime.engine import checkpoint as ckpt
 from raydistill.runtime.engine import resume
@@ -462,16 +463,7 @@ class _Progress:
             parts.append(f"dev {dev:.2f}{best_text}")
         if getattr(self, "sentences_per_s", None):
             parts.append(f"{self.sentences_per_s:.0f} sent/s")
-        parts.append(f"ETA {_duration(eta)}")
+        parts.append(f"ETA {format_duration(eta)}")
         print(" ".join(parts), file=sys.stdout, flush=True)
 
 
-def _duration(seconds: float) -> str:
-    if not math.isfinite(seconds):
-        return "?"
-    seconds = int(seconds)
-    if seconds >= 3600:
-        return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
-    if seconds >= 60:
-        return f"{seconds // 60}m{seconds % 60:02d}s"
-    return f"{seconds}s"

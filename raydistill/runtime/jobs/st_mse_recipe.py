@@ -112,7 +112,7 @@ def _trainer_callback(tracker, history: list[dict[str, Any]], cfg: JobConfig):
     """A ``TrainerCallback`` that sends each logged loss to MLflow and prints the jobs' progress line."""
     from transformers import TrainerCallback
 
-    from raydistill.runtime.engine.learner_group import _duration
+    from raydistill.durations import format_duration
 
     class ReportLosses(TrainerCallback):
         def on_train_begin(self, args, state, control, **kwargs):
@@ -131,7 +131,8 @@ def _trainer_callback(tracker, history: list[dict[str, Any]], cfg: JobConfig):
             eta = (state.max_steps - step) * (now - self.started) / max(step, 1)
             epoch = min(max(1, math.ceil(state.epoch or 0)), cfg.train.epochs)  # state.epoch: 1.0 ends epoch 1
             print(f"[{cfg.method}] step {step}/{state.max_steps} ({100 * step / max(1, state.max_steps):.0f}%) "
-                  f"ep {epoch}/{cfg.train.epochs} loss {metrics['loss']:.3e} {rate:.0f} sent/s ETA {_duration(eta)}",
+                  f"ep {epoch}/{cfg.train.epochs} loss {metrics['loss']:.3e} {rate:.0f} sent/s "
+                  f"ETA {format_duration(eta)}",
                   flush=True)
             self.last, self.last_step = now, step
 
