@@ -22,13 +22,14 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from raydistill.runtime.jobs.dvbert_teachers import (
+from raydistill.methods.dvbert_teachers import (
     TeacherTraining,
     _encode_rows,
     _fit_fold,
     build_teacher,
     nli_pairs,
 )
+from raydistill.runtime.jobs.stage_data import ENGINE_SERVICES
 
 
 def _value(text: str):
@@ -55,7 +56,7 @@ def run(args) -> None:
     run_dir = Path(tempfile.mkdtemp(prefix="dvbert-sweep-")) / "fold"
     if cfg.finetune:
         _, probs, stats = _fit_fold(columns, train, heldout, cfg, 0, weights, run_dir, "cpu", args.model,
-                                    args.threads)
+                                    ENGINE_SERVICES, args.threads)
     else:  # the frozen transformer's features depend only on the model, head and max_length: computed once
         rows = np.concatenate([train, heldout])
         cache = Path(args.features) / f"{args.model}-{cfg.head}-{cfg.max_length}-{args.seed}-{len(train)}-{len(heldout)}.npy"
@@ -70,7 +71,7 @@ def run(args) -> None:
         pooled = np.zeros((len(columns["label"]), pooled_rows.shape[1]), dtype=np.float32)
         pooled[rows] = pooled_rows
         _, probs, stats = _fit_fold(columns, train, heldout, cfg, 0, weights, run_dir, "cpu", args.model,
-                                    args.threads, pooled)
+                                    ENGINE_SERVICES, args.threads, pooled)
     accuracy = float((probs.argmax(axis=1) == columns["label"][heldout]).mean())
     record = {"model": args.model, "settings": overrides, "train_pairs": len(train), "heldout_pairs": len(heldout),
               "heldout_accuracy": round(accuracy, 4), **stats, "wall_s": round(time.time() - started, 1)}

@@ -12,9 +12,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from raydistill.runtime.jobs import dvbert_teachers as dv
+from raydistill.methods import dvbert_teachers as dv
 from raydistill.config.job import ConfigError, JobConfig
 from raydistill.runtime.engine.preflight import preflight
+from raydistill.runtime.jobs.stage_data import ENGINE_SERVICES, EngineServices
 from tests.ray_fixtures import ray_session  # noqa: F401 - the session-wide Ray fixture
 
 PAIRS = 36
@@ -24,6 +25,14 @@ PAIRS = 36
 def home(tmp_path, monkeypatch) -> Path:
     monkeypatch.setenv("RAYDISTILL_HOME", str(tmp_path / "home"))
     return tmp_path / "home"
+
+
+class InProcessServices(EngineServices):
+    """The engine's services with every parallel call in this process: a test's wrapper of a module function is
+    what runs (Ray tasks would run the unwrapped function in workers), in call order."""
+
+    def run_parallel(self, fn, calls, resources):
+        return [fn(*args) for args in calls]
 
 
 def small_training(**overrides) -> dv.TeacherTraining:
@@ -60,10 +69,10 @@ def test_each_pair_is_labelled_only_by_fold_models_that_did_not_train_on_it(tiny
     monkeypatch.setattr(dv, "_fit_fold", recording)
     # The recording wrapper lives in this process; an earlier test may have left Ray up, and Ray tasks would run
     # the unwrapped function in workers. Fold-for-fold order is also what the assertions below index by.
-    monkeypatch.setattr(dv, "_run_parallel", lambda fn, calls, resources: [fn(*args) for args in calls])
+    in_process = InProcessServices()
     teachers = [str(tiny_models["bert"]), str(tiny_models["mpnet"])]
     training = small_training(finetune=finetune, epochs=1 if finetune else 2)
-    infos = dv.ensure_nli_teachers(teachers, columns, training)
+    infos = dv.ensure_nli_teachers(teachers, columns, training, in_process)
 
     assert len(calls) == len(teachers) * training.folds
     if not finetune:  # the one long pass of a frozen teacher says how far it is
@@ -96,14 +105,14 @@ def test_each_pair_is_labelled_only_by_fold_models_that_did_not_train_on_it(tiny
     np.testing.assert_allclose(reloaded, infos[0]["oof_probs"][rows], atol=1e-4)
 
     calls.clear()
-    again = dv.ensure_nli_teachers(teachers, columns, training)  # cached: nothing is retrained
+    again = dv.ensure_nli_teachers(teachers, columns, training, in_process)  # cached: nothing is retrained
     assert calls == [] and all(info["cached"] for info in again)
     np.testing.assert_array_equal(again[1]["oof_probs"], infos[1]["oof_probs"])
 
 
 def test_a_teacher_below_the_bar_is_refused_by_name_and_accuracy_and_stays_cached(tiny_bert, home):
     columns = dv.nli_pairs(PAIRS, seed=3)
-    infos = dv.ensure_nli_teachers([str(tiny_bert)], columns, small_training(folds=2))
+    infos = dv.ensure_nli_teachers([str(tiny_bert)], columns, small_training(folds=2), ENGINE_SERVICES)
     accuracy = infos[0]["heldout_accuracy"]
     with pytest.raises(dv.TeacherAccuracyError) as caught:
         dv.check_teacher_accuracy(infos, min_accuracy=0.99)
@@ -113,7 +122,8 @@ def test_a_teacher_below_the_bar_is_refused_by_name_and_accuracy_and_stays_cache
     assert (Path(infos[0]["dir"]) / "teacher_info.json").is_file()
     dv.check_teacher_accuracy(infos, min_accuracy=accuracy)  # at the bar: accepted
     # Judging is not training: another bar reuses the same cached teacher.
-    same = dv.ensure_nli_teachers([str(tiny_bert)], columns, small_training(folds=2, min_accuracy=0.1))
+    same = dv.ensure_nli_teachers([str(tiny_bert)], columns, small_training(folds=2, min_accuracy=0.1),
+                                  ENGINE_SERVICES)
     assert same[0]["cached"] and same[0]["dir"] == infos[0]["dir"]
 
 
@@ -147,7 +157,7 @@ def test_dvbert_data_refuses_weak_teachers_and_hands_their_accuracy_to_the_resul
     data = build_stage_data(lenient, get_method("dvbert"))  # the same teachers, from the cache
     assert data.num_rows == 24  # data.max_sentences of the 32 labelled pairs
     stats = data.cache_stats
-    assert all(info["cached"] for info in stats["dvbert_teachers"]) and stats["teacher_pairs"] == 32
+    assert all(info["cached"] for info in stats["own_teachers"]) and stats["teacher_pairs"] == 32
     assert set(stats["teacher_accuracy"]) == {str(t) for t in teachers}
 
 
@@ -226,7 +236,8 @@ def test_a_stopped_fine_tuning_fold_continues_where_it_stopped_and_labels_with_i
     cfg = small_training(finetune=True, epochs=2, head="mean")
     weights = transformer_directory(resolve_model(str(tiny_bert)))
     train_rows, label_rows = np.arange(24), np.arange(24, PAIRS)  # 24 rows / batch 6: 4 steps an epoch, 8 in all
-    _, whole, stats = dv._fit_fold(columns, train_rows, label_rows, cfg, 0, weights, tmp_path / "whole", "cpu", "whole")
+    _, whole, stats = dv._fit_fold(columns, train_rows, label_rows, cfg, 0, weights, tmp_path / "whole", "cpu", "whole",
+                                   ENGINE_SERVICES)
     assert stats["steps"] == 8
 
     spec = methods.get_method("nli-teacher")
@@ -239,7 +250,8 @@ def test_a_stopped_fine_tuning_fold_continues_where_it_stopped_and_labels_with_i
     monkeypatch.setitem(methods.METHODS, "nli-teacher", dataclasses.replace(spec, batch_to_features=stop_in_step_3))
     try:
         with pytest.raises(PreemptedError) as stopped:
-            dv._fit_fold(columns, train_rows, label_rows, cfg, 0, weights, tmp_path / "stopped", "cpu", "stopped")
+            dv._fit_fold(columns, train_rows, label_rows, cfg, 0, weights, tmp_path / "stopped", "cpu", "stopped",
+                         ENGINE_SERVICES)
     finally:
         clear_stop_request()
     assert stopped.value.step == 3
@@ -250,7 +262,7 @@ def test_a_stopped_fine_tuning_fold_continues_where_it_stopped_and_labels_with_i
     monkeypatch.setattr(nli_teacher.NLITeacherStageSpec, "heldout_probs",
                         lambda self, *args: passes.append(1) or real(self, *args))
     _, resumed, stats = dv._fit_fold(columns, train_rows, label_rows, cfg, 0, weights, tmp_path / "stopped", "cpu",
-                                     "stopped")
+                                     "stopped", ENGINE_SERVICES)
     assert stats["steps"] == 8
     assert len(passes) == 2  # the evaluations at the end of epoch 1 and at the last step, nothing after
     np.testing.assert_allclose(resumed, whole, atol=1e-5)

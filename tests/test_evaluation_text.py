@@ -34,7 +34,8 @@ def _training_sets() -> dict[str, tuple[int, list[str]]]:
     from raydistill.data.corpus import read_corpus
     from raydistill.methods import get_method
     from raydistill.models.derive import default_calibration_sentences
-    from raydistill.runtime.jobs import dvbert_teachers, stage_data
+    from raydistill.methods import dvbert_teachers
+    from raydistill.runtime.jobs import stage_data
     from raydistill.runtime.tenc.pairs import build_pair_set
 
     mixed = read_corpus("mixed")

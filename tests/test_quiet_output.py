@@ -20,6 +20,7 @@ import pytest
 
 from raydistill.config.job import JobConfig
 from raydistill.runtime.engine import cluster, learner_group
+from raydistill.runtime.jobs.stage_data import ENGINE_SERVICES
 
 AUTH_MODE_ENV = "RAY_AUTH_MODE"
 AUTH_NOTICE = "Token authentication is enabled for this Ray cluster"
@@ -203,14 +204,14 @@ def test_a_short_stage_prints_only_its_last_step(tiny_bert, tmp_path, monkeypatc
 
 
 def _nli_training(**overrides):
-    from raydistill.runtime.jobs import dvbert_teachers as dv
+    from raydistill.methods import dvbert_teachers as dv
 
     return dv.TeacherTraining.from_dict({"epochs": 2, "lr": 1e-3, "batch_size": 4, "max_length": 32, "folds": 2,
                                          "head": "mean", **overrides})
 
 
 def test_a_dvbert_head_prints_a_line_whenever_30_s_passed(monkeypatch, capsys, tmp_path):
-    from raydistill.runtime.jobs import dvbert_teachers as dv
+    from raydistill.methods import dvbert_teachers as dv
 
     rng = np.random.default_rng(0)
     pooled = rng.normal(size=(24, 8)).astype(np.float32)
@@ -218,7 +219,7 @@ def test_a_dvbert_head_prints_a_line_whenever_30_s_passed(monkeypatch, capsys, t
     cfg = _nli_training(finetune=False)
     monkeypatch.setattr(learner_group, "time", FakeClock(31.0))
     dv._fit_fold({"label": gold}, np.arange(16), np.arange(16, 24), cfg, 0, tmp_path, tmp_path / "fold", "cpu",
-                 "dvbert-teacher tiny fold 1/2 head", pooled=pooled)
+                 "dvbert-teacher tiny fold 1/2 head", ENGINE_SERVICES, pooled=pooled)
     # 16 rows / batch 4 = 4 steps an epoch, 2 epochs
     assert _step_lines(capsys.readouterr().out, "dvbert-teacher tiny fold 1/2 head") == list(range(1, 9))
 
@@ -226,14 +227,15 @@ def test_a_dvbert_head_prints_a_line_whenever_30_s_passed(monkeypatch, capsys, t
 def test_a_dvbert_fold_fine_tuning_prints_a_line_whenever_30_s_passed(tiny_bert, monkeypatch, capsys, tmp_path):
     from raydistill.models import resolve_model
     from raydistill.models.bi_encoder import transformer_directory
-    from raydistill.runtime.jobs import dvbert_teachers as dv
+    from raydistill.methods import dvbert_teachers as dv
 
     columns = dv.nli_pairs(12, seed=3)
     cfg = _nli_training(finetune=True, epochs=1)
     weights = transformer_directory(resolve_model(str(tiny_bert)))
     monkeypatch.setattr(learner_group, "time", FakeClock(31.0))
     model, probs, stats = dv._fit_fold(columns, np.arange(8), np.arange(8, 12), cfg, 0, weights,
-                                       tmp_path / "fold", "cpu", "dvbert-teacher tiny fold 1/2")
+                                       tmp_path / "fold", "cpu", "dvbert-teacher tiny fold 1/2",
+                                       ENGINE_SERVICES)
     assert probs.shape == (4, 3) and stats["steps"] == 2
     # 2 steps, each past 30 s: a line after each, where every 50 steps printed only the last before
     assert _step_lines(capsys.readouterr().out, "dvbert-teacher tiny fold 1/2") == [1, 2]
@@ -258,3 +260,21 @@ def test_ray_workers_load_models_without_a_progress_bar(tiny_bert, monkeypatch):
     quiet = subprocess.run([sys.executable, "-c", load], env=dict(os.environ), capture_output=True, text=True,
                            check=True)
     assert "Loading weights" not in quiet.stderr
+
+
+def test_a_cross_encoder_from_a_sentence_encoder_loads_without_transformers_load_report(tiny_bert, tmp_path,
+                                                                                        capfd, caplog):
+    """Every Trans-Encoder cross stage (and AugSBERT's teacher) builds a cross-encoder from a sentence encoder: its
+    new head is intended, so transformers' report of the missing head weights is not printed; a saved
+    cross-encoder loads as before, and the report's logger keeps its level afterwards."""
+    from raydistill.models import CrossEncoder
+
+    reporter = logging.getLogger("transformers.modeling_utils")
+    level = reporter.level
+    with caplog.at_level(logging.WARNING):
+        cross = CrossEncoder.from_pretrained(str(tiny_bert), num_labels=1)
+        cross.save(tmp_path / "cross")
+        CrossEncoder.from_pretrained(str(tmp_path / "cross"), num_labels=1)
+    out, err = capfd.readouterr()
+    assert "LOAD REPORT" not in out + err + caplog.text
+    assert reporter.level == level

@@ -10,6 +10,13 @@ the frozen teacher's cached vectors), ``group`` (int64 [B], a caption group id),
 sets, their label columns. Which rows a method trains on is declared by ``MethodSpec.dataset``; the runtime builds
 them, so a method never starts an actor or reads a cache itself.
 
+A method with teachers of its own (DvBERT's NLI cross-encoders, an AugSBERT cross-encoder: models it trains or runs
+before its student learns) builds its rows itself: ``MethodSpec.build_rows(cfg, services)`` returns them, and
+``MethodSpec.own_teachers(cfg)`` names the models (checked before Ray starts, recorded with the run). The runtime
+lends it ``StageServices``: ``fit`` trains a model as a stage of the engine (the same loop, resume, NaN refusal,
+progress lines and checkpoints as every student), ``run_parallel`` runs independent work as Ray tasks, and
+``model_identity`` fingerprints a model's files for a cache key. A method file therefore never imports the Ray layer.
+
 A method declares the schema of its two free-form config sections: ``loss_settings`` (a ``LossSettings`` subclass:
 the keys of ``loss:``, their types, ranges, descriptions and the method's defaults) and ``extra_settings`` (an
 ``ExtraSettings`` subclass: the keys of ``extra:``). Both are pydantic dataclasses of ``raydistill.config.schema``:
@@ -23,7 +30,8 @@ from __future__ import annotations
 
 import inspect
 from dataclasses import dataclass, field
-from typing import Annotated, Any, Callable, Literal
+from pathlib import Path
+from typing import Annotated, Any, Callable, Literal, Protocol
 
 import numpy as np
 import torch
@@ -33,7 +41,8 @@ from torch import Tensor, nn
 from raydistill.config.job import ConfigError, JobConfig
 from raydistill.config.schema import Int, Number, build, section, states
 
-__all__ = ["MethodSpec", "StepContext", "Features", "COMMON_EXTRA", "CORPUS", "teacher_vectors", "with_groups",
+__all__ = ["MethodSpec", "StepContext", "Features", "StageServices", "FittedStage", "COMMON_EXTRA", "CORPUS",
+           "teacher_vectors", "with_groups",
            "LossSettings", "ExtraSettings", "StagedExtraSettings", "Temperature", "QueueSize", "QueueInit",
            "QueueSeed", "MaskSameGroup", "Positive", "PositiveNumber", "NonNegative", "Fraction", "settings_defaults"]
 
@@ -192,12 +201,44 @@ def with_groups(ctx: StepContext, batch, features: dict[str, Tensor]) -> dict[st
     return features
 
 
+@dataclass
+class FittedStage:
+    """What ``StageServices.fit`` returns."""
+
+    model: nn.Module  # the stage's student after its LAST step, read from the final checkpoint (CPU, eval mode)
+    steps: int  # optimiser steps of the stage
+    history: list[dict[str, Any]]  # the engine's metric rows (loss, dev, ...) in step order
+    run_dir: Path  # the stage's engine folder: checkpoints, ``best/`` (the best model by the method's dev score)
+
+
+class StageServices(Protocol):
+    """What the runtime lends ``MethodSpec.build_rows``; picklable, so a Ray task the method starts can use it too."""
+
+    def fit(self, cfg: JobConfig, data: Any, *, init_model: str | None = None, name: str | None = None) -> FittedStage:
+        """Train ``cfg`` (a config of an engine method; ``cfg.run_dir`` is the stage's folder) on ``data`` (an
+        ``ArrayData``) as one stage of the engine, in this process (Train's local mode). A folder holding a checkpoint
+        of these very settings continues from it; one holding another stage's is cleared first, with a line."""
+
+    def run_parallel(self, fn: Callable[..., Any], calls: list[tuple], resources: Any) -> list[Any]:
+        """``[fn(*args) for args in calls]``, as Ray tasks of ``resources`` (a ``RoleResources``) when Ray runs and
+        there is more than one call, else in this process."""
+
+    def model_identity(self, model: str, *, encoder: str = "bi", max_length: int = 128) -> str:
+        """A fingerprint of everything in ``model``'s files that changes its outputs (a cache key's part)."""
+
+
 @dataclass(frozen=True)
 class MethodSpec:
     """One method: its rows, views, loss, how a batch becomes the loss's features, checks, later stages.
 
     ``dataset``: the rows it trains on: ``CORPUS`` (unlabeled text + cached teacher vectors), or the name of a
-    labelled set the runtime builds (``nli_triplets``, ``stsb_train``, ``nli_teacher_labels``).
+    labelled set the runtime builds (``nli_triplets``, ``stsb_train``), or, with ``build_rows``, the name of the rows
+    the method builds itself.
+    ``build_rows(cfg, services)``: a method with teachers of its own returns its rows (an ``ArrayData``; its
+    ``cache_stats`` go to the result file, and of ``cache_stats["own_teachers"]``, a list of dicts, the keys
+    ``model``, ``heldout_accuracy`` and ``cached`` to MLflow as ``<method>.teacher<i>.<key>``) using ``StageServices`` (module docstring); ``own_teachers(cfg)``: the models it
+    names, by the config field that names each (``{"extra.teachers[0]": "minilm-l6"}``), checked before Ray
+    starts; ``reads``: the registry data sets it reads (their files are checked too).
     ``loss_settings`` / ``extra_settings``: the schema of the config's ``loss:`` and ``extra:`` (module docstring);
     ``default_loss`` is what ``loss_settings`` declares.
     ``stages``: methods run after this one in the same job, each starting from the previous stage's best model
@@ -231,6 +272,9 @@ class MethodSpec:
     internal: bool = False  # a later stage of another method (still runnable on its own)
     # What the refusal of a NaN/inf loss tells the user to change (after "loss is nan at step N").
     nonfinite_hint: str = "lower train.lr or check the temperatures in loss.*"
+    build_rows: Callable[[JobConfig, StageServices], Any] | None = None
+    own_teachers: Callable[[JobConfig], dict[str, str]] | None = None
+    reads: tuple[str, ...] = ()
 
     # ------------------------------------------------------------------------------------------------------------
 

@@ -6,81 +6,31 @@ student learns NLI from K cross-encoder teachers' soft labels with teacher annea
     L      = CE(target, softmax(W [u; v; |u − v|]))
 
 Rows: the ``nli_teacher_labels`` set: the labelled NLI pairs with the teachers' mean out-of-fold class
-distribution, built by the runtime (raydistill.runtime.jobs.dvbert_teachers) from ``extra.teachers`` and
-``extra.teacher_training`` (``TeacherTraining`` below).
+distribution. DvBERT has teachers of its own: ``build_rows`` below trains them (``dvbert_teachers``, each fold a
+stage of the engine through the ``StageServices`` the runtime lends) from ``extra.teachers`` and
+``extra.teacher_training`` (``TeacherTraining``), refuses a weak one, and labels the pairs.
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict
-from typing import Annotated, Any, Literal
+from typing import Annotated
 
+import numpy as np
 import torch
-from pydantic import AfterValidator, Field, StrictBool
+from pydantic import AfterValidator, Field
 
 from raydistill.config.job import JobConfig
-from raydistill.config.schema import Int, Number, build, section
-from raydistill.methods.base import Features, LossSettings, MethodSpec, StagedExtraSettings, StepContext
+from raydistill.config.schema import Int, section
+from raydistill.data.arrays import ArrayData
+from raydistill.methods.base import (Features, LossSettings, MethodSpec, StagedExtraSettings, StageServices,
+                                     StepContext)
+from raydistill.methods.nli_teacher import HEADS, PRECISIONS, TeacherTraining
 from raydistill.objectives import DvBERTLoss
 
 __all__ = ["SPEC", "TeacherTraining", "DvBERTLossSettings", "DvBERTExtraSettings", "DVBERT_TEACHERS", "HEADS",
            "PRECISIONS"]
 
 DVBERT_TEACHERS = ("minilm-l6", "bert-small")
-HEADS = ("cls", "mean", "segments", "aligned")
-PRECISIONS = ("fp32", "bf16")
-
-# Fields that judge the teachers rather than shape them: not part of the cache key, so changing the bar never
-# retrains anything.
-_JUDGING_FIELDS = ("min_accuracy",)
-
-
-@section
-class TeacherTraining:
-    """How each cross-encoder teacher is fine-tuned and judged (``extra.teacher_training`` of a DvBERT config).
-
-    The defaults are the paper's schedule (1 epoch, Adam lr 2e-5, 10 % warm-up, dropout 0.1) on its [CLS] head;
-    raydistill/configs/dvbert.yaml sets what trains on a CPU (see its comments and raydistill.runtime.jobs.dvbert_teachers).
-    Numbers keep the kind they were written in (int or float): the shaping settings name the teachers' cache entry.
-    """
-
-    epochs: Int = Field(1, ge=1, description="passes over the teacher's folds")
-    lr: Number = Field(2e-5, gt=0, description="peak learning rate (Adam)")
-    batch_size: Int = Field(32, ge=1, description="pairs per step")
-    max_length: Int = Field(64, ge=1, description="tokens per pair")
-    warmup_ratio: Number = Field(0.1, ge=0, lt=1, description="share of the steps spent warming up")
-    weight_decay: Number = Field(0.01, ge=0, description="weight decay")
-    dropout: Number = Field(0.1, ge=0, lt=1, description="dropout in the head (the transformer keeps its own "
-                                                         "config's)")
-    finetune: StrictBool = Field(True, description="false: the transformer stays frozen, encodes each pair once, "
-                                                   "only the head trains")
-    head: Literal["cls", "mean", "segments", "aligned"] = Field(
-        "cls", description="what the head reads (pool_pair): cls (the paper's), mean, segments, aligned")
-    head_hidden: Int = Field(0, ge=0, description="0: one FC layer (the paper's); n: FC(n) -> GELU -> FC")
-    folds: Int = Field(2, ge=2, description="each teacher trains this many models; model f labels only fold f (a "
-                                            "pair is labelled by a model that did not train on it)")
-    max_pairs: Int | None = Field(None, description="labelled NLI pairs (null: every pair shipped, SNLI dev + "
-                                                    "MultiNLI dev); at least 2 x folds")
-    precision: Literal["fp32", "bf16"] = Field("fp32", description="bf16: forward and backward under "
-                                                                   "torch.autocast(bfloat16); weights stay fp32")
-    min_accuracy: Number = Field(0.6, ge=0, le=1, description="refuse a teacher whose held-out accuracy is below "
-                                                              "this")
-    seed: Int = Field(1000, description="seed of the folds and the teachers' initialisation")
-
-    def __post_init__(self) -> None:
-        if self.max_pairs is not None and self.max_pairs < 2 * self.folds:
-            raise ValueError(f"max_pairs must be null (all pairs) or an integer >= 2 x folds, got {self.max_pairs!r}")
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any] | None) -> TeacherTraining:
-        """Checked settings; a problem raises ConfigError (a ValueError) naming ``extra.teacher_training.<key>``."""
-        return build(cls, dict(d or {}), prefix="extra.teacher_training.")
-
-    def shaping(self) -> dict[str, Any]:
-        """The settings that determine the trained models (the cache key's part)."""
-        return {k: v for k, v in asdict(self).items() if k not in _JUDGING_FIELDS}
-
-
 @section
 class DvBERTLossSettings(LossSettings):
     """``loss:`` of DvBERT (raydistill.objectives.DvBERTLoss)."""
@@ -113,6 +63,37 @@ def teachers_of(cfg: JobConfig) -> list:
     return list(cfg.extra.get("teachers") or DVBERT_TEACHERS)
 
 
+def named_teachers(cfg: JobConfig) -> dict[str, str]:
+    """``{config field: model}`` of the teachers (``MethodSpec.own_teachers``)."""
+    return {f"extra.teachers[{i}]": teacher for i, teacher in enumerate(teachers_of(cfg))}
+
+
+def teacher_labelled_pairs(cfg: JobConfig, services: StageServices) -> ArrayData:
+    """Fine-tune (or reuse) the K NLI cross-encoder teachers in folds, refuse any below
+    ``extra.teacher_training.min_accuracy``, and return the student's pairs with the teachers' mean out-of-fold
+    class distribution (every pair labelled only by fold models that never trained on it).
+
+    The teachers use every labelled pair shipped (or ``teacher_training.max_pairs``); the student a seeded subset
+    of ``data.max_sentences`` of those pairs when set, as each pair has its out-of-fold labels either way."""
+    from raydistill.methods import dvbert_teachers as dv
+
+    training = TeacherTraining.from_dict({"seed": cfg.seed, **(cfg.extra.get("teacher_training") or {})})
+    columns = dv.nli_pairs(training.max_pairs, training.seed)
+    infos = dv.ensure_nli_teachers(teachers_of(cfg), columns, training, services, cfg.resources.teacher)
+    dv.check_teacher_accuracy(infos, training.min_accuracy)  # before the student spends a step on them
+    soft, stats = dv.out_of_fold_soft_labels(infos, columns["label"])
+    columns["teacher_probs"] = soft
+    num_pairs = len(columns["label"])
+    keep = np.arange(num_pairs)
+    if cfg.data.max_sentences is not None and cfg.data.max_sentences < num_pairs:
+        keep = np.sort(np.random.default_rng(cfg.seed).choice(num_pairs, size=cfg.data.max_sentences, replace=False))
+    columns = {name: values[keep] for name, values in columns.items()}
+    cache_stats = {"own_teachers": [{k: info.get(k) for k in ("model", "dir", "heldout_accuracy", "fold_accuracy",
+                                                               "cached", "seconds")} for info in infos],
+                   "teacher_pairs": num_pairs, **stats}
+    return ArrayData(columns, seed=cfg.seed, shuffle=cfg.data.shuffle, cache_stats=cache_stats)
+
+
 def dvbert_features(ctx: StepContext, batch) -> Features:
     """u, v of the pair and the teachers' mean class distribution; labels = gold classes. The loss mixes them with
     the annealing weight λ (0 → 1 over training; its step count is checkpointed with it)."""
@@ -134,6 +115,9 @@ SPEC = MethodSpec(
     batch_to_features=dvbert_features,
     student_sentences_per_row=2,
     dataset="nli_teacher_labels",
+    build_rows=teacher_labelled_pairs,
+    own_teachers=named_teachers,
+    reads=("snli_dev", "mnli_dev"),
     stages=("sts-cosine",),
     stage_defaults=({"train": {"lr": 2e-5, "epochs": 4, "batch_size": 16, "warmup_ratio": 0.1},
                      "data": {"max_sentences": None}},),

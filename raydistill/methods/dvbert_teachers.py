@@ -34,10 +34,10 @@ What differs here from the paper's recipe, each for a measured reason (results/d
   raydistill/data/bundled/nli/; 29,316 once the 162 with an evaluation sentence are left out), not SNLI + MultiNLI
   train (≈940k).
 
-**One training loop.** Each fold model trains as a stage of the engine (``LearnerGroup.fit`` in Train's local mode,
-``resources.learner.num_learners: 0``, inside this process or this teacher's Ray task): method ``nli-head``
-(``raydistill.methods.nli_head``: the head on the cached features, its standardisation fitted to the training
-rows) or ``nli-teacher`` (``raydistill.methods.nli_teacher``: the whole cross-encoder, length-bucketed batches,
+**One training loop.** Each fold model trains as a stage of the engine (``StageServices.fit``: ``LearnerGroup.fit``
+in Train's local mode, ``resources.learner.num_learners: 0``, inside this process or this teacher's Ray task):
+method ``nli-head`` (``raydistill.methods.nli_head``: the head on the cached features, its standardisation fitted
+to the training rows) or ``nli-teacher`` (``raydistill.methods.nli_teacher``: the whole cross-encoder, length-bucketed batches,
 grad clip 1), loss ``objectives.LogitCrossEntropyLoss``. The two loops of their own this module had (a head loop,
 a fine-tuning loop) are gone, and with them what they lacked: the engine refuses a NaN loss or gradient, prints
 the same progress lines as every stage (with held-out fold accuracy as ``dev``), and checkpoints the fold in
@@ -58,7 +58,10 @@ trained teachers stay cached either way, under ``$RAYDISTILL_HOME/dvbert-teacher
 (per-fold and overall held-out accuracy), ``oof-probs.npy``. The key covers the model weights, the NLI pairs and
 the training settings, not ``min_accuracy``, which only judges them; a frozen transformer's features are kept
 under ``dvbert-teachers/features/`` so other head settings reuse them. With Ray running, the K teachers train in
-parallel as Ray tasks with ``resources.teacher`` CPUs/GPUs each.
+parallel as Ray tasks with ``resources.teacher`` CPUs/GPUs each (``StageServices.run_parallel``).
+
+This module is the DvBERT method's own-teacher half (``methods.dvbert`` ``build_rows``): it uses only what the
+runtime lends a method (``StageServices``), so it sits with the method, below the Ray layer.
 """
 from __future__ import annotations
 
@@ -76,11 +79,12 @@ from typing import Any
 
 import numpy as np
 
-from raydistill.fileio import atomic_write_json, atomic_writer, replace_directory, staged_directory
-from raydistill.methods.dvbert import HEADS, TeacherTraining
 from raydistill.config.job import ConfigError
-from raydistill.methods.nli_teacher import (NLI_LABELS, build_head, build_teacher, load_teacher, pool_pair,
-                                            save_head)
+from raydistill.durations import format_duration
+from raydistill.fileio import atomic_write_json, atomic_writer, replace_directory, staged_directory
+from raydistill.methods.base import StageServices
+from raydistill.methods.nli_teacher import (HEADS, NLI_LABELS, TeacherTraining, build_head, build_teacher, load_teacher,
+                                            pool_pair, save_head)
 
 __all__ = [
     "HEADS",
@@ -143,10 +147,8 @@ def _fingerprint(columns: dict[str, np.ndarray]) -> str:
     return digest.hexdigest()[:16]
 
 
-def _teacher_key(model: str, training: TeacherTraining, data_fp: str) -> str:
-    from raydistill.runtime.teachers.teacher import teacher_identity
-
-    identity = teacher_identity(model, encoder="cross", max_length=training.max_length)
+def _teacher_key(model: str, training: TeacherTraining, data_fp: str, services: StageServices) -> str:
+    identity = services.model_identity(model, encoder="cross", max_length=training.max_length)
     payload = json.dumps({"model": identity, "training": training.shaping(), "data": data_fp,
                           "format": "nli-teacher-oof-2"}, sort_keys=True)
     return hashlib.sha256(payload.encode()).hexdigest()[:16]
@@ -183,7 +185,6 @@ def _encode_rows(teacher, columns: dict[str, np.ndarray], rows: np.ndarray, devi
     import torch
 
     from raydistill.models.batching import inference, length_sorted_batches
-    from raydistill.runtime.engine.learner_group import _duration
 
     lengths = [len(columns["text_a"][r]) + len(columns["text_b"][r]) for r in rows]
     out = None
@@ -208,7 +209,7 @@ def _encode_rows(teacher, columns: dict[str, np.ndarray], rows: np.ndarray, devi
                 rate = done / max(seconds, 1e-9)
                 # Longest pairs first: the ETA errs long.
                 print(f"{progress} encoded {done}/{len(rows)} pairs ({rate:.1f} pairs/s, {seconds:.0f}s, "
-                      f"ETA {_duration((len(rows) - done) / rate)}; longest first)", flush=True)
+                      f"ETA {format_duration((len(rows) - done) / rate)}; longest first)", flush=True)
     return out
 
 
@@ -250,47 +251,30 @@ def _stage_config(cfg: TeacherTraining, fold: int, weights: Path, train_dir: Pat
     }, source=f"dvbert teacher fold {fold + 1}/{cfg.folds}")
 
 
-def _clear_other_stage(stage_cfg, train_dir: Path, tag: str) -> None:
-    """Keep ``train_dir`` only when it holds a checkpoint of this very fold (a stopped fold continues from it)."""
-    from raydistill.runtime.engine.checkpoint import CheckpointError
-    from raydistill.runtime.engine.resume import check_resume
-
-    if not train_dir.exists():
-        return
-    try:
-        if check_resume(train_dir, stage_cfg, 1) is not None:
-            return
-    except CheckpointError as exc:
-        print(f"[{tag}] {train_dir} holds a checkpoint of other settings ({exc}); training the fold from its start",
-              flush=True)
-    shutil.rmtree(train_dir)
-
-
 def _fit_fold(columns: dict[str, np.ndarray], train_rows: np.ndarray, label_rows: np.ndarray, cfg: TeacherTraining,
-              fold: int, weights: Path, train_dir: Path, device: str, name: str, threads: int = 1,
-              pooled: np.ndarray | None = None):
+              fold: int, weights: Path, train_dir: Path, device: str, name: str, services: StageServices,
+              threads: int = 1, pooled: np.ndarray | None = None):
     """Train fold model ``fold`` on ``train_rows`` through the engine; ``(model, probs of label_rows, stats)``.
 
     Frozen (``pooled`` [N, D], the transformer's features): a head (``methods.nli_head``) whose start the job draws
     from the fold's seed and standardises by the training rows' mean and spread. Fine-tuned: the whole teacher
-    (``methods.nli_teacher``) on length-bucketed batches of the pairs. Either way ``LearnerGroup.fit`` in Train's
-    local mode trains it in this process: AdamW, linear warm-up and decay, the NaN refusal, progress lines
+    (``methods.nli_teacher``) on length-bucketed batches of the pairs. Either way ``services.fit`` (the engine's
+    ``LearnerGroup.fit`` in Train's local mode) trains it in this process: AdamW, linear warm-up and decay, the NaN
+    refusal, progress lines
     ``[name] step i/n ... dev <held-out accuracy x 100> ... ETA``, checkpoints in ``train_dir`` (a stopped fold
     continues from them). The model returned is the last step's, read from the final checkpoint.
     """
     import torch
 
     from raydistill.data.arrays import ArrayData, LengthBucketedArrayData
+    from raydistill.methods import get_method
     from raydistill.methods.nli_head import START_HEAD
     from raydistill.methods.nli_teacher import HELDOUT_PROBS, head_digest
-    from raydistill.runtime.engine import checkpoint as ckpt
-    from raydistill.runtime.engine.learner_group import LearnerGroup
 
     identity = {"fold": fold, "train_rows": zlib.crc32(np.ascontiguousarray(train_rows, dtype=np.int64).tobytes()),
                 "weights": str(weights)}
     heldout = train_dir.parent / f"{train_dir.name}-heldout.npz"
     stage_cfg = _stage_config(cfg, fold, weights, train_dir, heldout, identity, threads, device)
-    _clear_other_stage(stage_cfg, train_dir, name)
     gold = columns["label"]
     torch.manual_seed(cfg.seed + fold)
     if pooled is not None:
@@ -316,15 +300,9 @@ def _fit_fold(columns: dict[str, np.ndarray], train_rows: np.ndarray, label_rows
         data = LengthBucketedArrayData({name_: columns[name_][train_rows] for name_ in ("text_a", "text_b", "label")}
                                        | {"idx": train_rows}, lengths, seed=stage_cfg.seed)
         init_model = str(weights)
-    group = LearnerGroup(stage_cfg, run_dir=train_dir, init_model=init_model, name=name)
-    fitted = group.fit(data)
-
     # The last step's model (the loops this replaced kept it too; methods.nli_teacher says why not the best dev).
-    final, _ = ckpt.latest_good_checkpoint(train_dir)
-    _, state = ckpt.load_checkpoint(final, config=stage_cfg, map_location="cpu")
-    model = group.spec.build_student(stage_cfg, init_model=init_model)
-    model.load_state_dict(state["student"])
-    model.to(device).eval()
+    fitted = services.fit(stage_cfg, data, init_model=init_model, name=name)
+    model = fitted.model.to(device).eval()
     probs = None
     saved = train_dir / HELDOUT_PROBS
     if pooled is None and saved.is_file():
@@ -332,9 +310,9 @@ def _fit_fold(columns: dict[str, np.ndarray], train_rows: np.ndarray, label_rows
             if int(kept["head"]) == head_digest(model.head):
                 probs = kept["probs"].astype(np.float32)
     if probs is None:
-        probs = group.spec.heldout_probs(stage_cfg, model)
-    losses = [row["loss"] for row in fitted["history"] if "loss" in row]
-    stats = {"steps": int(fitted["steps"]), "final_loss": float(np.mean(losses[-50:])) if losses else None}
+        probs = get_method(stage_cfg.method).heldout_probs(stage_cfg, model)
+    losses = [row["loss"] for row in fitted.history if "loss" in row]
+    stats = {"steps": int(fitted.steps), "final_loss": float(np.mean(losses[-50:])) if losses else None}
     model.cpu()
     return model, probs, stats
 
@@ -344,7 +322,7 @@ def _replace_dir(tmp: Path, final: Path) -> None:
 
 
 def train_nli_teacher(model: str, columns: dict[str, np.ndarray], fold: np.ndarray, out_dir: str,
-                      training: dict[str, Any], threads: int = 1, device: str | None = None,
+                      training: dict[str, Any], services: StageServices, threads: int = 1, device: str | None = None,
                       features_path: str | None = None) -> dict[str, Any]:
     """Train teacher ``model``'s fold models into ``out_dir``: model f on the pairs outside fold f, labelling fold f.
 
@@ -400,7 +378,8 @@ def train_nli_teacher(model: str, columns: dict[str, np.ndarray], fold: np.ndarr
         tmp = out / f".fold-{f}.tmp-{os.getpid()}"
         shutil.rmtree(tmp, ignore_errors=True)
         fold_model, probs, stats = _fit_fold(columns, train_rows, label_rows, cfg, f, weights, train_dir, device,
-                                             fold_tag if cfg.finetune else f"{fold_tag} head", threads, pooled)
+                                             fold_tag if cfg.finetune else f"{fold_tag} head", services, threads,
+                                             pooled)
         if cfg.finetune:
             fold_model.save(tmp)
         else:
@@ -441,29 +420,14 @@ def train_nli_teacher(model: str, columns: dict[str, np.ndarray], fold: np.ndarr
 # Orchestration
 
 
-def _run_parallel(fn, calls: list[tuple], resources) -> list[Any]:
-    """``fn(*args)`` for each args tuple: as Ray tasks when Ray is up and there is more than one, else in-process."""
-    try:
-        import ray
-    except ImportError:  # pragma: no cover - ray is a dependency
-        ray = None
-    if ray is not None and ray.is_initialized() and len(calls) > 1:
-        options = {"num_cpus": resources.num_cpus, "num_gpus": resources.num_gpus, "max_retries": 0}
-        task = ray.remote(fn).options(**options)
-        return ray.get([task.remote(*args) for args in calls])
-    return [fn(*args) for args in calls]
+def _teacher_dir(model: str, training: TeacherTraining, data_fp: str, services: StageServices) -> Path:
+    return teachers_root() / f"{Path(model.rstrip('/')).name}-{_teacher_key(model, training, data_fp, services)}"
 
 
-def _teacher_dir(model: str, training: TeacherTraining, data_fp: str) -> Path:
-    return teachers_root() / f"{Path(model.rstrip('/')).name}-{_teacher_key(model, training, data_fp)}"
-
-
-def _features_path(model: str, training: TeacherTraining, data_fp: str) -> Path:
+def _features_path(model: str, training: TeacherTraining, data_fp: str, services: StageServices) -> Path:
     """Where the frozen transformer's pooled features of these pairs are kept: they depend on the weights, the
     pooling, the truncation and the precision, not on anything the head's training does."""
-    from raydistill.runtime.teachers.teacher import teacher_identity
-
-    identity = teacher_identity(model, encoder="cross", max_length=training.max_length)
+    identity = services.model_identity(model, encoder="cross", max_length=training.max_length)
     payload = json.dumps({"model": identity, "head": training.head, "precision": training.precision,
                           "data": data_fp, "format": "nli-pooled-1"}, sort_keys=True)
     key = hashlib.sha256(payload.encode()).hexdigest()[:16]
@@ -471,7 +435,7 @@ def _features_path(model: str, training: TeacherTraining, data_fp: str) -> Path:
 
 
 def ensure_nli_teachers(models: list[str], columns: dict[str, np.ndarray], training: TeacherTraining,
-                        resources=None) -> list[dict[str, Any]]:
+                        services: StageServices, resources=None) -> list[dict[str, Any]]:
     """Train the teachers not cached yet (one task per teacher); return one info dict per teacher.
 
     Each info has ``model``, ``dir``, ``heldout_accuracy`` (out of fold, over all N pairs), ``fold_accuracy``,
@@ -483,14 +447,15 @@ def ensure_nli_teachers(models: list[str], columns: dict[str, np.ndarray], train
     resources = resources or RoleResources()
     data_fp = _fingerprint(columns)
     fold = fold_assignment(len(columns["label"]), training.folds, training.seed)
-    dirs = [_teacher_dir(m, training, data_fp) for m in models]
+    dirs = [_teacher_dir(m, training, data_fp, services) for m in models]
     missing = [(m, d) for m, d in zip(models, dirs) if not (d / "teacher_info.json").is_file()]
     if missing:
         print(f"[dvbert] training {len(missing)} NLI cross-encoder teacher(s) ({', '.join(m for m, _ in missing)}) "
               f"on {len(fold)} pairs in {training.folds} folds", flush=True)
-        _run_parallel(train_nli_teacher, [(m, columns, fold, str(d), asdict(training), resources.threads, None,
-                                           None if training.finetune else str(_features_path(m, training, data_fp)))
-                                          for m, d in missing], resources)
+        services.run_parallel(train_nli_teacher, [
+            (m, columns, fold, str(d), asdict(training), services, resources.threads, None,
+             None if training.finetune else str(_features_path(m, training, data_fp, services))) for m, d in missing],
+            resources)
     infos = []
     for model, directory in zip(models, dirs):
         info = json.loads((directory / "teacher_info.json").read_text())

@@ -8,8 +8,9 @@
     loss      L = mean_i CE(y_i, softmax(teacher(a_i, b_i)))       (objectives.LogitCrossEntropyLoss)
     dev       accuracy x 100 on the fold's held-out pairs (``extra.heldout``); reported, not used for selection
 
-``methods.nli_head`` is the frozen-transformer variant (only the head trains, on cached features). The DvBERT job
-(``runtime.jobs.dvbert_teachers``) runs each fold as a stage through ``LearnerGroup.fit`` in Train's local mode and
+``methods.nli_head`` is the frozen-transformer variant (only the head trains, on cached features). DvBERT
+(``methods.dvbert_teachers``) runs each fold as a stage through ``StageServices.fit`` (the engine's ``LearnerGroup.fit``
+in Train's local mode) and
 keeps the model of the LAST step, read back from the stage's final checkpoint, as the loops it replaced did: the
 held-out fold is what the fold model labels, so choosing a step by its accuracy there would leak the labels into
 the labelling. Each evaluation also writes its predictions beside the stage's checkpoints (``HELDOUT_PROBS``, with
@@ -27,23 +28,76 @@ import json
 import zlib
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import torch
-from pydantic import Field
+from pydantic import Field, StrictBool
 
 from raydistill.config.job import JobConfig
-from raydistill.config.schema import Int, section
+from raydistill.config.schema import Int, Number, build, section
 from raydistill.fileio import atomic_write_json, atomic_writer
 from raydistill.methods.base import ExtraSettings, Features, MethodSpec, StepContext
-from raydistill.methods.dvbert import TeacherTraining
 from raydistill.objectives import LogitCrossEntropyLoss
 
-__all__ = ["SPEC", "HELDOUT_PROBS", "NLI_LABELS", "NLITeacherStageSettings", "NLITeacherStageSpec", "build_teacher",
+__all__ = ["SPEC", "HELDOUT_PROBS", "NLI_LABELS", "HEADS", "PRECISIONS", "TeacherTraining", "NLITeacherStageSettings",
+           "NLITeacherStageSpec", "build_teacher",
            "load_teacher", "build_head", "head_digest", "pool_pair", "pooled_dim", "save_head"]
 
 NLI_LABELS = ("entailment", "neutral", "contradiction")
+HEADS = ("cls", "mean", "segments", "aligned")
+PRECISIONS = ("fp32", "bf16")
+
+# Fields that judge the teachers rather than shape them: not part of the cache key, so changing the bar never
+# retrains anything.
+_JUDGING_FIELDS = ("min_accuracy",)
+
+
+@section
+class TeacherTraining:
+    """How each cross-encoder teacher is fine-tuned and judged (``extra.teacher_training`` of a DvBERT config).
+
+    The defaults are the paper's schedule (1 epoch, Adam lr 2e-5, 10 % warm-up, dropout 0.1) on its [CLS] head;
+    raydistill/configs/dvbert.yaml sets what trains on a CPU (see its comments and raydistill.methods.dvbert_teachers).
+    Numbers keep the kind they were written in (int or float): the shaping settings name the teachers' cache entry.
+    """
+
+    epochs: Int = Field(1, ge=1, description="passes over the teacher's folds")
+    lr: Number = Field(2e-5, gt=0, description="peak learning rate (Adam)")
+    batch_size: Int = Field(32, ge=1, description="pairs per step")
+    max_length: Int = Field(64, ge=1, description="tokens per pair")
+    warmup_ratio: Number = Field(0.1, ge=0, lt=1, description="share of the steps spent warming up")
+    weight_decay: Number = Field(0.01, ge=0, description="weight decay")
+    dropout: Number = Field(0.1, ge=0, lt=1, description="dropout in the head (the transformer keeps its own "
+                                                         "config's)")
+    finetune: StrictBool = Field(True, description="false: the transformer stays frozen, encodes each pair once, "
+                                                   "only the head trains")
+    head: Literal["cls", "mean", "segments", "aligned"] = Field(
+        "cls", description="what the head reads (pool_pair): cls (the paper's), mean, segments, aligned")
+    head_hidden: Int = Field(0, ge=0, description="0: one FC layer (the paper's); n: FC(n) -> GELU -> FC")
+    folds: Int = Field(2, ge=2, description="each teacher trains this many models; model f labels only fold f (a "
+                                            "pair is labelled by a model that did not train on it)")
+    max_pairs: Int | None = Field(None, description="labelled NLI pairs (null: every pair shipped, SNLI dev + "
+                                                    "MultiNLI dev); at least 2 x folds")
+    precision: Literal["fp32", "bf16"] = Field("fp32", description="bf16: forward and backward under "
+                                                                   "torch.autocast(bfloat16); weights stay fp32")
+    min_accuracy: Number = Field(0.6, ge=0, le=1, description="refuse a teacher whose held-out accuracy is below "
+                                                              "this")
+    seed: Int = Field(1000, description="seed of the folds and the teachers' initialisation")
+
+    def __post_init__(self) -> None:
+        if self.max_pairs is not None and self.max_pairs < 2 * self.folds:
+            raise ValueError(f"max_pairs must be null (all pairs) or an integer >= 2 x folds, got {self.max_pairs!r}")
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any] | None) -> TeacherTraining:
+        """Checked settings; a problem raises ConfigError (a ValueError) naming ``extra.teacher_training.<key>``."""
+        return build(cls, dict(d or {}), prefix="extra.teacher_training.")
+
+    def shaping(self) -> dict[str, Any]:
+        """The settings that determine the trained models (the cache key's part)."""
+        return {k: v for k, v in asdict(self).items() if k not in _JUDGING_FIELDS}
+
 
 
 def pooled_dim(head: str, hidden: int) -> int:

@@ -27,8 +27,10 @@ why it is a separate class rather than a BiEncoder option.
 
 from __future__ import annotations
 
+import logging
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import numpy as np
 import torch
@@ -152,9 +154,10 @@ class CrossEncoder(nn.Module):
                 "id2label",
                 f"the classification head has {config.num_labels} labels but num_labels={num_labels} was requested",
             )
-        model = AutoModelForSequenceClassification.from_pretrained(
-            weights_dir, num_labels=num_labels, local_files_only=True, dtype=torch.float32
-        )
+        with _quiet_load_report(not has_head):
+            model = AutoModelForSequenceClassification.from_pretrained(
+                weights_dir, num_labels=num_labels, local_files_only=True, dtype=torch.float32
+            )
         tokenizer = AutoTokenizer.from_pretrained(weights_dir, local_files_only=True)
         metadata = read_metadata(directory)
         saved = metadata.get("encoder", {})
@@ -258,3 +261,19 @@ class CrossEncoder(nn.Module):
                 "source": self.source,
             },
         )
+
+
+@contextmanager
+def _quiet_load_report(quiet: bool) -> Iterator[None]:
+    """Without transformers' load report while ``quiet``: a checkpoint without a classification head gets a new one
+    on purpose, and the report of its missing weights (and of a pretraining pooler left unused) would ask every job
+    that builds a cross-encoder from a sentence encoder to act on something intended. Errors still surface."""
+    logger = logging.getLogger("transformers.modeling_utils")
+    previous = logger.level
+    if quiet:
+        logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(previous)
+

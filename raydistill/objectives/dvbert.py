@@ -5,7 +5,7 @@ code). What it specifies, and what this module computes:
 
 * Siamese view (the student): mean-pooled BERT embeddings u, v; ``[u; v; |u − v|]`` → one fully connected layer →
   3-way softmax p (SBERT's classifier, Reimers & Gurevych, EMNLP 2019).
-* Interaction view (the teachers, ``raydistill.runtime.jobs.dvbert_teachers``): K cross-encoders fine-tuned on the
+* Interaction view (the teachers, ``raydistill.methods.dvbert_teachers``): K cross-encoders fine-tuned on the
   labelled NLI pairs, whose class distributions q_k on the training pairs are then held fixed.
 * Loss with teacher annealing (Clark et al., ACL 2019, arXiv:1907.04829): ``L = Σ_k KL(λ·y + (1 − λ)·q_k ‖ p)``,
   λ rising linearly from 0 to 1 over training. Since KL(t ‖ p) = CE(t, p) − H(t), H(t) does not depend on the

@@ -3,7 +3,8 @@
 ``JobConfig.validate`` is the schema (types, ranges, names) and ``raydistill.methods.validate_method`` the method's
 rules; both are pure. Preflight adds what touches the machine, explicitly, for the job and each later stage:
 
-* the models named (student, teacher, DvBERT's teachers) are presets or local directories, never a download;
+* the models named (student, teacher, a method's own teachers such as DvBERT's) are presets or local directories,
+  never a download;
 * the run and cache directories are writable, and the cache's filesystem has room for what the teacher pass will
   add: the corpus's sentences x teacher views x the bytes of one cached vector of the teacher's width, plus the rows
   file, less what that teacher's cache already holds, with a margin (``check_cache_space``);
@@ -24,7 +25,6 @@ from pathlib import Path
 from typing import Any
 
 from raydistill.methods import CORPUS, METHODS, stage_plan, validate_method
-from raydistill.methods.dvbert import teachers_of
 from raydistill.config.job import ConfigError, JobConfig, _suggest
 from raydistill.runtime.teachers.pipeline import EVALUATION_SETS, SOURCE_SETS, has_caption_groups, read_training_corpus
 
@@ -32,8 +32,7 @@ __all__ = ["preflight", "check_model", "check_models", "check_output_dirs", "che
            "check_cache_space", "teacher_cache_bytes"]
 
 # Registry data sets behind each labelled ``MethodSpec.dataset``.
-_LABELLED_SETS = {"nli_teacher_labels": ("snli_dev", "mnli_dev"), "nli_triplets": ("snli_dev", "mnli_dev"),
-                  "stsb_train": ("stsb_train",)}
+_LABELLED_SETS = {"nli_triplets": ("snli_dev", "mnli_dev"), "stsb_train": ("stsb_train",)}
 
 
 def preflight(cfg: JobConfig) -> JobConfig:
@@ -75,9 +74,10 @@ def check_models(cfg: JobConfig) -> None:
     check_model(cfg, "student", cfg.student)
     if cfg.teacher is not None:
         check_model(cfg, "teacher", cfg.teacher)
-    if _dataset_of(cfg) == "nli_teacher_labels":
-        for i, teacher in enumerate(teachers_of(cfg)):
-            check_model(cfg, f"extra.teachers[{i}]", teacher)
+    spec = METHODS.get(cfg.method)
+    if spec is not None and spec.own_teachers is not None:
+        for field_name, teacher in spec.own_teachers(cfg).items():
+            check_model(cfg, field_name, teacher)
 
 
 def _dataset_of(cfg: JobConfig) -> str:
@@ -220,7 +220,9 @@ def check_job_inputs(cfg: JobConfig) -> dict[str, Any]:
     from raydistill.data import load_dataset
 
     reads_corpus = _dataset_of(cfg) == CORPUS
-    names: list[str] = list(_LABELLED_SETS.get(_dataset_of(cfg), ()))
+    spec = METHODS.get(cfg.method)
+    names: list[str] = list(spec.reads if spec is not None and spec.reads
+                            else _LABELLED_SETS.get(_dataset_of(cfg), ()))
     corpus_file = None
     if reads_corpus:
         if cfg.data.corpus.startswith("file:") or cfg.data.corpus == "mixed":

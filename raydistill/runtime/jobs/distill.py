@@ -39,6 +39,7 @@ from typing import Any, Callable
 
 from raydistill.config.job import ConfigError, JobConfig
 from raydistill.cputime import cpu_seconds
+from raydistill.methods import METHODS
 from raydistill.runtime.engine.stopping import JobStopped, StopOnSignals, raise_if_stop_requested, signal_name
 
 __all__ = ["run_distillation", "result_path_for"]
@@ -59,13 +60,13 @@ def _short(name: str | None) -> str:
 
 
 def teacher_label(cfg: JobConfig) -> str | None:
-    """The teacher's short name; DvBERT's cross-encoder teachers joined by '+'; None for teacherless methods."""
+    """The teacher's short name; a method's own teachers (DvBERT's cross-encoders) joined by '+'; None for
+    teacherless methods."""
     if cfg.teacher:
         return _short(cfg.teacher)
-    if cfg.method == "dvbert":
-        from raydistill.methods.dvbert import teachers_of
-
-        return "+".join(_short(t) for t in teachers_of(cfg))
+    spec = METHODS.get(cfg.method)
+    if spec is not None and spec.own_teachers is not None:
+        return "+".join(_short(t) for t in spec.own_teachers(cfg).values())
     return None
 
 
@@ -296,12 +297,9 @@ def _run_stage(stage, tracker, init_model: str | None, step_offset: int, history
                              "teacher_pass_s": data_seconds}, step=step_offset)
         tracker.log_params({f"{prefix}cache.hits": stats["hits"], f"{prefix}cache.misses": stats["misses"],
                             f"{prefix}cache.teacher_forward_sentences": stats["teacher_forward_sentences"]})
-    for key, value in stats.items():
-        if key.startswith("dvbert_teachers"):
-            for i, info in enumerate(value):
-                tracker.log_params({f"dvbert.teacher{i}.model": info.get("model"),
-                                    f"dvbert.teacher{i}.heldout_accuracy": info.get("heldout_accuracy"),
-                                    f"dvbert.teacher{i}.cached": info.get("cached")})
+    for i, info in enumerate(stats.get("own_teachers") or ()):  # a method's own teachers (MethodSpec.build_rows)
+        tracker.log_params({f"{cfg.method}.teacher{i}.{key}": info.get(key)
+                            for key in ("model", "heldout_accuracy", "cached") if key in info})
     tracker.log_params({f"{prefix}corpus_size": data.num_rows, f"{prefix}views": ",".join(cfg.data.views)})
     if stats.get("input"):  # what reading the corpus dropped or kept as is (pipeline docstring)
         tracker.log_params({f"{prefix}input.{key}": value for key, value in stats["input"].items()})
@@ -467,6 +465,8 @@ def _training_record(cfg, stages, stage_summaries, stage_scores, cache_info, his
     }
     if "teacher_accuracy" in first_data:  # DvBERT: each trained teacher's held-out NLI accuracy
         training["teacher_accuracy"] = first_data["teacher_accuracy"]
+    if stages[0].spec.build_rows is not None:  # a method with teachers of its own: what its rows are made of
+        training["built_rows"] = {k: v for k, v in first_data.items() if k not in ("rows", "seconds")}
     return training
 
 

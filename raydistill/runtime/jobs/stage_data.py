@@ -9,7 +9,10 @@ runs here, through the embedding cache; ``pipeline.build_training_data``). The l
 |---|---|---|
 | nli_triplets | (premise, entailed, contradicted) of SNLI dev + MultiNLI dev | text_anchor, text_positive, text_negative |
 | stsb_train | STS-B train pairs | text_a, text_b, score (gold / 5) |
-| nli_teacher_labels | the labelled NLI pairs + the cross-encoder teachers' mean out-of-fold class distribution | text_a, text_b, label, teacher_probs |
+
+A method with teachers of its own builds its rows itself (``MethodSpec.build_rows``, e.g. DvBERT's
+``nli_teacher_labels``) with the ``StageServices`` lent here (``ENGINE_SERVICES``): a model trained as a stage of
+the engine, independent work as Ray tasks, a model's fingerprint.
 
 Every labelled set is read through ``raydistill.data.corpus.training_pairs``: a pair either of whose texts is an
 evaluation sentence (``raydistill.data.evaluation_text``) is not trained on. ``data.max_sentences`` keeps a seeded
@@ -20,22 +23,82 @@ from __future__ import annotations
 
 import numpy as np
 
+import shutil
+from pathlib import Path
+from typing import Any, Callable
+
+from raydistill.config.job import JobConfig
 from raydistill.data.arrays import ArrayData
 from raydistill.methods import CORPUS, MethodSpec
-from raydistill.methods.dvbert import TeacherTraining, teachers_of
-from raydistill.config.job import JobConfig
+from raydistill.methods.base import FittedStage
 
-__all__ = ["build_stage_data", "nli_triplets"]
+__all__ = ["build_stage_data", "nli_triplets", "EngineServices", "ENGINE_SERVICES"]
+
+
+class EngineServices:
+    """``methods.base.StageServices`` on the engine: what a method with teachers of its own may ask of the runtime.
+
+    Stateless, so it pickles into the Ray tasks a method starts with ``run_parallel``."""
+
+    def fit(self, cfg: JobConfig, data: Any, *, init_model: str | None = None, name: str | None = None) -> FittedStage:
+        from raydistill.runtime.engine import checkpoint as ckpt
+        from raydistill.runtime.engine.learner_group import LearnerGroup
+
+        run_dir = cfg.resolved_run_dir()
+        _clear_other_stage(cfg, run_dir, name or cfg.method)
+        group = LearnerGroup(cfg, run_dir=run_dir, init_model=init_model, name=name or cfg.method)
+        fitted = group.fit(data)
+        final, _ = ckpt.latest_good_checkpoint(run_dir)
+        _, state = ckpt.load_checkpoint(final, config=cfg, map_location="cpu")
+        model = group.spec.build_student(cfg, init_model=init_model)
+        model.load_state_dict(state["student"])
+        return FittedStage(model=model.eval(), steps=int(fitted["steps"]), history=list(fitted["history"]),
+                           run_dir=run_dir)
+
+    def run_parallel(self, fn: Callable[..., Any], calls: list[tuple], resources: Any) -> list[Any]:
+        import ray
+
+        if ray.is_initialized() and len(calls) > 1:
+            options = {"num_cpus": resources.num_cpus, "num_gpus": resources.num_gpus, "max_retries": 0}
+            task = ray.remote(fn).options(**options)
+            return ray.get([task.remote(*args) for args in calls])
+        return [fn(*args) for args in calls]
+
+    def model_identity(self, model: str, *, encoder: str = "bi", max_length: int = 128) -> str:
+        from raydistill.runtime.teachers.teacher import teacher_identity
+
+        return teacher_identity(model, encoder=encoder, max_length=max_length)
+
+
+ENGINE_SERVICES = EngineServices()
+
+
+def _clear_other_stage(cfg: JobConfig, run_dir: Path, tag: str) -> None:
+    """Keep ``run_dir`` only when it holds a checkpoint of these very settings (a stopped stage continues from it)."""
+    from raydistill.runtime.engine.checkpoint import CheckpointError
+    from raydistill.runtime.engine.resume import check_resume
+
+    if not run_dir.exists():
+        return
+    try:
+        if check_resume(run_dir, cfg, 1) is not None:
+            return
+    except CheckpointError as exc:
+        print(f"[{tag}] {run_dir} holds a checkpoint of other settings ({exc}); training the stage from its start",
+              flush=True)
+    shutil.rmtree(run_dir)
 
 
 def build_stage_data(cfg: JobConfig, spec: MethodSpec):
-    """``TrainingData`` (the corpus pipeline; needs Ray) or ``ArrayData`` (a labelled set) for ``spec.dataset``."""
+    """``TrainingData`` (the corpus pipeline; needs Ray) or ``ArrayData`` (a labelled set, or the rows a method with
+    teachers of its own builds) for ``spec.dataset``."""
+    if spec.build_rows is not None:
+        return spec.build_rows(cfg, ENGINE_SERVICES)
     if spec.dataset == CORPUS:
         from raydistill.runtime.teachers.pipeline import build_training_data
 
         return build_training_data(cfg)
-    builders = {"nli_triplets": _triplet_data, "stsb_train": _stsb_train_data,
-                "nli_teacher_labels": _teacher_labelled_pairs}
+    builders = {"nli_triplets": _triplet_data, "stsb_train": _stsb_train_data}
     if spec.dataset not in builders:
         raise ValueError(f"method {spec.name!r} declares dataset {spec.dataset!r}; known: "
                          f"{', '.join([CORPUS, *builders])}")
@@ -74,27 +137,3 @@ def _stsb_train_data(cfg: JobConfig) -> ArrayData:
                       "text_b": np.array([p.sentence2 for p in pairs], dtype=object),
                       "score": np.array([p.score / 5.0 for p in pairs], dtype=np.float32)},
                      seed=cfg.seed, shuffle=cfg.data.shuffle)
-
-
-def _teacher_labelled_pairs(cfg: JobConfig) -> ArrayData:
-    """Fine-tune (or reuse) the K NLI cross-encoder teachers in folds, refuse any below
-    ``extra.teacher_training.min_accuracy``, and return the student's pairs with the teachers' mean out-of-fold
-    class distribution (every pair labelled only by fold models that never trained on it).
-
-    The teachers use every labelled pair shipped (or ``teacher_training.max_pairs``); the student a seeded subset
-    of ``data.max_sentences`` of those pairs when set, as each pair has its out-of-fold labels either way."""
-    from raydistill.runtime.jobs import dvbert_teachers as dv
-
-    training = TeacherTraining.from_dict({"seed": cfg.seed, **(cfg.extra.get("teacher_training") or {})})
-    columns = dv.nli_pairs(training.max_pairs, training.seed)
-    infos = dv.ensure_nli_teachers(teachers_of(cfg), columns, training, cfg.resources.teacher)
-    dv.check_teacher_accuracy(infos, training.min_accuracy)  # before the student spends a step on them
-    soft, stats = dv.out_of_fold_soft_labels(infos, columns["label"])
-    columns["teacher_probs"] = soft
-    num_pairs = len(columns["label"])
-    keep = _subset(num_pairs, cfg.data.max_sentences, cfg.seed)
-    columns = {name: values[keep] for name, values in columns.items()}
-    cache_stats = {"dvbert_teachers": [{k: info.get(k) for k in ("model", "dir", "heldout_accuracy", "fold_accuracy",
-                                                                  "cached", "seconds")} for info in infos],
-                   "teacher_pairs": num_pairs, **stats}
-    return ArrayData(columns, seed=cfg.seed, shuffle=cfg.data.shuffle, cache_stats=cache_stats)
