@@ -485,6 +485,14 @@ BENCH_FIGURES = (
     ("loss_queue_share", "bench-objectives.json", "ConGen loss + queue share of a step (K = 65536)", "≤ 0.10"),
     ("rss_300k_over_30k", "bench-memory.json",
      "peak RSS of a ConGen job's process tree (driver + Ray + workers), 300k training rows ÷ 30k", "≤ 1.3"),
+    ("main_job_wall_ratio", "bench-engine_parity.json",
+     "the main job, 2 cycles: wall time with its stages on the one engine ÷ on their former loop, same machine, "
+     "one after the other", "≤ 1.10"),
+    ("main_job_max_abs_delta", "bench-engine_parity.json",
+     "the same two runs: largest |engine − former loop| of a family's best bi- or cross-encoder 7-STS", "≤ 0.3"),
+    ("distill_abs_delta", "bench-engine_parity.json",
+     "ConGen minilm-l3 ← mpnet-base on 20,000 mixed sentences: |engine − the loop before it| of the 7-STS average",
+     "≤ 0.3"),
 )
 
 
