@@ -317,8 +317,32 @@ def _fit_fold(columns: dict[str, np.ndarray], train_rows: np.ndarray, label_rows
     return model, probs, stats
 
 
-def _replace_dir(tmp: Path, final: Path) -> None:
-    replace_directory(tmp, final)
+def _frozen_features(weights: Path, columns: dict[str, np.ndarray], cfg: TeacherTraining, device: str, name: str,
+                     out: Path, features_path: str | None):
+    """The frozen teacher (seeded) and its pooled features of every pair [N, D], read from ``features_path`` when a
+    run with the same weights, pooling and truncation wrote them, else encoded once and written there; the
+    transformer is saved as ``out/encoder`` once, for the fold heads to point at."""
+    import torch
+
+    started = time.perf_counter()
+    torch.manual_seed(cfg.seed)
+    encoder = build_teacher(weights, cfg).to(device)
+    if features_path and Path(features_path).is_file():
+        pooled = np.load(features_path)  # [N, D]
+    else:
+        pooled = _encode_rows(encoder, columns, np.arange(len(columns["label"])), device, cfg.precision,
+                              pooled_only=True, progress=f"[dvbert-teacher {name}]")  # [N, D]
+        print(f"[dvbert-teacher {name}] encoded {len(pooled)} pairs with the frozen transformer "
+              f"({time.perf_counter() - started:.0f}s)", flush=True)
+        if features_path:
+            Path(features_path).parent.mkdir(parents=True, exist_ok=True)
+            with atomic_writer(features_path) as stream:
+                np.save(stream, pooled)
+    if not (out / "encoder").is_dir():
+        with staged_directory(out / "encoder") as tmp:
+            encoder.transformer.save_pretrained(tmp)
+            encoder.tokenizer.save_pretrained(tmp)
+    return encoder, pooled
 
 
 def train_nli_teacher(model: str, columns: dict[str, np.ndarray], fold: np.ndarray, out_dir: str,
@@ -346,25 +370,9 @@ def train_nli_teacher(model: str, columns: dict[str, np.ndarray], fold: np.ndarr
     name = Path(model.rstrip("/")).name
     weights = transformer_directory(resolve_model(model))
     started = time.perf_counter()
-    pooled = None
+    encoder, pooled = None, None
     if not cfg.finetune:
-        torch.manual_seed(cfg.seed)
-        encoder = build_teacher(weights, cfg).to(device)
-        if features_path and Path(features_path).is_file():
-            pooled = np.load(features_path)  # [N, D]
-        else:
-            pooled = _encode_rows(encoder, columns, np.arange(len(columns["label"])), device, cfg.precision,
-                                  pooled_only=True, progress=f"[dvbert-teacher {name}]")  # [N, D]
-            print(f"[dvbert-teacher {name}] encoded {len(pooled)} pairs with the frozen transformer "
-                  f"({time.perf_counter() - started:.0f}s)", flush=True)
-            if features_path:
-                Path(features_path).parent.mkdir(parents=True, exist_ok=True)
-                with atomic_writer(features_path) as stream:
-                    np.save(stream, pooled)
-        if not (out / "encoder").is_dir():
-            with staged_directory(out / "encoder") as tmp:
-                encoder.transformer.save_pretrained(tmp)
-                encoder.tokenizer.save_pretrained(tmp)
+        encoder, pooled = _frozen_features(weights, columns, cfg, device, name, out, features_path)
     fold_infos = []
     for f in range(cfg.folds):
         fold_dir = out / f"fold-{f}"
@@ -391,7 +399,7 @@ def train_nli_teacher(model: str, columns: dict[str, np.ndarray], fold: np.ndarr
         np.save(tmp / "probs.npy", probs)
         np.savez(tmp / "rows.npz", train_rows=train_rows, label_rows=label_rows)
         atomic_write_json(tmp / "fold_info.json", info)
-        _replace_dir(tmp, fold_dir)
+        replace_directory(tmp, fold_dir)
         # the fold is whole now: its engine run dir, start head and held-out rows go
         for leftover in (train_dir, out / f"{train_dir.name}-start"):
             shutil.rmtree(leftover, ignore_errors=True)

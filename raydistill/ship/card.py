@@ -156,7 +156,9 @@ def _stage_line(stage: Any) -> str:
 
 
 def render_card(manifest: dict[str, Any], out_name: str = "DIR") -> str:
-    """The README.md text for the package described by ``manifest`` (see the module docstring)."""
+    """The README.md text for the package described by ``manifest`` (see the module docstring).
+
+    One long function on purpose: it is the card itself, its sections written in the order a reader meets them."""
     rows = manifest["rows"]
     teacher = next(row for row in rows if row["kind"] == "teacher")
     student = next(row for row in rows if row["kind"] == "student")

@@ -23,6 +23,10 @@ The same command on the same ``--out`` resumes: the jobs' run-dir resume (checkp
 finished training is not trained or evaluated again (its result file holds the config hash), a finished output is
 not packaged again (``<out>.training/distill.json``). A different command on the same ``--out`` is refused by the
 run dir's resume check (another config) before anything starts.
+
+Longer than the project's ~500-line modules on purpose: the plan's checks and the run's steps read the same
+``DistillPlan`` and speak the same option names to the user; kept together, each refusal sits beside the step it
+protects.
 """
 
 from __future__ import annotations

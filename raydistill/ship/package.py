@@ -360,6 +360,9 @@ def package_student(
 ) -> PackageReport:
     """Write the package described in the module docstring into ``out_dir`` and return its report.
 
+    Long on purpose: it is the package's steps in order (score, export, time, card, manifest), each feeding the
+    manifest the next one reads; the heavy parts (evaluation, export, timing, card) are functions of their own.
+
     Args:
         student_dir: the trained student (a sentence-transformers directory, e.g. a job's ``best/``).
         teacher: the teacher as the recipe named it (a preset or a directory): evaluated, or its baseline's scores.

@@ -269,6 +269,8 @@ def _train_evaluate_record(cfg: JobConfig, run_dir: Path, texts: list[str], vect
                            cache_stats: dict[str, Any], teacher_pass_s: float, tracker, result_path: Path,
                            command: str, started: float, cpu_started: float, register: str | None = None
                            ) -> dict[str, Any]:
+    """Train with sentence-transformers' trainer, evaluate the best model, write the result file and the MLflow run.
+    One function (a little over 80 lines): the three share the run's timers, tracker and paths."""
     import sentence_transformers
 
     from raydistill.evaluation import STS7, evaluate_sts, write_result
