@@ -43,13 +43,13 @@ CORPUS_SENTENCES = 20_000
 
 
 def tree_sha(tree: Path) -> str:
-    """The checkout's commit; a checkout with changes is refused (its numbers would name no commit)."""
-    sha = subprocess.run(["git", "-C", str(tree), "rev-parse", "HEAD"], capture_output=True, text=True,
-                         check=True).stdout.strip()
-    dirty = subprocess.run(["git", "-C", str(tree), "status", "--porcelain", "--untracked-files=no"],
-                           capture_output=True, text=True, check=True).stdout.strip()
-    if dirty:
-        raise SystemExit(f"{tree}: the checkout has uncommitted changes; compare clean commits")
+    """The checkout's commit; a checkout whose code differs from it is refused (its numbers would name no commit).
+    Only code counts, as for every result file (``code_provenance``): a bench that wrote its result there is fine."""
+    from raydistill.evaluation.results import code_provenance
+
+    sha = code_provenance(str(tree.resolve()))["git_sha"]
+    if sha.endswith("-dirty") or len(sha) != 40:
+        raise SystemExit(f"{tree}: its code is not a clean commit ({sha}); compare clean commits")
     return sha
 
 
