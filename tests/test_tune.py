@@ -37,6 +37,7 @@ import pytest
 import yaml
 
 from raydistill.cli import main as cli_main
+from raydistill.methods import job_methods
 from raydistill.runtime.engine.preflight import preflight
 from tests.ray_fixtures import ray_session  # noqa: F401 - the session-wide Ray fixture
 
@@ -353,7 +354,8 @@ def test_cli_rejects_bad_arguments_at_parse_time(capsys):
         (["tune", "--student", "bert-mini", "--queue-size", "1024,-5"], "queue size K must be a positive integer"),
         (["tune", "--student", "bert-mini", "--tau-teacher", "0"], "expected a number > 0"),
         (["tune", "--student", "bert-mini", "--tau-student", "0.05,-0.1"], "expected a number > 0"),
-        (["tune", "--student", "bert-mini", "--method", "congenn"], "choose from ckd, congen"),
+        (["tune", "--student", "bert-mini", "--method", "congenn"],
+         f"unknown method 'congenn'; choose from {', '.join(job_methods())}"),
         (["tune", "--student", "bert-mini", "--time-budget", "soon"], "duration"),
     ]:
         with pytest.raises(SystemExit) as exc:
