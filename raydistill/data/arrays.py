@@ -13,7 +13,14 @@ from typing import Any, Iterator
 
 import numpy as np
 
-__all__ = ["ArrayData", "LengthBucketedArrayData"]
+__all__ = ["ArrayData", "LengthBucketedArrayData", "seeded_subset"]
+
+
+def seeded_subset(num_rows: int, max_rows: int | None, seed: int) -> np.ndarray:
+    """Row indices in order: all of them, or ``max_rows`` drawn without replacement by ``default_rng(seed)``."""
+    if max_rows is None or max_rows >= num_rows:
+        return np.arange(num_rows)
+    return np.sort(np.random.default_rng(seed).choice(num_rows, size=max_rows, replace=False))
 
 
 class ArrayData:

@@ -15,13 +15,12 @@ from __future__ import annotations
 
 from typing import Annotated
 
-import numpy as np
 import torch
 from pydantic import AfterValidator, Field
 
 from raydistill.config.job import JobConfig
 from raydistill.config.schema import Int, section
-from raydistill.data.arrays import ArrayData
+from raydistill.data.arrays import ArrayData, seeded_subset
 from raydistill.methods.base import (Features, LossSettings, MethodSpec, StagedExtraSettings, StageServices,
                                      StepContext)
 from raydistill.methods.nli_teacher import HEADS, PRECISIONS, TeacherTraining
@@ -84,9 +83,7 @@ def teacher_labelled_pairs(cfg: JobConfig, services: StageServices) -> ArrayData
     soft, stats = dv.out_of_fold_soft_labels(infos, columns["label"])
     columns["teacher_probs"] = soft
     num_pairs = len(columns["label"])
-    keep = np.arange(num_pairs)
-    if cfg.data.max_sentences is not None and cfg.data.max_sentences < num_pairs:
-        keep = np.sort(np.random.default_rng(cfg.seed).choice(num_pairs, size=cfg.data.max_sentences, replace=False))
+    keep = seeded_subset(num_pairs, cfg.data.max_sentences, cfg.seed)
     columns = {name: values[keep] for name, values in columns.items()}
     cache_stats = {"own_teachers": [{k: info.get(k) for k in ("model", "dir", "heldout_accuracy", "fold_accuracy",
                                                                "cached", "seconds")} for info in infos],

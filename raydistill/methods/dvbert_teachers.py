@@ -80,6 +80,7 @@ from typing import Any
 import numpy as np
 
 from raydistill.config.job import ConfigError
+from raydistill.data.arrays import seeded_subset
 from raydistill.durations import format_duration
 from raydistill.fileio import atomic_write_json, atomic_writer, replace_directory, staged_directory
 from raydistill.methods.base import StageServices
@@ -123,9 +124,7 @@ def nli_pairs(max_pairs: int | None = None, seed: int = 1000) -> dict[str, np.nd
 
     pairs = list(training_pairs(NLI_TRAINING_SETS)[0])
     label_of = {name: i for i, name in enumerate(NLI_LABELS)}
-    if max_pairs is not None and max_pairs < len(pairs):
-        keep = np.sort(np.random.default_rng(seed).choice(len(pairs), size=max_pairs, replace=False))
-        pairs = [pairs[i] for i in keep]
+    pairs = [pairs[i] for i in seeded_subset(len(pairs), max_pairs, seed)]
     return {
         "text_a": np.array([p.sentence1 for p in pairs], dtype=object),
         "text_b": np.array([p.sentence2 for p in pairs], dtype=object),

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from raydistill.config.job import JobConfig
-from raydistill.data.arrays import ArrayData
+from raydistill.data.arrays import ArrayData, seeded_subset
 from raydistill.methods import CORPUS, MethodSpec
 from raydistill.methods.base import FittedStage
 
@@ -105,12 +105,6 @@ def build_stage_data(cfg: JobConfig, spec: MethodSpec):
     return builders[spec.dataset](cfg)
 
 
-def _subset(num_rows: int, max_rows: int | None, seed: int) -> np.ndarray:
-    if max_rows is None or max_rows >= num_rows:
-        return np.arange(num_rows)
-    return np.sort(np.random.default_rng(seed).choice(num_rows, size=max_rows, replace=False))
-
-
 def nli_triplets(max_rows: int | None, seed: int) -> dict[str, np.ndarray]:
     """(premise, entailed, contradicted) triplets of SNLI dev + MultiNLI dev (``objectives.build_nli_triplets``: the
     SimCSE recipe on the only labelled NLI data offline), built from the pairs without evaluation text; a seeded
@@ -120,7 +114,7 @@ def nli_triplets(max_rows: int | None, seed: int) -> dict[str, np.ndarray]:
 
     # Filtered before the triplets are built, so a premise keeps its other hypotheses when one of them is held out.
     triplets = build_nli_triplets(training_pairs(NLI_TRAINING_SETS)[0])
-    columns = np.array(triplets, dtype=object)[_subset(len(triplets), max_rows, seed)]  # [N, 3]
+    columns = np.array(triplets, dtype=object)[seeded_subset(len(triplets), max_rows, seed)]  # [N, 3]
     return {"text_anchor": columns[:, 0], "text_positive": columns[:, 1], "text_negative": columns[:, 2]}
 
 
@@ -132,7 +126,7 @@ def _stsb_train_data(cfg: JobConfig) -> ArrayData:
     from raydistill.data.corpus import training_pairs
 
     pairs = training_pairs(("stsb_train",))[0]
-    pairs = [pairs[i] for i in _subset(len(pairs), cfg.data.max_sentences, cfg.seed)]
+    pairs = [pairs[i] for i in seeded_subset(len(pairs), cfg.data.max_sentences, cfg.seed)]
     return ArrayData({"text_a": np.array([p.sentence1 for p in pairs], dtype=object),
                       "text_b": np.array([p.sentence2 for p in pairs], dtype=object),
                       "score": np.array([p.score / 5.0 for p in pairs], dtype=np.float32)},
