@@ -6,7 +6,8 @@ Measured here, on this machine, under the real Ray runtime with tiny models:
   * the same job with the learner on 2 torch threads instead of 1: the same batches, losses equal to float
     rounding, a final score within 0.05;
   * the teacher's vectors on 1 and 2 threads: equal to float rounding (the embedding cache does not key on threads);
-  * a Trans-Encoder stage trained again: the same weights and pseudo-labels as the job's;
+  * a Trans-Encoder stage trained again, in local mode and on a Ray Train worker: the same weights (and pseudo-labels)
+    as the job's;
   * a Trans-Encoder (mutual) cycle run twice: the same Parquet pseudo-label sets and the same best STS-B dev.
 docs/reliability.md says what this covers and what it does not (other machines, GPUs).
 
@@ -95,6 +96,30 @@ def test_teacher_vectors_on_one_and_two_threads_agree_to_rounding(teacher_dir, r
         lost="nothing", max_difference=difference)
 
 
+def _retrain_cross_stage(mutual_run, tiny_models, family, out_dir, learners=None):
+    """The mutual run's cycle-1 bi->cross stage of ``family`` trained again in this process as its actor did (same
+    settings, start checkpoint, label set and seed), its learners ``learners`` (None: local mode, as the job's).
+    Returns (the job's stage record, the learner, ``fit``'s summary)."""
+    import dataclasses
+    import json
+
+    from raydistill.runtime.tenc import stage_key
+    from raydistill.runtime.tenc.learners import CrossEncoderLearner
+    from raydistill.runtime.tenc.pairs import build_pair_set
+
+    cfg = tenc_runs.mutual_config(tiny_models, mutual_run.root)
+    run_dir = mutual_run.root / "run"
+    job = json.loads((run_dir / "state.json").read_text())["stages"][stage_key(1, "bi2cross")]["families"][family.name]
+    learner = CrossEncoderLearner(
+        family.name, build_pair_set(cfg.pairs.source, cfg.pairs.max_pairs, cfg.pairs_seed()),
+        dataclasses.asdict(cfg.stage_settings(family, "cross")), label_scaling=cfg.label_scaling, seed=cfg.seed,
+        threads=1, device="cpu", inference_batch_size=cfg.resources.cross.batch_size, dev_set=cfg.eval.dev_set,
+        data_task_cpus=cfg.resources.data_task_cpus, learners=learners)
+    assert learner.load(job["init"]["init_from"], cycle=1)["init_fingerprint"] == job["init"]["init_fingerprint"]
+    again = learner.fit(job["labels_dir"], job["target_column"], cycle=1, stage="bi2cross", out_dir=str(out_dir))
+    return job, learner, again
+
+
 def test_a_trans_encoder_stage_trained_again_gives_the_jobs_model_and_pseudo_labels(mutual_run, tiny_models,
                                                                                     tmp_path, one_thread,
                                                                                     reliability):
@@ -102,29 +127,13 @@ def test_a_trans_encoder_stage_trained_again_gives_the_jobs_model_and_pseudo_lab
     (same settings, start checkpoint, label set and seed): the same weights as the job's, and bit-identical scores
     for every pair, which are the cycle's cross→bi pseudo-labels. The bi→cross labels are the start models' cosines,
     recomputed by tests/test_mutual_tenc.py."""
-    import dataclasses
-    import json
-
-    from raydistill.runtime.tenc import read_label_set, stage_key
-    from raydistill.runtime.tenc.learners import CrossEncoderLearner
-    from raydistill.runtime.tenc.pairs import build_pair_set
+    from raydistill.runtime.tenc import read_label_set
 
     cfg = tenc_runs.mutual_config(tiny_models, mutual_run.root)
-    run_dir = mutual_run.root / "run"
-    trained = json.loads((run_dir / "state.json").read_text())["stages"][stage_key(1, "bi2cross")]["families"]
-    pair_set = build_pair_set(cfg.pairs.source, cfg.pairs.max_pairs, cfg.pairs_seed())
-    labels = read_label_set(run_dir / "labels" / "cycle=1" / "stage=cross2bi")
+    labels = read_label_set(mutual_run.root / "run" / "labels" / "cycle=1" / "stage=cross2bi")
     differences = {}
     for family in cfg.families:
-        job = trained[family.name]
-        learner = CrossEncoderLearner(
-            family.name, pair_set, dataclasses.asdict(cfg.stage_settings(family, "cross")),
-            label_scaling=cfg.label_scaling, seed=cfg.seed, threads=1, device="cpu",
-            inference_batch_size=cfg.resources.cross.batch_size, dev_set=cfg.eval.dev_set,
-            data_task_cpus=cfg.resources.data_task_cpus)
-        assert learner.load(job["init"]["init_from"], cycle=1)["init_fingerprint"] == job["init"]["init_fingerprint"]
-        again = learner.fit(job["labels_dir"], job["target_column"], cycle=1, stage="bi2cross",
-                            out_dir=str(tmp_path / family.name))
+        job, learner, again = _retrain_cross_stage(mutual_run, tiny_models, family, tmp_path / family.name)
         assert (again["fingerprint"], again["best_step"]) == (job["fingerprint"], job["best_step"]), family.name
         scores = learner.predict_pairs()
         differences[family.name] = float(np.abs(scores - labels[f"score_{family.name}"].to_numpy()).max())
@@ -136,6 +145,27 @@ def test_a_trans_encoder_stage_trained_again_gives_the_jobs_model_and_pseudo_lab
         did="the same weights as the job's (encoder fingerprint, best step) and bit-identical scores for every "
             "pair, the cycle's cross→bi pseudo-labels",
         lost="nothing: fully reproducible", label_differences=differences)
+
+
+def test_a_trans_encoder_stage_on_a_train_worker_gives_the_local_mode_model(mutual_run, tiny_models, tmp_path,
+                                                                             one_thread, monkeypatch):
+    """``resources.learners.num_learners: 1``: the stage is a Ray Train run with one worker (another process) instead
+    of Train's local mode in the actor, and trains the same model: the job's weights (trained in local mode) and
+    best step, loaded back into the learner from the worker's ``best/``; its model directory says how it trained."""
+    import json
+
+    from raydistill.runtime.engine.learner_group import LearnerGroup
+
+    def no_local_mode(*args, **kwargs):
+        raise AssertionError("the stage ran in Train's local mode, not on a Train worker")
+
+    monkeypatch.setattr(LearnerGroup, "_fit_local", no_local_mode)
+    family = tenc_runs.mutual_config(tiny_models, mutual_run.root).families[0]
+    workers = {"num_learners": 1, "num_cpus": 0.5, "num_gpus": 0, "threads": 1, "cpu_speedups": False}
+    job, learner, again = _retrain_cross_stage(mutual_run, tiny_models, family, tmp_path / family.name, workers)
+    assert (again["fingerprint"], again["best_step"]) == (job["fingerprint"], job["best_step"])
+    assert learner.fingerprint() == job["fingerprint"]
+    assert json.loads((tmp_path / family.name / "stage.json").read_text())["num_learners"] == 1
 
 
 @pytest.mark.e2e

@@ -129,6 +129,14 @@ def test_the_cluster_checks_the_families_actors_as_it_checks_any_jobs_roles(tiny
     with pytest.raises(ResourceError, match=r"family bert's two actors ask for 2 x 1 of the custom resource 'node_a'; "
                                             r"the cluster has 1"):
         check_resources(pinned, {"CPU": 2, "node_a": 1})
+    # Stages on Train workers (resources.learners): both families' stages train at once, each on its workers.
+    workers = tiny_config(tiny_models, tmp_path, resources={**cfg.to_dict()["resources"], "learners": {
+        "num_learners": 2, "num_cpus": 1, "num_gpus": 0.5}})
+    assert (actor_reservation(workers).cpus, actor_reservation(workers).gpus) == (5.0, 2.0)
+    check_resources(workers, {"CPU": 6, "GPU": 2})
+    with pytest.raises(ResourceError, match=r"\+ 2 stages x 2 learner\(s\) x 1 CPU \+ Ray Data headroom 1 CPU = 6 CPU "
+                                            r"> 4: .*resources\.learners\.num_learners"):
+        check_resources(workers, {"CPU": 4, "GPU": 2})
 
 
 def test_pair_sets_are_deduplicated_unordered_subsampled_by_stable_id():

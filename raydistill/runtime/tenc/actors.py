@@ -52,6 +52,7 @@ class FamilyActors:
                     pooling=poolings.get(family.name), label_scaling=cfg.label_scaling, seed=cfg.seed,
                     threads=resources.threads, device=device, inference_batch_size=resources.batch_size,
                     dev_set=cfg.eval.dev_set, data_task_cpus=cfg.resources.data_task_cpus,
+                    learners=dataclasses.asdict(cfg.resources.learners),
                 )
                 self.holding[(family.name, kind)] = None
 

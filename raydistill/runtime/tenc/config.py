@@ -372,14 +372,19 @@ class TencConfig:
         ``cluster.check_resources`` and Ray Data's planning (``cluster.configure_data_context``)."""
         n = len(self.families)
         r = self.resources
+        # Families train at the same time, one stage each: n stages' Train workers at once (none in local mode).
+        workers = n * r.learners.num_learners
         return Reservation(
-            cpus=n * (r.bi.num_cpus + r.cross.num_cpus),
-            gpus=n * (r.bi.num_gpus + r.cross.num_gpus),
-            cpu_terms=f"{n} families x (bi {r.bi.num_cpus:g} + cross {r.cross.num_cpus:g}) CPU",
-            holders="the bi- and cross-encoder actors",
+            cpus=n * (r.bi.num_cpus + r.cross.num_cpus) + workers * r.learners.num_cpus,
+            gpus=n * (r.bi.num_gpus + r.cross.num_gpus) + workers * r.learners.num_gpus,
+            cpu_terms=f"{n} families x (bi {r.bi.num_cpus:g} + cross {r.cross.num_cpus:g}) CPU"
+                      + (f" + {n} stages x {r.learners.num_learners} learner(s) x {r.learners.num_cpus:g} CPU"
+                         if workers else ""),
+            holders="the bi- and cross-encoder actors" + (" and the stages' learners" if workers else ""),
             cpu_fix="lower resources.bi.num_cpus / resources.cross.num_cpus (fractions are fine: threads set the "
-                    "compute)",
-            gpu_fix="set resources.bi.num_gpus / resources.cross.num_gpus: 0",
+                    "compute)" + (", resources.learners.num_learners or num_cpus" if workers else ""),
+            gpu_fix="set resources.bi.num_gpus / resources.cross.num_gpus: 0"
+                    + (" and resources.learners.num_gpus: 0" if workers else ""),
         )
 
     def _check_stage(self, where: str, stage: StageConfig) -> None:

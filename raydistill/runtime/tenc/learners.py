@@ -26,9 +26,11 @@ checkpoints and stop/resume. ``fit`` reads the rows itself from the label set's 
 (``resources.learner.num_learners: 0``) inside this actor's process: a Ray Train run with one worker costs 19.4 s
 to start here (results/bench-train_start.json; the main job's 12 stages would add 209-232 s, over 10 % of its
 2,006 s), local mode 0.10 s for the first ``fit`` in an actor and 0.3 ms after
-(results/bench-train_local_start.json). Model, data and process stay in the actor, so the families still train at the same time, and the
-model is at hand for labelling afterwards. With ``num_learners >= 1`` (a GPU cluster, where a stage is minutes)
-the same stage would be a Train run with workers.
+(results/bench-train_local_start.json). Model, data and process stay in the actor, so the families still train at
+the same time, and the model is at hand for labelling afterwards. With ``resources.learners.num_learners: N`` (a
+GPU cluster, where a stage is minutes) the same stage is a Train run of N data-parallel workers that the actor
+starts and waits for, the rows riding in the loop's config; the actor then loads the best model from the stage's
+``best/`` (on a multi-node cluster the run dir must be on storage every node sees, as for any distillation job).
 
 The stage's engine run dir (``train_dir``: ``checkpoints/``, ``best/``) lives until the stage's model directory
 is saved; a stop leaves the checkpoint of its step boundary there, which the same stage continues from (a
@@ -96,6 +98,8 @@ class StageLearner:
         log_every: steps between progress lines (the engine's, ``runtime.log_every``); a line also comes at every
             dev evaluation and at the first step that ends 30 s or more after the last line.
         data_task_cpus: CPUs of the Ray Data task that reads a label set (within what the actors leave to Ray Data).
+        learners: the stage's Ray Train learners (``resources.learners`` as a dict; None or ``num_learners: 0``:
+            Train's local mode in this process, with its threads and device).
     """
 
     kind = "?"
@@ -104,7 +108,7 @@ class StageLearner:
     def __init__(self, family: str, pair_set: PairSet, train: dict[str, Any], *, pooling: str | None = None,
                  label_scaling: str = "clip", seed: int = 1000, threads: int | None = 1, device: str | None = None,
                  inference_batch_size: int = 128, dev_set: str = "stsb_dev", log_every: int = 25,
-                 data_task_cpus: float = 1.0):
+                 data_task_cpus: float = 1.0, learners: dict[str, Any] | None = None):
         if threads:
             torch.set_num_threads(int(threads))
             try:
@@ -123,6 +127,7 @@ class StageLearner:
         self.dev_set = dev_set
         self.log_every = max(1, int(log_every))
         self.data_task_cpus = float(data_task_cpus)
+        self.learners = dict(learners or {"num_learners": 0})
         self.precision, why = self._resolve_precision()
         if self.device.type == "cpu" and self.train_cfg.get("precision", "fp32") != "fp32":
             self._say(f"[{family}/{self.kind}] {self.precision} on CPU ({why})")
@@ -236,10 +241,16 @@ class StageLearner:
         request_stop()
 
     def stage_config(self, cycle: int, stage: str, identity: dict[str, Any], train_dir: str):
-        """The stage as an engine job config: the stage settings, the stage's seed, Train's local mode."""
+        """The stage as an engine job config: the stage settings, the stage's seed, and its learners: Train's local
+        mode in this process (the default), or ``learners`` (N Train workers)."""
         from raydistill.config.job import JobConfig
 
         cfg = self.train_cfg
+        if int(self.learners.get("num_learners", 0)) > 0:
+            learner = dict(self.learners)
+        else:  # Train's local mode: the stage runs in this actor's process (module docstring)
+            learner = {"num_learners": 0, "num_gpus": 1 if self.device.type == "cuda" else 0,
+                       "threads": self.threads or 1, "cpu_speedups": False}
         return JobConfig.from_dict({
             "method": self.method, "student": str(self.loaded_from), "teacher": None,
             "seed": stage_seed(self.seed, cycle, self.kind, self.family), "run_dir": str(train_dir),
@@ -249,9 +260,7 @@ class StageLearner:
                       "warmup_ratio": float(cfg["warmup_ratio"]), "weight_decay": float(cfg["weight_decay"]),
                       "grad_clip": float(cfg["grad_clip"]), "eval_every": int(cfg["eval_every"]),
                       "checkpoint_every": _NO_PERIODIC_CHECKPOINT, "keep_last": 1, "precision": self.precision},
-            # Train's local mode: the stage runs in this actor's process (module docstring).
-            "resources": {"learner": {"num_learners": 0, "num_gpus": 1 if self.device.type == "cuda" else 0,
-                                      "threads": self.threads or 1, "cpu_speedups": False}},
+            "resources": {"learner": learner},
             "tracking": {"enabled": False},  # the job records each stage in its MLflow child runs
             "runtime": {"log_every": self.log_every},
             "extra": {"pooling": self.pooling, "head": cfg.get("head"), "dev_set": self.dev_set,
@@ -316,6 +325,7 @@ class StageLearner:
             "init_from": self.loaded_from, "fingerprint": encoder_fingerprint(model), "labels_dir": str(labels_dir),
             "target_column": target_column, "labels_sha": identity["labels_sha"],
             "resumed_from": fitted["resumed_from"],
+            "num_learners": int(cfg.resources.learner.num_learners),  # 0: local mode, in this actor
             "node_id": _ray_node_id(),  # which node trained the stage (resources.families pins a family)
         }
         stage_record = {**{k: v for k, v in summary.items() if k != "history"}, **(record or {}),
@@ -335,7 +345,7 @@ class StageLearner:
         if not train_dir.exists():
             return False
         try:
-            if check_resume(train_dir, cfg, 1) is not None:
+            if check_resume(train_dir, cfg, max(1, cfg.resources.learner.num_learners)) is not None:
                 return True
         except CheckpointError as exc:
             self._say(f"[{tag}] {train_dir} holds a checkpoint of other stage settings ({exc}); training the stage "

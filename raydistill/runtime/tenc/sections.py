@@ -14,7 +14,7 @@ from typing import Annotated, Any
 
 from pydantic import BeforeValidator, Field, StrictBool
 
-from raydistill.config.job import RoleResources
+from raydistill.config.job import LearnerResources, RoleResources
 from raydistill.config.schema import Float, Int, none_is_default, section, str_is_list
 
 STS7 = ("sts12", "sts13", "sts14", "sts15", "sts16", "stsb", "sickr")
@@ -123,6 +123,13 @@ class TencResources:
     cross: Annotated[RoleResources, _DEFAULTS_IF_NULL] = Field(
         default_factory=lambda: RoleResources(num_cpus=0.25, threads=1, batch_size=64),
         description="each family's cross-encoder actor (batch_size: pairs per forward pass)")
+    # 0: a Ray Train run costs 19.4 s to start on a 2-core box against 0.10 s for local mode
+    # (results/bench-train_start.json, bench-train_local_start.json): the main job's stages are a minute or two.
+    learners: Annotated[LearnerResources, _DEFAULTS_IF_NULL] = Field(
+        default_factory=lambda: LearnerResources(num_learners=0, num_cpus=1, threads=1, cpu_speedups=False),
+        description="each stage's Ray Train learners: num_learners 0 trains the stage in Train's local mode inside "
+                    "its family's actor (threads and GPU: the actor's); N: a Train run of N data-parallel workers "
+                    "per stage, started by the actor, each with num_cpus / num_gpus / threads")
     # Measured hang with every CPU reserved: docs/runtime.md, Ray behaviour.
     data_max_cpus: Float = Field(1.0, description="CPUs the actors must leave to Ray Data (the label sets' Parquet "
                                                   "writes and the learners' reads of them)")
