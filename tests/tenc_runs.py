@@ -36,7 +36,7 @@ import pytest
 from raydistill.runtime.tenc import TencConfig, run_trans_encoder, stage_key
 
 __all__ = ["MutualRun", "SelfQqpRun", "mutual_config", "mutual_run", "self_qqp_config", "self_qqp_run",
-           "tiny_config", "MUTUAL_PAIRS", "MUTUAL_BI_STEPS", "MUTUAL_EVAL_EVERY", "QQP_PAIRS", "QQP_SEED",
+           "tiny_config", "MUTUAL_PAIRS", "STALE_RESULT", "MUTUAL_BI_STEPS", "MUTUAL_EVAL_EVERY", "QQP_PAIRS", "QQP_SEED",
            "WEIGHT_TEMPERATURE"]
 
 _RUNS: dict[str, Any] = {}
@@ -134,6 +134,7 @@ def mutual_run(tiny_models, tmp_path_factory, ray_session) -> MutualRun:
 QQP_PAIRS = 40
 QQP_SEED = 7
 STOP_AFTER = stage_key(1, "bi2cross")
+STALE_RESULT = "bert-bi-cycle7.json"  # planted in the results directory before the second invocation
 
 
 def self_qqp_config(tiny_models: dict[str, Path], root: Path, **changes) -> TencConfig:
@@ -159,7 +160,7 @@ class SelfQqpRun:
     stopped_state: dict  # state.json after it
     stopped_cross_files: dict[str, int]  # bert's cycle-1 cross-encoder files (name -> mtime) after it
     stopped_label_files: dict[Path, int]  # cycle 1's label files (path -> mtime) after it
-    summary: dict  # the second invocation's return value
+    summary: dict  # the second invocation's return value (its results directory held STALE_RESULT before it)
     printed: str  # what the second invocation printed
 
     @property
@@ -185,6 +186,10 @@ def self_qqp_run(tiny_models, tmp_path_factory, ray_session) -> SelfQqpRun:
         cross_files = {p.name: t for p, t in _mtimes((run_dir / "models" / "cycle=1" / "cross" / "bert").iterdir())
                        .items()}
         label_files = _mtimes((run_dir / "labels" / "cycle=1").rglob("*.parquet"))
+        # A result file of an earlier run of the same name elsewhere (as a checkout's committed files would be):
+        # the finished run must not leave it beside its own.
+        (root / "results").mkdir(parents=True, exist_ok=True)
+        (root / "results" / STALE_RESULT).write_text("{}")
         printed = io.StringIO()
         with contextlib.redirect_stdout(printed):
             summary = run_trans_encoder(self_qqp_config(tiny_models, root))

@@ -226,6 +226,9 @@ def test_qqp_run_reports_transductive_auc_selection_with_the_start_and_dev_curve
             "bi": {"0": round(state["start_dev"][family], 2),
                    **{str(c): round(stage_dev(c, "cross2bi", family), 2) for c in cycles}},
             "cross": {str(c): round(stage_dev(c, "bi2cross", family), 2) for c in cycles}}
+    # A result file no evaluation of this run wrote (planted before the second invocation) is gone, and it says so
+    assert not (results / tenc_runs.STALE_RESULT).exists()
+    assert f"removed 1 result file(s) of {results}" in printed and tenc_runs.STALE_RESULT in printed
     records = {p.name: validate_result_file(p) for p in results.glob("*.json") if p.name != "summary.json"}
     best_cross_scores = {}
     for family in ("bert", "mpnet"):

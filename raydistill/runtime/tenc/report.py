@@ -142,6 +142,20 @@ class TencReport:
     # ------------------------------------------------------------------------------------------------------------
     # The end of a run
 
+    def drop_stale_results(self) -> list[str]:
+        """Remove the result files in the run's results directory that no evaluation of this run wrote: files of an
+        earlier run of the same name in another run dir (a checkout's committed results, a copied directory), which
+        would otherwise stand beside this run's as if they were its models. Returns their names; says so."""
+        written = {record.get("result_file") for record in self.job.state.evaluations.values()}
+        stale = sorted(path.name for pattern in ("*-cycle*.json", "ensemble-*.json")
+                       for path in self.job.results_dir.glob(pattern) if str(path) not in written)
+        for name in stale:
+            (self.job.results_dir / name).unlink()
+        if stale:
+            say(f"removed {len(stale)} result file(s) of {self.job.results_dir} that no evaluation of this run wrote "
+                f"(an earlier run of the same name elsewhere): {', '.join(stale)}")
+        return stale
+
     def stopped(self, key: str) -> dict[str, Any]:
         """A run stopped after stage ``key`` (``stop_after_stage``): what it did so far, no selection."""
         say(f"stopping after {key} as configured (stop_after_stage)")
@@ -189,6 +203,7 @@ class TencReport:
 
         atomic_write_json(summary_path, summary, default=json_default)
         job.results_dir.mkdir(parents=True, exist_ok=True)
+        self.drop_stale_results()
         atomic_write_bytes(job.results_dir / "summary.json", summary_path.read_bytes())
         self._track_finish(best, by_family, summary_path)
         say("best models (by STS-B dev): " + "; ".join(
