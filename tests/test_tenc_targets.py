@@ -136,3 +136,20 @@ def test_targets_without_any_run_are_all_missing(tmp_path):
         assert row["missing"]
     assert targets["default_wall_s"] is None and targets["default_wall"]["status"] == "missing"
     assert all("missing" in run for run in targets["runs"].values())
+
+
+def test_the_docs_targets_quote_the_committed_targets_file():
+    """docs/trans-encoder.md's Targets list quotes results/mutual_tenc/targets.json: each family's start, best mutual
+    bi- and cross-encoder and QQP AUCs, each target's status, and the default run's wall time. A rerun that
+    changes the file and not the prose fails here (the file itself is checked against the result files by
+    test_docs' table check and by running the script)."""
+    targets = json.loads((ROOT / "results" / "mutual_tenc" / "targets.json").read_text())
+    docs = (ROOT / "docs" / "trans-encoder.md").read_text()
+    prose = docs[docs.index("**Targets.**"):docs.index("**History.**")]
+    for family, row in targets["families"].items():
+        for key in ("start_bi", "mutual_best_bi", "mutual_best_cross", "qqp_start_auc", "qqp_best_cross_auc"):
+            if row.get(key) is not None:
+                assert f"{row[key]:.2f}" in prose, f"{family} {key} {row[key]:.2f} is not quoted in the Targets list"
+        for name, target in row["targets"].items():
+            assert f"**{target['status']} for" in prose or f"**{target['status']}**" in prose, (family, name)
+    assert f"{int(targets['default_wall_s'] + 0.5):,} s" in prose and f"**{targets['default_wall']['status']}**" in prose
