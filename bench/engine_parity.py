@@ -4,7 +4,9 @@ Two comparisons, each the same command run from two checkouts one after the othe
 
     main job      ``python jobs/mutual_tenc.py --cycles 2 --run-dir <runs>/tenc-<old|new>-2c`` from ``--old-tree``
                   (a checkout whose Trans-Encoder stages still train in their own loop) and ``--new-tree`` (this
-                  one by default): each family's best bi- and cross-encoder (7-STS average), the start, wall time
+                  one by default): each family's best bi- and cross-encoder (7-STS average), the start, wall time;
+                  ``--seeds 1000,1001`` runs both again with ``--set seed=1001`` (run dirs ``...-2c-s1001``), so
+                  the difference between the loops can be set beside the difference a seed makes in each
     distillation  ``python jobs/congen.py --set data.corpus=file:<corpus> --set train.precision=bf16 --run-dir
                   <runs>/parity-<old|new> --results-dir <runs>/parity-<old|new>-results`` from ``--distill-old-tree``
                   (a checkout before the one-engine change) and ``--new-tree``: 7-STS average and STS-B dev
@@ -14,6 +16,11 @@ Figures (targets: docs/benchmarks.md):
     main_job_wall_ratio        new wall_s / old wall_s (<= 1.10)
     main_job_max_abs_delta     the largest |new - old| of a family's best bi- or cross-encoder 7-STS (<= 0.3)
     distill_abs_delta          |new - old| 7-STS average of the distillation (<= 0.3)
+
+and, with more than one seed (no target: what "seed noise" is here):
+
+    main_job_seed_spread       per loop, family and model, the largest minus the smallest over the seeds
+    main_job_mean_abs_delta    the largest |mean over seeds new - mean over seeds old| of a family's best model
 
 A run whose result already exists is read, not run again (the jobs resume and skip finished work the same way), so
 a stopped comparison continues. The distillation corpus is 20,000 sentences drawn with seed 0 from the bundled
@@ -66,11 +73,17 @@ def run_in(tree: Path, args: list[str], log: Path) -> None:
                        check=True)
 
 
-def main_job(tree: Path, tag: str, runs: Path) -> dict:
-    run_dir = runs / f"tenc-{tag}-2c"
+DEFAULT_SEED = 1000  # the shipped mutual_tenc.yaml's: its runs keep the names of the first comparison
+BEST_KEYS = ("best_bi", "best_cross")
+
+
+def main_job(tree: Path, tag: str, runs: Path, seed: int = DEFAULT_SEED) -> dict:
+    run_dir = runs / (f"tenc-{tag}-2c" if seed == DEFAULT_SEED else f"tenc-{tag}-2c-s{seed}")
     summary_path = tree / "results" / "mutual_tenc" / run_dir.name / "summary.json"
     if not summary_path.is_file():
-        run_in(tree, ["jobs/mutual_tenc.py", "--cycles", "2", "--run-dir", str(run_dir)], runs / f"{run_dir.name}.log")
+        seed_args = [] if seed == DEFAULT_SEED else ["--set", f"seed={seed}"]
+        run_in(tree, ["jobs/mutual_tenc.py", "--cycles", "2", *seed_args, "--run-dir", str(run_dir)],
+               runs / f"{run_dir.name}.log")
     summary = json.loads(summary_path.read_text())
     families = {name: {key: family[key] for key in ("start_bi", "best_bi", "best_cross", "best_bi_cycle",
                                                     "best_cross_cycle", "best_bi_stsb_dev", "best_cross_stsb_dev")}
@@ -106,6 +119,30 @@ def distillation(tree: Path, tag: str, runs: Path, corpus: Path) -> dict:
             "best_step": training.get("best_step")}
 
 
+def seed_figures(by_seed: dict[int, dict[str, dict]]) -> dict:
+    """Each loop's spread over the seeds, and the loops' difference of their means, per family and best model."""
+    def values(loop: str, family: str, key: str) -> list[float]:
+        return [runs[loop]["families"][family][key] for runs in by_seed.values()]
+
+    families = next(iter(by_seed.values()))["old"]["families"]
+    spread = {loop: {family: {key: round(max(values(loop, family, key)) - min(values(loop, family, key)), 2)
+                              for key in BEST_KEYS} for family in families} for loop in ("old", "new")}
+    mean_deltas = {family: {key: round(sum(values("new", family, key)) / len(by_seed)
+                                       - sum(values("old", family, key)) / len(by_seed), 2) for key in BEST_KEYS}
+                   for family in families}
+    return {
+        "seeds": sorted(by_seed),
+        "main_job_seed_spread": spread,
+        "main_job_mean_deltas": mean_deltas,
+        "main_job_mean_abs_delta": max(abs(d[key]) for d in mean_deltas.values() for key in BEST_KEYS),
+        "main_job_by_seed": {str(seed): {"deltas": {family: {key: round(runs["new"]["families"][family][key]
+                                                                       - runs["old"]["families"][family][key], 2)
+                                                             for key in BEST_KEYS} for family in families},
+                                         "old": runs["old"], "new": runs["new"]}
+                             for seed, runs in by_seed.items() if seed != DEFAULT_SEED},
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--old-tree", type=Path, required=True, help="checkout of the old Trans-Encoder loop")
@@ -114,15 +151,23 @@ def main() -> None:
     parser.add_argument("--new-tree", type=Path, default=ROOT)
     parser.add_argument("--runs", type=Path, default=RUNS, help="run dirs, result dirs and logs of the four runs")
     parser.add_argument("--corpus", type=Path, default=CORPUS)
+    parser.add_argument("--seeds", default=str(DEFAULT_SEED),
+                        help=f"comma-separated job seeds of the main-job comparison (default {DEFAULT_SEED}, the "
+                             "shipped config's)")
     parser.add_argument("--write", help="result JSON path")
     args = parser.parse_args()
 
     load_before = load_average()
     if not args.corpus.is_file():
         write_corpus(args.corpus)
-    old, new = main_job(args.old_tree, "old", args.runs), main_job(args.new_tree, "new", args.runs)
+    seeds = [int(seed) for seed in args.seeds.split(",")]
+    if DEFAULT_SEED not in seeds:
+        raise SystemExit(f"--seeds must include {DEFAULT_SEED}, the shipped config's seed (the wall-time comparison)")
+    by_seed = {seed: {"old": main_job(args.old_tree, "old", args.runs, seed),
+                      "new": main_job(args.new_tree, "new", args.runs, seed)} for seed in seeds}
+    old, new = by_seed[DEFAULT_SEED]["old"], by_seed[DEFAULT_SEED]["new"]
     deltas = {name: {key: round(new["families"][name][key] - family[key], 2)
-                     for key in ("start_bi", "best_bi", "best_cross")}
+                     for key in ("start_bi", *BEST_KEYS)}
               for name, family in old["families"].items()}
     distill_old = distillation(args.distill_old_tree, "old", args.runs, args.corpus)
     distill_new = distillation(args.new_tree, "new", args.runs, args.corpus)
@@ -131,6 +176,7 @@ def main() -> None:
         "main_job_max_abs_delta": max(abs(d[key]) for d in deltas.values() for key in ("best_bi", "best_cross")),
         "main_job_deltas": deltas,
         "main_job": {"old": old, "new": new},
+        **(seed_figures(by_seed) if len(seeds) > 1 else {}),
         "distill_abs_delta": round(abs(distill_new["avg"] - distill_old["avg"]), 2),
         "distill_stsb_dev_delta": round(distill_new["stsb_dev"] - distill_old["stsb_dev"], 2),
         "distill": {"old": distill_old, "new": distill_new, "corpus": str(args.corpus),
