@@ -20,6 +20,7 @@ Figures (targets: docs/benchmarks.md):
 and, with more than one seed (no target: what "seed noise" is here):
 
     main_job_seed_spread       per loop, family and model, the largest minus the smallest over the seeds
+    main_job_<old|new>_seed_spread_max    its largest value per loop
     main_job_mean_abs_delta    the largest |mean over seeds new - mean over seeds old| of a family's best model
 
 A run whose result already exists is read, not run again (the jobs resume and skip finished work the same way), so
@@ -133,6 +134,8 @@ def seed_figures(by_seed: dict[int, dict[str, dict]]) -> dict:
     return {
         "seeds": sorted(by_seed),
         "main_job_seed_spread": spread,
+        **{f"main_job_{loop}_seed_spread_max": max(d[key] for d in spread[loop].values() for key in BEST_KEYS)
+           for loop in ("old", "new")},
         "main_job_mean_deltas": mean_deltas,
         "main_job_mean_abs_delta": max(abs(d[key]) for d in mean_deltas.values() for key in BEST_KEYS),
         "main_job_by_seed": {str(seed): {"deltas": {family: {key: round(runs["new"]["families"][family][key]

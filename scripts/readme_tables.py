@@ -484,6 +484,14 @@ BENCH_FIGURES = (
     ("main_job_max_abs_delta", "bench-engine_parity.json",
      "the same two runs: the largest difference (engine − former loop, either sign) of a family's best bi- or "
      "cross-encoder 7-STS", "≤ 0.3"),
+    ("main_job_new_seed_spread_max", "bench-engine_parity.json",
+     "the main job at 2 cycles on the engine, job seeds 1000 and 1001: the largest difference a seed makes to a "
+     "family's best bi- or cross-encoder 7-STS (what seed noise is here)", "–"),
+    ("main_job_old_seed_spread_max", "bench-engine_parity.json",
+     "the same on the former loop", "–"),
+    ("main_job_mean_abs_delta", "bench-engine_parity.json",
+     "the largest difference (engine − former loop) of a family's best model, each the mean over the two seeds",
+     "≤ 0.3"),
     ("distill_abs_delta", "bench-engine_parity.json",
      "ConGen minilm-l3 ← mpnet-base on 20,000 mixed sentences: the difference (engine − the loop before it, either "
      "sign) of the 7-STS average",
