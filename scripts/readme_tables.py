@@ -372,13 +372,24 @@ def _pairs_label(training: dict) -> str:
     return f"{training.get('pairs', '?')} {what}"
 
 
+def _keep_best_by_dev(slots: dict[tuple[str, str], dict], record: dict) -> None:
+    """Put a Trans-Encoder record in its ``(family, start|bi|cross)`` slots where its STS-B dev beats the record held:
+    cycle 0 is the start and a bi-encoder candidate, later cycles their encoder's. Fed in cycle order, a tie keeps
+    the earlier cycle (the job's selection)."""
+    family, cycle = record["extra"]["family"], (record.get("training") or {}).get("cycle") or 0
+    for slot in ([(family, "start"), (family, "bi")] if cycle == 0 else [(family, record.get("encoder", "bi"))]):
+        best = slots.get(slot)
+        if best is None or record["scores"].get("stsb_dev", -1e9) > best["scores"].get("stsb_dev", -1e9):
+            slots[slot] = record
+
+
 def tenc_compare_table(records: list[dict]) -> str:
     """Self vs mutual, per family, on the STS pair sets: the 7-STS average of the starting bi-encoder and of each
     run's best-dev bi- and cross-encoder, with the cycle it came from. A self run and a mutual run are twins when
     they share pairs, cross-encoder head and families (with the families' own stage settings). Selection is the
     job's: STS-B dev over cycles 0..N for the bi-encoder (0 = the start, kept when no trained cycle beats it), 1..N
-    for the cross-encoder; ties go to the earlier cycle. Twins also ran the same number of cycles. Runs on other pair sets (QQP, MRPC) are left out: their
-    scores are AUCs."""
+    for the cross-encoder; ties go to the earlier cycle. Twins also ran the same number of cycles. Runs on other pair
+    sets (QQP, MRPC) are left out: their scores are AUCs."""
     from raydistill.runtime.tenc.pairs import PAIR_CLASSIFICATION_SOURCES
 
     # (pairs, cross head, families, cycles) -> mode -> (family, enc|start) -> record
@@ -387,16 +398,11 @@ def tenc_compare_table(records: list[dict]) -> str:
     tenc = [r for r in records if r["kind"] == "mutual_tenc" and r.get("extra", {}).get("family") != "ensemble"
             and r.get("training", {}).get("pairs_source") not in PAIR_CLASSIFICATION_SOURCES]
     for r in sorted(tenc, key=lambda r: r.get("training", {}).get("cycle") or 0):  # ties: the earlier cycle
-        training, family = r.get("training", {}), r["extra"]["family"]
+        training = r.get("training", {})
         key = (_pairs_label(training), cross_head(r), json.dumps(training.get("families"), sort_keys=True),
                int(training.get("cycles") or 0))
         in_run_order.setdefault(key[2], training.get("families") or {})
-        slots = runs.setdefault(key, {}).setdefault(training.get("mode", "?"), {})
-        cycle = training.get("cycle") or 0
-        for slot in ([(family, "start"), (family, "bi")] if cycle == 0 else [(family, r.get("encoder", "bi"))]):
-            best = slots.get(slot)
-            if best is None or r["scores"].get("stsb_dev", -1e9) > best["scores"].get("stsb_dev", -1e9):
-                slots[slot] = r
+        _keep_best_by_dev(runs.setdefault(key, {}).setdefault(training.get("mode", "?"), {}), r)
     lines = ["| cross head | run families | family | pairs | cycles | start bi | self: best bi (cycle) | "
              "mutual: best bi (cycle) | self: best cross (cycle) | mutual: best cross (cycle) |",
              "|---|---|---|---|---|---|---|---|---|---|"]
@@ -782,13 +788,7 @@ def tenc_main_table(records: list[dict]) -> str:
                 or training.get("cycles") != shipped.cycles
                 or training.get("pairs_source") in PAIR_CLASSIFICATION_SOURCES):
             continue
-        slots = runs.setdefault(r["extra"]["run_name"], {})
-        cycle = training.get("cycle") or 0
-        for slot in ([(r["extra"]["family"], "start"), (r["extra"]["family"], "bi")] if cycle == 0
-                     else [(r["extra"]["family"], r.get("encoder", "bi"))]):
-            best = slots.get(slot)
-            if best is None or r["scores"].get("stsb_dev", -1e9) > best["scores"].get("stsb_dev", -1e9):
-                slots[slot] = r
+        _keep_best_by_dev(runs.setdefault(r["extra"]["run_name"], {}), r)
     # No link to the run: its directory name carries a config hash, which the front page never shows.
     lines = ["| pairs | family | start bi | best bi (cycle) | best cross (cycle) | STS-B dev: start / bi / cross |",
              "|---|---|---|---|---|---|"]
