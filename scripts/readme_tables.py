@@ -729,12 +729,19 @@ def scale_targets_table(records: list[dict]) -> str:
             avg, best_cell, target_cell, link = None, "not run yet", f"≥ {target:g}", "–"
         simcse_avg = simcse["scores"]["avg"] if simcse else None
         st_avg = st_mse["scores"]["avg"] if st_mse else None
+
+        def baseline_cell(run: dict | None, value: float | None) -> str:
+            # a comparison run on the unfiltered corpus says so in its own cell: the row's link is another file
+            if value is None:
+                return "not run yet"
+            return f"{value:.2f}" + (" (before the filter)" if before_filter(run) else "")
+
         lines.append("| " + " | ".join([
             f"`{student}`", f"{start:.2f}" if start is not None else "–", best_cell,
             target_cell,
             check(avg, start + 2.0 if start is not None else None),
-            f"{simcse_avg:.2f}" if simcse_avg is not None else "not run yet", check(avg, simcse_avg),
-            f"{st_avg:.2f}" if st_avg is not None else "not run yet",
+            baseline_cell(simcse, simcse_avg), check(avg, simcse_avg),
+            baseline_cell(st_mse, st_avg),
             check(avg, st_avg + 0.5 if st_avg is not None else None),
             (f"{distilcse['scores']['avg']:.2f}: {check(distilcse['scores']['avg'], target)}" if distilcse
              else "not run yet"), link]) + " |")

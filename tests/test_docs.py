@@ -65,3 +65,23 @@ def test_a_compared_student_whose_result_file_was_rerun_since_says_so():
     row["result_git_sha"] = "0" * 40  # measured from an earlier version of that file
     table = compare_public_table([], record=record)
     assert "**80.50** †" in table and "the file changed since (rerun" in table
+
+
+def test_a_targets_comparison_on_the_unfiltered_corpus_says_so_in_its_own_cell():
+    """README's targets row links the label-free student's file; a SimCSE or st-mse run it is compared with that
+    trained before the evaluation-text filter is marked in its own cell, not passed off as the same corpus."""
+    sys.path.insert(0, str(ROOT))
+    from scripts.readme_tables import BEFORE_FILTER_SENTENCES, scale_targets_table
+
+    def run(method: str, avg: float, sentences: int, teacher: str | None = "mpnet-base") -> dict:
+        scores = {"avg": avg, "stsb_dev": avg + 5}
+        return {"kind": "distill", "model": "bert-mini", "method": method, "teacher": teacher, "scores": scores,
+                "training": {"corpus": "mixed", "sentences": sentences}, "_file": f"mixed/{method}.json"}
+
+    baseline = {"kind": "baseline", "model": "bert-mini", "scores": {"avg": 72.0}, "training": {}}
+    records = [baseline, run("congen", 77.0, 269_340), run("simcse", 73.5, BEFORE_FILTER_SENTENCES, None),
+               run("st-mse", 70.2, 269_340)]
+    row = next(line for line in scale_targets_table(records).splitlines() if line.startswith("| `bert-mini`"))
+    cells = [cell.strip() for cell in row.strip("|").split("|")]
+    assert cells[5] == "73.50 (before the filter)"  # SimCSE
+    assert cells[7] == "70.20"  # st-mse, on the filtered corpus
