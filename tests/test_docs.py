@@ -85,3 +85,13 @@ def test_a_targets_comparison_on_the_unfiltered_corpus_says_so_in_its_own_cell()
     cells = [cell.strip() for cell in row.strip("|").split("|")]
     assert cells[5] == "73.50 (before the filter)"  # SimCSE
     assert cells[7] == "70.20"  # st-mse, on the filtered corpus
+
+
+def test_the_quick_start_prints_the_recipe_the_package_carries():
+    """The quick start's recipe line is what ``raydistill distill`` prints for a minilm-l3-sized student today: the
+    embedded recipe, whose scores tests/test_distill_command.py holds to the committed result file."""
+    from raydistill.ship.recipe import RECIPES
+
+    recipe = next(r for r in RECIPES if r.size == "minilm-l3" and r.labels == "none")
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert f"[distill] recipe of the minilm-l3 size, label-free: {recipe.describe()}\n" in readme
