@@ -68,10 +68,14 @@ def before_filter(record: dict) -> bool:
     return training.get("corpus") == SCALE_CORPUS and training.get("sentences") == BEFORE_FILTER_SENTENCES
 
 
+def _filter_mark(record: dict) -> str:
+    """What a cell about ``record`` appends when the run predates the evaluation-text filter."""
+    return " (before the filter)" if before_filter(record) else ""
+
+
 def _file_cell(record: dict) -> str:
     """The result-file link of a table row, marked when the run predates the evaluation-text filter."""
-    mark = " (before the filter)" if before_filter(record) else ""
-    return f"[{record['_file']}](results/{record['_file']}){mark}"
+    return f"[{record['_file']}](results/{record['_file']}){_filter_mark(record)}"
 
 
 def scale_records(records: list[dict]) -> list[dict]:
@@ -714,6 +718,10 @@ def scale_targets_table(records: list[dict]) -> str:
             return "–"
         return f"{value - bar:+.2f} ({'met' if value >= bar else 'missed'})"
 
+    def comparison_cell(run: dict | None) -> str:
+        # a comparison run on the unfiltered corpus says so in its own cell: the row's link is another file
+        return f"{run['scores']['avg']:.2f}{_filter_mark(run)}" if run else "not run yet"
+
     lines = ["| student | start | best label-free (method) | target | vs start + 2 | SimCSE | vs SimCSE "
              "| st-mse | vs st-mse + 0.5 | DistilCSE (+ NLI) vs target | result file |", "|" + "---|" * 11]
     for student, target in SCALE_TARGETS.items():
@@ -729,19 +737,12 @@ def scale_targets_table(records: list[dict]) -> str:
             avg, best_cell, target_cell, link = None, "not run yet", f"≥ {target:g}", "–"
         simcse_avg = simcse["scores"]["avg"] if simcse else None
         st_avg = st_mse["scores"]["avg"] if st_mse else None
-
-        def baseline_cell(run: dict | None, value: float | None) -> str:
-            # a comparison run on the unfiltered corpus says so in its own cell: the row's link is another file
-            if value is None:
-                return "not run yet"
-            return f"{value:.2f}" + (" (before the filter)" if before_filter(run) else "")
-
         lines.append("| " + " | ".join([
             f"`{student}`", f"{start:.2f}" if start is not None else "–", best_cell,
             target_cell,
             check(avg, start + 2.0 if start is not None else None),
-            baseline_cell(simcse, simcse_avg), check(avg, simcse_avg),
-            baseline_cell(st_mse, st_avg),
+            comparison_cell(simcse), check(avg, simcse_avg),
+            comparison_cell(st_mse),
             check(avg, st_avg + 0.5 if st_avg is not None else None),
             (f"{distilcse['scores']['avg']:.2f}: {check(distilcse['scores']['avg'], target)}" if distilcse
              else "not run yet"), link]) + " |")
