@@ -369,10 +369,11 @@ def _families_label(families: dict) -> str:
 
 
 def _pairs_label(training: dict) -> str:
-    """``6000 transductive (test pairs, unlabeled)`` or ``6000 inductive``: how many pairs, and whether the models
-    trained on the unlabeled pairs they are then scored on."""
+    """``6000 transductive (trained on the unlabeled test pairs)`` or ``6000 inductive (no evaluation sentence)``:
+    how many pairs, and whether the models trained on the unlabeled pairs they are then scored on."""
     source = training.get("pairs_source") or "transductive"
-    what = {"transductive": "transductive (trained on the unlabeled test pairs)"}.get(source, source)
+    what = {"transductive": "transductive (trained on the unlabeled test pairs)",
+            "inductive": "inductive (no evaluation sentence)"}.get(source, source)
     return f"{training.get('pairs', '?')} {what}"
 
 
@@ -778,17 +779,15 @@ def dev_curves_table(records: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def tenc_main_table(records: list[dict]) -> str:
-    """The main job's outcome: every run of the shipped config (its mode, families and cycles; one row group per pair
-    source, transductive first), per family: the start, and the bi- and cross-encoder the job keeps (the best STS-B
-    dev over the cycles; the test sets never choose), each as 7-STS with its STS-B dev and cycle. Self against mutual
-    and the runs of earlier defaults: docs/trans-encoder.md."""
+def _main_job_runs(records: list[dict]) -> tuple[list[str], dict[str, dict[tuple[str, str], dict]]]:
+    """The runs of the shipped main-job config (its mode, families and cycles; any pair source but the paraphrase
+    ones): the families' names, and per run name its ``(family, start|bi|cross)`` slots, each the best STS-B dev."""
     from raydistill.runtime.tenc import TencConfig
     from raydistill.runtime.tenc.pairs import PAIR_CLASSIFICATION_SOURCES
 
     shipped = TencConfig.from_yaml(ROOT / "raydistill" / "configs" / "mutual_tenc.yaml")
     families = {family.name: family.recorded() for family in shipped.families}
-    runs: dict[str, dict[tuple[str, str], dict]] = {}  # run name -> (family, start|bi|cross) -> record
+    runs: dict[str, dict[tuple[str, str], dict]] = {}
     for r in sorted(records, key=lambda r: (r.get("training") or {}).get("cycle") or 0):  # ties: the earlier cycle
         training = r.get("training") or {}
         if (r["kind"] != "mutual_tenc" or r.get("extra", {}).get("family") == "ensemble"
@@ -797,6 +796,19 @@ def tenc_main_table(records: list[dict]) -> str:
                 or training.get("pairs_source") in PAIR_CLASSIFICATION_SOURCES):
             continue
         _keep_best_by_dev(runs.setdefault(r["extra"]["run_name"], {}), r)
+    return list(families), runs
+
+
+def _pairs_source(slots: dict[tuple[str, str], dict]) -> str:
+    return next(iter(slots.values()))["training"].get("pairs_source") or "transductive"
+
+
+def tenc_main_table(records: list[dict]) -> str:
+    """The main job's outcome: every run of the shipped config (one row group per pair source, transductive first),
+    per family: the start, and the bi- and cross-encoder the job keeps (the best STS-B dev over the cycles; the test
+    sets never choose), each as 7-STS with its STS-B dev and cycle. Self against mutual and the runs of earlier
+    defaults: docs/trans-encoder.md."""
+    families, runs = _main_job_runs(records)
     # No link to the run: its directory name carries a config hash, which the front page never shows.
     lines = ["| pairs | family | start bi | best bi (cycle) | best cross (cycle) | STS-B dev: start / bi / cross |",
              "|---|---|---|---|---|---|"]
@@ -805,7 +817,7 @@ def tenc_main_table(records: list[dict]) -> str:
         return f"{record['scores']['avg']:.2f}"
 
     def pairs_order(name: str) -> tuple:
-        source = next(iter(runs[name].values()))["training"].get("pairs_source") or "transductive"
+        source = _pairs_source(runs[name])
         return (source != "transductive", source, name)
 
     for name in sorted(runs, key=pairs_order):
@@ -818,6 +830,32 @@ def tenc_main_table(records: list[dict]) -> str:
             lines.append(f"| {_pairs_label(start['training'])} | {family} | {score(start)} | "
                          f"**{score(bi)}** ({bi['training'].get('cycle') or 0}) | "
                          f"**{score(cross)}** ({cross['training'].get('cycle')}) | {dev} |")
+    return "\n".join(lines)
+
+
+def tenc_inductive_table(records: list[dict]) -> str:
+    """What training on the test pairs buys the main job: per family and kept model (best STS-B dev), the 7-STS of
+    the transductive and the inductive run of the shipped config and their difference, with each one's STS-B dev.
+    Where more than one run of a source is committed, the latest."""
+    families, runs = _main_job_runs(records)
+    latest: dict[str, dict[tuple[str, str], dict]] = {}
+    for name, slots in runs.items():
+        source = _pairs_source(slots)
+        newest = max(r.get("date") or "" for r in slots.values())
+        if source not in latest or newest > max(r.get("date") or "" for r in latest[source].values()):
+            latest[source] = slots
+    if not {"transductive", "inductive"} <= set(latest):
+        return "Not both runs yet: `python jobs/mutual_tenc.py` and `python jobs/mutual_tenc.py --set pairs.source=inductive`."
+    lines = ["| family | model kept | transductive: 7-STS (dev) | inductive: 7-STS (dev) | inductive − transductive |",
+             "|---|---|---|---|---|"]
+    for family in families:
+        for kind in ("bi", "cross"):
+            trans, induct = latest["transductive"].get((family, kind)), latest["inductive"].get((family, kind))
+            if trans is None or induct is None:
+                continue
+            cells = [f"{r['scores']['avg']:.2f} ({r['scores']['stsb_dev']:.2f})" for r in (trans, induct)]
+            lines.append(f"| {family} | {kind}-encoder | {cells[0]} | {cells[1]} | "
+                         f"{induct['scores']['avg'] - trans['scores']['avg']:+.2f} |")
     return "\n".join(lines)
 
 
@@ -947,6 +985,7 @@ PAGES = {
                         "targets": targets_table,
                         "tune": tune_table, "tune_trials": tune_trials_table},
     "docs/trans-encoder.md": {"tenc": tenc_table, "tenc_compare": tenc_compare_table,
+                              "tenc_inductive": tenc_inductive_table,
                               "tenc_pair_auc": tenc_pair_auc_table, "tenc_levers": tenc_levers_table,
                               "tenc_stage_screen": tenc_stage_screen_table},
     "docs/benchmarks.md": {"bench": bench_table, "compare_public": compare_public_table},

@@ -95,3 +95,25 @@ def test_the_quick_start_prints_the_recipe_the_package_carries():
     recipe = next(r for r in RECIPES if r.size == "minilm-l3" and r.labels == "none")
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
     assert f"[distill] recipe of the minilm-l3 size, label-free: {recipe.describe()}\n" in readme
+
+
+def test_the_main_job_table_shows_the_transductive_and_the_inductive_run():
+    """The front page reports the main job both ways, each labelled: trained on the unlabeled test pairs (the
+    paper's setting), and on pairs with no evaluation sentence in them, so a reader sees what transduction buys."""
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    table = re.search(r"<!-- table:tenc_main -->\n(.*?)<!-- /table:tenc_main -->", readme, re.S).group(1)
+    rows = [[cell.strip() for cell in line.strip("|").split("|")] for line in table.splitlines()[2:]]
+    for family in ("bert-tiny", "bert-small"):
+        sources = {row[0].split(" ", 1)[1] for row in rows if row[1] == family}
+        assert sources == {"transductive (trained on the unlabeled test pairs)",
+                           "inductive (no evaluation sentence)"}, (family, sources)
+
+
+def test_the_inductive_run_is_described_by_its_table():
+    """docs/trans-encoder.md says the inductive run's kept models are within half a point of the transductive
+    run's: true of every row of the generated table beneath it, or the sentence must change."""
+    page = (ROOT / "docs" / "trans-encoder.md").read_text(encoding="utf-8")
+    assert "within half a point of each\nother on 7-STS" in page
+    table = re.search(r"<!-- table:tenc_inductive -->\n(.*?)<!-- /table:tenc_inductive -->", page, re.S).group(1)
+    differences = [float(line.strip("|").split("|")[-1]) for line in table.splitlines()[2:]]
+    assert len(differences) == 4 and max(abs(d) for d in differences) <= 0.5, differences

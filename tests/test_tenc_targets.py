@@ -153,3 +153,11 @@ def test_the_docs_targets_quote_the_committed_targets_file():
         for name, target in row["targets"].items():
             assert f"**{target['status']} for" in prose or f"**{target['status']}**" in prose, (family, name)
     assert f"{int(targets['default_wall_s'] + 0.5):,} s" in prose and f"**{targets['default_wall']['status']}**" in prose
+
+
+def test_the_committed_targets_file_is_what_the_committed_results_give():
+    """results/mutual_tenc/targets.json is regenerated whenever a run is committed or moved: a stale file would
+    quote a best model, or count result files, that the tree no longer holds."""
+    committed = json.loads((ROOT / "results" / "mutual_tenc" / "targets.json").read_text())
+    assert committed == json.loads(json.dumps(script().build_targets(ROOT / "results" / "mutual_tenc"))), \
+        "stale: run python scripts/tenc_targets.py"
