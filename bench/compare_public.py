@@ -360,6 +360,17 @@ FAMILY_LEGEND = {"teacher": "teacher (all-mpnet-base-v2)", "public": "all-MiniLM
                  "model2vec": "Model2Vec (static)"}
 
 
+STALE_MARK = " †"
+
+
+def point_labels(record: dict) -> dict[str, str]:
+    """Each row's label in the picture. A student whose result file a rerun replaced since keeps the point that was
+    measured, marked, as docs/benchmarks.md footnotes it: the picture never passes an old score off as the file's."""
+    from scripts.readme_tables import result_file_changed_since
+
+    return {r["name"]: r["label"] + (STALE_MARK if result_file_changed_since(r) else "") for r in record["models"]}
+
+
 def plot(record: dict, path: Path) -> Path | None:
     """Sentences per CPU second (log x) against the 7-STS average, one labelled point per row with both."""
     from raydistill.evaluation.plots import _pyplot, _save
@@ -367,6 +378,8 @@ def plot(record: dict, path: Path) -> Path | None:
     rows = [r for r in record["models"] if r.get("sts7_avg") is not None and r.get("sentences_per_s")]
     if not rows:
         return None
+    labels = point_labels(record)
+    stale = any(label.endswith(STALE_MARK) for label in labels.values())
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(8, 5), dpi=110)
     for family, (colour, marker) in FAMILY_STYLE.items():
@@ -383,7 +396,7 @@ def plot(record: dict, path: Path) -> Path | None:
         if any(side == below and abs(y - y0) < 1.0 and 0 <= math.log10(x) - x0 < 0.6 for x0, y0, side in placed):
             below = not below
         placed.append((math.log10(x), y, below))
-        ax.annotate(r["label"], (x, y), fontsize=7.5, textcoords="offset points", xytext=(5, -10 if below else 4))
+        ax.annotate(labels[r["name"]], (x, y), fontsize=7.5, textcoords="offset points", xytext=(5, -10 if below else 4))
     ax.set_xscale("log")
     low, high = ax.get_xlim()
     ax.set_xlim(low / 1.3, high * 4)  # room for the labels right of the points
@@ -392,7 +405,9 @@ def plot(record: dict, path: Path) -> Path | None:
     ax.set_ylabel("7-STS average (Spearman x 100)")
     ax.set_title("speed vs quality: raydistill's students and the alternatives, teacher all-mpnet-base-v2\n"
                  f"{record['sentences']} STS sentences, {record['machine']['cpu']}, load "
-                 f"{record['load_before']}-{record['load_after']}", fontsize=9)
+                 f"{record['load_before']}-{record['load_after']}"
+                 + (f"\n† 7-STS of the run measured on {record.get('date', '?')[:10]}; its result file was rerun since "
+                    "(docs/benchmarks.md)" if stale else ""), fontsize=9)
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(loc="lower left", fontsize=8)
     fig.tight_layout()

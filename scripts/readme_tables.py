@@ -549,6 +549,16 @@ def _speed_model_cell(row: dict) -> str:
     return f"`{spec.get('preset')}`{head}, max_length {spec.get('max_length')} (same shape)"
 
 
+def result_file_changed_since(row: dict) -> bool:
+    """Whether a bench row's 7-STS came from a result file that a rerun has replaced (or moved) since: the file
+    holds another run's git sha than the row recorded, or is gone."""
+    source = row.get("sts7_source") or ""
+    if not source.startswith("results/") or not row.get("result_git_sha"):
+        return False
+    path = ROOT / source
+    return not path.is_file() or json.loads(path.read_text()).get("git_sha") != row["result_git_sha"]
+
+
 def compare_public_table(records: list[dict], record: dict | None = None) -> str:
     """raydistill's best students beside the teacher, all-MiniLM-L6-v2, sentence-transformers' MSE recipe and
     Model2Vec (results/bench-compare_public.json, bench/compare_public.py): 7-STS, where it comes from, sentences/s
@@ -561,9 +571,7 @@ def compare_public_table(records: list[dict], record: dict | None = None) -> str
         record = json.loads(path.read_text())
     rows = record["models"]
     for r in rows:  # a student whose file a rerun replaced since: its row keeps what was measured, and says so
-        path = ROOT / r["sts7_source"] if r["sts7_source"].startswith("results/") else None
-        if path is not None and r.get("result_git_sha") and (
-                not path.is_file() or json.loads(path.read_text()).get("git_sha") != r["result_git_sha"]):
+        if result_file_changed_since(r):
             r["corpus_note"] = ("7-STS of the run this file held when measured; the file changed since (rerun, or "
                                 "moved to results/history/before-filter/ with its rebuilt start: docs/results.md's "
                                 "history)")

@@ -8,6 +8,7 @@ loaded from a local directory: nothing touches the network.
 from __future__ import annotations
 
 import copy
+import json
 import sys
 from pathlib import Path
 
@@ -17,9 +18,14 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 
-pytest.importorskip("model2vec", reason="the public-comparison bench needs model2vec (pip install model2vec)")
+from compare_public import StaticEncoder, plot  # noqa: E402  (model2vec itself is imported where it is used)
 
-from compare_public import StaticEncoder, plot  # noqa: E402
+
+@pytest.fixture
+def model2vec():
+    """The static-model tests need model2vec, which the bench's extra installs (pip install -e .[compare]); the
+    record's picture and table need only the project."""
+    return pytest.importorskip("model2vec", reason="the public-comparison bench needs model2vec (pip install model2vec)")
 
 WORDS = ["a", "man", "woman", "is", "playing", "guitar", "dog", "runs", "the", "cat", "sleeps"]
 
@@ -37,7 +43,7 @@ def _tiny_static_model(tmp_path: Path) -> Path:
     return tmp_path / "static"
 
 
-def test_a_saved_static_model_encodes_and_scores_through_the_evaluation(tmp_path):
+def test_a_saved_static_model_encodes_and_scores_through_the_evaluation(tmp_path, model2vec):
     from model2vec import StaticModel
 
     from raydistill.evaluation import evaluate_sts
@@ -54,7 +60,7 @@ def test_a_saved_static_model_encodes_and_scores_through_the_evaluation(tmp_path
     assert set(scores) == {"stsb_dev"} and np.isfinite(scores["stsb_dev"])
 
 
-def test_a_directory_without_a_static_model_is_refused_before_any_hub_lookup(tmp_path):
+def test_a_directory_without_a_static_model_is_refused_before_any_hub_lookup(tmp_path, model2vec):
     with pytest.raises(FileNotFoundError, match="not a saved Model2Vec model"):
         StaticEncoder.load(tmp_path / "minishlab-potion-base-8M")
 
@@ -88,3 +94,17 @@ def test_the_record_draws_the_picture_and_the_docs_table(tmp_path):
     # where each alternative stands against the raydistill student nearest to it in speed
     assert "Model2Vec: 20 × faster than distilcse bert-tiny (per CPU second), 4.70 points lower" in table
 
+
+
+def test_a_point_whose_result_file_was_rerun_since_is_marked_in_the_picture():
+    """The picture shows what was measured; a student whose result file holds another run now is marked (†), as the
+    docs' table footnotes it, rather than shown as if it were the file's current score."""
+    from compare_public import point_labels
+
+    record = copy.deepcopy(RECORD)
+    teacher = record["models"][0]
+    teacher["result_git_sha"] = json.loads((ROOT / "results/baseline-mpnet-base.json").read_text())["git_sha"]
+    assert point_labels(record)["mpnet-base"] == "teacher"
+    teacher["result_git_sha"] = "0" * 40
+    assert point_labels(record)["mpnet-base"] == "teacher †"
+    assert point_labels(record)["model2vec mpnet-base"] == "Model2Vec"  # evaluated in the run: nothing to go stale
