@@ -163,6 +163,7 @@ def _run_tune(args: argparse.Namespace) -> int:
                     "seed": args.seed, "max_concurrent_trials": args.max_concurrent,
                     "scheduler": args.scheduler, "grace_evals": args.grace_evals,
                     "reduction_factor": args.reduction_factor, "perturbation_evals": args.perturbation_evals,
+                    "synchronous": args.pbt_synchronous,
                     "num_cpus": args.cpus_per_trial, "num_gpus": args.gpus_per_trial,
                     "threads": args.threads_per_trial, "num_learners": args.learners_per_trial,
                     "max_trial_failures": args.max_trial_failures}
@@ -232,6 +233,8 @@ def _add_tune_parser(sub) -> None:
                          "checkpoint with perturbed lr / temperatures (needs --learners-per-trial 0)")
     tu.add_argument("--perturbation-evals", type=_positive_int,
                     help="PBT: dev evaluations between a trial's exploit/explore decisions (default 2)")
+    tu.add_argument("--pbt-synchronous", action="store_true", default=None,
+                    help="PBT: trials wait for each other at every decision point (compared at one step)")
     tu.add_argument("--grace-evals", type=_positive_int, help="ASHA: dev evaluations before a trial can stop")
     tu.add_argument("--reduction-factor", type=_reduction_factor, help="ASHA reduction factor (> 1)")
     tu.add_argument("--lr", type=_positive_floats, metavar="A,B,..", help="learning rates to choose from")

@@ -563,11 +563,16 @@ def test_pbt_continues_the_weak_trial_from_the_strong_trials_checkpoint(tmp_path
     """``scheduler: pbt`` with local-mode trials: every evaluation reaches Tune with its checkpoint, in the sweep's
     Tune storage; the trial whose learning rate wrecks the student (0.5) is restarted by PBT from the good trial's
     checkpoint with a perturbed learning rate, and so ends with at least the good trial's dev score at that step
-    (on its own it stays near 3, far below)."""
+    (on its own it stays near 3, far below).
+
+    Synchronous PBT: the two trials are compared at the same step however their start-ups interleave. Asynchronous
+    PBT compares a trial only with trials that are still running and have reported; on two loaded cores the good
+    trial can finish its 8 steps before the other reports once, and then nothing is continued."""
     from raydistill.runtime.tune import plan_sweep, run_sweep
 
     space = write_space(tmp_path / "tiny.yaml", tiny_bert, tiny_teacher, tmp_path, lrs=[1e-3, 0.5], num_learners=0,
-                        scheduler={"name": "pbt", "perturbation_evals": 1, "quantile_fraction": 0.5}, concurrent=2,
+                        scheduler={"name": "pbt", "perturbation_evals": 3, "quantile_fraction": 0.5,
+                                   "synchronous": True}, concurrent=2,
                         # an evaluation a second: every checkpoint is kept, so the donor's outlives the restart
                         eval_every=1, keep_checkpoints=ROWS // BATCH)
     plan = plan_sweep(str(tiny_bert), "congen", str(tiny_teacher), space_file=space, sweep_dir=tmp_path / "sweep",
@@ -577,6 +582,7 @@ def test_pbt_continues_the_weak_trial_from_the_strong_trials_checkpoint(tmp_path
     RecordResults.results, RecordCheckpoints.manifests = {}, {}
     summary = run_sweep(plan, callbacks=[RecordResults(), RecordCheckpoints()], verbose=0)
     assert summary["ended_by"] == "completed" and summary["scheduler"]["name"] == "PBT"
+    assert summary["scheduler"]["synchronous"] is True
     rows = {row["trial_id"]: row for row in summary["trials"]}
     assert [row["status"] for row in rows.values()] == ["finished", "finished"]
     continuing = [row for row in rows.values() if row["continued"]]

@@ -91,6 +91,10 @@ class SweepSettings:
     reduction_factor: Float = Field(2.0, gt=1, description="ASHA: 1 / the share of trials kept at each rung")
     perturbation_evals: Int = Field(2, ge=1, description="PBT: dev evaluations between two exploit/explore "
                                                          "decisions of a trial")
+    synchronous: bool = Field(False, description="PBT: a trial that reaches a decision point waits (paused) until "
+                                                 "every running trial has reached it, so the population is compared "
+                                                 "at one step whatever the trials' speeds (Tune's synch); off, each "
+                                                 "trial decides against what the others last reported")
     quantile_fraction: Annotated[Float, AfterValidator(_is_quantile)] = Field(
         0.25, description="PBT: the bottom fraction continues from the top fraction's checkpoints, in (0, 0.5]")
     # PBT hands a weaker trial a stronger trial's newest checkpoint, which must outlive the stronger trial's next

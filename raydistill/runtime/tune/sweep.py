@@ -127,6 +127,7 @@ def _run_locked(plan: SweepPlan, *, resume: bool, callbacks: list | None, verbos
         settings = plan.sweep_settings
         scheduler = ({"scheduler.perturbation_evals": settings.perturbation_evals,
                       "scheduler.quantile_fraction": settings.quantile_fraction,
+                      "scheduler.synchronous": settings.synchronous,
                       "scheduler.mutations": ",".join(plan.pbt_mutations())} if settings.scheduler == "pbt" else
                      {"scheduler.grace_evals": settings.grace_evals,
                       "scheduler.reduction_factor": settings.reduction_factor})
@@ -258,7 +259,8 @@ def _tuner(plan: SweepPlan, max_t: int, *, resume: bool, callbacks: list | None,
         random.seed(settings.seed)
         scheduler = PopulationBasedTraining(time_attr="step", perturbation_interval=settings.perturbation_evals *
                                             eval_every, hyperparam_mutations=plan.pbt_mutations(),
-                                            quantile_fraction=settings.quantile_fraction)
+                                            quantile_fraction=settings.quantile_fraction,
+                                            synch=settings.synchronous)
     else:
         grace = max(1, min(settings.grace_evals * eval_every, max_t))
         scheduler = ASHAScheduler(time_attr="step", max_t=max(max_t, grace), grace_period=grace,
