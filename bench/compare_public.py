@@ -387,16 +387,6 @@ def plot(record: dict, path: Path) -> Path | None:
         if chosen:
             ax.scatter([r["sentences_per_s"]["cpu"] for r in chosen], [r["sts7_avg"] for r in chosen],
                        color=colour, marker=marker, label=FAMILY_LEGEND[family], zorder=3)
-    placed: list[tuple[float, float, bool]] = []  # (log10 x, y, below) of the labels written so far
-    for r in sorted(rows, key=lambda r: r["sentences_per_s"]["cpu"]):
-        x, y = r["sentences_per_s"]["cpu"], r["sts7_avg"]
-        # st-mse labels below their points (they sit under raydistill's); a label that would run into one on the
-        # same side of a point of about the same score a little to its left goes to the other side
-        below = r["family"] == "st-mse"
-        if any(side == below and abs(y - y0) < 1.0 and 0 <= math.log10(x) - x0 < 0.6 for x0, y0, side in placed):
-            below = not below
-        placed.append((math.log10(x), y, below))
-        ax.annotate(labels[r["name"]], (x, y), fontsize=7.5, textcoords="offset points", xytext=(5, -10 if below else 4))
     ax.set_xscale("log")
     low, high = ax.get_xlim()
     ax.set_xlim(low / 1.3, high * 4)  # room for the labels right of the points
@@ -408,10 +398,42 @@ def plot(record: dict, path: Path) -> Path | None:
                  f"{record['load_before']}-{record['load_after']}"
                  + (f"\n† 7-STS of the run measured on {record.get('date', '?')[:10]}; its result file was rerun since "
                     "(docs/benchmarks.md)" if stale else ""), fontsize=9)
-    ax.grid(True, which="both", alpha=0.3)
     ax.legend(loc="lower left", fontsize=8)
     fig.tight_layout()
+    _place_labels(fig, ax, [((r["sentences_per_s"]["cpu"], r["sts7_avg"]), labels[r["name"]]) for r in rows])
+    ax.grid(True, which="both", alpha=0.3)
     return _save(fig, plt, path)
+
+
+# Where a label may go beside its point (offset in points, horizontal alignment), in the order tried.
+LABEL_SPOTS = (((5, 4), "left"), ((5, -10), "left"), ((-5, 4), "right"), ((-5, -10), "right"), ((5, 12), "left"),
+               ((5, -18), "left"))
+
+
+def _place_labels(fig, ax, points: list[tuple[tuple[float, float], str]]) -> list:
+    """Each label at the first spot beside its point where it overlaps no label placed before it, no point and
+    nothing outside the axes (else at the first spot); points from the highest score down, as read. Returns the
+    labels' boxes (display coordinates)."""
+    renderer = fig.canvas.get_renderer()
+    markers = [ax.transData.transform(xy) for xy, _ in points]
+    frame = ax.get_window_extent(renderer)
+    taken = []
+    for xy, text in sorted(points, key=lambda p: -p[0][1]):
+        chosen = None
+        for offset, align in LABEL_SPOTS:
+            note = ax.annotate(text, xy, fontsize=7.5, textcoords="offset points", xytext=offset, ha=align)
+            box = note.get_window_extent(renderer).padded(1)
+            inside = frame.x0 <= box.x0 and box.x1 <= frame.x1 and frame.y0 <= box.y0 and box.y1 <= frame.y1
+            if inside and not any(box.overlaps(other) for other in taken) and not any(
+                    box.contains(mx, my) for mx, my in markers):
+                chosen = (note, box)
+                break
+            note.remove()
+        if chosen is None:
+            note = ax.annotate(text, xy, fontsize=7.5, textcoords="offset points", xytext=LABEL_SPOTS[0][0])
+            chosen = (note, note.get_window_extent(renderer))
+        taken.append(chosen[1])
+    return taken
 
 
 # ----------------------------------------------------------------------------------------------------------------

@@ -607,9 +607,16 @@ def compare_public_table(records: list[dict], record: dict | None = None) -> str
         points = r["sts7_avg"] - peer["sts7_avg"]
         faster = speed if speed >= 1 else 1 / speed
         times = f"{faster:.0f}" if faster >= 10 else f"{faster:.1f}"
-        lines.append(f"- {r['label']}: {times} × {'faster' if speed >= 1 else 'slower'} than {peer['label']} "
-                     f"(per CPU second), {abs(points):.2f} points {'lower' if points < 0 else 'higher'} "
-                     f"({r['sts7_avg']:.2f} against {peer['sts7_avg']:.2f})")
+        # within 5 %: the rounds' spread, not a difference
+        pace = (f"about as fast as {peer['label']}" if faster < 1.05 else
+                f"{times} × {'faster' if speed >= 1 else 'slower'} than {peer['label']}")
+        lines.append(f"- {r['label']}: {pace} (per CPU second), {abs(points):.2f} points "
+                     f"{'lower' if points < 0 else 'higher'} ({r['sts7_avg']:.2f} against {peer['sts7_avg']:.2f})")
+    m2v = record.get("model2vec") or {}
+    if m2v.get("distill_s") is not None:
+        lines.append(f"\nModel2Vec's distillation in this run: {m2v['distill_s']:,.0f} s "
+                     f"({m2v.get('distill_cpu_s', 0):,.0f} CPU s), {m2v.get('vocabulary', '?'):,} vocabulary tokens "
+                     f"through the teacher, {m2v.get('dim', '?')} dimensions, environment {m2v.get('environment')}.")
     return "\n".join(lines).rstrip()
 
 
@@ -971,6 +978,33 @@ JOB_LOGS = ("docs/mutual_tenc-run.log", "docs/congen-run.log")
 
 
 
+# The quick start's committed run: the manifest `raydistill distill` wrote into its --out directory, kept without the
+# model (results/distill/<out>/raydistill_package.json).
+QUICKSTART_MANIFEST = ROOT / "results" / "distill" / "minilm-l6-l3" / "raydistill_package.json"
+
+
+def quickstart_session(records: list[dict] | None = None, manifest_path: Path = QUICKSTART_MANIFEST) -> str:
+    """The quick start's terminal session, from the committed run: its command, the recipe line it printed, and the
+    table it ended with (``raydistill.ship.package.format_table`` of the rows its manifest holds)."""
+    from dataclasses import fields
+
+    from raydistill.ship.package import Row, format_table
+    from raydistill.ship.recipe import Recipe
+
+    manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
+    recipe = manifest["recipe"]["recipe"]
+    recipe = Recipe(**{f.name: recipe[f.name] for f in fields(Recipe)})
+    labels = "label-free" if recipe.labels == "none" else "with NLI labels"
+    command = manifest["command"].removeprefix("raydistill ")
+    table = format_table([Row(**row) for row in manifest["rows"]], margin=manifest["quality_margin"],
+                         speed=manifest["speed"])
+    # The footnotes on the margin and on where each score came from are left to the linked manifest, for space.
+    table = "\n".join(line for line in table.splitlines() if not line.startswith(("quality:", "  ")))
+    return "\n".join(["```text", f"$ .venv/bin/raydistill {command}",
+                      f"[distill] recipe of the {recipe.size} size, {labels}: {recipe.describe()}", "...",
+                      table, "```"])
+
+
 def reliability_summary(records: list[dict] | None = None) -> str:
     """Cases tried, faults survived, steps lost, from docs/reliability.json (scripts/reliability_table.py)."""
     sys.path.insert(0, str(ROOT / "scripts"))
@@ -983,7 +1017,8 @@ def reliability_summary(records: list[dict] | None = None) -> str:
 # Which tables live in which page. README keeps the front-page table; the long ones have their own pages.
 PAGES = {
     "README.md": {"best_students": best_students_table, "scale_targets": scale_targets_table,
-                  "tenc_main": tenc_main_table, "reliability_summary": reliability_summary},
+                  "tenc_main": tenc_main_table, "reliability_summary": reliability_summary,
+                  "quickstart": quickstart_session},
     "docs/results.md": {"dev_curves": dev_curves_table, "baselines": baselines_table,
                         "public_models": public_models_table,
                         "distill": lambda records: distill_table(scale_records(records)),

@@ -95,7 +95,6 @@ def test_the_record_draws_the_picture_and_the_docs_table(tmp_path):
     assert "Model2Vec: 20 × faster than distilcse bert-tiny (per CPU second), 4.70 points lower" in table
 
 
-
 def test_a_point_whose_result_file_was_rerun_since_is_marked_in_the_picture():
     """The picture shows what was measured; a student whose result file holds another run now is marked (†), as the
     docs' table footnotes it, rather than shown as if it were the file's current score."""
@@ -108,3 +107,28 @@ def test_a_point_whose_result_file_was_rerun_since_is_marked_in_the_picture():
     teacher["result_git_sha"] = "0" * 40
     assert point_labels(record)["mpnet-base"] == "teacher †"
     assert point_labels(record)["model2vec mpnet-base"] == "Model2Vec"  # evaluated in the run: nothing to go stale
+
+
+def test_the_pictures_labels_do_not_overlap_one_another_or_a_point():
+    """Students of one size sit close in speed and score (label-free and + NLI): each label finds a free spot."""
+    from compare_public import _place_labels
+
+    from raydistill.evaluation.plots import _pyplot
+
+    record = json.loads((ROOT / "results" / "bench-compare_public.json").read_text())
+    points = [((r["sentences_per_s"]["cpu"], r["sts7_avg"]), r["label"]) for r in record["models"]]
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(8, 5), dpi=110)
+    ax.scatter([xy[0] for xy, _ in points], [xy[1] for xy, _ in points])
+    ax.set_xscale("log")
+    low, high = ax.get_xlim()
+    ax.set_xlim(low / 1.3, high * 4)
+    ax.margins(y=0.1)
+    fig.tight_layout()
+    boxes = _place_labels(fig, ax, points)
+    markers = [ax.transData.transform(xy) for xy, _ in points]
+    plt.close(fig)
+    assert len(boxes) == len(points)
+    for i, box in enumerate(boxes):
+        assert not any(box.overlaps(other) for other in boxes[i + 1:]), points
+        assert not any(box.contains(x, y) for x, y in markers)

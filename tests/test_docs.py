@@ -3,6 +3,7 @@ a front page (not a report), and nothing points at planning labels or files outs
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import sys
@@ -97,6 +98,25 @@ def test_the_quick_start_prints_the_recipe_the_package_carries():
     assert f"[distill] recipe of the minilm-l3 size, label-free: {recipe.describe()}\n" in readme
 
 
+def test_the_quick_start_shows_a_committed_run_of_its_command_from_a_clean_tree():
+    """The quick start's session is generated from the manifest its command wrote (scripts/readme_tables.py): the
+    README command, run on a committed checkout, with the teacher, the student and each export measured."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    from readme_tables import QUICKSTART_MANIFEST, quickstart_session
+
+    manifest = json.loads(QUICKSTART_MANIFEST.read_text(encoding="utf-8"))
+    assert manifest["kind"] == "raydistill_package" and "code_diff_sha256" not in manifest
+    assert re.fullmatch(r"[0-9a-f]{40}", manifest["git_sha"]), manifest["git_sha"]
+    assert manifest["command"] == ("raydistill distill --teacher minilm-l6 --student layers:3 --corpus mixed "
+                                   "--max-sentences 20000 --out minilm-l6-l3")
+    kinds = [row["kind"] for row in manifest["rows"]]
+    assert kinds[:2] == ["teacher", "student"] and kinds.count("export") >= 2, kinds
+    assert all(row["sentences_per_s"] > 0 and "avg" in row["scores"] for row in manifest["rows"])
+    session = quickstart_session()
+    assert f"$ .venv/bin/{manifest['command']}\n" in session
+    assert session in (ROOT / "README.md").read_text(encoding="utf-8")
+
+
 def test_the_main_job_table_shows_the_transductive_and_the_inductive_run():
     """The front page reports the main job both ways, each labelled: trained on the unlabeled test pairs (the
     paper's setting), and on pairs with no evaluation sentence in them, so a reader sees what transduction buys."""
@@ -117,3 +137,23 @@ def test_the_inductive_run_is_described_by_its_table():
     table = re.search(r"<!-- table:tenc_inductive -->\n(.*?)<!-- /table:tenc_inductive -->", page, re.S).group(1)
     differences = [float(line.strip("|").split("|")[-1]) for line in table.splitlines()[2:]]
     assert len(differences) == 4 and max(abs(d) for d in differences) <= 0.5, differences
+
+
+def test_the_public_comparison_prose_holds_for_the_committed_run():
+    """docs/benchmarks.md's words under the comparison table, checked against results/bench-compare_public.json:
+    every raydistill student above Model2Vec and above sentence-transformers' recipe of its size; the DistilCSE
+    models timed at 32 tokens, ConGen's minilm-l3 and st-mse's at 64, where those two encode at about one rate."""
+    record = json.loads((ROOT / "results" / "bench-compare_public.json").read_text(encoding="utf-8"))
+    rows = record["models"]
+    ours = [r for r in rows if r["family"] == "raydistill"]
+    size = {id(r): (r.get("speed_model") or {}).get("preset") for r in rows}
+    for other in (r for r in rows if r["family"] in ("model2vec", "st-mse")):
+        rivals = [o for o in ours if other["family"] == "model2vec" or size[id(o)] == size[id(other)]]
+        assert rivals and all(o["sts7_avg"] > other["sts7_avg"] for o in rivals), other["label"]
+    by_label = {r["label"]: r for r in rows}
+    assert all(r["max_length"] == 32 for r in ours if r["method"] == "distilcse")
+    congen, st_mse = by_label["congen minilm-l3"], by_label["st-mse minilm-l3"]
+    assert congen["max_length"] == st_mse["max_length"] == 64
+    assert 1 / 1.15 < congen["sentences_per_s"]["cpu"] / st_mse["sentences_per_s"]["cpu"] < 1.15
+    prose = (ROOT / "docs" / "benchmarks.md").read_text(encoding="utf-8")
+    assert "at 64 tokens those two minilm-l3 students\nencode at about the same rate" in prose

@@ -28,8 +28,9 @@ RESULTS_DIR = Path(__file__).resolve().parents[1] / "results"
 # bench-*.json are timing records, diag-*.json diagnostic experiments, tune/*-summary.json sweeps' trial tables, a
 # Trans-Encoder run's summary.json its per-family outcome, mutual_tenc/targets.json the targets drawn from them and
 # a lever's screen.json a per-family stage screen (scripts/tenc_stage_screen.py), each with its own layout
-# (scripts/readme_tables.py skips them too). results/published/ holds other projects' published scores, not runs.
-NOT_RESULT_FILES = ("summary.json", "targets.json", "screen.json")
+# (scripts/readme_tables.py skips them too); raydistill_package.json is the manifest `raydistill distill` writes
+# beside a packaged model (the quick start's run). results/published/ holds other projects' published scores, not runs.
+NOT_RESULT_FILES = ("summary.json", "targets.json", "screen.json", "raydistill_package.json")
 RESULT_FILES = sorted(p for p in RESULTS_DIR.glob("**/*.json")
                       if not p.name.startswith(("bench-", "diag-")) and not p.name.endswith("-summary.json")
                       and p.name not in NOT_RESULT_FILES and "published" not in p.relative_to(RESULTS_DIR).parts)
