@@ -1014,12 +1014,38 @@ def reliability_summary(records: list[dict] | None = None) -> str:
     return "\n".join(summary_lines(rows))
 
 
+def provenance_summary(records: list[dict], results_dir: Path = ROOT / "results") -> str:
+    """What the committed result files say about the code that wrote them: a clean commit, a commit plus the hash of
+    the code's diff from it (``-dirty`` with ``code_diff_sha256``), or, in files written before result files recorded
+    that hash, ``-dirty`` alone: a change from that commit that nothing identifies."""
+    every = load_results(results_dir) + load_results(results_dir, history=True)
+    dirty = [r for r in every if str(r.get("git_sha", "")).endswith("-dirty")]
+    unhashed = sorted((r for r in dirty if not r.get("code_diff_sha256")), key=lambda r: r.get("date") or "")
+    hashed = len(dirty) - len(unhashed)
+    line = (f"Of {len(every)} committed result files, {len(every) - len(dirty)} were written from a clean commit and "
+            f"{hashed} from a commit plus a code change they identify by its hash (`code_diff_sha256`).")
+    if unhashed:
+        front = {r["_file"] for r in unhashed} & set(_front_page_files(records))
+        line += (f" {len(unhashed)}, the last dated {unhashed[-1].get('date', '?')[:10]}, carry `-dirty` without a "
+                 "hash: written before result files recorded one, from a tree whose code differed from that commit "
+                 "by a change nothing identifies; their numbers stand as measured, and their commands may not "
+                 "reproduce them. " + ("None of them is on the front page." if not front else
+                                      f"On the front page: {', '.join(sorted(front))}."))
+    return line
+
+
+def _front_page_files(records: list[dict]) -> list[str]:
+    """The result files README's tables link (``results/<file>``)."""
+    readme = "\n".join(make(records) for make in PAGES["README.md"].values() if make is not quickstart_session)
+    return re.findall(r"\]\(results/([^)]+\.json)\)", readme)
+
+
 # Which tables live in which page. README keeps the front-page table; the long ones have their own pages.
 PAGES = {
     "README.md": {"best_students": best_students_table, "scale_targets": scale_targets_table,
                   "tenc_main": tenc_main_table, "reliability_summary": reliability_summary,
                   "quickstart": quickstart_session},
-    "docs/results.md": {"dev_curves": dev_curves_table, "baselines": baselines_table,
+    "docs/results.md": {"provenance": provenance_summary, "dev_curves": dev_curves_table, "baselines": baselines_table,
                         "public_models": public_models_table,
                         "distill": lambda records: distill_table(scale_records(records)),
                         "distill_history": lambda records: distill_table(history_records(records)

@@ -157,3 +157,20 @@ def test_the_public_comparison_prose_holds_for_the_committed_run():
     assert 1 / 1.15 < congen["sentences_per_s"]["cpu"] / st_mse["sentences_per_s"]["cpu"] < 1.15
     prose = (ROOT / "docs" / "benchmarks.md").read_text(encoding="utf-8")
     assert "at 64 tokens those two minilm-l3 students\nencode at about the same rate" in prose
+
+
+def test_every_front_page_number_comes_from_a_file_whose_code_is_identified():
+    """README's tables (the best students, the targets, the main job's runs) read only result files written from a
+    clean commit, or from one plus a change they identify by its hash; docs/results.md counts the older ones."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    from readme_tables import _front_page_files, _main_job_runs, load_results
+
+    records = load_results()
+    by_file = {r["_file"]: r for r in records}
+    linked = [by_file[name] for name in _front_page_files(records)]
+    main_job = [r for slots in _main_job_runs(records)[1].values() for r in slots.values()]
+    assert linked and main_job
+    for record in linked + main_job:
+        sha = record["git_sha"]
+        assert re.fullmatch(r"[0-9a-f]{40}", sha) or (sha.endswith("-dirty") and record.get("code_diff_sha256")), \
+            (record["_file"], sha)
