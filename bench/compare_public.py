@@ -373,7 +373,18 @@ def point_labels(record: dict) -> dict[str, str]:
 
 def plot(record: dict, path: Path) -> Path | None:
     """Sentences per CPU second (log x) against the 7-STS average, one labelled point per row with both."""
-    from raydistill.evaluation.plots import _pyplot, _save
+    from raydistill.evaluation.plots import _save
+
+    drawn = draw(record)
+    if drawn is None:
+        return None
+    plt, fig, _, _ = drawn
+    return _save(fig, plt, path)
+
+
+def draw(record: dict):
+    """``(pyplot, figure, axes, label boxes)`` of the picture, or None when no row has both numbers."""
+    from raydistill.evaluation.plots import _pyplot
 
     rows = [r for r in record["models"] if r.get("sts7_avg") is not None and r.get("sentences_per_s")]
     if not rows:
@@ -400,9 +411,9 @@ def plot(record: dict, path: Path) -> Path | None:
                     "(docs/benchmarks.md)" if stale else ""), fontsize=9)
     ax.legend(loc="lower left", fontsize=8)
     fig.tight_layout()
-    _place_labels(fig, ax, [((r["sentences_per_s"]["cpu"], r["sts7_avg"]), labels[r["name"]]) for r in rows])
+    boxes = _place_labels(fig, ax, [((r["sentences_per_s"]["cpu"], r["sts7_avg"]), labels[r["name"]]) for r in rows])
     ax.grid(True, which="both", alpha=0.3)
-    return _save(fig, plt, path)
+    return plt, fig, ax, boxes
 
 
 # Where a label may go beside its point (offset in points, horizontal alignment), in the order tried.
@@ -419,20 +430,19 @@ def _place_labels(fig, ax, points: list[tuple[tuple[float, float], str]]) -> lis
     frame = ax.get_window_extent(renderer)
     taken = []
     for xy, text in sorted(points, key=lambda p: -p[0][1]):
-        chosen = None
         for offset, align in LABEL_SPOTS:
             note = ax.annotate(text, xy, fontsize=7.5, textcoords="offset points", xytext=offset, ha=align)
             box = note.get_window_extent(renderer).padded(1)
             inside = frame.x0 <= box.x0 and box.x1 <= frame.x1 and frame.y0 <= box.y0 and box.y1 <= frame.y1
             if inside and not any(box.overlaps(other) for other in taken) and not any(
                     box.contains(mx, my) for mx, my in markers):
-                chosen = (note, box)
                 break
             note.remove()
-        if chosen is None:
-            note = ax.annotate(text, xy, fontsize=7.5, textcoords="offset points", xytext=LABEL_SPOTS[0][0])
-            chosen = (note, note.get_window_extent(renderer))
-        taken.append(chosen[1])
+        else:  # no free spot: the first one
+            offset, align = LABEL_SPOTS[0]
+            note = ax.annotate(text, xy, fontsize=7.5, textcoords="offset points", xytext=offset, ha=align)
+            box = note.get_window_extent(renderer).padded(1)
+        taken.append(box)
     return taken
 
 

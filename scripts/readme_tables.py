@@ -615,8 +615,8 @@ def compare_public_table(records: list[dict], record: dict | None = None) -> str
     m2v = record.get("model2vec") or {}
     if m2v.get("distill_s") is not None:
         lines.append(f"\nModel2Vec's distillation in this run: {m2v['distill_s']:,.0f} s "
-                     f"({m2v.get('distill_cpu_s', 0):,.0f} CPU s), {m2v.get('vocabulary', '?'):,} vocabulary tokens "
-                     f"through the teacher, {m2v.get('dim', '?')} dimensions, environment {m2v.get('environment')}.")
+                     f"({m2v['distill_cpu_s']:,.0f} CPU s), {m2v['vocabulary']:,} vocabulary tokens "
+                     f"through the teacher, {m2v['dim']} dimensions, environment {m2v['environment']}.")
     return "\n".join(lines).rstrip()
 
 
@@ -986,22 +986,18 @@ QUICKSTART_MANIFEST = ROOT / "results" / "distill" / "minilm-l6-l3" / "raydistil
 def quickstart_session(records: list[dict] | None = None, manifest_path: Path = QUICKSTART_MANIFEST) -> str:
     """The quick start's terminal session, from the committed run: its command, the recipe line it printed, and the
     table it ended with (``raydistill.ship.package.format_table`` of the rows its manifest holds)."""
-    from dataclasses import fields
-
     from raydistill.ship.package import Row, format_table
     from raydistill.ship.recipe import Recipe
 
     manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
-    recipe = manifest["recipe"]["recipe"]
-    recipe = Recipe(**{f.name: recipe[f.name] for f in fields(Recipe)})
-    labels = "label-free" if recipe.labels == "none" else "with NLI labels"
+    recipe = Recipe.from_dict(manifest["recipe"]["recipe"])
     command = manifest["command"].removeprefix("raydistill ")
     table = format_table([Row(**row) for row in manifest["rows"]], margin=manifest["quality_margin"],
                          speed=manifest["speed"])
     # The footnotes on the margin and on where each score came from are left to the linked manifest, for space.
     table = "\n".join(line for line in table.splitlines() if not line.startswith(("quality:", "  ")))
     return "\n".join(["```text", f"$ .venv/bin/raydistill {command}",
-                      f"[distill] recipe of the {recipe.size} size, {labels}: {recipe.describe()}", "...",
+                      f"[distill] {recipe.headline()}", "...",
                       table, "```"])
 
 
@@ -1036,7 +1032,7 @@ def provenance_summary(records: list[dict], results_dir: Path = ROOT / "results"
 
 def _front_page_files(records: list[dict]) -> list[str]:
     """The result files README's tables link (``results/<file>``)."""
-    readme = "\n".join(make(records) for make in PAGES["README.md"].values() if make is not quickstart_session)
+    readme = "\n".join(make(records) for make in PAGES["README.md"].values())
     return re.findall(r"\]\(results/([^)]+\.json)\)", readme)
 
 

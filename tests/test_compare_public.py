@@ -111,24 +111,13 @@ def test_a_point_whose_result_file_was_rerun_since_is_marked_in_the_picture():
 
 def test_the_pictures_labels_do_not_overlap_one_another_or_a_point():
     """Students of one size sit close in speed and score (label-free and + NLI): each label finds a free spot."""
-    from compare_public import _place_labels
-
-    from raydistill.evaluation.plots import _pyplot
+    from compare_public import draw
 
     record = json.loads((ROOT / "results" / "bench-compare_public.json").read_text())
-    points = [((r["sentences_per_s"]["cpu"], r["sts7_avg"]), r["label"]) for r in record["models"]]
-    plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(8, 5), dpi=110)
-    ax.scatter([xy[0] for xy, _ in points], [xy[1] for xy, _ in points])
-    ax.set_xscale("log")
-    low, high = ax.get_xlim()
-    ax.set_xlim(low / 1.3, high * 4)
-    ax.margins(y=0.1)
-    fig.tight_layout()
-    boxes = _place_labels(fig, ax, points)
-    markers = [ax.transData.transform(xy) for xy, _ in points]
+    plt, fig, ax, boxes = draw(record)
+    markers = [ax.transData.transform((r["sentences_per_s"]["cpu"], r["sts7_avg"])) for r in record["models"]]
     plt.close(fig)
-    assert len(boxes) == len(points)
+    assert len(boxes) == len(record["models"])
     for i, box in enumerate(boxes):
-        assert not any(box.overlaps(other) for other in boxes[i + 1:]), points
+        assert not any(box.overlaps(other) for other in boxes[i + 1:]), [r["label"] for r in record["models"]]
         assert not any(box.contains(x, y) for x, y in markers)

@@ -409,11 +409,10 @@ def describe_plan(plan: DistillPlan) -> list[str]:
     else:
         student = f"student {plan.student.text}"
     size = (f"{student} ({plan.student_shape.describe()}, {plan.student_params / 1e6:.2g}M layer parameters)")
-    labels = "label-free" if plan.recipe.labels == "none" else "with NLI labels"
     used = (f", {min(plan.max_sentences, plan.corpus_sentences):,} used (--max-sentences)"
             if plan.max_sentences is not None and plan.max_sentences < plan.corpus_sentences else "")
     return [f"{teacher}; {size}",
-            f"recipe of the {plan.recipe.size} size, {labels}: {plan.recipe.describe()}",
+            plan.recipe.headline(),
             f"corpus {plan.corpus}: {plan.corpus_sentences:,} sentences{used}",
             f"output {plan.out_dir} (training run: {plan.run_dir})"]
 

@@ -24,7 +24,7 @@ scale: ``size_for(layer_params)``.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 __all__ = ["LABELS", "RECIPES", "SIZES", "Recipe", "layer_params", "recipe_for", "recipes_help", "size_for"]
@@ -55,6 +55,16 @@ class Recipe:
     def to_dict(self) -> dict[str, Any]:
         return {**asdict(self), "overrides": list(self.overrides), "source_teacher": SOURCE_TEACHER,
                 "source_corpus": SOURCE_CORPUS}
+
+    def headline(self) -> str:
+        """The line ``raydistill distill`` prints about its recipe: ``recipe of the minilm-l3 size, label-free: ...``."""
+        labels = "label-free" if self.labels == "none" else "with NLI labels"
+        return f"recipe of the {self.size} size, {labels}: {self.describe()}"
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "Recipe":
+        """The recipe ``to_dict`` wrote (as a package manifest records it)."""
+        return cls(**{f.name: data[f.name] for f in fields(cls)} | {"overrides": tuple(data["overrides"])})
 
     def describe(self) -> str:
         """``congen (results/mixed/congen-minilm-l3-mpnet-base.json: STS-B dev 83.77, 7-STS 77.08)``."""

@@ -79,7 +79,8 @@ def summarize(plan: SweepPlan, teacher_pass: dict[str, Any], started: float) -> 
         "teacher": plan.teacher, "space_file": plan.space_file, "search_algorithm": plan.algorithm,
         "scheduler": {"name": settings.scheduler.upper(), "metric": METRIC, "time_attr": "step"}
         | ({"perturbation_evals": settings.perturbation_evals, "quantile_fraction": settings.quantile_fraction,
-            "synchronous": settings.synchronous, "mutations": sorted(plan.pbt_mutations())} if settings.scheduler == "pbt" else
+            "synchronous": settings.synchronous, "mutations": sorted(plan.pbt_mutations())}
+           if settings.scheduler == "pbt" else
            {"grace_evals": settings.grace_evals, "reduction_factor": settings.reduction_factor}),
         "settings": plan.settings, "space": plan.params, "start_from": plan.start_from,
         "ended_by": ended_by, "trials_expected": plan.expected_trials(), "trials_total": len(rows),
