@@ -34,7 +34,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, BinaryIO
 
-__all__ = ["atomic_writer", "atomic_write_bytes", "atomic_write_text", "atomic_write_json", "atomic_write_yaml",
+__all__ = ["atomic_writer", "atomic_write_bytes", "atomic_write_text", "atomic_write_json",
            "fsync_dir", "pid_alive", "file_sha256",
            "fsync_tree", "replace_directory", "staged_directory", "copy_directory", "recover_directory", "child_path",
            "UnsafeNameError", "open_lock_file", "UnsafeLockFileError"]
@@ -104,12 +104,6 @@ def atomic_write_json(path: str | os.PathLike, data: Any, *, indent: int | None 
                       ensure_ascii: bool = False, default: Any = None) -> Path:
     text = json.dumps(data, indent=indent, sort_keys=sort_keys, ensure_ascii=ensure_ascii, default=default)
     return atomic_write_text(path, text + "\n")
-
-
-def atomic_write_yaml(path: str | os.PathLike, data: Any, *, sort_keys: bool = False) -> Path:
-    import yaml  # only the writers of YAML files pay for the import
-
-    return atomic_write_text(path, yaml.safe_dump(data, sort_keys=sort_keys, allow_unicode=True))
 
 
 # ----------------------------------------------------------------------------------------------------------------

@@ -10,9 +10,11 @@ hand. A test module joins with ``pytest_plugins = ["tests.reliability_log"]`` an
     .venv/bin/python scripts/reliability_table.py --check    # exit 1 if docs/reliability.md is stale
     .venv/bin/python scripts/reliability_table.py --summary  # the counts docs/results.md's reliability section quotes
 
-The counts: cases tried (rows, by outcome), faults survived (rows of the "fault" area that passed: an injected fault
-after which the job finished, or stopped cleanly and resumably), and steps lost (the ``lost_steps`` each fault row
-records: optimiser steps trained again after the resume).
+The counts are of the cases CI runs (the default ``pytest`` run, which deselects the ``e2e`` mark): cases tried
+(rows, by outcome), faults survived (rows of the "fault" area that passed: an injected fault after which the job
+finished, or stopped cleanly and resumably), and steps lost (the ``lost_steps`` each fault row records: optimiser
+steps trained again after the resume). The rows of ``e2e`` tests (each row says whether its test is one) are counted
+on a line of their own, as checks that only ``pytest -m e2e`` runs.
 """
 
 from __future__ import annotations
@@ -74,7 +76,7 @@ def load_rows(path: Path) -> list[dict]:
     if not isinstance(rows, list):
         raise SystemExit(f"{path}: expected an object with a 'rows' list")
     for index, row in enumerate(rows):
-        missing = [key for key in ("area", "case", "input", "did", "lost", "test") if key not in row]
+        missing = [key for key in ("area", "case", "input", "did", "lost", "test", "e2e") if key not in row]
         if missing:
             raise SystemExit(f"{path}: rows[{index}] lacks {', '.join(missing)}")
     return rows
@@ -102,28 +104,39 @@ def _test_cell(row: dict) -> str:
     file, _, name = row["test"].partition("::")
     outcome = row.get("outcome", "unknown")
     mark = "passed" if outcome == "passed" else f"**{outcome.upper()}**"
-    return f"[{_cell(name)}](../{file}) {mark}"
+    where = " (`-m e2e`, not run by CI)" if row["e2e"] else ""
+    return f"[{_cell(name)}](../{file}) {mark}{where}"
+
+
+def _outcomes(rows: list[dict]) -> str:
+    counts = Counter(row.get("outcome", "unknown") for row in rows)
+    return ", ".join(f"{count} {outcome}" for outcome, count in sorted(counts.items()))
 
 
 def summary_lines(rows: list[dict]) -> list[str]:
-    """Cases tried, faults survived, steps lost: one markdown bullet each."""
-    outcomes = Counter(row.get("outcome", "unknown") for row in rows)
+    """Markdown bullets: the cases CI runs (cases tried; faults survived and steps lost), then the cases only
+    ``pytest -m e2e`` runs. Three lines, as README's front page has room for."""
+    e2e = [row for row in rows if row["e2e"]]
+    rows = [row for row in rows if not row["e2e"]]
     areas = {row["area"] for row in rows}
-    outcome_text = ", ".join(f"{count} {outcome}" for outcome, count in sorted(outcomes.items()))
     faults = [row for row in rows if row["area"] == "fault"]
     survived = [row for row in faults if row.get("outcome") == "passed"]
     lost = [int(row["details"]["lost_steps"]) for row in faults
             if isinstance(row.get("details"), dict) and "lost_steps" in row["details"]]
     if lost:
-        steps = (f"- Steps lost: {sum(lost)} optimiser steps trained again in total over the {len(lost)} faults that "
+        steps = (f"steps lost: {sum(lost)} optimiser steps trained again in total over the {len(lost)} faults that "
                  f"interrupt training, at most {max(lost)} for one (a checkpoint interval bounds it); {lost.count(0)} "
                  "lost none")
     else:
-        steps = "- Steps lost: no fault row records lost_steps"
-    return [f"- Cases tried: {len(rows)} in {len(areas)} areas ({outcome_text})",
-            f"- Faults survived: {len(survived)} of {len(faults)} faults injected for real: the job finished, or "
-            "stopped cleanly with a message saying how to resume",
-            steps]
+        steps = "steps lost: no fault row records lost_steps"
+    lines = [f"- Cases tried by CI (the default test run): {len(rows)} in {len(areas)} areas ({_outcomes(rows)})",
+             f"- Faults survived: {len(survived)} of {len(faults)} faults injected for real: the job finished, or "
+             f"stopped cleanly with a message saying how to resume; {steps}"]
+    if e2e:
+        cases = "; ".join(dict.fromkeys(row["case"] for row in e2e))
+        lines.append(f"- Whole-job cases checked by `pytest -m e2e` (not run by CI): {len(e2e)} ({_outcomes(e2e)}), "
+                     f"{sum(row['area'] == 'fault' for row in e2e)} of them faults: {cases}")
+    return lines
 
 
 def render(rows: list[dict]) -> str:
@@ -131,11 +144,9 @@ def render(rows: list[dict]) -> str:
     for row in rows:
         by_area.setdefault(row["area"], []).append(row)
     areas = [a for a in AREAS if a in by_area] + sorted(a for a in by_area if a not in AREAS)
-    outcomes = Counter(row.get("outcome", "unknown") for row in rows)
-    summary = ", ".join(f"{count} {outcome}" for outcome, count in sorted(outcomes.items()))
     test_files = " ".join(dict.fromkeys(row["test"].partition("::")[0] for row in rows))
-    parts = [INTRO.format(test_files=test_files), f"{len(rows)} cases in {len(areas)} areas ({summary}).\n",
-             "\n".join(summary_lines(rows)[1:]) + "\n"]  # the cases-tried count is the line above
+    parts = [INTRO.format(test_files=test_files), f"{len(rows)} cases in {len(areas)} areas ({_outcomes(rows)}).\n",
+             "\n".join(summary_lines(rows)) + "\n"]
     for area in areas:
         parts.append(f"## {area[0].upper()}{area[1:]}\n")
         if area in AREAS:
@@ -156,7 +167,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=DEFAULT_MD, help=f"the markdown to write (default {DEFAULT_MD})")
     parser.add_argument("--check", action="store_true", help="exit 1 if --out differs from what would be written")
     parser.add_argument("--summary", action="store_true",
-                        help="print the counts (cases tried, faults survived, steps lost) and write nothing")
+                        help="print the counts (cases tried, faults survived, steps lost; the e2e cases apart) and "
+                             "write nothing")
     args = parser.parse_args(argv)
     rows = load_rows(args.json)
     if args.summary:

@@ -10,9 +10,9 @@ A test module opts in with ``pytest_plugins = ["tests.reliability_log"]`` and re
 Columns: ``area`` (groups the table: "data file", "CLI", "checkpoint", "fault", ...), ``case``, ``input`` (what was
 tried), ``did`` (what the system did, in words: refused, skipped and counted, resumed...), ``message`` (optional:
 the exact error or log text the user saw), ``lost`` (work or data lost), plus free-form ``details`` (kept in the
-JSON only). The plugin adds the test's node id and its outcome
-(passed / failed), so a row whose assertions failed says so in the table instead of describing a behaviour that
-did not happen.
+JSON only). The plugin adds the test's node id, ``e2e`` (whether the test carries the ``e2e`` mark, which the
+default run and CI deselect, so the summary counts it apart) and its outcome (passed / failed), so a row whose
+assertions failed says so in the table instead of describing a behaviour that did not happen.
 
 At the end of the session the rows are merged into the file ``$RAYDISTILL_RELIABILITY_LOG`` names (the committed
 log is ``docs/reliability.json``; without the variable nothing is written, so a plain test run never changes a
@@ -57,16 +57,17 @@ _SESSION_KEY = pytest.StashKey[_SessionLog]()
 class Recorder:
     """Collects the rows of one test; handed out by the ``reliability`` fixture."""
 
-    def __init__(self, nodeid: str, position: list[int], session_log: _SessionLog):
+    def __init__(self, nodeid: str, position: list[int], session_log: _SessionLog, *, e2e: bool):
         self.nodeid = nodeid
         self.position = position
+        self.e2e = e2e
         self._log = session_log
         self.rows: list[dict[str, Any]] = []
 
     def record(self, area: str, case: str, *, input: str, did: str, lost: str, message: str | None = None,
                **details: Any) -> None:
         row = {"area": area, "case": case, "input": input, "did": did, "lost": lost, "test": self.nodeid,
-               "position": [*self.position, len(self.rows)]}  # table order: the test file's order
+               "e2e": self.e2e, "position": [*self.position, len(self.rows)]}  # table order: the test file's order
         if message is not None:
             row["message"] = message  # the exact text the user saw (error message, log line), shown as code
         if details:
@@ -110,7 +111,8 @@ def reliability(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPat
     # Rows are ordered as the file is: the test's line, then its parameter indices, then the order of recording.
     callspec = getattr(request.node, "callspec", None)
     position = [request.node.location[1], *(callspec.indices.values() if callspec else ())]
-    recorder = Recorder(request.node.nodeid, position, session_log)
+    recorder = Recorder(request.node.nodeid, position, session_log,
+                        e2e=request.node.get_closest_marker("e2e") is not None)
     session_log.ran[request.node.nodeid] = "failed"  # until the test's outcome is known
     yield recorder
     outcome = request.node.stash.get(_OUTCOME, "failed")

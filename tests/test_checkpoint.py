@@ -91,7 +91,7 @@ def test_crash_mid_write_leaves_previous_checkpoint_intact(tmp_path, reliability
     root = tmp_path / "checkpoints"
     leftovers = sorted(p.name for p in root.iterdir())
     assert "step-0000001" in leftovers
-    partial = [name for name in leftovers if name.startswith("step-0000002.tmp-")]
+    partial = [name for name in leftovers if name.startswith(".step-0000002.tmp-")]
     assert partial, f"expected the half-written step-2 directory, found {leftovers}"
     assert not (root / partial[0] / ckpt.MANIFEST).exists()
 
@@ -106,7 +106,7 @@ def test_crash_mid_write_leaves_previous_checkpoint_intact(tmp_path, reliability
     assert sorted(p.name for p in root.iterdir()) == ["step-0000001", "step-0000002"]
     reliability.record("checkpoint", "process killed while writing a checkpoint",
                        input="os._exit while pickling the 2nd file of step 2",
-                       did="step 2 stayed a step-0000002.tmp-<pid> directory without a manifest, never listed or "
+                       did="step 2 stayed a .step-0000002.tmp-<pid> directory without a manifest, never listed or "
                            "loaded; step 1 loads; the next save swept the leftover",
                        lost="the steps since step 1 (at most one checkpoint interval)")
 
@@ -379,7 +379,14 @@ def test_crash_between_the_renames_of_a_resave_leaves_a_loadable_checkpoint(tmp_
         run_dir = {str(tmp_path)!r}
         ckpt.save_checkpoint(run_dir, step=5, epoch=0, batch_in_epoch=5, config=cfg,
                              state={{"student": {{"w": torch.ones(10)}}}})
-        ckpt._between_resave_renames = lambda: os._exit(9)   # the process dies after the 1st rename
+        real_replace = os.replace
+
+        def replace_then_die(src, dst):
+            real_replace(src, dst)
+            if ".old-" in str(dst):
+                os._exit(9)   # the process dies after the 1st rename
+
+        os.replace = replace_then_die
         ckpt.save_checkpoint(run_dir, step=5, epoch=0, batch_in_epoch=5, config=cfg,
                              state={{"student": {{"w": torch.full((10,), 2.0)}}}})
         print("not reached")
@@ -392,7 +399,7 @@ def test_crash_between_the_renames_of_a_resave_leaves_a_loadable_checkpoint(tmp_
 
     cfg = make_config()
     latest = ckpt.latest_checkpoint(tmp_path)
-    assert latest is not None and latest.name.startswith("step-0000005.old-")
+    assert latest is not None and latest.name.startswith(".step-0000005.old-")
     manifest, state = ckpt.load_checkpoint(latest, config=cfg)
     assert manifest["step"] == 5 and torch.equal(state["student"]["w"], torch.ones(10))
 
@@ -403,7 +410,7 @@ def test_crash_between_the_renames_of_a_resave_leaves_a_loadable_checkpoint(tmp_
         "checkpoint", "resave-crash-safe",
         input="a same-step re-save of step 5 killed (os._exit) between moving the old directory aside and renaming "
               "the new one into place",
-        did="list_checkpoints listed the moved-aside step-0000005.old-<pid> (it has its manifest), which loads and "
+        did="list_checkpoints listed the moved-aside .step-0000005.old-<pid> (it has its manifest), which loads and "
             "verifies; the next save renamed it back to step-0000005 and removed the dead writer's temporary directory",
         lost="nothing: the step's previous checkpoint is intact")
 

@@ -57,10 +57,8 @@ def test_a_staged_directory_is_swapped_in_whole_or_not_at_all(tmp_path):
     assert (copied / "weights").read_text() == "new" and sorted(p.name for p in copied.parent.iterdir()) == ["model"]
 
 
-# Renames that publish nothing new: a checkpoint's same-step re-save (its moved-aside ``step-*.old-<pid>`` directory
-# is part of the checkpoint format, listed and restored by checkpoint.py itself) and a damaged Trans-Encoder state
-# file moved aside for inspection.
-RENAMES_OUTSIDE_FILEIO = {"raydistill/runtime/engine/checkpoint.py": 4, "raydistill/runtime/tenc/state.py": 1}
+# The one rename that publishes nothing new: a damaged Trans-Encoder state file moved aside for inspection.
+RENAMES_OUTSIDE_FILEIO = {"raydistill/runtime/tenc/state.py": 1}
 
 
 def _renames(path: Path) -> int:

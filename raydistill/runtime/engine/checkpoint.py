@@ -21,13 +21,14 @@ sha256 must match the manifest. A truncated or altered file is named in the erro
 falls back to the previous checkpoint, saying which one it skipped and why. The per-file (name, size, sha256) list is
 the part of the manifest that stays when checkpoints move to another store: it describes any directory of files.
 
-Atomicity: the directory is written as ``step-XXXXXXX.tmp-<pid>`` (every file fsync'ed, ``manifest.json`` last) and
-then ``os.replace``d to its final name. A crash at any point leaves either the complete new checkpoint or none, and
-the previous checkpoints untouched; half-written ``.tmp-*`` directories are never read and are swept by the next
-save (only those whose writer process is gone). Re-saving a step that exists moves the old directory to
-``step-XXXXXXX.old-<pid>`` and the new one into place: a crash between those two renames leaves the old directory,
-which ``list_checkpoints`` still lists (and the next save renames back), so a loadable checkpoint of that step always
-exists. Only the newest ``keep_last`` step checkpoints are kept.
+Atomicity: the directory is built in its staging sibling ``.step-XXXXXXX.tmp-<pid>`` (``manifest.json`` last) and
+swapped in whole by ``fileio.staged_directory``, which fsyncs every file before the rename. A crash at any point
+leaves either the complete new checkpoint or none, and the previous checkpoints untouched; half-written staging
+directories are never read and are swept by the next save (``fileio.recover_directory``, only those whose writer
+process is gone). Re-saving a step that exists moves the old directory to ``.step-XXXXXXX.old-<pid>`` and the new one
+into place: a crash between those two renames leaves the old directory, which ``list_checkpoints`` still lists (and
+the next save renames back), so a loadable checkpoint of that step always exists. Only the newest ``keep_last`` step
+checkpoints are kept.
 
 A checkpoint is refused when the config that wrote it hashes differently (``JobConfig.config_hash``, which ignores
 the fields that do not change training, ``config.RUNTIME_ONLY_FIELDS``: resources, tracking, eval and checkpoint
@@ -58,7 +59,7 @@ from typing import Any, Callable
 import torch
 
 from raydistill.evaluation.results import git_sha
-from raydistill.fileio import file_sha256, fsync_dir, pid_alive
+from raydistill.fileio import file_sha256, recover_directory, staged_directory
 from raydistill.config.job import RUNTIME_ONLY_FIELDS
 from raydistill.nested import flatten
 
@@ -84,8 +85,9 @@ MANIFEST = "manifest.json"
 # pickled numpy/python objects, which a safe loader cannot read.
 FORMAT = 2
 STEP_DIR = re.compile(r"^step-(\d{7,})$")
-_TMP_DIR = re.compile(r"^step-\d{7,}\.tmp-(\d+)$")
-_OLD_DIR = re.compile(r"^step-(\d{7,})\.old-(\d+)$")
+# What fileio's directory swap leaves beside step-XXXXXXX while it runs, or when its writer died mid-swap.
+_SWAP_LEFTOVER = re.compile(r"^\.(step-\d{7,})\.(?:tmp|old)-\d+$")
+_MOVED_ASIDE = re.compile(r"^\.step-(\d{7,})\.old-\d+$")
 _FILE_NAME = re.compile(r"^[A-Za-z0-9_\-]+\.pt$")
 _HASH_CHUNK = 4 * 2**20
 _NO_SPACE = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
@@ -124,67 +126,49 @@ def save_checkpoint(run_dir: str | os.PathLike, *, step: int, epoch: int, batch_
             raise ValueError(f"checkpoint entry names become file names; {name!r} is not a plain identifier")
     root = checkpoint_root(run_dir)
     final = root / f"step-{int(step):07d}"
-    tmp = root / f"{final.name}.tmp-{os.getpid()}"
     try:
         root.mkdir(parents=True, exist_ok=True)
-        _sweep_stale_tmp(root)
-        if tmp.exists():
-            shutil.rmtree(tmp)
-        tmp.mkdir()
-        files = []
-        for name, obj in state.items():
-            path = tmp / f"{name}.pt"
-            with open(path, "wb") as fh:
-                torch.save(obj, fh)
-                fh.flush()
-                os.fsync(fh.fileno())
-            files.append({"name": path.name, "size": path.stat().st_size, "sha256": _sha256(path)})
-        manifest = {
-            "format": FORMAT,
-            "step": int(step),
-            "epoch": int(epoch),
-            "batch_in_epoch": int(batch_in_epoch),
-            "config_hash": config.config_hash(),
-            "config": config.to_dict(),
-            "data_fingerprint": data_fingerprint(config),
-            "git_sha": git_sha(),
-            "raydistill_version": raydistill.__version__,
-            "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-            "files": files,
-            "extra": extra or {},
-        }
-        # The manifest goes last: a directory with a manifest is complete by construction.
-        with open(tmp / MANIFEST, "w", encoding="utf-8") as fh:
-            json.dump(manifest, fh, indent=2, default=str)
-            fh.flush()
-            os.fsync(fh.fileno())
-        fsync_dir(tmp)
+        _recover_interrupted_saves(root)
+        # A same-step re-save (a resumed run re-reaching a step) replaces the step whole; between the swap's two
+        # renames only .step-XXXXXXX.old-<pid> holds it, which list_checkpoints lists, so the step stays loadable.
+        with staged_directory(final) as staged:
+            staged.mkdir()
+            files = []
+            for name, obj in state.items():
+                path = staged / f"{name}.pt"
+                # Through a file object: a failed write then surfaces as "file write failed", which _write_failure
+                # recognises (torch's own file-name writer reports it as an unrelated position error).
+                with open(path, "wb") as fh:
+                    torch.save(obj, fh)
+                files.append({"name": path.name, "size": path.stat().st_size, "sha256": _sha256(path)})
+            manifest = {
+                "format": FORMAT,
+                "step": int(step),
+                "epoch": int(epoch),
+                "batch_in_epoch": int(batch_in_epoch),
+                "config_hash": config.config_hash(),
+                "config": config.to_dict(),
+                "data_fingerprint": data_fingerprint(config),
+                "git_sha": git_sha(),
+                "raydistill_version": raydistill.__version__,
+                "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+                "files": files,
+                "extra": extra or {},
+            }
+            # The manifest goes last: a directory with a manifest is complete by construction.
+            (staged / MANIFEST).write_text(json.dumps(manifest, indent=2, default=str), encoding="utf-8")
     except (OSError, RuntimeError) as exc:
         # torch.save reports a failed write as RuntimeError ("... file write failed"), with the OSError as cause.
         cause = exc if isinstance(exc, OSError) else exc.__cause__ or exc.__context__
         if not isinstance(cause, OSError) and "write failed" not in str(exc):
             raise
-        raise _write_failure(run_dir, root, tmp, final, cause if isinstance(cause, OSError) else exc) from exc
-
-    if final.exists():
-        # Same step written again (a resumed run re-reaching a step): move the old one aside first, because
-        # os.replace cannot replace a non-empty directory. Between the two renames only the .old- directory
-        # exists; list_checkpoints lists it in that state, so a crash here still leaves this step loadable.
-        old = root / f"{final.name}.old-{os.getpid()}"
-        os.replace(final, old)
-        _between_resave_renames()
-        os.replace(tmp, final)
-        shutil.rmtree(old, ignore_errors=True)
-    else:
-        os.replace(tmp, final)
-    fsync_dir(root)
+        raise _write_failure(run_dir, root, final, cause if isinstance(cause, OSError) else exc) from exc
     _prune(root, keep_last)
     return final
 
 
-def _write_failure(run_dir, root: Path, tmp: Path, final: Path, exc: BaseException) -> CheckpointError:
-    """Remove the half-written directory and say what happened, what is left, and how to go on."""
-    shutil.rmtree(tmp, ignore_errors=True)
+def _write_failure(run_dir, root: Path, final: Path, exc: BaseException) -> CheckpointError:
+    """Say what happened, what is left, and how to go on (``staged_directory`` removed the half-written one)."""
     previous = latest_checkpoint(run_dir)
     kept = f"; the previous checkpoint {previous.name} is intact" if previous is not None else ""
     no_space = isinstance(exc, OSError) and exc.errno in _NO_SPACE or "file write failed" in str(exc)
@@ -196,10 +180,6 @@ def _write_failure(run_dir, root: Path, tmp: Path, final: Path, exc: BaseExcepti
                                f"on the filesystem){kept}. Free space and re-run with the same run_dir to resume.")
     reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
     return CheckpointError(f"{root}: cannot write {final.name} ({reason}){kept}")
-
-
-def _between_resave_renames() -> None:
-    """Nothing; tests replace it to crash a process exactly between the two renames of a same-step re-save."""
 
 
 def _sha256(path: Path) -> str:
@@ -250,29 +230,12 @@ def data_fingerprint(config) -> dict[str, str]:
     return {"data.corpus": digest.hexdigest()}
 
 
-def _sweep_stale_tmp(root: Path) -> None:
-    """Tidy what writers that are gone left behind; directories of a live writer (another job) are not touched.
-
-    Half-written ``.tmp-<pid>`` directories are removed. An ``.old-<pid>`` directory is a step moved aside by a
-    same-step re-save: if the writer died before the new directory took its place, it is the only copy of that
-    step and is renamed back; otherwise it is a leftover and removed.
-    """
-    for path in sorted(root.iterdir()):
-        tmp = _TMP_DIR.match(path.name)
-        if tmp and (int(tmp.group(1)) == os.getpid() or not pid_alive(int(tmp.group(1)))):
-            log.info("removing incomplete checkpoint %s (its writer died mid-write)", path)
-            shutil.rmtree(path, ignore_errors=True)
-    for path in sorted(root.iterdir()):
-        old = _OLD_DIR.match(path.name)
-        if not old or (int(old.group(2)) != os.getpid() and pid_alive(int(old.group(2)))):
-            continue
-        final = root / f"step-{old.group(1)}"
-        if not final.exists() and (path / MANIFEST).is_file():
-            log.warning("restoring %s from %s (its writer died between the renames of a re-save)", final.name,
-                        path.name)
-            os.replace(path, final)
-        else:
-            shutil.rmtree(path, ignore_errors=True)
+def _recover_interrupted_saves(root: Path) -> None:
+    """Tidy what writers that are gone left behind (``fileio.recover_directory``, step by step): half-written
+    staging directories are removed, and a step moved aside by a re-save whose writer died before the new
+    directory took its place is renamed back. Directories of a live writer (another job) are not touched."""
+    for step_name in sorted({match.group(1) for path in root.iterdir() if (match := _SWAP_LEFTOVER.match(path.name))}):
+        recover_directory(root / step_name)
 
 
 def _prune(root: Path, keep_last: int) -> None:
@@ -287,7 +250,7 @@ def _prune(root: Path, keep_last: int) -> None:
 def list_checkpoints(run_dir: str | os.PathLike) -> list[Path]:
     """Complete checkpoints (a manifest), oldest first, one per step.
 
-    A step normally lives in ``step-XXXXXXX``; when that is missing but a ``step-XXXXXXX.old-<pid>`` with a manifest
+    A step normally lives in ``step-XXXXXXX``; when that is missing but a ``.step-XXXXXXX.old-<pid>`` with a manifest
     exists (a re-save interrupted between its two renames), the old directory is that step's checkpoint.
     """
     root = checkpoint_root(run_dir)
@@ -299,7 +262,7 @@ def list_checkpoints(run_dir: str | os.PathLike) -> list[Path]:
         if match and (path / MANIFEST).is_file():
             found[int(match.group(1))] = path
     for path in sorted(root.iterdir()):
-        match = _OLD_DIR.match(path.name)
+        match = _MOVED_ASIDE.match(path.name)
         if match and int(match.group(1)) not in found and (path / MANIFEST).is_file():
             found[int(match.group(1))] = path
     return [found[step] for step in sorted(found)]
