@@ -3,16 +3,18 @@
 Contract: keys become dotted paths (``str`` of each key, joined by ``.``); only mappings are descended into; a list or
 any other value is a leaf, kept as it is (not copied, not converted). An empty mapping is a leaf too, so a section set
 to ``{}`` differs from one that is absent. Used wherever two configs are compared key by key (config hash, checkpoint
-resume, config help, the README's tables) and for MLflow's flat params.
+resume, config help, the README's tables) and for MLflow's flat params. ``deep_merge`` lays one nested dict over
+another (a stage's settings over its job's).
 """
 
 from __future__ import annotations
 
+import copy
 import math
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-__all__ = ["flatten", "non_finite_numbers"]
+__all__ = ["flatten", "non_finite_numbers", "deep_merge"]
 
 
 def flatten(nested: Mapping[Any, Any], prefix: str = "") -> dict[str, Any]:
@@ -38,3 +40,14 @@ def non_finite_numbers(value: Any, path: str = "") -> Iterator[tuple[str, float]
     elif isinstance(value, (list, tuple)):
         for i, item in enumerate(value):
             yield from non_finite_numbers(item, f"{path}[{i}]")
+
+
+def deep_merge(base: Mapping[Any, Any], overrides: Mapping[Any, Any]) -> dict[Any, Any]:
+    """A copy of ``base`` with ``overrides`` laid over it: mappings merge key by key, anything else replaces."""
+    out = copy.deepcopy(dict(base))
+    for key, value in overrides.items():
+        if isinstance(value, Mapping) and isinstance(out.get(key), Mapping):
+            out[key] = deep_merge(out[key], value)
+        else:
+            out[key] = copy.deepcopy(value)
+    return out

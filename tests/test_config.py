@@ -65,12 +65,12 @@ def _write(path, text):
 
 def test_set_overrides_parse_values_as_yaml(congen_file):
     cfg = JobConfig.from_yaml(congen_file, overrides=["train.lr=1e-4", "loss.queue_size=4096", "train.max_steps=50",
-                                                      "data.views.generalize=caption", "extra.stage2={epochs: 2}",
+                                                      "data.views.generalize=caption", "extra.bucket_tokens=64",
                                                       "teacher=null"])
     assert cfg.train.lr == pytest.approx(1e-4)
-    assert cfg.loss["queue_size"] == 4096 and cfg.train.max_steps == 50
+    assert cfg.loss.queue_size == 4096 and cfg.train.max_steps == 50
     assert cfg.data.views == {"control": "none", "generalize": "caption"}
-    assert cfg.extra == {"stage2": {"epochs": 2}} and cfg.teacher is None
+    assert cfg.extra.bucket_tokens == 64 and dict(cfg.extra) == {"bucket_tokens": 64} and cfg.teacher is None
     later = cfg.with_overrides(["train.batch_size=32"])
     assert later.train.batch_size == 32 and cfg.train.batch_size == 64
 

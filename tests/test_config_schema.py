@@ -119,8 +119,8 @@ def test_extra_settings_are_the_methods(tmp_path):
         validate_method(JobConfig.from_dict({**dvbert, "extra": {"teacher_training": {"folds": 1}}}))
     with pytest.raises(ConfigError, match=r"field 'extra\.teachers': lists a teacher twice"):
         validate_method(JobConfig.from_dict({**dvbert, "extra": {"teachers": ["minilm-l6", "minilm-l6"]}}))
-    assert validate_method(JobConfig.from_dict({**dvbert, "extra": {"teacher_training": {"folds": 3}}})).extra == {
-        "teacher_training": {"folds": 3}}
+    extra = validate_method(JobConfig.from_dict({**dvbert, "extra": {"teacher_training": {"folds": 3}}})).extra
+    assert extra.teacher_training.folds == 3 and dict(extra) == {"teacher_training": {"folds": 3}}
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -131,7 +131,7 @@ def test_runtime_knobs_have_a_section_of_their_own():
     cfg = _congen(runtime={"max_restarts": 5, "learner_timeout_s": 30, "log_every": 2, "storage_path": "/tmp/s"})
     assert (cfg.runtime.max_restarts, cfg.runtime.learner_timeout_s, cfg.runtime.log_every,
             cfg.runtime.storage_path) == (5, 30.0, 2, "/tmp/s")
-    assert cfg.extra == {} and cfg.to_dict()["runtime"]["max_restarts"] == 5
+    assert dict(cfg.extra) == {} and cfg.to_dict()["runtime"]["max_restarts"] == 5
     assert "max_restarts" not in cfg.extra and not _congen().extra  # read from cfg.runtime only
     # the hash and the resume check ignore them, as they ignored extra.<knob>
     assert cfg.config_hash() == _congen().config_hash() and cfg.diff_keys(_congen()) == []

@@ -11,7 +11,8 @@ not the same one moved.
 Every section is a pydantic dataclass (``raydistill.config.schema``): unknown keys, wrong types, values out of range
 and NaN or infinity are refused while the config loads, with the file, the line, the field and the closest valid
 name, because a silently ignored key would train with the default and waste a run. ``loss`` and ``extra`` are the
-method's: their schema is declared by the method (``raydistill.methods``) and checked by ``validate_method``.
+method's: their schema is declared by the method (``raydistill.methods``, which registers it in ``config.help``),
+and once the method is known (registered) they are its ``MethodSettings``, checked while the config loads.
 ``validate()`` adds the checks across fields (views against teacher views, queue size against batch size, the
 corpus and augmentation specs). It is pure: it reads no file, model or cluster. ``raydistill.runtime.engine.
 preflight.preflight`` adds, explicitly, what touches the machine (models, data files, writable output directories)
@@ -29,6 +30,9 @@ This module assembles ``JobConfig``, validates and hashes it; its parts live bes
     cfg = JobConfig.from_yaml("configs/congen.yaml", overrides=["train.lr=1e-4", "loss.queue_size=16384"])
     cfg.validate()             # across fields; preflight(cfg) checks the method, models, files and directories
     cfg.config_hash()          # stable across processes; ignores RUNTIME_ONLY_FIELDS (resources, tracking, ...)
+
+A stage that a job trains on its way (a method's later stage, a teacher, a Trans-Encoder encoder) is
+``JobConfig.for_stage(method, student, ...)``: the same checks, its sections given as data or as the job's own.
 """
 
 from __future__ import annotations
@@ -43,8 +47,10 @@ from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import AfterValidator, BeforeValidator, Field
+from pydantic_core import PydanticCustomError
 
-from raydistill.nested import flatten
+from raydistill.nested import deep_merge, flatten
+from raydistill.config.help import METHOD_DOCS
 from raydistill.config.loading import _build, apply_overrides, load_yaml_with_overrides, read_yaml
 from raydistill.config.runtime_knobs import (
     RUNTIME_KNOBS,
@@ -52,7 +58,8 @@ from raydistill.config.runtime_knobs import (
     _move_runtime_knobs,
     _warn_moved,
 )
-from raydistill.config.schema import ConfigError, Int, finite_everywhere, line_of, section, suggest, where
+from raydistill.config.schema import (ConfigError, Int, MethodSettings, finite_everywhere, line_of, section, suggest,
+                                      where)
 from raydistill.config.sections import (
     _DEFAULTS_IF_NULL,
     DataConfig,
@@ -106,8 +113,16 @@ DEFAULT_HASH_EXCLUDE = RUNTIME_ONLY_FIELDS
 _HASHED_ONLY_WHEN_SET = {"student_projection_init": ("default",), "train.precision": ("fp32",)}
 
 
-_FreeForm = Annotated[dict[str, Any], BeforeValidator(lambda v: {} if v is None else v),
-                      AfterValidator(finite_everywhere)]
+def _mapping(value: Any) -> Any:
+    if value is None:
+        return {}
+    if not isinstance(value, (dict, MethodSettings)):
+        raise PydanticCustomError("dict_type", "Input should be a valid dictionary")
+    return value
+
+
+#: ``loss:``/``extra:``: plain data until the method is known, then the method's ``MethodSettings``.
+_MethodSection = Annotated[Any, BeforeValidator(_mapping), AfterValidator(finite_everywhere)]
 
 
 @section
@@ -134,7 +149,7 @@ class JobConfig:
                                                           description="the training text and its views")
     train: _Section[TrainConfig, _DEFAULTS_IF_NULL] = Field(default_factory=TrainConfig,
                                                             description="the optimisation")
-    loss: _FreeForm = Field(default_factory=dict, description="the method's loss settings (their schema: the "
+    loss: _MethodSection = Field(default_factory=dict, description="the method's loss settings (their schema: the "
                                                               "method's loss_settings); unset keys take the "
                                                               "method's defaults")
     resources: _Section[ResourcesConfig, _DEFAULTS_IF_NULL] = Field(default_factory=ResourcesConfig,
@@ -144,7 +159,7 @@ class JobConfig:
     runtime: _Section[RuntimeConfig, _DEFAULTS_IF_NULL] = Field(default_factory=RuntimeConfig,
                                                                 description="restarts, timeouts, progress lines, "
                                                                             "checkpoint storage")
-    extra: _FreeForm = Field(default_factory=dict, description="the method's other settings (their schema: the "
+    extra: _MethodSection = Field(default_factory=dict, description="the method's other settings (their schema: the "
                                                                "method's extra_settings), e.g. a later stage's")
 
     # Where the config came from, for error messages; not part of the config itself.
@@ -172,7 +187,40 @@ class JobConfig:
         d = _move_runtime_knobs(d, source, lines)
         cfg = _build(cls, d, "", source, lines)
         cfg._source, cfg._lines = source, lines
+        method = METHOD_DOCS.get(cfg.method)
+        if method is not None:
+            for name, schema, owner in (("loss", method.loss_settings, f"the {cfg.method} loss"),
+                                        ("extra", method.extra_settings, f"method {cfg.method!r}")):
+                setattr(cfg, name, schema.from_config(dict(getattr(cfg, name)), source=source, lines=lines,
+                                                      prefix=f"{name}.", owner=owner))
         return cfg
+
+    @classmethod
+    def for_stage(cls, method: str, student: str, *, seed: int, run_dir: str | None, source: str,
+                  parent: "JobConfig | None" = None, **sections: Any) -> "JobConfig":
+        """The config of a stage that a job trains on its way: ``method`` training ``student`` without a teacher.
+
+        With ``parent`` (a method's later stage) the parent's settings carry over, but not what belongs to the
+        parent's method (teacher, views, projection, loss, ``extra`` keys ``method`` does not take); without, the defaults and no MLflow run (the job records
+        its stages itself). ``sections`` (``train=..., data=...``) are merged over them: plain data, a section of
+        another schema (a Trans-Encoder ``StageConfig``: the fields this section has count), or a list of those,
+        merged in order. A problem raises ConfigError naming ``source`` and the field."""
+        if parent is not None:
+            accepted = getattr(METHOD_DOCS[method].extra_settings, "__pydantic_fields__", {})
+            plain = {**parent.to_dict(), "teacher": None, "teacher_pooling": None, "loss": {},
+                     "student_projection_init": "default",  # a later stage starts from the previous one's model
+                     "extra": {key: value for key, value in parent.extra.items() if key in accepted}}
+            plain["data"] = {k: v for k, v in plain["data"].items() if k not in ("views", "teacher_views")}
+        else:
+            plain = {"tracking": {"enabled": False}}
+        plain.update(method=method, student=student, seed=seed, run_dir=run_dir)
+        for name, layers in sections.items():
+            for layer in layers if isinstance(layers, list) else [layers]:
+                if dataclasses.is_dataclass(layer):
+                    layer = {key: getattr(layer, key) for key in _SECTIONS[name].__pydantic_fields__
+                             if hasattr(layer, key)}
+                plain[name] = deep_merge(plain.get(name) or {}, layer)
+        return cls.from_dict(plain, source=source)
 
     @classmethod
     def from_yaml(cls, path: str | os.PathLike, overrides: list[str] | None = None) -> "JobConfig":
@@ -281,7 +329,13 @@ def raydistill_home() -> Path:
     return Path(os.environ.get("RAYDISTILL_HOME", "~/.cache/raydistill")).expanduser()
 
 
+_SECTIONS = {"data": DataConfig, "train": TrainConfig, "resources": ResourcesConfig, "tracking": TrackingConfig,
+             "runtime": RuntimeConfig}
+
+
 def _to_plain(obj: Any) -> Any:
+    if isinstance(obj, MethodSettings):  # the keys the config set, as written (what a run records and hashes)
+        return _to_plain(dict(obj.items()))
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
         return {f.name: _to_plain(getattr(obj, f.name)) for f in dataclasses.fields(obj) if not f.name.startswith("_")}
     if isinstance(obj, dict):

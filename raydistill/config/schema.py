@@ -7,6 +7,10 @@ turns the first problem pydantic finds into a ``ConfigError`` worded
 ``<file>:<line>: field '<dotted path>': <what is wrong>`` (``--set field ...`` for a command-line override), with
 "did you mean" for a misspelt key or value. ``fields_of`` lists a section's fields for the generated ``--help``.
 
+A method's ``loss:`` and ``extra:`` are ``MethodSettings`` sections: their fields are the values the method uses
+(unset keys: the method's defaults), and each is also a read-only mapping of the keys the config set, as written
+(what the job writes, hashes and records).
+
 Errors name one problem at a time, the first in field order: a config is fixed a line at a time, and the job
 scripts print the last line of the message.
 """
@@ -18,6 +22,7 @@ import difflib
 import functools
 import types
 import typing
+from collections.abc import Mapping
 from typing import Annotated, Any, Iterator, Union
 
 import pydantic
@@ -26,7 +31,7 @@ from pydantic_core import PydanticCustomError
 
 from raydistill.nested import non_finite_numbers
 
-__all__ = ["ConfigError", "SECTION_CONFIG", "section", "Int", "Float", "Number", "build", "error_text", "where", "line_of", "suggest",
+__all__ = ["ConfigError", "SECTION_CONFIG", "section", "MethodSettings", "Int", "Float", "Number", "build", "error_text", "where", "line_of", "suggest",
            "FieldDoc", "fields_of", "is_section", "finite_everywhere", "none_is_default", "str_is_list",
            "type_text", "constraint_text", "states"]
 
@@ -43,6 +48,38 @@ section = functools.partial(pydantic.dataclasses.dataclass, config=SECTION_CONFI
 
 def is_section(cls: Any) -> bool:
     return isinstance(cls, type) and dataclasses.is_dataclass(cls) and hasattr(cls, "__pydantic_fields__")
+
+
+class MethodSettings(Mapping):
+    """The base of a method's settings schema (a ``@section`` subclass): fields are the values in use, the mapping
+    is the keys the config set, as written (``from_config`` records them; a section built in code sets none)."""
+
+    _given: dict[str, Any] = {}  # not a field: the base is no dataclass, and the instance's own replaces it
+
+    @classmethod
+    def from_config(cls, data: Any, *, source: str | None, lines: dict[str, int], prefix: str, owner: str):
+        """``data`` validated; an unknown key is "unknown field for <owner>" (the method the section belongs to)."""
+        try:
+            settings = build(cls, data, source=source, lines=lines, prefix=prefix)
+        except ConfigError as exc:
+            raise ConfigError(str(exc).replace(": unknown field", f": unknown field for {owner}", 1)) from None
+        settings._given = dict(data)
+        return settings
+
+    def in_use(self) -> dict[str, Any]:
+        """The keys the config set and the defaults that are not ``None``, validated: what the method is built
+        with (a ``None`` default leaves the choice to the code it configures) and what a run records."""
+        return {name: getattr(self, name) for name, info in type(self).__pydantic_fields__.items()
+                if name in self._given or info.get_default(call_default_factory=True) is not None}
+
+    def __getitem__(self, key: str) -> Any:
+        return self._given[key]
+
+    def __iter__(self):
+        return iter(self._given)
+
+    def __len__(self) -> int:
+        return len(self._given)
 
 
 # ----------------------------------------------------------------------------------------------------------------

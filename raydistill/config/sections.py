@@ -20,7 +20,8 @@ _DEFAULTS_IF_NULL = BeforeValidator(none_is_default)
 
 
 @states(">= 0.5")
-def _data_headroom(value: float) -> float:
+def data_headroom(value: float) -> float:
+    """``data_max_cpus``: the CPUs a job must leave to Ray Data."""
     if value < 0.5:
         raise ValueError(f"{value} is below 0.5: Ray Data needs CPU headroom or the pipeline hangs "
                          "(ray-project/ray#44687)")
@@ -92,7 +93,7 @@ class ResourcesConfig:
                                                                    description="the learners")
     queue: _Section[RoleResources, _DEFAULTS_IF_NULL] = Field(default_factory=lambda: RoleResources(num_cpus=0),
                                                               description="the shared queue actors")
-    data_max_cpus: Annotated[Float, AfterValidator(_data_headroom)] = Field(
+    data_max_cpus: Annotated[Float, AfterValidator(data_headroom)] = Field(
         0.5, description="CPUs that actors must leave to Ray Data: with every CPU held by actors, Data's tasks "
                          "never get scheduled and the job hangs (ray-project/ray#44687); also written "
                          "resources.data.max_cpus")

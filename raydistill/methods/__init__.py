@@ -23,7 +23,6 @@ its settings are listed by ``--help`` (docs/adding-a-method.md).
 
 from __future__ import annotations
 
-import copy
 import difflib
 import importlib
 import pkgutil
@@ -32,7 +31,8 @@ from pathlib import Path
 
 from raydistill.config.help import register_method
 from raydistill.config.job import ConfigError, JobConfig
-from raydistill.methods.base import COMMON_EXTRA, CORPUS, MethodSpec, StepContext
+from raydistill.methods.base import CORPUS, MethodSpec, StepContext
+from raydistill.nested import deep_merge as _deep_merge  # also raydistill.runtime.tune.plan's
 
 __all__ = ["MethodSpec", "StepContext", "METHODS", "CORPUS", "get_method", "job_methods", "with_method_defaults",
            "validate_method", "Stage", "stage_plan", "stage_config"]
@@ -87,8 +87,9 @@ def with_method_defaults(cfg: JobConfig) -> JobConfig:
         data["data"]["views"] = dict(spec.views)
     if spec.teacher_views and not data["data"]["teacher_views"]:
         data["data"]["teacher_views"] = list(spec.teacher_views)
-    data["loss"] = {**spec.default_loss, **spec.checked_loss(cfg)}
-    if data == cfg.to_dict():
+    data["loss"] = cfg.loss.in_use() if isinstance(cfg.loss, spec.loss_settings) else {**spec.default_loss,
+                                                                                        **cfg.loss}
+    if data == cfg.to_dict() and isinstance(cfg.loss, spec.loss_settings):
         return cfg
     return JobConfig.from_dict(data, source=cfg._source, lines=cfg._lines)
 
@@ -102,7 +103,7 @@ def validate_method(cfg: JobConfig) -> JobConfig:
         raise cfg._error("method", f"unknown method {cfg.method!r}{hint}; known: {', '.join(job_methods())}")
     effective = with_method_defaults(cfg).validate()
     spec = METHODS[cfg.method]
-    spec.validate(cfg, dict(effective.data.views), spec.teacher_views_of(effective))
+    spec.validate(effective, dict(effective.data.views), spec.teacher_views_of(effective))
     return effective
 
 
@@ -117,41 +118,23 @@ class Stage:
     run_dir: Path
 
 
-def _deep_merge(base: dict, overrides: dict) -> dict:
-    out = copy.deepcopy(base)
-    for key, value in overrides.items():
-        if isinstance(value, dict) and isinstance(out.get(key), dict):
-            out[key] = _deep_merge(out[key], value)
-        else:
-            out[key] = copy.deepcopy(value)
-    return out
-
-
 def stage_config(cfg: JobConfig, index: int) -> JobConfig:
     """Config of stage ``index`` (≥ 1): the job's student/seed/resources/tracking, the stage method's data and loss,
     the job's ``train`` updated by the method's stage defaults and then by the user's ``extra.stage<index+1>``."""
     spec = METHODS[cfg.method]
     stage_method = spec.stages[index - 1]
-    stage_spec = METHODS[stage_method]
-    base = cfg.to_dict()
-    plain = {
-        "method": stage_method, "student": cfg.student, "teacher": None, "seed": cfg.seed, "run_dir": None,
-        "cache_dir": cfg.cache_dir, "student_pooling": cfg.student_pooling, "teacher_pooling": None,
-        "data": {**base["data"], "views": dict(stage_spec.views) or _DEFAULT_VIEWS, "teacher_views": []},
-        "train": base["train"], "loss": {}, "resources": base["resources"], "tracking": base["tracking"],
-        "runtime": base["runtime"], "extra": {k: v for k, v in cfg.extra.items() if k in COMMON_EXTRA},
-    }
     defaults = spec.stage_defaults[index - 1] if index - 1 < len(spec.stage_defaults) else {}
-    plain = _deep_merge(plain, defaults)
-    user = cfg.extra.get(f"stage{index + 1}") or {}
+    user = getattr(cfg.extra, f"stage{index + 1}") or {}
     unknown = set(user) - {"train", "loss", "data", "resources"}
     if unknown:
         raise cfg._error(f"extra.stage{index + 1}", f"unknown section(s) {sorted(unknown)}; allowed: train, loss, "
                                                     "data, resources")
-    plain = _deep_merge(plain, user)
+    views = {"data": {"views": dict(METHODS[stage_method].views)}} if METHODS[stage_method].views else {}
+    sections = _deep_merge(_deep_merge(views, defaults), user)
     try:
-        stage_cfg = JobConfig.from_dict(plain, source=f"{cfg._source or 'config'} (extra.stage{index + 1})")
-        return validate_method(stage_cfg)
+        return validate_method(JobConfig.for_stage(
+            stage_method, cfg.student, seed=cfg.seed, run_dir=None, parent=cfg,
+            source=f"{cfg._source or 'config'} (extra.stage{index + 1})", **sections))
     except ConfigError as exc:
         raise ConfigError(f"stage {index + 1} ({stage_method}) of method {cfg.method!r}: {exc}") from None
 

@@ -39,7 +39,7 @@ class AugSBERTSettings(ExtraSettings):
 
 
 def named_teacher(cfg: JobConfig) -> dict[str, str]:
-    return {"extra.cross_encoder": cfg.extra.get("cross_encoder", "minilm-l6")}
+    return {"extra.cross_encoder": cfg.extra.cross_encoder}
 
 
 def gold_and_silver_pairs(cfg: JobConfig, services: StageServices) -> ArrayData:
@@ -47,7 +47,7 @@ def gold_and_silver_pairs(cfg: JobConfig, services: StageServices) -> ArrayData:
     from raydistill.methods.tenc_cross import SPEC as CROSS_STAGE, SymmetricCrossScorer
     from raydistill.models import resolve_model
 
-    extra = SPEC.checked_extra(cfg)
+    extra = cfg.extra
     gold = training_pairs(("stsb_train",))[0]
     if cfg.data.max_sentences is not None:
         gold = gold[:cfg.data.max_sentences]
@@ -57,17 +57,15 @@ def gold_and_silver_pairs(cfg: JobConfig, services: StageServices) -> ArrayData:
 
     # 1. The teacher: a cross-encoder fitted to the gold pairs, one stage of the engine.
     cross_dir = str(resolve_model(extra.cross_encoder))
-    teacher_cfg = JobConfig.from_dict({
-        "method": "tenc-cross", "student": cross_dir, "teacher": None, "seed": cfg.seed,
-        "run_dir": str(cfg.resolved_run_dir() / "teacher"),
-        "data": {"max_length": 2 * cfg.data.max_length, "shuffle": True},
-        "train": {"batch_size": extra.teacher_batch_size, "lr": extra.teacher_lr, "epochs": extra.teacher_epochs,
-                  "warmup_ratio": 0.1, "precision": cfg.train.precision},
-        "resources": {"learner": {"num_learners": 0, "threads": cfg.resources.learner.threads}},
-        "tracking": {"enabled": False},  # the job's own run records the student
-        "extra": {"head": "segment_cosine", "stage": {"gold_pairs": len(gold),
-                                                      "teacher": services.model_identity(cross_dir, encoder="cross")}},
-    }, source=f"{cfg._source or 'augsbert'}: the cross-encoder teacher")
+    teacher_cfg = JobConfig.for_stage(
+        "tenc-cross", cross_dir, seed=cfg.seed, run_dir=str(cfg.resolved_run_dir() / "teacher"),
+        source=f"{cfg._source or 'augsbert'}: the cross-encoder teacher",
+        data={"max_length": 2 * cfg.data.max_length, "shuffle": True},
+        train={"batch_size": extra.teacher_batch_size, "lr": extra.teacher_lr, "epochs": extra.teacher_epochs,
+               "warmup_ratio": 0.1, "precision": cfg.train.precision},
+        resources={"learner": {"num_learners": 0, "threads": cfg.resources.learner.threads}},
+        extra={"head": "segment_cosine", "stage": {"gold_pairs": len(gold),
+                                                   "teacher": services.model_identity(cross_dir, encoder="cross")}})
     teacher_rows = CROSS_STAGE.training_columns(gold_a, gold_b, gold_y, "clip")  # both orders, target clip(y, 0, 1)
     teacher = services.fit(teacher_cfg, ArrayData(teacher_rows, seed=cfg.seed), init_model=cross_dir,
                            name=f"{cfg.method} teacher").model

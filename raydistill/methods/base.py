@@ -19,11 +19,12 @@ progress lines and checkpoints as every student), ``run_parallel`` runs independ
 
 A method declares the schema of its two free-form config sections: ``loss_settings`` (a ``LossSettings`` subclass:
 the keys of ``loss:``, their types, ranges, descriptions and the method's defaults) and ``extra_settings`` (an
-``ExtraSettings`` subclass: the keys of ``extra:``). Both are pydantic dataclasses of ``raydistill.config.schema``:
+``ExtraSettings`` subclass: the keys of ``extra:``). Both are ``MethodSettings`` of ``raydistill.config.schema``:
 an unknown key is refused with "did you mean", a wrong type or a value out of range names the field, and
-``--help`` lists them. A loss setting whose default is ``None`` is passed to the loss only when the config sets it
-(else the objective's own default applies, as its description says); the others are the method's defaults, written
-into the run's config (``with_method_defaults``) so the run records what it used.
+``--help`` lists them. A config naming the method holds them as ``cfg.loss`` and ``cfg.extra``, read by field. A
+loss setting whose default is ``None`` is passed to the loss only when the config sets it (else the objective's own
+default applies, as its description says); the others are the method's defaults, written into the run's config
+(``with_method_defaults``) so the run records what it used.
 """
 
 from __future__ import annotations
@@ -38,10 +39,10 @@ import torch
 from pydantic import AfterValidator, Field, StrictBool
 from torch import Tensor, nn
 
-from raydistill.config.job import ConfigError, JobConfig
-from raydistill.config.schema import Int, Number, build, section, states
+from raydistill.config.job import JobConfig
+from raydistill.config.schema import Int, MethodSettings, Number, section, states
 
-__all__ = ["MethodSpec", "StepContext", "Features", "StageServices", "FittedStage", "COMMON_EXTRA", "CORPUS",
+__all__ = ["MethodSpec", "StepContext", "Features", "StageServices", "FittedStage", "CORPUS",
            "teacher_vectors", "with_groups",
            "LossSettings", "ExtraSettings", "StagedExtraSettings", "Temperature", "QueueSize", "QueueInit",
            "QueueSeed", "MaskSameGroup", "Positive", "PositiveNumber", "NonNegative", "Fraction", "settings_defaults"]
@@ -106,12 +107,12 @@ MaskSameGroup = Annotated[StrictBool | None, Field(description="rows of one capt
 
 
 @section
-class LossSettings:
+class LossSettings(MethodSettings):
     """``loss:`` of a method whose loss takes no settings; every method's ``loss_settings`` derives from it."""
 
 
 @section
-class ExtraSettings:
+class ExtraSettings(MethodSettings):
     """``extra:`` keys every method accepts (read by the runtime, not the method)."""
 
     teacher_encoder: Literal["bi", "cross"] = Field("bi", description="bi (the teacher embeds sentences) or cross "
@@ -138,10 +139,6 @@ def settings_defaults(schema: type) -> dict[str, Any]:
             defaults[name] = value
     return defaults
 
-
-# ``extra`` keys every method accepts. The runtime knobs that lived here too (max_restarts, ...) are the
-# ``runtime:`` section's now (raydistill.config.job.RUNTIME_KNOBS); a stage config carries these over.
-COMMON_EXTRA = tuple(ExtraSettings.__pydantic_fields__)
 
 # A least-squares projection starts from PyTorch's init; the runtime fits it to the teacher once the data exists.
 _CONSTRUCTED_INIT = {"least_squares": "default"}
@@ -288,24 +285,8 @@ class MethodSpec:
         return settings_defaults(self.loss_settings)
 
     def loss_kwargs(self, cfg: JobConfig) -> dict[str, Any]:
-        return {**self.default_loss, **cfg.loss}
-
-    def checked_loss(self, cfg: JobConfig) -> dict[str, Any]:
-        """``cfg.loss`` checked against ``loss_settings``: the keys the config sets, as the schema reads them (YAML
-        1.1's ``1e-4`` string is the number); raises ConfigError naming the key (and its line)."""
-        checked = self._check_settings(cfg, self.loss_settings, "loss", f"the {cfg.method} loss")
-        return {key: getattr(checked, key) for key in cfg.loss}
-
-    def checked_extra(self, cfg: JobConfig):
-        """``cfg.extra`` checked against ``extra_settings``; the validated settings (unset keys: the defaults)."""
-        return self._check_settings(cfg, self.extra_settings, "extra", f"method {cfg.method!r}")
-
-    def _check_settings(self, cfg: JobConfig, schema: type, name: str, owner: str):
-        try:
-            return build(schema, dict(cfg.loss if name == "loss" else cfg.extra), source=cfg._source,
-                         lines=cfg._lines, prefix=f"{name}.")
-        except ConfigError as exc:  # "unknown field" -> "unknown field for the congen loss"
-            raise ConfigError(str(exc).replace(": unknown field", f": unknown field for {owner}", 1)) from None
+        """What the loss is built with: the settings the config sets and the method's defaults."""
+        return cfg.loss.in_use()
 
     def teacher_views_of(self, cfg: JobConfig) -> list[str]:
         return list(cfg.data.teacher_views) if cfg.data.teacher_views else list(self.teacher_views)
@@ -375,8 +356,6 @@ class MethodSpec:
         if not self.needs_teacher and cfg.teacher and not self.teacher_views and self.reads_corpus:
             raise cfg._error("teacher", f"method {self.name!r} trains without a teacher; remove teacher "
                                         f"(got {cfg.teacher!r})")
-        self.checked_loss(cfg)
-        self.checked_extra(cfg)
         if self.reads_corpus:
             missing = [v for v in self.views if v not in effective_views]
             if missing:
@@ -386,7 +365,7 @@ class MethodSpec:
             if any(v not in effective_teacher_views for v in self.teacher_views):
                 raise cfg._error("data.teacher_views", f"method {self.name!r} needs teacher vectors of "
                                                        f"{list(self.teacher_views)}")
-        effective = {**self.default_loss, **self.checked_loss(cfg)}
+        effective = self.loss_kwargs(cfg)
         queue_size = effective.get("queue_size")
         if queue_size and queue_size < cfg.train.batch_size:
             raise cfg._error("loss.queue_size", f"K={queue_size} (the {self.name} default when unset) is smaller "
@@ -396,11 +375,6 @@ class MethodSpec:
             if effective["queue_init"] == "teacher" and not self.shared_queues:
                 raise cfg._error("loss.queue_init", f"'teacher' fills queues of teacher vectors; the {self.name} "
                                                     "loss keeps none (use random or empty)")
-        for i, stage in enumerate(self.stages):
-            overrides = cfg.extra.get(f"stage{i + 2}")
-            if overrides is not None and not isinstance(overrides, dict):
-                raise cfg._error(f"extra.stage{i + 2}", "a mapping of train/loss/data overrides for stage "
-                                                        f"{i + 2} ({stage})")
         if self.check is not None:
             self.check(cfg)
 

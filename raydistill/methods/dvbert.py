@@ -13,10 +13,11 @@ stage of the engine through the ``StageServices`` the runtime lends) from ``extr
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Annotated
 
 import torch
-from pydantic import AfterValidator, Field
+from pydantic import AfterValidator, BeforeValidator, Field
 
 from raydistill.config.job import JobConfig
 from raydistill.config.schema import Int, section
@@ -37,10 +38,10 @@ class DvBERTLossSettings(LossSettings):
     num_labels: Int | None = Field(None, ge=2, description="NLI classes of the classifier (null: 3)")
 
 
-def _distinct_teachers(teachers: list[str] | None) -> list[str] | None:
-    if teachers is not None and not teachers:
+def _distinct_teachers(teachers: list[str]) -> list[str]:
+    if not teachers:
         raise ValueError("a non-empty list of cross-encoder teacher models, e.g. [minilm-l6, bert-small]")
-    if teachers is not None and len(set(teachers)) != len(teachers):
+    if len(set(teachers)) != len(teachers):
         raise ValueError(f"lists a teacher twice ({teachers}): identical teachers share one cache entry and add no "
                          "second view")
     return teachers
@@ -50,8 +51,9 @@ def _distinct_teachers(teachers: list[str] | None) -> list[str] | None:
 class DvBERTExtraSettings(StagedExtraSettings):
     """``extra:`` of DvBERT: the teachers and how they are fine-tuned."""
 
-    teachers: Annotated[list[str] | None, AfterValidator(_distinct_teachers)] = Field(
-        None, description="the NLI cross-encoder teachers (presets or model directories) fine-tuned before the "
+    teachers: Annotated[list[str], BeforeValidator(lambda v: list(DVBERT_TEACHERS) if v is None else v),
+                        AfterValidator(_distinct_teachers)] = Field(
+        default_factory=lambda: list(DVBERT_TEACHERS), description="the NLI cross-encoder teachers (presets or model directories) fine-tuned before the "
                           "student (null: minilm-l6, bert-small)")
     teacher_training: TeacherTraining | None = Field(None, description="how the NLI cross-encoder teachers are "
                                                                        "fine-tuned (epochs, lr, head, folds, ...)")
@@ -59,7 +61,7 @@ class DvBERTExtraSettings(StagedExtraSettings):
 
 def teachers_of(cfg: JobConfig) -> list:
     """The cross-encoder teachers a DvBERT config names (``extra.teachers``, default ``DVBERT_TEACHERS``)."""
-    return list(cfg.extra.get("teachers") or DVBERT_TEACHERS)
+    return list(cfg.extra.teachers)
 
 
 def named_teachers(cfg: JobConfig) -> dict[str, str]:
@@ -76,7 +78,9 @@ def teacher_labelled_pairs(cfg: JobConfig, services: StageServices) -> ArrayData
     of ``data.max_sentences`` of those pairs when set, as each pair has its out-of-fold labels either way."""
     from raydistill.methods import dvbert_teachers as dv
 
-    training = TeacherTraining.from_dict({"seed": cfg.seed, **(cfg.extra.get("teacher_training") or {})})
+    training = cfg.extra.teacher_training or TeacherTraining()
+    if "seed" not in (cfg.extra.get("teacher_training") or {}):  # a teacher seed the config leaves to the job's
+        training = dataclasses.replace(training, seed=cfg.seed)
     columns = dv.nli_pairs(training.max_pairs, training.seed)
     infos = dv.ensure_nli_teachers(teachers_of(cfg), columns, training, services, cfg.resources.teacher)
     dv.check_teacher_accuracy(infos, training.min_accuracy)  # before the student spends a step on them

@@ -232,22 +232,20 @@ def _stage_config(cfg: TeacherTraining, fold: int, weights: Path, train_dir: Pat
     reported in the progress lines, not used to pick a model."""
     from raydistill.config.job import JobConfig
 
-    return JobConfig.from_dict({
-        "method": "nli-teacher" if cfg.finetune else "nli-head", "student": str(weights), "teacher": None,
-        "seed": cfg.seed + fold, "run_dir": str(train_dir),
-        "data": {"max_length": int(cfg.max_length), "shuffle": True},
-        "train": {"batch_size": int(cfg.batch_size), "lr": float(cfg.lr), "epochs": int(cfg.epochs),
-                  "warmup_ratio": float(cfg.warmup_ratio), "weight_decay": float(cfg.weight_decay),
-                  # as the loops this replaced: the fine-tuning clipped at 1, the head loop never clipped
-                  "grad_clip": 1.0 if cfg.finetune else 0.0, "eval_every": _PAST_THE_END,
-                  "checkpoint_every": _FINETUNE_CHECKPOINT_EVERY if cfg.finetune else _PAST_THE_END,
-                  "keep_last": 1, "precision": cfg.precision if cfg.finetune else "fp32"},
-        "resources": {"learner": {"num_learners": 0, "num_gpus": 1 if device == "cuda" else 0,
-                                  "threads": max(1, int(threads)), "cpu_speedups": False}},
-        "tracking": {"enabled": False},  # the DvBERT job records the teachers in its result file
-        "runtime": {"log_every": _FINETUNE_LOG_EVERY if cfg.finetune else _PAST_THE_END},
-        "extra": {"teacher_training": asdict(cfg), "heldout": str(heldout), "stage": identity},
-    }, source=f"dvbert teacher fold {fold + 1}/{cfg.folds}")
+    return JobConfig.for_stage(
+        "nli-teacher" if cfg.finetune else "nli-head", str(weights), seed=cfg.seed + fold, run_dir=str(train_dir),
+        source=f"dvbert teacher fold {fold + 1}/{cfg.folds}",  # the DvBERT job records the teachers itself
+        data={"max_length": cfg.max_length, "shuffle": True},
+        train={"batch_size": cfg.batch_size, "lr": cfg.lr, "epochs": cfg.epochs,
+               "warmup_ratio": cfg.warmup_ratio, "weight_decay": cfg.weight_decay,
+               # as the loops this replaced: the fine-tuning clipped at 1, the head loop never clipped
+               "grad_clip": 1.0 if cfg.finetune else 0.0, "eval_every": _PAST_THE_END,
+               "checkpoint_every": _FINETUNE_CHECKPOINT_EVERY if cfg.finetune else _PAST_THE_END,
+               "keep_last": 1, "precision": cfg.precision if cfg.finetune else "fp32"},
+        resources={"learner": {"num_learners": 0, "num_gpus": 1 if device == "cuda" else 0,
+                               "threads": max(1, int(threads)), "cpu_speedups": False}},
+        runtime={"log_every": _FINETUNE_LOG_EVERY if cfg.finetune else _PAST_THE_END},
+        extra={"teacher_training": asdict(cfg), "heldout": str(heldout), "stage": identity})
 
 
 def _fit_fold(columns: dict[str, np.ndarray], train_rows: np.ndarray, label_rows: np.ndarray, cfg: TeacherTraining,

@@ -20,7 +20,7 @@ import torch
 
 from raydistill.config.job import JobConfig
 from raydistill.methods.base import Features, MethodSpec, StepContext
-from raydistill.methods.nli_teacher import NLITeacherStageSettings, _heldout, _training, build_head
+from raydistill.methods.nli_teacher import NLITeacherStageSettings, _heldout, build_head
 from raydistill.objectives import LogitCrossEntropyLoss
 
 __all__ = ["SPEC", "NLIHeadStageSpec", "START_HEAD"]
@@ -41,7 +41,7 @@ class NLIHeadStageSpec(MethodSpec):
             raise ValueError(f"{self.name}: a head fold starts from the head the job wrote (init_model)")
         # weights_only: a start head is data, and a pickled object in it must not run code when loaded
         state = torch.load(Path(init_model) / START_HEAD, map_location="cpu", weights_only=True)
-        training = _training(cfg)
+        training = cfg.extra.teacher_training
         head = build_head(int(state["shift"].numel()), training.head_hidden, training.dropout)
         head.load_state_dict(state)
         return head

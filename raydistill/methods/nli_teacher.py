@@ -262,8 +262,8 @@ def head_digest(head) -> int:
 class NLITeacherStageSettings(ExtraSettings):
     """``extra:`` of a DvBERT teacher fold (set by the DvBERT job from ``extra.teacher_training``, not by hand)."""
 
-    teacher_training: dict[str, Any] | None = Field(None, description="the teacher's settings (TeacherTraining): "
-                                                                      "what the student is built with")
+    teacher_training: TeacherTraining = Field(default_factory=TeacherTraining,
+                                              description="the teacher's settings: what the student is built with")
     heldout: str | None = Field(None, description="the fold's held-out rows (.npz with label and text_a/text_b or "
                                                   "pooled): the dev evaluation's data")
     eval_batch_size: Int = Field(64, gt=0, description="pairs per forward pass of the dev evaluation")
@@ -271,16 +271,12 @@ class NLITeacherStageSettings(ExtraSettings):
                                                            "fold resumes its checkpoints)")
 
 
-def _training(cfg: JobConfig) -> TeacherTraining:
-    return TeacherTraining(**(cfg.extra.get("teacher_training") or {}))
-
-
 _HELDOUT: dict[tuple, dict[str, np.ndarray]] = {}
 
 
 def _heldout(cfg: JobConfig) -> dict[str, np.ndarray]:
     """The fold's held-out rows, read once per version of the file (a stage evaluates several times)."""
-    path = cfg.extra.get("heldout")
+    path = cfg.extra.heldout
     if not path:
         raise ValueError(f"{cfg.method}: extra.heldout names no file of held-out rows")
     stat = Path(path).stat()
@@ -311,7 +307,7 @@ class NLITeacherStageSpec(MethodSpec):
     def build_student(self, cfg: JobConfig, *, teacher_dim: int | None = None, init_model: str | None = None):
         if init_model is None:
             raise ValueError(f"{self.name}: a teacher fold starts from the teacher's transformer (init_model)")
-        return build_teacher(init_model, _training(cfg))
+        return build_teacher(init_model, cfg.extra.teacher_training)
 
     def heldout_probs(self, cfg: JobConfig, student) -> np.ndarray:
         from raydistill.models.batching import inference, length_sorted_batches
@@ -322,7 +318,7 @@ class NLITeacherStageSpec(MethodSpec):
         lengths = [len(a) + len(b) for a, b in zip(rows["text_a"], rows["text_b"])]
         with inference(student), torch.autocast(device.type, dtype=torch.bfloat16,
                                                 enabled=cfg.train.precision == "bf16"):
-            for batch in length_sorted_batches(lengths, int(cfg.extra.get("eval_batch_size", 64))):
+            for batch in length_sorted_batches(lengths, cfg.extra.eval_batch_size):
                 features = student.tokenize([str(rows["text_a"][i]) for i in batch],
                                             [str(rows["text_b"][i]) for i in batch])
                 logits = student({k: v.to(device) for k, v in features.items()})

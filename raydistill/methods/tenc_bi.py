@@ -60,15 +60,15 @@ class TransEncoderStageSpec(MethodSpec):
     def build_student(self, cfg: JobConfig, *, teacher_dim: int | None = None, init_model: str | None = None):
         if init_model is None:
             raise ValueError(f"{self.name}: a Trans-Encoder stage starts from a checkpoint (init_model)")
-        return new_bi_encoder(init_model, cfg.extra.get("pooling"), cfg.data.max_length)
+        return new_bi_encoder(init_model, cfg.extra.pooling, cfg.data.max_length)
 
     def scorer(self, student):
         """What ``raydistill.evaluation`` evaluates: the bi-encoder itself."""
         return student
 
     def dev_score(self, cfg: JobConfig, student) -> float:
-        return stage_dev_score(self, student, str(cfg.extra.get("dev_set", "stsb_dev")),
-                               int(cfg.extra.get("eval_batch_size", 128)), bf16=cfg.train.precision == "bf16")
+        return stage_dev_score(self, student, cfg.extra.dev_set, cfg.extra.eval_batch_size,
+                               bf16=cfg.train.precision == "bf16")
 
 
 def stage_dev_score(spec: TransEncoderStageSpec, student, dev_set: str, batch_size: int, *, bf16: bool) -> float:

@@ -66,7 +66,7 @@ class _CrossStageSpec(TransEncoderStageSpec):
     def build_student(self, cfg: JobConfig, *, teacher_dim: int | None = None, init_model: str | None = None):
         if init_model is None:
             raise ValueError(f"{self.name}: a Trans-Encoder stage starts from a checkpoint (init_model)")
-        return new_cross_encoder(init_model, cfg.data.max_length, cfg.extra.get("head"))
+        return new_cross_encoder(init_model, cfg.data.max_length, cfg.extra.head)
 
     def scorer(self, student):
         return SymmetricCrossScorer(student)

@@ -46,11 +46,15 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
+from pydantic import Field
 
-from raydistill.config.job import ConfigError, JobConfig, _suggest
+from raydistill.config.help import register_method
+from raydistill.config.job import ConfigError, JobConfig
+from raydistill.config.schema import Int, MethodSettings, section
+from raydistill.methods.base import LossSettings
 from raydistill.runtime.jobs.st_mse_recipe import (
     build_student,
     embedding_dimension,
@@ -59,12 +63,29 @@ from raydistill.runtime.jobs.st_mse_recipe import (
     train_student,
 )
 
-__all__ = ["DEFAULT_LOSS", "METHOD", "REDUCTIONS", "run_st_mse", "with_st_mse_defaults"]
+__all__ = ["METHOD", "StMseLossSettings", "run_st_mse", "with_st_mse_defaults"]
 
 METHOD = "st-mse"
-REDUCTIONS = ("pca", "dense")
-# The example fits its PCA on 40,000 sentences (20k NLI + 20k Wikipedia).
-DEFAULT_LOSS = {"reduction": "pca", "pca_sentences": 40000}
+
+
+@section
+class StMseLossSettings(LossSettings):
+    """``loss:`` of st-mse: how the teacher's vectors meet the student's width."""
+
+    reduction: Literal["pca", "dense"] = Field("pca", description="pca: the teacher's vectors reduced to the "
+                                                                  "student's width; dense: a Dense layer on the "
+                                                                  "student up to the teacher's")
+    # The example fits its PCA on 40,000 sentences (20k NLI + 20k Wikipedia).
+    pca_sentences: Int = Field(40000, ge=1, description="teacher vectors the PCA is fitted on")
+
+
+@section
+class StMseExtraSettings(MethodSettings):
+    """``extra:`` of st-mse: none (``runtime.log_every`` sets the steps between loss logs)."""
+
+
+register_method(METHOD, "sentence-transformers' MSE example (run by its own command)", StMseLossSettings,
+                StMseExtraSettings, internal=True)
 # Rows on which the student's distance to its targets is measured before and after training.
 _TARGET_CHECK_ROWS = 1024
 _INSTALL_HINT = "pip install 'raydistill[st-mse]'"
@@ -80,8 +101,9 @@ def with_st_mse_defaults(cfg: JobConfig) -> JobConfig:
     data = cfg.to_dict()
     if cfg.teacher and not data["data"]["teacher_views"]:
         data["data"]["teacher_views"] = list(data["data"]["views"])
-    data["loss"] = {**DEFAULT_LOSS, **cfg.loss}
-    if data == cfg.to_dict():
+    data["loss"] = StMseLossSettings.from_config(dict(cfg.loss), source=cfg._source, lines=cfg._lines,
+                                                 prefix="loss.", owner=METHOD).in_use()
+    if data == cfg.to_dict() and isinstance(cfg.loss, StMseLossSettings):
         return cfg
     return JobConfig.from_dict(data, source=cfg._source, lines=cfg._lines)
 
@@ -112,28 +134,12 @@ def _validate(cfg: JobConfig) -> None:
     if missing:
         raise err("method", f"{METHOD!r} trains with sentence-transformers' trainer, which needs "
                             f"{', '.join(missing)}: {_INSTALL_HINT}")
-    for key in cfg.loss:
-        if key not in DEFAULT_LOSS:
-            raise err(f"loss.{key}", f"not a setting of {METHOD}{_suggest(key, DEFAULT_LOSS)}; allowed: "
-                                     f"{', '.join(DEFAULT_LOSS)}")
-    loss = {**DEFAULT_LOSS, **cfg.loss}
-    if loss["reduction"] not in REDUCTIONS:
-        reduction = loss["reduction"]
-        raise err("loss.reduction", f"{reduction!r}{_suggest(str(reduction), REDUCTIONS)} is not one of "
-                                    f"{', '.join(REDUCTIONS)} (pca: the teacher's vectors reduced to the student's "
-                                    "width; dense: a Dense layer on the student up to the teacher's)")
-    fit_rows = loss["pca_sentences"]
-    if isinstance(fit_rows, bool) or not isinstance(fit_rows, int) or fit_rows < 1:
-        raise err("loss.pca_sentences", f"expected an integer >= 1 (teacher vectors the PCA is fitted on), "
-                                        f"got {fit_rows!r}")
     views = dict(cfg.data.views)
     if len(views) != 1 or next(iter(views.values())) != "none":
         raise err("data.views", f"{METHOD} trains on the sentence itself: one view with spec none, e.g. {{a: none}} "
                                 f"(got {views})")
     if list(cfg.data.teacher_views) not in ([], list(views)):
         raise err("data.teacher_views", f"{METHOD} reads the teacher's vectors of its one view {list(views)}")
-    for key in dict.keys(cfg.extra):  # runtime.log_every (steps between loss logs) is the schema's
-        raise err(f"extra.{key}", f"unknown field for method {METHOD!r}: it takes no extra settings")
     if cfg.student_projection_init != "default":
         raise err("student_projection_init", f"{METHOD} builds its Dense layer as sentence-transformers does; "
                                              "leave this at default")
@@ -207,7 +213,7 @@ def _run_locked(cfg: JobConfig, run_dir: Path, results_dir, result_path, command
     with tracker if own_tracker else contextlib.nullcontext(tracker):
         tracker.log_params({"method": METHOD, "student": cfg.student, "teacher": teacher_label(cfg),
                             "seed": cfg.seed, "lr": cfg.train.lr, "batch_size": cfg.train.batch_size,
-                            "epochs": cfg.train.epochs, "reduction": cfg.loss["reduction"],
+                            "epochs": cfg.train.epochs, "reduction": cfg.loss.reduction,
                             "config_hash": cfg.config_hash(), "git_sha": sha, "config": cfg.to_dict(),
                             "corpus_size": len(texts), "cache.hits": cache_stats["hits"],
                             "cache.misses": cache_stats["misses"],
@@ -281,14 +287,14 @@ def _train_evaluate_record(cfg: JobConfig, run_dir: Path, texts: list[str], vect
     from raydistill.runtime.jobs.distill import jsonable, teacher_label
     from raydistill.evaluation.plots import plot_dev_scatter, plot_learning_curve
 
-    reduction = cfg.loss["reduction"]
+    reduction = cfg.loss.reduction
     teacher_dim = vectors.shape[1]
     history: list[dict[str, Any]] = []
     with torch_threads(cfg.resources.learner.threads):
         student = build_student(cfg, teacher_dim if reduction == "dense" else None)
         student_dim = embedding_dimension(student)
         backbone_dim = embedding_dimension(student[0])
-        targets, target_info = teacher_targets(vectors, backbone_dim, reduction, int(cfg.loss["pca_sentences"]))
+        targets, target_info = teacher_targets(vectors, backbone_dim, reduction, cfg.loss.pca_sentences)
         if targets.shape[1] != student_dim:  # a bug here would otherwise surface as a shape error mid-training
             raise RuntimeError(f"targets are {targets.shape[1]}-d but the student outputs {student_dim}-d")
         if "pca_explained_variance" in target_info:

@@ -48,7 +48,7 @@ class FamilyActors:
                     num_cpus=resources.num_cpus, num_gpus=resources.num_gpus, name=None, max_restarts=0,
                     resources=cfg.resources.families.get(family.name) or None,
                 ).remote(
-                    family.name, pair_set_ref, dataclasses.asdict(cfg.stage_settings(family, kind)),
+                    family.name, pair_set_ref, cfg.stage_settings(family, kind),
                     pooling=poolings.get(family.name), label_scaling=cfg.label_scaling, seed=cfg.seed,
                     threads=resources.threads, device=device, inference_batch_size=resources.batch_size,
                     dev_set=cfg.eval.dev_set, data_task_cpus=cfg.resources.data_task_cpus,

@@ -3,9 +3,10 @@ a cycle's two stages. The sections and the stage names live in ``sections.py`` a
 from this module.
 
 Defaults are the paper's training settings; ``configs/mutual_tenc*.yaml`` scale them to a machine. Every section is a
-pydantic dataclass of ``raydistill.config.schema`` (as the job config's): an unknown key or a wrong type is an error
-naming the file, the line and the closest valid name; ``validate()`` checks ranges, names and the rules across
-fields. Each field's ``description`` is its line in ``--help``.
+pydantic dataclass of ``raydistill.config.schema`` (as the job config's): an unknown key, a wrong type, a value out
+of its range or not among its choices is an error naming the file, the line, the field and the closest valid name;
+``validate()`` checks the rules across fields and the names of models and data sets. Each field's ``description`` is
+its line in ``--help``.
 """
 
 from __future__ import annotations
@@ -15,15 +16,14 @@ import json
 import os
 import re
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
-from pydantic import Field, ValidationError
+from pydantic import AfterValidator, Field, ValidationError
 
 from raydistill.nested import flatten
 from raydistill.runtime.engine.cluster import Reservation
 from raydistill.config.job import (
     ConfigError,
-    RoleResources,
     TrackingConfig,
     _build,
     _drop_paths,
@@ -34,7 +34,8 @@ from raydistill.config.job import (
     load_yaml_with_overrides,
     paths_at_default,
 )
-from raydistill.config.schema import Float, Int, error_text, section
+from raydistill.config.schema import Float, Int, error_text, section, states
+from raydistill.objectives.trans_encoder import LABEL_SCALINGS, LABEL_WEIGHTINGS
 from raydistill.runtime.tenc.pairs import PAIR_SOURCES
 from raydistill.runtime.tenc.sections import (
     _DEFAULTS_IF_NULL,
@@ -67,14 +68,7 @@ __all__ = [
     "stage_key",
 ]
 
-MODES = ("mutual", "self")
-INITS = ("refresh", "sequential")
-TEST_CYCLES = ("all", "best", "none")
-_FAMILY_NAME = re.compile(r"[a-z0-9][a-z0-9_.-]*")
 _STAGE_KEY = re.compile(r"cycle=(\d+)/stage=(" + "|".join(STAGES) + ")")
-
-
-STAGE_PRECISIONS = ("fp32", "bf16", "auto")
 # What a family may set for itself (families[i].bi_stage / cross_stage): how long and how fast it trains. Lengths,
 # precision and the head stay shared, so every family labels and is evaluated the same way.
 FAMILY_STAGE_KEYS = ("lr", "epochs", "batch_size", "max_steps", "warmup_ratio", "weight_decay", "grad_clip",
@@ -91,6 +85,13 @@ def _paper_cross_stage() -> StageConfig:
     return StageConfig(batch_size=32, lr=2e-5, epochs=1, max_length=64, warmup_ratio=0.1)
 
 
+@states("cycle=<k>/stage=<bi2cross|cross2bi>")
+def _stage_key(key: str | None) -> str | None:
+    if key is not None and not _STAGE_KEY.fullmatch(key):
+        raise ValueError(f"{key!r}: expected cycle=<k>/stage=<bi2cross|cross2bi>")
+    return key
+
+
 def _default_families() -> list[FamilyConfig]:
     return [FamilyConfig(name="minilm-l3", bi="minilm-l3"), FamilyConfig(name="bert-small", bi="bert-small")]
 
@@ -99,22 +100,22 @@ def _default_families() -> list[FamilyConfig]:
 class TencConfig:
     """A Trans-Encoder job. Defaults are the paper's training settings; configs/*.yaml scale them to a machine."""
 
-    mode: str = Field("mutual", description="mutual (average the families' labels) or self (each family its own "
+    mode: Literal["mutual", "self"] = Field("mutual", description="mutual (average the families' labels) or self (each family its own "
                                             "labels)")
     families: list[FamilyConfig] = Field(default_factory=_default_families,
                                          description="model families, one bi- and one cross-encoder each "
                                                      "(shorthand: a list of presets)")
-    cycles: Int = Field(3, description="bi -> cross -> bi cycles")
-    init: str = Field("refresh", description="refresh (each stage starts from the original checkpoint) or "
+    cycles: Int = Field(3, gt=0, description="bi -> cross -> bi cycles")
+    init: Literal["refresh", "sequential"] = Field("refresh", description="refresh (each stage starts from the original checkpoint) or "
                                              "sequential (from the previous stage's weights)")
     # objectives.trans_encoder.cosine_to_target; "clip" keeps the authors' raw cosine wherever it is >= 0.
-    label_scaling: str = Field("clip", description="bi cosine -> cross-encoder BCE target: clip (the raw cosine, 0 "
+    label_scaling: Literal[LABEL_SCALINGS] = Field("clip", description="bi cosine -> cross-encoder BCE target: clip (the raw cosine, 0 "
                                                    "below 0), affine ((c + 1) / 2) or raw (the authors' code)")
-    label_weighting: str = Field("mean", description="mutual mode, how the families' labels combine: mean (the "
+    label_weighting: Literal[LABEL_WEIGHTINGS] = Field("mean", description="mutual mode, how the families' labels combine: mean (the "
                                                      "authors') or dev (weights softmax(dev / "
                                                      "label_weight_temperature) from each labeller's dev score)")
     # at 2, 4 points better on dev weighs e^2 (7.4x) more
-    label_weight_temperature: Float = Field(2.0, description="temperature of the dev weighting, in dev points")
+    label_weight_temperature: Float = Field(2.0, gt=0, description="temperature of the dev weighting, in dev points")
     seed: Int = Field(1000, description="seed of sampling, shuffling and initialisation")
     pairs: Annotated[PairsConfig, _DEFAULTS_IF_NULL] = Field(default_factory=PairsConfig,
                                                              description="the unlabeled pairs")
@@ -131,7 +132,7 @@ class TencConfig:
                                                                    description="per-role actor resources")
     tracking: Annotated[TrackingConfig, _DEFAULTS_IF_NULL] = Field(
         default_factory=lambda: TrackingConfig(experiment="raydistill-tenc"), description="MLflow")
-    stop_after_stage: str | None = Field(None, description="tests only: stop cleanly once this stage "
+    stop_after_stage: Annotated[str | None, AfterValidator(_stage_key)] = Field(None, description="tests only: stop cleanly once this stage "
                                                            "(cycle=1/stage=bi2cross) is complete, as a crash there "
                                                            "would")
 
@@ -211,22 +212,10 @@ class TencConfig:
     # Validation (before Ray starts)
 
     def validate(self) -> TencConfig:
-        """Ranges, names and the rules across fields, section by section in a fixed order (the first problem found
-        is the one reported); raises ConfigError naming the field (and the file and line). Returns self."""
-        self._check_families()
-        self._check_labels()
-        self._check_pairs()
-        self._check_stage_settings()
-        self._check_evaluation()
-        self._check_resources()
-        self._check_run()
-        return self
-
-    def _check_families(self) -> None:
-        """The mode and the model families: names, models, pooling."""
+        """The rules across fields and the names of models and data sets (ranges and choices were checked while the
+        config was built), in a fixed order: the first problem found is the one reported; raises ConfigError naming
+        the field (and the file and line). Returns self."""
         err = self._error
-        if self.mode not in MODES:
-            raise err("mode", f"{self.mode!r}{_suggest(self.mode, MODES)} is not one of {', '.join(MODES)}")
         if not self.families:
             raise err("families", "needs at least one model family")
         if self.mode == "mutual" and len(self.families) < 2:
@@ -234,48 +223,18 @@ class TencConfig:
                                   f"{len(self.families)}; add a family or use mode: self")
         names = [f.name for f in self.families]
         for i, family in enumerate(self.families):
-            where = f"families[{i}]"
-            if not _FAMILY_NAME.fullmatch(family.name or ""):
-                raise err(f"{where}.name", f"{family.name!r} must be lower-case letters, digits, '-', '_' or '.' "
-                                           "(it names Parquet columns and directories)")
             if names.count(family.name) > 1:
-                raise err(f"{where}.name", f"family name {family.name!r} is used twice")
-            self._check_model(f"{where}.bi", family.bi)
+                raise err(f"families[{i}].name", f"family name {family.name!r} is used twice")
+            self._check_model(f"families[{i}].bi", family.bi)
             if family.cross is not None:
-                self._check_model(f"{where}.cross", family.cross)
+                self._check_model(f"families[{i}].cross", family.cross)
                 if self.init == "sequential" and family.cross != family.bi:
-                    raise err(f"{where}.cross", "init: sequential starts every cross-encoder from the preceding "
-                                                "bi-encoder's weights, so a separate cross checkpoint would be "
-                                                "unused; remove it or use init: refresh")
-            if family.pooling not in (None, "mean", "cls"):
-                raise err(f"{where}.pooling", f"{family.pooling!r} is not one of mean, cls (or null)")
-
-    def _check_labels(self) -> None:
-        """How the stages' labels are made: init, cycles, label scaling and weighting."""
-        err = self._error
-        if self.init not in INITS:
-            raise err("init", f"{self.init!r}{_suggest(self.init, INITS)} is not one of {', '.join(INITS)}")
-        _positive(err, "cycles", self.cycles)
-        from raydistill.objectives.trans_encoder import LABEL_SCALINGS
-
-        if self.label_scaling not in LABEL_SCALINGS:
-            raise err("label_scaling", f"{self.label_scaling!r}{_suggest(self.label_scaling, LABEL_SCALINGS)} "
-                                       f"is not one of {', '.join(LABEL_SCALINGS)}")
-        from raydistill.objectives.trans_encoder import LABEL_WEIGHTINGS
-
-        if self.label_weighting not in LABEL_WEIGHTINGS:
-            raise err("label_weighting", f"{self.label_weighting!r}{_suggest(self.label_weighting, LABEL_WEIGHTINGS)}"
-                                         f" is not one of {', '.join(LABEL_WEIGHTINGS)}")
+                    raise err(f"families[{i}].cross", "init: sequential starts every cross-encoder from the "
+                                                      "preceding bi-encoder's weights, so a separate cross "
+                                                      "checkpoint would be unused; remove it or use init: refresh")
         if self.label_weighting == "dev" and self.mode != "mutual":
             raise err("label_weighting", "'dev' weighs the families' labels against each other, which only mode "
                                          "mutual combines; use mean with mode self")
-        if not (isinstance(self.label_weight_temperature, (int, float)) and self.label_weight_temperature > 0):
-            raise err("label_weight_temperature", f"must be a number > 0 (dev points), got "
-                                                  f"{self.label_weight_temperature!r}")
-
-    def _check_pairs(self) -> None:
-        """The unlabeled pairs' source and size."""
-        err = self._error
         source = self.pairs.source
         if source.startswith("file:"):
             if not Path(source[len("file:"):]).expanduser().is_file():
@@ -283,37 +242,30 @@ class TencConfig:
         elif source not in PAIR_SOURCES:
             raise err("pairs.source", f"{source!r}{_suggest(source, PAIR_SOURCES)} is not one of "
                                       f"{', '.join(PAIR_SOURCES)} or file:<path>")
-        _positive(err, "pairs.max_pairs", self.pairs.max_pairs, allow_none=True)
+        self._check_family_stages()
+        if self.bi.head is not None:
+            raise err("bi.head", "the head is a cross-encoder setting (bi-encoders pool: families[i].pooling); "
+                                 "remove it")
+        self._check_evaluation()
+        self._check_resources()
+        return self
 
-    def _check_stage_settings(self) -> None:
-        """The shared bi and cross stage settings, each family's own on top, and the heads."""
-        err = self._error
-        for kind in ("bi", "cross"):
-            self._check_stage(kind, getattr(self, kind))
+    def _check_family_stages(self) -> None:
+        """Each family's own stage settings: only the per-family keys, valid over the shared ones."""
         for i, family in enumerate(self.families):
             for kind in ("bi", "cross"):
                 own = family.own_stage(kind)
                 where = f"families[{i}].{kind}_stage"
                 for key in own:
                     if key not in FAMILY_STAGE_KEYS:
-                        raise err(f"{where}.{key}", f"not a per-family setting{_suggest(key, FAMILY_STAGE_KEYS)}; a "
-                                                    f"family sets only {', '.join(FAMILY_STAGE_KEYS)} (the rest "
-                                                    f"under {kind}:)")
-                if own:
-                    try:
-                        settings = self.stage_settings(family, kind)
-                    except ValidationError as exc:
-                        path, message = error_text(StageConfig, exc, f"{where}.")
-                        raise err(path, message) from None
-                    self._check_stage(where, settings)
-        from raydistill.models.cross_encoder import HEADS
-
-        if self.bi.head is not None:
-            raise err("bi.head", "the head is a cross-encoder setting (bi-encoders pool: families[i].pooling); "
-                                 "remove it")
-        if self.cross.head is not None and self.cross.head not in HEADS:
-            raise err("cross.head", f"{self.cross.head!r}{_suggest(self.cross.head, HEADS)} is not one of "
-                                    f"{', '.join(HEADS)}")
+                        raise self._error(f"{where}.{key}", f"not a per-family setting"
+                                                            f"{_suggest(key, FAMILY_STAGE_KEYS)}; a family sets only "
+                                                            f"{', '.join(FAMILY_STAGE_KEYS)} (the rest under {kind}:)")
+                try:
+                    self.stage_settings(family, kind)
+                except ValidationError as exc:
+                    path, message = error_text(StageConfig, exc, f"{where}.")
+                    raise self._error(path, message) from None
 
     def _check_evaluation(self) -> None:
         """The dev and test sets and which cycles are tested."""
@@ -326,46 +278,21 @@ class TencConfig:
             path = "eval.dev_set" if i == 0 else f"eval.test_sets[{i - 1}]"
             if name not in known_sets:
                 raise err(path, f"unknown STS set {name!r}{_suggest(name, known_sets)}")
-        if self.eval.test_cycles not in TEST_CYCLES:
-            raise err("eval.test_cycles", f"{self.eval.test_cycles!r} is not one of {', '.join(TEST_CYCLES)}")
         if self.eval.test_cycles != "none" and not set(STS7) <= set(self.eval.test_sets):
             raise err("eval.test_sets", f"result files need all of {', '.join(STS7)}; use eval.test_cycles: none "
                                         "to skip test evaluation")
 
     def _check_resources(self) -> None:
-        """The actors' resources and Ray Data's headroom."""
+        """One actor per family and role, and custom resources only for families that exist."""
         err = self._error
-        r = self.resources
-        _positive(err, "resources.num_cpus", r.num_cpus)
         for role in ("bi", "cross"):
-            rr: RoleResources = getattr(r, role)
-            if rr.num_actors != 1:
+            if getattr(self.resources, role).num_actors != 1:
                 raise err(f"resources.{role}.num_actors", "each family has exactly one actor per role; leave it at 1")
-            for name in ("num_cpus", "num_gpus"):
-                if getattr(rr, name) < 0:
-                    raise err(f"resources.{role}.{name}", f"{getattr(rr, name)} must be >= 0")
-            _positive(err, f"resources.{role}.threads", rr.threads)
-            _positive(err, f"resources.{role}.batch_size", rr.batch_size)
         family_names = [family.name for family in self.families]
-        for name, custom in r.families.items():
+        for name in self.resources.families:
             if name not in family_names:
                 raise err(f"resources.families.{name}", f"no family is named {name!r} (families: "
                                                          f"{', '.join(family_names)})")
-            for resource, amount in custom.items():
-                if amount <= 0:
-                    raise err(f"resources.families.{name}.{resource}", f"{amount} must be > 0")
-        if r.data_max_cpus < 0.5:
-            raise err("resources.data_max_cpus", f"{r.data_max_cpus} is below 0.5: Ray Data needs CPU headroom or "
-                                                 "its Parquet writes hang (ray-project/ray#44687)")
-
-    def _check_run(self) -> None:
-        """Tracking and the stage a test run stops after."""
-        err = self._error
-        if not self.tracking.experiment:
-            raise err("tracking.experiment", "must be a non-empty name")
-        if self.stop_after_stage is not None and not _STAGE_KEY.fullmatch(self.stop_after_stage):
-            raise err("stop_after_stage", f"{self.stop_after_stage!r}: expected cycle=<k>/stage=<bi2cross|cross2bi>")
-
 
     def actor_reservation(self) -> Reservation:
         """What the job's actors hold while it runs (a bi- and a cross-encoder actor per family), for
@@ -386,20 +313,6 @@ class TencConfig:
             gpu_fix="set resources.bi.num_gpus / resources.cross.num_gpus: 0"
                     + (" and resources.learners.num_gpus: 0" if workers else ""),
         )
-
-    def _check_stage(self, where: str, stage: StageConfig) -> None:
-        err = self._error
-        for name in ("batch_size", "epochs", "max_length", "eval_every", "lr"):
-            _positive(err, f"{where}.{name}", getattr(stage, name))
-        _positive(err, f"{where}.max_steps", stage.max_steps, allow_none=True)
-        if not 0 <= stage.warmup_ratio < 1:
-            raise err(f"{where}.warmup_ratio", f"{stage.warmup_ratio} must be in [0, 1)")
-        if stage.weight_decay < 0 or stage.grad_clip < 0:
-            raise err(f"{where}.weight_decay" if stage.weight_decay < 0 else f"{where}.grad_clip", "must be >= 0")
-        if stage.max_length < 8:
-            raise err(f"{where}.max_length", f"{stage.max_length} tokens cannot hold a sentence (pair)")
-        if stage.precision not in STAGE_PRECISIONS:
-            raise err(f"{where}.precision", f"{stage.precision!r} is not one of {', '.join(STAGE_PRECISIONS)}")
 
     def _check_model(self, path: str, name: str) -> None:
         if not isinstance(name, str) or not name:
@@ -451,13 +364,6 @@ def _expand_family_shorthand(d: dict[str, Any]) -> dict[str, Any]:
 
 def _family_name(model: str) -> str:
     return re.sub(r"[^a-z0-9_.-]+", "-", Path(model.rstrip("/")).name.lower()).strip("-") or "model"
-
-
-def _positive(err, path: str, value, allow_none: bool = False) -> None:
-    if value is None and allow_none:
-        return
-    if value is None or isinstance(value, bool) or value <= 0:
-        raise err(path, f"must be > 0, got {value!r}")
 
 
 def _output_path(path: str | os.PathLike) -> Path:

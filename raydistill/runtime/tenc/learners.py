@@ -53,6 +53,7 @@ from torch import nn
 
 from raydistill.methods.tenc_cross import SymmetricCrossScorer
 from raydistill.runtime.tenc.pairs import PairSet
+from raydistill.runtime.tenc.sections import StageConfig
 from raydistill.runtime.tenc.labels import read_training_rows
 from raydistill.runtime.tenc.stage_io import (encoder_fingerprint, encoder_state, labels_digest,
                                               save_model_atomically, stage_seed)
@@ -86,8 +87,7 @@ class StageLearner:
     Args:
         family: the family's name (columns ``score_<family>``, paths, progress lines).
         pair_set: the job's unlabeled pairs: what the learner labels, and what a label set must hold row by row.
-        train: the stage's settings (``config.StageConfig`` as a dict): batch_size, lr, epochs, max_steps,
-            max_length, warmup_ratio, weight_decay, grad_clip, eval_every, amp, precision, head (cross only).
+        train: the stage's settings (a ``config.StageConfig``, or its fields as a dict).
         pooling: bi-encoder pooling (None = the start checkpoint's).
         label_scaling: the ``cosine_to_target`` mode that maps bi-encoder cosines to cross-encoder targets.
         seed: job seed; each stage derives its own (`stage_seed`).
@@ -105,7 +105,7 @@ class StageLearner:
     kind = "?"
     method = "?"  # the stage's method (methods.tenc_bi / methods.tenc_cross)
 
-    def __init__(self, family: str, pair_set: PairSet, train: dict[str, Any], *, pooling: str | None = None,
+    def __init__(self, family: str, pair_set: PairSet, train: "StageConfig | dict[str, Any]", *, pooling: str | None = None,
                  label_scaling: str = "clip", seed: int = 1000, threads: int | None = 1, device: str | None = None,
                  inference_batch_size: int = 128, dev_set: str = "stsb_dev", log_every: int = 25,
                  data_task_cpus: float = 1.0, learners: dict[str, Any] | None = None):
@@ -117,7 +117,7 @@ class StageLearner:
                 pass
         self.family = family
         self.pair_set = pair_set
-        self.train_cfg = dict(train)
+        self.stage = train if isinstance(train, StageConfig) else StageConfig(**train)
         self.pooling = pooling
         self.label_scaling = label_scaling
         self.seed = int(seed)
@@ -129,7 +129,7 @@ class StageLearner:
         self.data_task_cpus = float(data_task_cpus)
         self.learners = dict(learners or {"num_learners": 0})
         self.precision, why = self._resolve_precision()
-        if self.device.type == "cpu" and self.train_cfg.get("precision", "fp32") != "fp32":
+        if self.device.type == "cpu" and self.stage.precision != "fp32":
             self._say(f"[{family}/{self.kind}] {self.precision} on CPU ({why})")
         from raydistill.methods import get_method
 
@@ -141,10 +141,10 @@ class StageLearner:
     def _resolve_precision(self) -> tuple[str, str]:
         """``(bf16 | fp32, why)``: CUDA follows ``amp`` (the authors' AMP); a CPU follows ``precision``."""
         if self.device.type == "cuda":
-            return ("bf16" if self.train_cfg.get("amp", True) else "fp32"), "CUDA AMP"
+            return ("bf16" if self.stage.amp else "fp32"), "CUDA AMP"
         from raydistill.runtime.teachers.teacher import resolve_precision
 
-        return resolve_precision(str(self.train_cfg.get("precision", "fp32")), self.device.type)
+        return resolve_precision(self.stage.precision, self.device.type)
 
     def autocast(self):
         """The autocast context of labelling and evaluation (training: the engine's, from ``train.precision``)."""
@@ -245,27 +245,20 @@ class StageLearner:
         mode in this process (the default), or ``learners`` (N Train workers)."""
         from raydistill.config.job import JobConfig
 
-        cfg = self.train_cfg
         if int(self.learners.get("num_learners", 0)) > 0:
             learner = dict(self.learners)
         else:  # Train's local mode: the stage runs in this actor's process (module docstring)
             learner = {"num_learners": 0, "num_gpus": 1 if self.device.type == "cuda" else 0,
                        "threads": self.threads or 1, "cpu_speedups": False}
-        return JobConfig.from_dict({
-            "method": self.method, "student": str(self.loaded_from), "teacher": None,
-            "seed": stage_seed(self.seed, cycle, self.kind, self.family), "run_dir": str(train_dir),
-            "data": {"max_length": int(cfg["max_length"]), "shuffle": True},
-            "train": {"batch_size": int(cfg["batch_size"]), "lr": float(cfg["lr"]), "epochs": int(cfg["epochs"]),
-                      "max_steps": int(cfg["max_steps"]) if cfg.get("max_steps") else None,
-                      "warmup_ratio": float(cfg["warmup_ratio"]), "weight_decay": float(cfg["weight_decay"]),
-                      "grad_clip": float(cfg["grad_clip"]), "eval_every": int(cfg["eval_every"]),
-                      "checkpoint_every": _NO_PERIODIC_CHECKPOINT, "keep_last": 1, "precision": self.precision},
-            "resources": {"learner": learner},
-            "tracking": {"enabled": False},  # the job records each stage in its MLflow child runs
-            "runtime": {"log_every": self.log_every},
-            "extra": {"pooling": self.pooling, "head": cfg.get("head"), "dev_set": self.dev_set,
-                      "eval_batch_size": self.inference_batch_size, "stage": identity},
-        }, source=f"tenc stage {stage} of cycle {cycle}")
+        return JobConfig.for_stage(  # the job records each stage in its MLflow child runs
+            self.method, str(self.loaded_from), seed=stage_seed(self.seed, cycle, self.kind, self.family),
+            run_dir=str(train_dir), source=f"tenc stage {stage} of cycle {cycle}",
+            data={"max_length": self.stage.max_length, "shuffle": True},
+            train=[self.stage, {"checkpoint_every": _NO_PERIODIC_CHECKPOINT, "keep_last": 1,
+                                "precision": self.precision}],
+            resources={"learner": learner}, runtime={"log_every": self.log_every},
+            extra={"pooling": self.pooling, "head": self.stage.head, "dev_set": self.dev_set,
+                   "eval_batch_size": self.inference_batch_size, "stage": identity})
 
     def fit(self, labels_dir: str, target_column: str, *, cycle: int, stage: str, out_dir: str,
             train_dir: str | None = None, record: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -395,7 +388,7 @@ class BiEncoderLearner(StageLearner):
     def _new_model(self, checkpoint: str) -> nn.Module:
         from raydistill.methods.tenc_bi import new_bi_encoder
 
-        return new_bi_encoder(checkpoint, self.pooling, int(self.train_cfg["max_length"]))
+        return new_bi_encoder(checkpoint, self.pooling, self.stage.max_length)
 
     def predict_pairs(self) -> np.ndarray:
         model = self._require_model()
@@ -420,7 +413,7 @@ class CrossEncoderLearner(StageLearner):
         from raydistill.methods.tenc_cross import new_cross_encoder
 
         # The configured head, not a saved one: a sequential-init stage starts from the previous model's weights.
-        return new_cross_encoder(checkpoint, int(self.train_cfg["max_length"]), self.train_cfg.get("head"))
+        return new_cross_encoder(checkpoint, self.stage.max_length, self.stage.head)
 
     def predict_pairs(self) -> np.ndarray:
         with self.autocast():
