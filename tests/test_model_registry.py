@@ -2,9 +2,9 @@
 
 The unit tests log a tiny saved BiEncoder into a fresh sqlite store (no Ray). The job tests read the runs the suite
 already makes: the shared ConGen reference job (tests/distill_fixtures.py, its MLflow store) and the shared mutual
-Trans-Encoder run (tests/tenc_runs.py). The serving test registers the ConGen job's model, starts
-``mlflow models serve -m models:/NAME/1 --env-manager local`` on loopback against that store, and compares the
-vectors it answers with the student's own ``encode``.
+Trans-Encoder run (tests/tenc_runs.py). The serving test registers the ConGen job's model, runs the serve command the
+job printed (``mlflow models serve ... --env-manager local``, pointed at that version) from a shell whose PATH holds
+no environment, on loopback, and compares the vectors it answers with the student's own ``encode``.
 """
 
 from __future__ import annotations
@@ -12,10 +12,10 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import signal
 import socket
 import subprocess
-import sys
 import time
 import urllib.error
 import urllib.request
@@ -278,16 +278,17 @@ def test_the_distillation_jobs_model_is_registered_and_served_by_mlflow(distill_
                                                  expected.shape[1]), name)
     assert logged.registered_uri == f"models:/{name}/1"
 
+    # The command the job printed, run as a user would from a fresh shell: no activated environment on PATH.
+    printed = re.search(r"serve it with: (.+)$", reference.out, re.MULTILINE).group(1)
+    command = printed.replace(f"models:/{output.model_id}", f"models:/{name}/1")
     port = _free_port()
     url = f"http://127.0.0.1:{port}"
-    venv_bin = Path(sys.executable).parent  # mlflow runs uvicorn from PATH, as in an activated environment
-    env = dict(os.environ, MLFLOW_TRACKING_URI=uri, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
-               PATH=os.pathsep.join([str(venv_bin), os.environ.get("PATH", "")]))
+    env = {key: value for key, value in os.environ.items() if key not in ("VIRTUAL_ENV", "MLFLOW_TRACKING_URI")}
+    env.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", PATH="/usr/local/bin:/usr/bin:/bin")
     log_path = tmp_path / "serve.log"
     with open(log_path, "wb") as log_file:
-        server = subprocess.Popen([str(venv_bin / "mlflow"), "models", "serve", "-m", f"models:/{name}/1", "--env-manager",
-                                   "local", "-h", "127.0.0.1", "-p", str(port)], env=env, cwd=tmp_path,
-                                  stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True)
+        server = subprocess.Popen(["/bin/bash", "-c", f"{command} -h 127.0.0.1 -p {port}"], env=env,
+                                  cwd=tmp_path, stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         _wait_until_serving(server, url, log_path)
         answer = _post(url + "/invocations", {"inputs": SENTENCES})

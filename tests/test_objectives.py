@@ -395,6 +395,16 @@ def test_nli_triplets_from_the_bundled_sets():
     assert premise and positive and negative and positive != negative
 
 
+def test_nli_triplets_hold_no_evaluation_sentence():
+    """The public loader is a training path like any other: the unfiltered dev sets hold scored STS/SICK text."""
+    from raydistill.data.evaluation_text import evaluation_key, evaluation_keys
+    from raydistill.objectives import load_nli_triplets
+
+    keys = evaluation_keys()
+    leaked = {text for triplet in load_nli_triplets() for text in triplet if evaluation_key(text) in keys}
+    assert not leaked, f"{len(leaked)} evaluation sentences, e.g. {sorted(leaked)[:3]}"
+
+
 # ------------------------------------------------------------------------------------------------------------------
 # Baselines
 

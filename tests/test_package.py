@@ -75,6 +75,7 @@ def packaged(student_dir, tiny_teacher, pairs_file, tmp_path_factory, small_data
     lines: list[str] = []
     report = package_student(student_dir, out, teacher=str(tiny_teacher), corpus_info=CORPUS, recipe_info=RECIPE,
                              command=COMMAND, eval_pairs=pairs_file, progress=lines.append,
+                             teacher_scores_dir=tmp_path_factory.mktemp("teacher-scores"),
                              speed_sentences_count=24, speed_rounds=1)
     return out, report, lines
 
@@ -141,6 +142,21 @@ def test_card_has_sentence_transformers_front_matter_scores_and_the_command(pack
     assert 'backend="onnx"' in body and "load_onnx" in body
 
 
+def test_a_teacher_given_as_a_path_is_named_by_its_directory(packaged, tiny_teacher):
+    """The fixture's teacher is an absolute path, as a user's local model is: the table, the card's title and its
+    model-index name show the directory's name; the manifest keeps the path it was loaded from."""
+    out, report, _ = packaged
+    name, path = Path(tiny_teacher).name, str(tiny_teacher)
+    teacher = next(row for row in report.rows if row.kind == "teacher")
+    assert (teacher.name, teacher.file) == (f"teacher {name}", name)
+    assert path not in report.table
+    text = report.card_path.read_text()
+    front = yaml.safe_load(text.split("---\n")[1])
+    assert front["model-index"][0]["name"] == f"minilm-l3 distilled from {name}"
+    assert f"- **Teacher:** `{name}`" in text
+    assert report.manifest["teacher"] == path
+
+
 def test_table_has_every_row_and_marks_an_export_below_the_margin(packaged):
     _, report, _ = packaged
     names = ["teacher", "student (torch fp32)", "onnx fp32", "onnx int8"]
@@ -163,6 +179,31 @@ def test_table_has_every_row_and_marks_an_export_below_the_margin(packaged):
     assert f"{bad.scores['avg']:.2f} *" in bad_line and bad_line.count("*") == 1
 
 
+def test_a_teachers_scores_are_kept_by_its_files_and_reused_set_by_set(tiny_teacher, tmp_path, monkeypatch,
+                                                                        small_data):
+    """A later package with the same teacher files (here reached through another path) encodes only the sets it has
+    not scored: the user's new pairs, not the STS sets again."""
+    import shutil
+
+    import raydistill.ship.package as package
+
+    teacher = BiEncoder.from_pretrained(tiny_teacher)
+    sts = package.evaluation_pairs(None)
+    scored: list[list[str]] = []
+    score_model = package.score_model
+    monkeypatch.setattr(package, "score_model",
+                        lambda model, sets, batch: scored.append(sorted(sets)) or score_model(model, sets, batch))
+    first, reused = package.score_teacher(str(tiny_teacher), teacher, sts, 32, cache_dir=tmp_path / "scores")
+    assert reused == [] and scored == [sorted(sts)] and "avg" in first
+
+    elsewhere = shutil.copytree(tiny_teacher, tmp_path / "elsewhere")
+    mine = list(sts["stsb_dev"][:40])
+    again, reused = package.score_teacher(str(elsewhere), teacher, {**sts, "eval_pairs": mine}, 32,
+                                          cache_dir=tmp_path / "scores")
+    assert scored[1:] == [["eval_pairs"]] and reused == list(sts)
+    assert {name: again[name] for name in first} == first
+
+
 def test_the_jobs_own_scores_of_the_student_are_not_computed_again(student_dir, tiny_teacher, tmp_path, monkeypatch,
                                                                      small_data):
     """The command hands over the training job's 7-STS and STS-B dev of the same directory: the student is then
@@ -177,7 +218,8 @@ def test_the_jobs_own_scores_of_the_student_are_not_computed_again(student_dir, 
     lines: list[str] = []
     report = package_student(student_dir, tmp_path / "DIR", teacher=str(tiny_teacher), corpus_info=CORPUS,
                              recipe_info=RECIPE, command=COMMAND, student_scores=(job, "run/result.json"),
-                             progress=lines.append, speed_sentences_count=8, speed_rounds=1)
+                             progress=lines.append, teacher_scores_dir=tmp_path / "teacher-scores",
+                             speed_sentences_count=8, speed_rounds=1)
     student = next(row for row in report.rows if row.kind == "student")
     assert student.scores == job and "run/result.json (the training job's evaluation)" in student.scores_source
     assert sum("evaluating" in line for line in lines) == 3  # teacher and the two exports, not the student

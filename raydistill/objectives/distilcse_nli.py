@@ -107,12 +107,10 @@ def build_nli_triplets(records: Iterable[Any]) -> list[tuple[str, str, str]]:
 
 
 def load_nli_triplets(names: tuple[str, ...] = ("snli_dev", "mnli_dev")) -> list[tuple[str, str, str]]:
-    """Triplets of the named labelled NLI sets of ``raydistill.data`` (SNLI/MNLI train are not reachable
-    offline; their dev sets are the only labelled NLI pairs here)."""
-    from raydistill.data import load_dataset
+    """Triplets of the named labelled NLI sets of ``raydistill.data`` (SNLI/MNLI train are not reachable offline;
+    their dev sets are the only labelled NLI pairs here), built from their pairs less every pair that holds an
+    evaluation sentence (``raydistill.data.corpus.training_pairs``), so no caller can train on a scored sentence.
+    Filtered before the triplets are built: a premise keeps its other hypotheses when one of them is held out."""
+    from raydistill.data.corpus import training_pairs
 
-    records: list[Any] = []
-    for name in names:
-        records.extend(load_dataset(name))
-    return build_nli_triplets(records)
-
+    return build_nli_triplets(training_pairs(names)[0])

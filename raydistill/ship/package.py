@@ -21,7 +21,8 @@ it, and `read_eval_pairs`, before training, so a bad ``DIR`` or pairs file fails
 Teacher scores: a preset teacher evaluated on the bundled sets has the scores of its committed baseline
 (`TEACHER_BASELINES`, the ``scores`` of results/baseline-<preset>.json; tests/test_package.py holds them equal), so
 the 110M mpnet-base is not re-evaluated for ~25 min on two cores; it is still timed, and encodes the user's pairs.
-Any other teacher, or any data under ``$RAYDISTILL_DATA``, is evaluated here. Likewise the student's 7-STS and STS-B
+Any other teacher, or any data under ``$RAYDISTILL_DATA``, is evaluated here once: its score of each set is kept by
+the teacher's fingerprint and the set's content (`score_teacher`), and every later package reuses it. Likewise the student's 7-STS and STS-B
 dev come from ``student_scores`` when the caller passes the training job's evaluation of this very directory (the
 job's ``evaluate_sts`` is the computation done here, on the bundled sets), so the command does not score it twice.
 
@@ -33,6 +34,8 @@ per CPU second of this process, the steadier one on shared cores. Each ONNX sess
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
 import os
 import platform
@@ -277,6 +280,41 @@ def score_model(model: Any, sets: dict[str, Sequence[Pair]], batch_size: int) ->
     return {name: round(float(value), 2) for name, value in scores.items()}
 
 
+def set_digest(pairs: Sequence[Pair]) -> str:
+    """sha256 (16 hex) of a pair set's texts and gold scores, in order: a set is the same set wherever it is read."""
+    digest = hashlib.sha256()
+    for pair in pairs:
+        digest.update(f"{pair.sentence1}\0{pair.sentence2}\0{float(pair.score)!r}\n".encode())
+    return digest.hexdigest()[:16]
+
+
+def score_teacher(teacher: str, model: Any, sets: dict[str, Sequence[Pair]], batch_size: int, *,
+                  cache_dir: Path | None = None) -> tuple[dict[str, float], list[str]]:
+    """``(scores, reused)``: `score_model`'s scores of the teacher, with the sets scored before reused.
+
+    A teacher's score of a set depends only on its weights and the set, so each is kept in
+    ``<cache_dir>/<teacher fingerprint>.json`` under the set's `set_digest` (the fingerprint is the embedding
+    cache's, ``teacher_identity``: every file's bytes, not the path), and a later package of any student with the
+    same teacher and sets encodes nothing. ``reused`` names the sets read from there."""
+    from raydistill.config.job import raydistill_home
+    from raydistill.fileio import atomic_write_json
+    from raydistill.runtime.teachers.teacher import teacher_identity
+
+    path = (cache_dir or raydistill_home() / "teacher-scores") / f"{teacher_identity(teacher)}.json"
+    known: dict[str, float] = json.loads(path.read_text()) if path.is_file() else {}
+    digests = {name: set_digest(pairs) for name, pairs in sets.items()}
+    missing = {name: pairs for name, pairs in sets.items() if digests[name] not in known}
+    measured = score_model(model, missing, batch_size) if missing else {}
+    if missing:
+        known.update({digests[name]: measured[name] for name in missing})
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_json(path, known)
+    scores = {name: float(known[digests[name]]) for name in sets}
+    if all(name in scores for name in STS7):
+        scores["avg"] = round(float(np.mean([scores[name] for name in STS7])), 2)
+    return scores, [name for name in sets if name not in missing]
+
+
 def mark_rows(rows: list[Row], margin: float) -> list[Row]:
     """Set each export's ``marked``: the quality columns where it is more than ``margin`` below the student's."""
     student = next(row for row in rows if row.kind == "student")
@@ -353,6 +391,7 @@ def package_student(
     student_scores: tuple[dict[str, float], str] | None = None,
     quality_margin: float = DEFAULT_MARGIN,
     progress: Callable[[str], Any] | None = print,
+    teacher_scores_dir: Path | None = None,
     batch_size: int = 128,
     speed_sentences_count: int = 256,
     speed_batch: int = 32,
@@ -378,6 +417,8 @@ def package_student(
             the bundled ones.
         quality_margin: Spearman x 100 points an export may fall below the student before it is marked.
         progress: called with one line per step (None: silent).
+        teacher_scores_dir: where `score_teacher` keeps a teacher's scores per set (default
+            ``$RAYDISTILL_HOME/teacher-scores``).
     """
     import torch
 
@@ -385,7 +426,7 @@ def package_student(
     from raydistill.fileio import atomic_write_json, atomic_write_text, staged_directory
     from raydistill.models import BiEncoder, resolve_model
     from raydistill.models.export import export_onnx, load_onnx
-    from raydistill.ship.card import render_card
+    from raydistill.ship.card import model_display_name, render_card
 
     if not (isinstance(quality_margin, (int, float)) and math.isfinite(quality_margin) and quality_margin >= 0):
         raise ValueError(f"quality_margin must be a finite number >= 0 (Spearman x 100 points), got {quality_margin!r}")
@@ -403,7 +444,7 @@ def package_student(
         files = export_onnx(staged, report=lambda line: say(f"package: {line}"))
 
         models = {"teacher": teacher_model, "student": student}
-        names = {"teacher": f"teacher {teacher}", "student": "student (torch fp32)"}
+        names = {"teacher": f"teacher {model_display_name(teacher)}", "student": "student (torch fp32)"}
         for row in files:
             key = row["file"]
             models[key] = load_onnx(staged, key, threads=threads)
@@ -438,15 +479,22 @@ def package_student(
                 say(f"package: [{index}/{len(models)}] evaluating {names[key]}: {what} ({distinct:,} sentences, "
                     f"~{distinct / max(rates[key][0], 1e-9) / 60:.1f} min at its timed rate)")
                 model_started = time.perf_counter()
-                measured = score_model(model, sets, batch_size)
+                if key == "teacher":
+                    measured, reused = score_teacher(teacher, model, sets, batch_size, cache_dir=teacher_scores_dir)
+                    if reused:
+                        sources[key] = f"evaluated earlier: {', '.join(reused)} (same teacher files, same pairs)"
+                else:
+                    measured, reused = score_model(model, sets, batch_size), []
                 shown = ", ".join(f"{label} {measured[column]:.2f}" for column, label in QUALITY_COLUMNS
                                   if column in measured)
-                say(f"package: [{index}/{len(models)}] {names[key]}: {shown} ({time.perf_counter() - model_started:.0f} s)")
+                say(f"package: [{index}/{len(models)}] {names[key]}: {shown} ({time.perf_counter() - model_started:.0f} s"
+                    f"{f'; {len(reused)} of {len(sets)} sets scored by an earlier package' if reused else ''})")
             scores[key] = {**(baseline if use_baseline else {}), **measured}
 
         snippets = _load_snippets(files, out.name)
         weights = staged / "model.safetensors"
-        places = {"teacher": (str(teacher), None, f'BiEncoder.from_pretrained("{teacher}")  # raydistill.models'),
+        places = {"teacher": (model_display_name(teacher), None,
+                              f'BiEncoder.from_pretrained("{teacher}")  # raydistill.models'),
                   "student": ("model.safetensors", weights.stat().st_size if weights.is_file() else None,
                               snippets["model.safetensors"]),
                   **{row["file"]: (row["file"], row["bytes"], snippets[row["file"]]) for row in files}}

@@ -22,7 +22,7 @@ evaluated the model from (the driver's disk or storage it shares with the worker
 
 Serving the registered model (docs/runtime.md):
 
-    MLFLOW_TRACKING_URI=sqlite:///$PWD/mlflow.db mlflow models serve -m models:/NAME/1 --env-manager local -p 5001
+    PATH=$PWD/.venv/bin:$PATH MLFLOW_TRACKING_URI=sqlite:///$PWD/mlflow.db mlflow models serve -m models:/NAME/1 --env-manager local -p 5001
     curl -s localhost:5001/invocations -H 'Content-Type: application/json' -d '{"inputs": ["A man plays a guitar."]}'
 
 answers ``{"predictions": [[...], ...]}``: the vectors ``SentenceTransformer(model_dir).encode`` computes.
@@ -38,6 +38,8 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shlex
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator, Mapping
@@ -82,9 +84,12 @@ def pip_requirements() -> list[str]:
 
 
 def serve_command(logged: LoggedStudent, tracking_uri: str) -> str:
-    """The command line that serves ``logged`` (its registered version, else the logged model itself)."""
+    """The command line that serves ``logged`` (its registered version, else the logged model itself), from a fresh
+    shell: ``mlflow models serve`` starts ``uvicorn`` by name, so the command puts this interpreter's ``bin`` (the
+    environment's, which has both) first on PATH instead of counting on an activated environment."""
     uri = logged.registered_uri or logged.model_uri
-    return f"MLFLOW_TRACKING_URI={tracking_uri} mlflow models serve -m {uri} --env-manager local"
+    bin_dir = shlex.quote(str(Path(sys.executable).parent))
+    return f"PATH={bin_dir}:$PATH MLFLOW_TRACKING_URI={tracking_uri} mlflow models serve -m {uri} --env-manager local"
 
 
 def log_job_model(tracker, model_dir: str | os.PathLike, register: str | None, *, step: int,

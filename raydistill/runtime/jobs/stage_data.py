@@ -107,13 +107,12 @@ def build_stage_data(cfg: JobConfig, spec: MethodSpec):
 
 def nli_triplets(max_rows: int | None, seed: int) -> dict[str, np.ndarray]:
     """(premise, entailed, contradicted) triplets of SNLI dev + MultiNLI dev (``objectives.build_nli_triplets``: the
-    SimCSE recipe on the only labelled NLI data offline), built from the pairs without evaluation text; a seeded
+    SimCSE recipe on the only labelled NLI data offline; ``objectives.load_nli_triplets`` drops evaluation text); a seeded
     subset of ``max_rows`` when given."""
-    from raydistill.data.corpus import NLI_TRAINING_SETS, training_pairs
-    from raydistill.objectives import build_nli_triplets
+    from raydistill.data.corpus import NLI_TRAINING_SETS
+    from raydistill.objectives import load_nli_triplets
 
-    # Filtered before the triplets are built, so a premise keeps its other hypotheses when one of them is held out.
-    triplets = build_nli_triplets(training_pairs(NLI_TRAINING_SETS)[0])
+    triplets = load_nli_triplets(NLI_TRAINING_SETS)
     columns = np.array(triplets, dtype=object)[seeded_subset(len(triplets), max_rows, seed)]  # [N, 3]
     return {"text_anchor": columns[:, 0], "text_positive": columns[:, 1], "text_negative": columns[:, 2]}
 
