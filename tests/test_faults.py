@@ -32,6 +32,9 @@ faults are injected into jobs run by this process: the SIGTERM goes to this proc
 to a job's own driver process, with the job script's exit status, is tests/test_signals.py's). The SIGKILL and the
 SIGTERM case share one job (``killed_then_stopped``): its worker is killed after step 7, and the restarted worker
 is stopped after step 11; the same job then runs to its end, and each case checks its part.
+
+One rank of two Train workers killed while the other lives is a job of its own (the L2 baseline without dropout,
+whose two-worker runs repeat to rounding), compared with the same two-worker job uninterrupted.
 """
 
 from __future__ import annotations
@@ -290,6 +293,114 @@ def test_learner_worker_sigkilled_mid_epoch_resumes_from_the_checkpoint(killed_t
             f"checkpoint step {numbers['resumed_from']} and trained on (to step {job.stopped.step}, where the "
             f"SIGTERM case stopped the job, which the same job then finished: all {STEPS} steps)",
         message=restart_line.strip(), lost=lost_text(numbers), **numbers)
+
+
+@pytest.fixture(scope="module")
+def dropout_free_student(tmp_path_factory, real_sentences):
+    """The tiny BERT without dropout: a Train worker of rank > 0 draws new dropout masks after a restart (only rank
+    0's RNG is checkpointed), so only a student without dropout lets two workers' resumed run repeat the
+    uninterrupted one step by step."""
+    from tiny_models import make_tiny_model
+
+    return make_tiny_model("bert", tmp_path_factory.mktemp("bert-no-dropout"), real_sentences, dropout=0.0)
+
+
+def test_one_of_two_train_workers_sigkilled_both_stop_and_the_job_resumes_with_the_reference_losses(
+        distill_runs, dropout_free_student, reliability):
+    """Rank 1 of two Ray Train workers (DDP, gloo) SIGKILLed while rank 0 lives: rank 0 must not wait on its dead
+    peer (a lone rank once blocked in a collective for over 10 minutes); the whole group stops, Train starts two new
+    workers, both resume from the newest checkpoint and the run ends with the losses, batches and identical weights
+    of the same job uninterrupted.
+
+    The L2 baseline (no shared queue, whose content depends on which rank's push arrives first) and a student
+    without dropout make a two-worker run repeatable to rounding, so the resumed run's losses are compared with an
+    uninterrupted run of the same job, step by step."""
+    import psutil
+
+    from raydistill.methods import get_method
+    from raydistill.runtime.engine.learner_group import LearnerGroup
+    from raydistill.runtime.engine.preflight import preflight
+    from raydistill.runtime.teachers.pipeline import build_training_data
+    from tests.distill_fixtures import congen_config, quick_train_polls
+    from tests.ray_fixtures import descendants
+
+    distill_runs.reference()  # its teacher pass fills the cache this job's data reads
+
+    def two_workers(run_name: str) -> JobConfig:
+        job = congen_config(dropout_free_student, distill_runs.teacher, distill_runs.root, run_name,
+                            corpus=distill_runs.corpus, learners=2)
+        job.update(method="l2", loss={})
+        job["data"].update(views={"a": "none"}, teacher_views=["a"])
+        # A checkpoint every 2 steps, no dev evaluation before the end; a group that hangs fails the test in
+        # minutes, not at the default learner timeout.
+        job["train"].update(checkpoint_every=2, eval_every=100)
+        job["runtime"]["learner_timeout_s"] = 120
+        return preflight(JobConfig.from_dict(job))
+
+    def fit(cfg: JobConfig, on_event=None):
+        data = build_training_data(cfg)
+        assert data.cache_stats["misses"] == 0
+        group = LearnerGroup(cfg, get_method("l2"), run_dir=cfg.resolved_run_dir(), teacher_dim=data.teacher_dim)
+        with quick_train_polls():
+            return group.fit(data, on_event=on_event)
+
+    reference = fit(two_workers("two-workers-reference"))
+    cfg = two_workers("two-workers-rank1-killed")
+    total = STEPS // 2  # 5 steps of 2 x 16 rows an epoch
+    kill_after = 3  # after the checkpoint of step 2, before that of step 4
+    starts: list[dict] = []
+    losses_seen: dict[int, list[float]] = {}
+    killed: dict[str, int] = {}
+
+    def kill_rank_1(kind, info, step) -> None:
+        if kind == "start":
+            starts.append(dict(info, pid=int(info["pid"])))
+        elif kind == "step":
+            losses_seen.setdefault(step, []).append(float(info["loss"]))
+            if step >= kill_after and not killed:
+                rank0 = starts[-1]["pid"]
+                others = [p for p in descendants("RayTrainWorker") if p.pid != rank0]
+                assert len(others) == 1, f"rank 1's process among {[p.cmdline() for p in others]}"
+                others[0].kill()  # SIGKILL, as the OOM killer would: no handler, no goodbye to its peer
+                killed.update(pid=others[0].pid, after_step=step, survivor=rank0)
+
+    summary = fit(cfg, on_event=kill_rank_1)
+    assert killed, "rank 1 was never killed"
+    assert len(starts) == 2 and summary["restarts"] == 1, f"starts {starts}, restarts {summary['restarts']}"
+    # Both stopped: the survivor's process ended with its peer's, and Train started a new rank 0 as well as rank 1.
+    survivor = killed["survivor"]
+    assert starts[1]["pid"] not in (survivor, killed["pid"])
+    deadline = time.monotonic() + 60
+    while psutil.pid_exists(survivor) and psutil.Process(survivor).status() != psutil.STATUS_ZOMBIE:
+        assert time.monotonic() < deadline, f"rank 0 (pid {survivor}) outlived its killed peer by a minute"
+        time.sleep(0.1)
+    resumed_from = summary["resumed_from"]
+    assert resumed_from == starts[1]["resumed_from"] and resumed_from in (2, 4)
+    assert summary["steps"] == reference["steps"] == total
+    crcs = summary["weights_crc_by_rank"]
+    assert len(crcs) == 2 and crcs[0] == crcs[1], "DDP left the workers with different weights"
+    history = [row for row in summary["history"] if "loss" in row]
+    reference_history = [row for row in reference["history"] if "loss" in row]
+    assert [row["step"] for row in history] == [row["step"] for row in reference_history] == \
+        list(range(1, total + 1))
+    for rank in range(2):
+        assert [row["batch_crc32_by_rank"][rank] for row in history] == \
+            expected_batches(cfg, learners=2, rank=rank), f"rank {rank} skipped or repeated a batch"
+    loss_diff = max(abs(row["loss"] - ref["loss"]) for row, ref in zip(history, reference_history))
+    assert loss_diff <= 1e-5, f"the resumed run's losses differ from the uninterrupted run's by {loss_diff}"
+    # The steps trained twice (lost with the first group, replayed by the second) gave the same loss both times.
+    replayed = {step: seen for step, seen in losses_seen.items() if len(seen) > 1}
+    assert all(max(seen) - min(seen) <= 1e-5 for seen in replayed.values()), replayed
+    reliability.record(
+        "fault", "one of two Train workers SIGKILLed",
+        input=f"os.kill(SIGKILL) of rank 1 of two Ray Train workers (DDP, gloo) when the driver saw step "
+              f"{killed['after_step']} of {total}; rank 0 left alive (checkpoint every 2 steps)",
+        did=f"rank 0 stopped with its peer (its process gone), Ray Train started two new workers, both loaded "
+            f"checkpoint step {resumed_from} and finished all {total} steps with identical weights; every step's "
+            f"loss equals the uninterrupted run's (max difference {loss_diff:.1e}), each rank trained its batches "
+            "once", lost=f"{len(replayed)} step(s) trained again after the resume",
+        resumed_from=resumed_from, killed_after_step=killed["after_step"], replayed_steps=sorted(replayed),
+        max_loss_difference=loss_diff)
 
 
 @pytest.mark.e2e

@@ -2,6 +2,7 @@
 
 Ray tests share one local Ray (tests/ray_fixtures.py). The teacher-pass counts below are rows counted by a forward hook
 inside the teacher's transformer, in the Ray Data actor that ran it; they are not derived from the cache's bookkeeping.
+A pool actor killed mid-pass must leave those counts exact: the retried block is counted and cached once.
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ from raydistill.config.job import RoleResources
 from raydistill.runtime.teachers.embedding_cache import EmbeddingCache, ensure_teacher_embeddings
 from raydistill.runtime.teachers.teacher import TeacherEncoder, TeacherSpec, teacher_identity
 from tests.ray_fixtures import ray_session  # noqa: F401  (session-scoped fixture)
+
+pytest_plugins = ["tests.reliability_log"]
 
 
 @pytest.fixture(scope="module")
@@ -73,6 +76,69 @@ def test_teacher_pass_runs_once_then_only_on_misses(ray_session, teacher_spec, i
     hit, rows = reopened.lookup(mixed)
     assert hit.all() and len(reopened) == 280
     np.testing.assert_array_equal(rows, partial)
+
+
+@pytest.mark.ray
+def test_a_killed_pool_actor_is_retried_and_every_sentence_goes_through_the_teacher_once(
+        ray_session, teacher_spec, in_process_teacher, real_sentences, tmp_path, monkeypatch, reliability):
+    """The teacher pool's actor SIGKILLed mid-pass, once a cache part is written: Ray Data restarts the actor and
+    retries its block, and the pass ends with every vector, each sentence counted once by the teacher's forward hook
+    (misses = teacher forwards = N) and appended to the cache once."""
+    import threading
+    import time
+
+    from raydistill.runtime.teachers import embedding_cache
+    from tests.ray_fixtures import descendants
+    from tests.test_teacher_cache_safety import part_rows
+
+    rows_per_part = 64  # many blocks, parts and teacher calls, so the kill lands mid-pass
+    for name in ("_APPEND_EVERY_ROWS", "_ROWS_PER_BLOCK", "_ROWS_PER_TEACHER_CALL"):
+        monkeypatch.setattr(embedding_cache, name, rows_per_part)
+    texts = list(dict.fromkeys(real_sentences))[:1200]
+    # Batches of 8: a block takes long enough to be caught running.
+    spec = TeacherSpec(model=teacher_spec.model, max_length=32,
+                       resources=RoleResources(num_actors=1, num_cpus=1, threads=1, batch_size=8, precision="fp32"))
+    cache_dir = tmp_path / spec.identity()
+    seen: dict[str, int] = {}
+    done = threading.Event()
+
+    def busy_pool_actors() -> list:
+        return [p for p in descendants("TeacherEmbed") if ".submit" in " ".join(p.cmdline())]
+
+    def kill_the_pool_actor_mid_pass() -> None:
+        while not done.is_set() and "killed_pid" not in seen:
+            busy = busy_pool_actors()
+            if busy and list(cache_dir.glob("part-*.npy")):
+                busy[0].kill()
+                seen["killed_pid"] = busy[0].pid
+            time.sleep(0.01)
+        while not done.is_set() and "restarted_pid" not in seen:  # the actor Ray Data started in its place
+            seen.update({"restarted_pid": p.pid for p in busy_pool_actors() if p.pid != seen["killed_pid"]})
+            time.sleep(0.01)
+
+    killer = threading.Thread(target=kill_the_pool_actor_mid_pass, daemon=True)
+    killer.start()
+    try:
+        embeddings, stats = ensure_teacher_embeddings(texts, "control", spec, tmp_path)
+    finally:
+        done.set()
+        killer.join(timeout=10)
+    assert "killed_pid" in seen, "the pool actor was never killed (the pass ended first)"
+    assert "restarted_pid" in seen, "no other pool actor embedded a block after the kill"
+    assert (stats["hits"], stats["misses"], stats["teacher_forward_sentences"]) == (0, len(texts), len(texts))
+    np.testing.assert_allclose(embeddings, in_process_teacher.encode(texts), atol=1e-5)
+    # Rows on disk, not distinct keys: a retried block appended twice would keep the key count and double the rows.
+    rows_on_disk, keys_on_disk = part_rows(cache_dir)
+    assert rows_on_disk == len(set(keys_on_disk)) == len(texts)
+    reliability.record(
+        "fault", "teacher pool actor killed mid-pass",
+        input=f"SIGKILL of the Ray Data TeacherEmbed pool actor while it embedded a block, once a cache part was "
+              f"written ({len(texts)} sentences, 1 pool actor, blocks of {rows_per_part} rows, batches of 8)",
+        did="Ray Data restarted the pool actor and retried the block; the pass returned every vector, equal to an "
+            f"in-process teacher's, with {stats['misses']} misses and {stats['teacher_forward_sentences']} sentences "
+            f"counted through the teacher, and the cache's parts hold {rows_on_disk} rows, each sentence once",
+        lost="the killed block's teacher work, recomputed; no vector lost, counted or cached twice",
+        killed_pid_count=1)
 
 
 def test_a_pool_actors_teacher_embeds_a_batch_like_the_in_process_teacher(teacher_spec, in_process_teacher,

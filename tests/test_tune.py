@@ -14,9 +14,10 @@ is interrupted (SIGINT, as Ctrl-C) at the third trial's first evaluation (at its
 it is below the first trial's best), and the sweep is continued with `raydistill tune --resume`: the trial must come
 back from its newest checkpoint. Most tests below check the result of that one interrupted-and-resumed sweep.
 
-Trials on Ray Train workers (the default, ``num_learners: 1``) differ only in how reports and checkpoints travel
-(``ray.train.report`` forwarded by ``EvalReportsToTune``; Train checkpoints in the sweep's Tune storage): one
-one-trial sweep, interrupted and resumed, checks that (a Train run costs ~18 s to start here, so one trial).
+The same four trials run again on Ray Train workers (the default, ``num_learners: 1``; ``worker_sweep``),
+interrupted at the third trial's first evaluation and resumed: reports and checkpoints travel otherwise there
+(``ray.train.report`` forwarded by ``EvalReportsToTune``; Train checkpoints in the sweep's Tune storage), and ASHA,
+the NaN trial, the MLflow child runs and the best trial's export are checked on both sweeps (``each_sweep``).
 
 Two trials side by side on two CPUs are marked ``e2e`` (``pytest -m e2e``): by default the CPU arithmetic that lets
 them (a CPU held back for Ray Data only when a trial can miss the shared teacher pass) is checked where it is made,
@@ -164,6 +165,35 @@ def by_lr(summary):
     return {row["params"]["train.lr"]: row for row in summary["trials"]}
 
 
+@pytest.fixture(scope="module")
+def worker_sweep(tmp_path_factory, ray_session, tiny_bert, tiny_teacher):  # noqa: F811 - the fixture
+    """The same four trials on Ray Train workers (``num_learners: 1``, the default), interrupted at the third
+    trial's first evaluation and resumed; no trial process is killed (what Tune does with a lost trial is the same
+    with workers)."""
+    from raydistill.runtime.tune import plan_sweep, run_sweep
+
+    root = tmp_path_factory.mktemp("tune-workers")
+    space = write_space(root / "tiny.yaml", tiny_bert, tiny_teacher, root, num_learners=1)
+    plan = plan_sweep(str(tiny_bert), "congen", str(tiny_teacher), space_file=space, sweep_dir=root / "sweep",
+                      experiment="test-tune-workers", evaluate_sets=("sts13",), results_dir=root / "results",
+                      command="pytest tests/test_tune.py")
+    InterruptAt.armed = True
+    RecordResults.results = {}
+    first = run_sweep(plan, callbacks=[InterruptAt(lr=LRS[2], step=EVAL_EVERY), RecordResults()], verbose=0)
+    stored = {row["trial_id"]: sorted(plan.train_storage(row["trial_id"]).rglob("step-*"))
+              for row in first["trials"] if row["status"] == "interrupted"}
+    code = cli_main(["tune", "--resume", "--sweep-dir", str(root / "sweep")])
+    final = json.loads((root / "sweep" / "summary.json").read_text())
+    return {"root": root, "plan": plan, "first": first, "final": final, "resume_code": code, "stored": stored,
+            "results": RecordResults.results}
+
+
+@pytest.fixture(scope="module", params=["sweep", "worker_sweep"])
+def each_sweep(request):
+    """Both sweeps, for what holds whether trials train in Train's local mode or on Train workers."""
+    return request.getfixturevalue(request.param)
+
+
 @pytest.mark.ray
 def test_interrupted_sweep_resumes_and_keeps_finished_trials(sweep):
     first, final = sweep["first"], sweep["final"]
@@ -217,46 +247,34 @@ def test_a_trial_whose_process_was_killed_is_retried_from_its_checkpoint(sweep, 
 
 
 @pytest.mark.ray
-def test_trials_on_train_workers_report_through_ray_train_and_resume_from_train_checkpoints(
-        tmp_path, ray_session, tiny_bert, tiny_teacher):  # noqa: F811
+def test_trials_on_train_workers_report_through_ray_train_and_resume_from_train_checkpoints(worker_sweep):
     """``num_learners: 1``: what Tune ranks a trial by is rank 0's ``ray.train.report`` of each evaluation (with the
     path of the Train checkpoint reported with it, in the sweep's Tune storage), except the last, which the trial
-    reports itself once its model is written. Interrupted at its first evaluation, the trial comes back on
-    ``--resume`` from its newest Train checkpoint there, not from step 0 and not from its run dir."""
-    from raydistill.runtime.tune import plan_sweep, resume_sweep, run_sweep
-
-    space = write_space(tmp_path / "tiny.yaml", tiny_bert, tiny_teacher, tmp_path, lrs=[1e-3], num_learners=1)
-    plan = plan_sweep(str(tiny_bert), "congen", str(tiny_teacher), space_file=space, sweep_dir=tmp_path / "sweep",
-                      experiment="test-tune-workers", evaluate_sets=(), results_dir=tmp_path / "results",
-                      command="pytest tests/test_tune.py")
-    InterruptAt.armed = True
-    RecordResults.results = {}
-    first = run_sweep(plan, callbacks=[InterruptAt(lr=1e-3, step=EVAL_EVERY), RecordResults()], verbose=0)
-    (row,) = first["trials"]
-    assert first["ended_by"] == "interrupted" and row["status"] == "interrupted"
-    stored = sorted(plan.train_storage(row["trial_id"]).rglob("step-*"))
-    assert stored, "no Train checkpoint in the sweep's Tune storage"
-    final = resume_sweep(plan.sweep_dir, verbose=0)
-    (row,) = final["trials"]
-    assert final["ended_by"] == "completed" and row["status"] == "finished" and row["attempts"] == 2
-    assert 1 <= row["resumed_from"] < ROWS // BATCH and row["last_step"] == ROWS // BATCH
-    assert not list((tmp_path / "sweep" / "trials" / row["trial_id"]).rglob("step-*"))
-    results = RecordResults.results[1e-3]
+    reports itself once its model is written: every evaluation of the uninterrupted first trial, in order, each
+    with the best dev score so far. The trial interrupted at its first evaluation comes back on ``--resume`` from
+    its newest Train checkpoint there, not from step 0 and not from its run dir."""
+    plan, first = worker_sweep["plan"], by_lr(worker_sweep["first"])
+    results = worker_sweep["results"][1e-3]
     from_train = [r for r in results if "checkpoint_path" in r]
-    steps = {r["step"] for r in from_train}
-    # Before the interruption the driver heard the first evaluation (an evaluation the worker reported while the
-    # driver was stopping may be lost with it); after the resume, every evaluation but the held-back last one.
-    assert EVAL_EVERY in steps and steps <= set(range(EVAL_EVERY, ROWS // BATCH, EVAL_EVERY))
-    assert {s for s in steps if s > row["resumed_from"]} == set(
-        range(EVAL_EVERY * (row["resumed_from"] // EVAL_EVERY + 1), ROWS // BATCH, EVAL_EVERY))
-    assert all(r["checkpoint_path"].startswith(str(plan.train_storage(row["trial_id"]))) for r in from_train)
-    assert all(r["best_stsb_dev"] >= max(x["stsb_dev"] for x in from_train[:i + 1]) - 1e-9
-               for i, r in enumerate(from_train))
+    assert [r["step"] for r in from_train] == list(range(EVAL_EVERY, ROWS // BATCH, EVAL_EVERY))
+    assert all(r["checkpoint_path"].startswith(str(plan.train_storage(first[1e-3]["trial_id"])))
+               for r in from_train)
+    assert all(r["best_stsb_dev"] == max(x["stsb_dev"] for x in from_train[:i + 1]) for i, r in enumerate(from_train))
     assert results[-1]["step"] == ROWS // BATCH and "checkpoint_path" not in results[-1]
+
+    assert worker_sweep["first"]["ended_by"] == "interrupted" and first[LRS[2]]["status"] == "interrupted"
+    restarted = by_lr(worker_sweep["final"])[LRS[2]]
+    assert worker_sweep["stored"][restarted["trial_id"]], "no Train checkpoint in the sweep's Tune storage"
+    assert restarted["attempts"] == 2 and 1 <= restarted["resumed_from"] < ROWS // BATCH
+    assert restarted["status"] in ("finished", "stopped_early")
+    assert not list((worker_sweep["root"] / "sweep" / "trials" / restarted["trial_id"]).rglob("step-*"))
+    assert all(r["checkpoint_path"].startswith(str(plan.train_storage(restarted["trial_id"])))
+               for r in worker_sweep["results"][LRS[2]] if "checkpoint_path" in r)
 
 
 @pytest.mark.ray
-def test_asha_stops_the_wrecked_trial_early_and_the_nan_trial_fails(sweep):
+def test_asha_stops_the_wrecked_trial_early_and_the_nan_trial_fails(each_sweep):
+    sweep = each_sweep
     rows = by_lr(sweep["final"])
     assert rows[0.5]["status"] == "stopped_early"
     assert rows[0.5]["last_step"] < rows[0.5]["total_steps"] == ROWS // BATCH
@@ -283,7 +301,8 @@ def test_time_budget_ends_the_sweep_and_says_so(tmp_path, ray_session, tiny_bert
 
 
 @pytest.mark.ray
-def test_teacher_encodes_the_corpus_once_per_sweep(sweep):
+def test_teacher_encodes_the_corpus_once_per_sweep(each_sweep):
+    sweep = each_sweep
     first_pass, resumed_pass = sweep["final"]["teacher_passes"]
     assert (first_pass["misses"], first_pass["teacher_forward_sentences"]) == (ROWS, ROWS)
     assert (resumed_pass["hits"], resumed_pass["teacher_forward_sentences"]) == (ROWS, 0)
@@ -294,9 +313,10 @@ def test_teacher_encodes_the_corpus_once_per_sweep(sweep):
 
 
 @pytest.mark.ray
-def test_mlflow_has_one_parent_run_and_a_child_run_per_trial(sweep):
+def test_mlflow_has_one_parent_run_and_a_child_run_per_trial(each_sweep):
     from mlflow import MlflowClient
 
+    sweep = each_sweep
     final = sweep["final"]
     client = MlflowClient(tracking_uri=final["mlflow"]["tracking_uri"])
     parent = client.get_run(final["mlflow"]["parent_run_id"])
@@ -330,11 +350,11 @@ def test_mlflow_has_one_parent_run_and_a_child_run_per_trial(sweep):
 
 
 @pytest.mark.ray
-def test_best_trial_is_exported_as_a_model_and_a_job_config(sweep):
-    from raydistill.models import BiEncoder
+def test_best_trial_is_exported_as_a_model_and_a_job_config(each_sweep):
     from raydistill.config.job import JobConfig
+    from raydistill.models import BiEncoder
 
-    final = sweep["final"]
+    final = each_sweep["final"]
     best = final["best"]
     ranked = [row for row in final["trials"] if row["status"] != "failed"]
     assert best["trial_id"] == ranked[0]["trial_id"]

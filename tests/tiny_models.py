@@ -116,6 +116,7 @@ def make_tiny_model(
     vocab_size: int = 2000,
     initializer_range: float = 0.2,
     seed: int = 0,
+    dropout: float | None = None,
 ) -> Path:
     """Write a randomly initialised `family` encoder + trained tokenizer to `out_dir`; return the directory.
 
@@ -125,6 +126,9 @@ def make_tiny_model(
     `initializer_range` is 10x BERT's 0.02 on purpose: at width 32 the standard init makes every input give
     nearly the same output (a fresh cross-encoder head's logits differ by ~1e-5 between pairs), which would
     let ordering and padding bugs hide under test tolerances. At 0.2 outputs differ by ~0.1-1.
+
+    `dropout` (hidden and attention) replaces the family's default: 0.0 makes a training step a function of the
+    weights and the batch alone, as a test comparing runs whose random draws differ needs.
     """
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -161,6 +165,8 @@ def make_tiny_model(
     config.num_attention_heads = heads
     config.intermediate_size = intermediate
     config.initializer_range = initializer_range
+    if dropout is not None:
+        config.hidden_dropout_prob = config.attention_probs_dropout_prob = dropout
     tokenizer.model_max_length = max_positions
 
     torch.manual_seed(seed)
