@@ -133,3 +133,20 @@ def test_lower_floors_never_import_higher_ones():
     wrong = [(module, target) for module, targets in import_graph().items() for target in targets
              if _floor(target) > _floor(module)]
     assert not wrong, "imports against the floors: " + ", ".join(f"{m} -> {t}" for m, t in sorted(wrong))
+
+
+def test_the_engine_imports_nothing_private_of_ray_train_or_data():
+    """The training runtime uses Ray's public API: no ``ray.*._internal`` module is imported (a logger's name string
+    is no import)."""
+    private = []
+    for path in sorted((PACKAGE_DIR / "runtime" / "engine").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                names = [node.module] + [f"{node.module}.{alias.name}" for alias in node.names]
+            else:
+                continue
+            private += [f"{path.name}:{node.lineno} {name}" for name in names
+                        if name.split(".")[0] == "ray" and "_internal" in name.split(".")]
+    assert private == []

@@ -357,3 +357,30 @@ def test_group_in_process_resumes_mid_epoch_exactly(tiny_bert, tiny_teacher, tea
     assert [row["step"] for row in resumed["history"] if "loss" in row] == list(range(1, 9))
     assert per_step(resumed, "batch_crc32") == per_step(reference, "batch_crc32")
     np.testing.assert_allclose(per_step(resumed, "loss"), per_step(reference, "loss"), atol=1e-5)
+
+
+def test_a_data_parallel_step_sends_one_control_collective(tiny_bert, tiny_teacher, teacher_vectors, paraphrases,
+                                                           tmp_path, monkeypatch):
+    """With DDP a step sends one collective of its own (besides DDP's gradient all-reduce, which torch's reducer
+    runs): the workers' problems, rank 0's stop / report flags, the loss and every rank's batch crc in one
+    all-reduce. One process stands in for the workers (a gloo group of one): the calls are what every rank makes."""
+    import torch.distributed as dist
+
+    calls: list[str] = []
+    for name in ("all_reduce", "broadcast", "all_gather", "all_gather_object", "barrier", "reduce", "gather"):
+        original = getattr(dist, name)
+        monkeypatch.setattr(dist, name, lambda *a, _name=name, _original=original, **k: (
+            calls.append(_name), _original(*a, **k))[1])
+    cfg = congen_config(tiny_bert, tiny_teacher, tmp_path)
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        learner = DistillLearner(cfg, total_steps=8, teacher_dim=TEACHER_DIM, run_dir=tmp_path, rank=0, world_size=2)
+        assert learner.enable_ddp()
+        calls.clear()
+        batch = congen_batches(paraphrases, teacher_vectors)[0]
+        metrics = learner.train_step(batch, {"stop": True, "report": False})
+    finally:
+        dist.destroy_process_group()
+    assert calls == ["all_reduce"]
+    assert learner.signals == {"stop": True, "report": False}
+    assert math.isfinite(metrics["loss"]) and len(learner.history[-1]["batch_crc32_by_rank"]) == 2

@@ -3,8 +3,9 @@
 Ray's notices are checked where Ray raises them, without starting a Ray: the token-authentication notice of a new
 local cluster (Ray's own check, run as ``ray.init`` runs it) and the deprecation of Ray Data's
 ``ExecutionOptions.exclude_resources`` (set by raydistill before, and passed through by Ray Train for every run with
-datasets). The progress cadence is driven by a fake clock in ``learner_group``, whose progress printer the
-Trans-Encoder stages and the DvBERT teacher loops use, so no test waits.
+datasets). The progress cadence is driven by fake clocks in ``learner_group``, whose progress printer the
+Trans-Encoder stages and the DvBERT teacher loops use, and in ``train_loop``, whose rank 0 reports a step 30 s after
+its previous report, so no test waits.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import numpy as np
 import pytest
 
 from raydistill.config.job import JobConfig
-from raydistill.runtime.engine import cluster, learner_group
+from raydistill.runtime.engine import cluster, learner_group, train_loop
 from raydistill.runtime.jobs.stage_data import ENGINE_SERVICES
 
 AUTH_MODE_ENV = "RAY_AUTH_MODE"
@@ -142,7 +143,8 @@ def test_the_teacher_pass_may_plan_its_pool_on_the_learners_cpus(monkeypatch):
 
 
 class FakeClock:
-    """``time`` for learner_group's progress printer: each reading is ``step_s`` seconds after the previous one."""
+    """``time`` for learner_group's progress printer and the training loop (whose rank 0 reports a step 30 s after
+    its previous report): each reading is ``step_s`` seconds after the previous one."""
 
     def __init__(self, step_s: float):
         self.now, self.step_s = 0.0, step_s
@@ -175,6 +177,7 @@ def test_a_trans_encoder_stage_prints_a_line_whenever_30_s_passed(tiny_bert, tmp
     monkeypatch.setattr(learner, "training_rows", lambda labels_dir, column: rows)  # no Ray Data read
     monkeypatch.setattr(learner, "dev_score", lambda: 50.0)  # no STS-B dev pass
     monkeypatch.setattr(learner_group, "time", FakeClock(31.0))
+    monkeypatch.setattr(train_loop, "time", FakeClock(31.0))
     train_config_log = _Records()  # the stage's local-mode Train run announces itself there; raydistill drops it
     logging.getLogger("ray.train.v2.api.config").addHandler(train_config_log)
     try:
@@ -218,6 +221,7 @@ def test_a_dvbert_head_prints_a_line_whenever_30_s_passed(monkeypatch, capsys, t
     gold = rng.integers(0, 3, size=24)
     cfg = _nli_training(finetune=False)
     monkeypatch.setattr(learner_group, "time", FakeClock(31.0))
+    monkeypatch.setattr(train_loop, "time", FakeClock(31.0))
     dv._fit_fold({"label": gold}, np.arange(16), np.arange(16, 24), cfg, 0, tmp_path, tmp_path / "fold", "cpu",
                  "dvbert-teacher tiny fold 1/2 head", ENGINE_SERVICES, pooled=pooled)
     # 16 rows / batch 4 = 4 steps an epoch, 2 epochs
@@ -233,6 +237,7 @@ def test_a_dvbert_fold_fine_tuning_prints_a_line_whenever_30_s_passed(tiny_bert,
     cfg = _nli_training(finetune=True, epochs=1)
     weights = transformer_directory(resolve_model(str(tiny_bert)))
     monkeypatch.setattr(learner_group, "time", FakeClock(31.0))
+    monkeypatch.setattr(train_loop, "time", FakeClock(31.0))
     model, probs, stats = dv._fit_fold(columns, np.arange(8), np.arange(8, 12), cfg, 0, weights,
                                        tmp_path / "fold", "cpu", "dvbert-teacher tiny fold 1/2",
                                        ENGINE_SERVICES)

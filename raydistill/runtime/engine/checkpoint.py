@@ -59,7 +59,7 @@ from typing import Any, Callable
 import torch
 
 from raydistill.evaluation.results import git_sha
-from raydistill.fileio import file_sha256, recover_directory, staged_directory
+from raydistill.fileio import atomic_write_text, file_sha256, recover_directory, staged_directory
 from raydistill.config.job import RUNTIME_ONLY_FIELDS
 from raydistill.nested import flatten
 
@@ -156,7 +156,7 @@ def save_checkpoint(run_dir: str | os.PathLike, *, step: int, epoch: int, batch_
                 "extra": extra or {},
             }
             # The manifest goes last: a directory with a manifest is complete by construction.
-            (staged / MANIFEST).write_text(json.dumps(manifest, indent=2, default=str), encoding="utf-8")
+            atomic_write_text(staged / MANIFEST, json.dumps(manifest, indent=2, default=str))
     except (OSError, RuntimeError) as exc:
         # torch.save reports a failed write as RuntimeError ("... file write failed"), with the OSError as cause.
         cause = exc if isinstance(exc, OSError) else exc.__cause__ or exc.__context__

@@ -1,55 +1,126 @@
-"""Rank 0's events to the driver, and the driver's answer: ``EventRelay`` (a Ray actor) and ``LocalEvents``.
+"""Rank 0's progress to the driver, and the driver's stop request to rank 0, through Ray's public API only.
 
-Events (``start``, ``step``, ``eval``) go from rank 0 to the driver through an ``EventRelay`` (a Ray actor the
-driver owns; in local mode a plain object calling the driver's callbacks): the driver logs them to MLflow, prints
-the progress lines and answers with the stop request of a SIGTERM, which rank 0 passes to every worker.
+Progress: rank 0's ``ray.train.report`` of a progress step (every ``runtime.log_every`` steps, a step 30 s after the
+previous report, a dev evaluation, a checkpoint, the last step) carries ``PROGRESS_STEP`` and, after an evaluation,
+its scores (``EVAL_PREFIX``). ``ReportsToDriver``, a ``ray.train.UserCallback`` of the ``TorchTrainer``, turns each such report into
+the driver's events (``step``, ``eval``: ``progress_events``) and hands them to the ``EventRelay``, a small Ray
+actor the driver owns; the driver's main thread waits on it (``EventRelay.wait``, one blocking call until events
+arrive, the run ends, or ``runtime.learner_timeout_s`` passes: the watchdog of ``LearnerUnresponsiveError``). In
+Train's local mode (``num_learners: 0``) the loop runs in the driver, and ``LocalEvents`` hands the same events to
+the driver's callbacks directly.
 
-``push_event`` is rank 0's side: it hands an event to whichever of the two the loop config carries and returns the
-driver's answer (``stop``, ``abort``, ``restarts``); a relay that takes no event within ``EVENT_TIMEOUT_S`` raises.
-The relay also keeps the shared teacher-queue actors, so a worker group that Train restarts gets live ones.
+Stop: the driver's SIGTERM / SIGINT handler sets the relay's flag (``EventRelay.request_stop``); rank 0 reads it at
+its progress steps without waiting (``StopFlag``: the answer to the read issued at its previous progress step) and
+passes it to every worker inside the step's one control all-reduce (``DistillLearner.train_step``).
+
+What the public API does not do, and what this module does instead:
+
+* ``UserCallback`` runs in Train's controller actor, not in the driver (ray/train/v2/api/callback.py), and
+  ``TorchTrainer.fit`` blocks its caller without a timeout until the run ends. So the reports reach the driver
+  through the relay, and ``fit`` runs in a thread of its own while the driver's main thread waits on the relay with
+  a timeout: nothing else in Ray's public API tells the driver of a hung worker group (Train's health checks see a
+  live process, not a silent one).
+* Train's local mode runs no callbacks (``LocalController`` ignores ``RunConfig.callbacks``): hence ``LocalEvents``.
+* ``start`` (rank 0's pid, actor and the shared queue actors, at each (re)start of the workers) is not a report: a
+  report needs every worker, and the start answer must carry how often Train restarted the group (it goes into the
+  checkpoints). Rank 0 tells the relay directly, once per start.
+* Train has no public hook to keep actors alive across worker-group restarts: the relay keeps the shared
+  teacher-queue actors, so a worker group that Train restarts gets live ones.
 """
 
 from __future__ import annotations
 
+import threading
 from typing import Any, Callable
 
-__all__ = ["EVENT_TIMEOUT_S", "EventRelay", "LocalEvents", "push_event"]
+__all__ = ["EVENT_TIMEOUT_S", "EVAL_KEYS", "EVAL_PREFIX", "EVAL_STEP", "EventRelay", "LocalEvents", "PROGRESS_STEP", "ReportsToDriver",
+           "StopFlag", "progress_events", "push_event"]
 
-# How long rank 0 waits for the driver's relay to take an event before it gives up on the driver.
+# How long rank 0 (at a start) and Train's controller (at a report) wait for the driver's relay.
 EVENT_TIMEOUT_S = 120.0
+# How long a report waits for the driver to take its events (a driver that has gone or hangs holds no run up longer).
+TAKEN_TIMEOUT_S = 5.0
+# The key of rank 0's report metrics that makes a report a progress step for the driver: its optimiser step.
+PROGRESS_STEP = "raydistill_progress_step"
+# The dev scores a report carries after a dev evaluation (as ``EVAL_PREFIX`` + key: a Tune trial's reporter adds
+# keys of the same names for Tune, which must not see these), and the step evaluated (the reported one, or an
+# earlier step that no report followed: an evaluation owed at a resume).
+EVAL_KEYS = ("stsb_dev", "best_stsb_dev", "best_step")
+EVAL_PREFIX = "raydistill_eval_"
+EVAL_STEP = EVAL_PREFIX + "step"
+# Keys of the report that are not training metrics: the markers above, and what a Tune trial's reporter adds.
+_NOT_METRICS = ("stsb_dev", "best_stsb_dev", "step", "stage")
+
+Event = tuple[str, dict[str, Any], int]
+
+
+def progress_events(metrics: dict[str, Any]) -> list[Event]:
+    """The driver's events of rank 0's report ``metrics``: ``step`` (the training metrics) when the report has
+    them, then ``eval`` when the step had a dev evaluation; [] for a report that is no progress step."""
+    if PROGRESS_STEP not in metrics:
+        return []
+    step = int(metrics[PROGRESS_STEP])
+    events: list[Event] = []
+    if "loss" in metrics:
+        events.append(("step", {k: v for k, v in metrics.items()
+                                if k not in _NOT_METRICS and not k.startswith(("raydistill_", EVAL_PREFIX))}, step))
+    if EVAL_STEP in metrics:
+        events.append(("eval", {k: metrics[EVAL_PREFIX + k] for k in EVAL_KEYS}, int(metrics[EVAL_STEP])))
+    return events
 
 
 class EventRelay:
-    """Rank 0's events for the driver, and the driver's stop request for the workers; behind ``ray.remote``.
-
-    It also keeps the shared teacher queues: workers ask it for the queue actors (``shared_queues``), and it
-    replaces queue actors that died, so a worker group that Train restarts after a queue actor was lost gets live
-    ones (their content comes back from the checkpoint).
-    """
+    """The driver's end of the workers' events, its stop flag, and the shared teacher queues; behind ``ray.remote``
+    with several threads (``max_concurrency``), so the driver's wait never holds up a report or a read."""
 
     def __init__(self, queue_factory: Callable[[], list] | None = None):
-        self._events: list[tuple[str, dict[str, Any], int]] = []
-        self._stop = self._abort = False
+        self._events: list[Event] = []
+        self._pushed = self._taken = 0  # events ever pushed, and taken by the driver
+        self._changed = threading.Condition()
+        self._stop = self._abort = self._finished = False
         self._starts = 0
         self._queue_factory = queue_factory
         self._queues: list = []
+        self._queues_lock = threading.Lock()
 
-    def push(self, kind: str, info: dict[str, Any], step: int) -> dict[str, Any]:
-        """Queue an event; the answer: whether the driver asked the run to stop (SIGTERM) or gave up on it
-        (``abort``: it stopped waiting for events), and how many times the workers were restarted so far."""
-        self._starts += kind == "start"
-        self._events.append((kind, info, step))
-        return {"stop": self._stop, "abort": self._abort, "restarts": max(0, self._starts - 1)}
+    def push(self, events: list[Event], until_taken_s: float = 0.0) -> dict[str, Any]:
+        """Queue events for the driver, waiting up to ``until_taken_s`` until it has taken them; the answer: the
+        driver's flags (``control``) and how many times the workers were restarted so far."""
+        with self._changed:
+            self._starts += sum(kind == "start" for kind, _, _ in events)
+            self._events.extend(events)
+            self._pushed += len(events)
+            pushed = self._pushed
+            self._changed.notify_all()
+            if until_taken_s > 0:
+                self._changed.wait_for(lambda: self._taken >= pushed or self._finished, timeout=until_taken_s)
+            return {**self.control(), "restarts": max(0, self._starts - 1)}
 
-    def drain(self) -> list[tuple[str, dict[str, Any], int]]:
-        events, self._events = self._events, []
-        return events
+    def wait(self, timeout_s: float) -> tuple[list[Event], bool]:
+        """The events since the last call, waiting up to ``timeout_s`` for one, and whether the run has finished
+        (then every event of it is in the answer)."""
+        with self._changed:
+            self._changed.wait_for(lambda: self._events or self._finished, timeout=timeout_s)
+            events, self._events = self._events, []
+            self._taken += len(events)
+            self._changed.notify_all()
+            return events, self._finished
+
+    def finish(self) -> None:
+        """``fit`` returned: the driver's wait ends."""
+        with self._changed:
+            self._finished = True
+            self._changed.notify_all()
+
+    def control(self) -> dict[str, bool]:
+        """``stop``: the driver asked the run to stop (SIGTERM); ``abort``: it gave up waiting for events."""
+        return {"stop": self._stop, "abort": self._abort}
 
     def request_stop(self) -> None:
         self._stop = True
 
     def abort(self) -> None:
-        """The driver gave up (no event within its timeout): workers that still report leave without training."""
+        """The driver gave up (no event within its timeout): workers that still run leave without training."""
         self._abort = True
 
     def shared_queues(self) -> list:
@@ -58,26 +129,58 @@ class EventRelay:
 
         if self._queue_factory is None:
             return []
-        if self._queues:
-            try:
-                ray.get([queue.ping.remote() for queue in self._queues], timeout=30)
-            except Exception:  # noqa: BLE001 - a dead or unreachable queue actor: replace them all
-                for queue in self._queues:
-                    ray.kill(queue)
-                self._queues = []
-        if not self._queues:
-            self._queues = self._queue_factory()
-        return list(self._queues)
+        with self._queues_lock:  # the workers of a group ask at once: one set of queues for all
+            if self._queues:
+                try:
+                    ray.get([queue.ping.remote() for queue in self._queues], timeout=30)
+                except Exception:  # noqa: BLE001 - a dead or unreachable queue actor: replace them all
+                    for queue in self._queues:
+                        ray.kill(queue)
+                    self._queues = []
+            if not self._queues:
+                self._queues = self._queue_factory()
+            return list(self._queues)
 
     def shutdown(self) -> None:
         import ray
 
-        for queue in self._queues:
-            try:
-                ray.kill(queue)
-            except Exception:  # noqa: BLE001 - already gone
-                pass
-        self._queues = []
+        with self._queues_lock:
+            for queue in self._queues:
+                try:
+                    ray.kill(queue)
+                except Exception:  # noqa: BLE001 - already gone
+                    pass
+            self._queues = []
+
+
+def _user_callback_base():
+    """``ray.train.UserCallback``: Train V2's public callback (the V1 layout has none; then a plain base)."""
+    try:
+        from ray.train import UserCallback
+    except ImportError:
+        return object
+    return UserCallback
+
+
+class ReportsToDriver(_user_callback_base()):
+    """A Train callback (it runs in Train's controller): rank 0's progress reports to the driver's relay."""
+
+    def __init__(self, relay):
+        self.relay = relay
+
+    def after_report(self, run_context, metrics: list[dict[str, Any]], checkpoint) -> None:
+        events = progress_events(metrics[0]) if metrics else []
+        if not events:
+            return
+        import ray
+
+        try:
+            # Waited for until the driver has taken the events (this callback comes before the Tune trial's, so
+            # the driver has an evaluation before Tune can stop the trial on it), and so that every event is with
+            # the relay before fit returns (a call that is not waited for could reach it after ``finish``).
+            ray.get(self.relay.push.remote(events, TAKEN_TIMEOUT_S), timeout=EVENT_TIMEOUT_S)
+        except Exception:  # noqa: BLE001 - the driver is gone: training goes on, its checkpoints are the record
+            pass
 
 
 class LocalEvents:
@@ -86,17 +189,47 @@ class LocalEvents:
     def __init__(self, on_event: Callable[[str, dict[str, Any], int], None], stop_requested: Callable[[], bool]):
         self.on_event, self.stop_requested = on_event, stop_requested
 
-    def push(self, kind: str, info: dict[str, Any], step: int) -> dict[str, Any]:
-        self.on_event(kind, info, step)
-        return {"stop": self.stop_requested(), "abort": False, "restarts": 0}  # no worker to restart here
+    def push(self, events: list[Event]) -> dict[str, Any]:
+        for kind, info, step in events:
+            self.on_event(kind, info, step)
+        return {**self.control(), "restarts": 0}  # no worker to restart here
+
+    def control(self) -> dict[str, bool]:
+        return {"stop": self.stop_requested(), "abort": False}
 
     def shared_queues(self) -> list:
         return []  # one learner: the loss keeps its own queues
 
 
+class StopFlag:
+    """Rank 0's view of the driver's flags (``stop``, ``abort``), read without waiting: each ``read`` returns the
+    answer to the request the previous ``read`` sent, once it has arrived (in local mode: the flag itself)."""
+
+    def __init__(self, events, initial: dict[str, bool]):
+        self.events, self.state = events, {"stop": bool(initial.get("stop")), "abort": bool(initial.get("abort"))}
+        self._pending = None
+
+    def read(self) -> dict[str, bool]:
+        if isinstance(self.events, LocalEvents):
+            return self.events.control()
+        import ray
+
+        if self._pending is not None:
+            ready, _ = ray.wait([self._pending], timeout=0)
+            if not ready:
+                return self.state
+            try:
+                self.state = ray.get(self._pending)
+            except Exception:  # noqa: BLE001 - the relay is gone with the driver: train on, checkpoints keep it
+                pass
+        self._pending = self.events.control.remote()
+        return self.state
+
+
 def push_event(events, kind: str, info: dict[str, Any], step: int) -> dict[str, Any]:
+    """One event of rank 0 to the driver, waited for; the answer of ``EventRelay.push``."""
     if isinstance(events, LocalEvents):
-        return events.push(kind, info, step)
+        return events.push([(kind, info, step)])
     import ray
 
-    return ray.get(events.push.remote(kind, info, step), timeout=EVENT_TIMEOUT_S)
+    return ray.get(events.push.remote([(kind, info, step)]), timeout=EVENT_TIMEOUT_S)

@@ -157,6 +157,7 @@ class DistillLearner(LearnerState):
         self.step = 0
         self.best = BestDev()
         self.history: list[dict[str, Any]] = []
+        self.signals: dict[str, bool] = {}  # the last train_step's signals, agreed by the workers
         self.bucket_tokens = _bucket_tokens(cfg, self.device)
         if cfg.train.precision == "bf16" and self.device.type == "cpu":
             from raydistill.runtime.teachers.teacher import bf16_support
@@ -223,22 +224,38 @@ class DistillLearner(LearnerState):
         output = self.loss_module(features, labels)
         return output.loss, output.parts
 
-    def _stop_if_any_worker(self, problem: str | None) -> None:
-        """Raise FloatingPointError(``problem``) on every worker when any worker has one: a worker that raised alone
-        would leave the others waiting in DDP's next collective. Without DDP, raise it here if there is one."""
-        if self._ddp is None:
-            if problem:
-                raise FloatingPointError(problem)
-            return
+    def _agree_on_step(self, problem: str | None, signals: dict[str, bool], loss: torch.Tensor,
+                       parts: dict[str, Any], crc: int | None) -> tuple[dict[str, bool], float, dict[str, float],
+                                                                        list[int] | None]:
+        """The step's one control collective with several workers: a single all-reduce of [problem, signals,
+        loss, loss parts, every rank's batch crc]. Returns the signals OR-ed over the workers, the loss and its
+        parts averaged, and the crcs by rank; raises FloatingPointError on every worker when any has a problem (a
+        worker that raised alone would leave the others waiting in the next collective)."""
         import torch.distributed as dist
 
-        flag = torch.tensor([1 if problem else 0], dtype=torch.int64, device=self.device)  # NCCL: on the GPU
-        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-        if not flag.item():
-            return
-        problems: list[str | None] = [None] * self.world_size
-        dist.all_gather_object(problems, problem)
-        raise FloatingPointError(next((f"worker {rank}: {text}" for rank, text in enumerate(problems) if text)))
+        names, part_names = sorted(signals), sorted(parts or {})
+        crcs = self.world_size if crc is not None else 0
+        values = torch.zeros(1 + len(names) + 1 + len(part_names) + crcs, dtype=torch.float64)
+        values[0] = 1.0 if problem else 0.0
+        for i, name in enumerate(names):
+            values[1 + i] = 1.0 if signals[name] else 0.0
+        at = 1 + len(names)
+        values[at] = float(loss.detach())
+        for i, name in enumerate(part_names):
+            values[at + 1 + i] = float(parts[name])
+        if crc is not None:
+            values[at + 1 + len(part_names) + self.rank] = float(crc)  # < 2**32: exact in float64
+        values = values.to(self.device)  # NCCL: on the GPU
+        dist.all_reduce(values)
+        values = values.cpu()
+        if values[0] > 0:
+            problems: list[str | None] = [None] * self.world_size
+            dist.all_gather_object(problems, problem)  # only on the way out: which worker met what
+            raise FloatingPointError(next(f"worker {rank}: {text}" for rank, text in enumerate(problems) if text))
+        agreed = {name: bool(values[1 + i] > 0) for i, name in enumerate(names)}
+        mean_parts = {name: float(values[at + 1 + i]) / self.world_size for i, name in enumerate(part_names)}
+        by_rank = [int(c) for c in values[at + 1 + len(part_names):].tolist()] if crc is not None else None
+        return agreed, float(values[at]) / self.world_size, mean_parts, by_rank
 
     def all_reduce_mean(self, values: dict[str, float]) -> dict[str, float]:
         """``values`` averaged over the workers (the same keys on every worker); unchanged without DDP."""
@@ -254,19 +271,40 @@ class DistillLearner(LearnerState):
     # ------------------------------------------------------------------------------------------------------------
     # Training
 
-    def train_step(self, batch: dict[str, np.ndarray]) -> dict[str, float]:
-        """One optimiser step on ``batch``; returns loss, its parts, lr, grad norm and sentences/s."""
+    def train_step(self, batch: dict[str, np.ndarray], signals: dict[str, bool] | None = None) -> dict[str, float]:
+        """One optimiser step on ``batch``; returns loss, its parts, lr, grad norm and sentences/s.
+
+        With several workers the loss and its parts are averaged over them, and ``signals`` (flags the workers must
+        agree on, e.g. rank 0's stop request; the same names on every worker) come back OR-ed over the workers in
+        ``self.signals``: all in the step's one control collective, after backward (which DDP's gradient
+        all-reduce needs every worker to run) and before the optimiser step, which a problem on any worker (a
+        non-finite teacher vector or loss) skips on every worker. Alone, ``self.signals`` is ``signals``."""
         started = time.perf_counter()
-        self._stop_if_any_worker(_teacher_vector_problem(batch, self.step + 1, self.spec.name))
+        problem = _teacher_vector_problem(batch, self.step + 1, self.spec.name)
+        if problem and self._ddp is None:
+            raise FloatingPointError(problem)
         self.student.train()
         self.loss_module.train()
         # Through DDP when several workers train: its forward arms the gradient all-reduce that backward runs.
         loss, parts = self._ddp(batch) if self._ddp is not None else self._forward(batch)
-        self._stop_if_any_worker(None if torch.isfinite(loss) else (
-            f"{self.spec.name}: loss is {loss.item()} at step {self.step + 1} (parts {parts}); "
-            f"{self.spec.nonfinite_hint}"))
+        if not torch.isfinite(loss):
+            problem = problem or (f"{self.spec.name}: loss is {loss.item()} at step {self.step + 1} (parts {parts}); "
+                                  f"{self.spec.nonfinite_hint}")
+            if self._ddp is None:
+                raise FloatingPointError(problem)
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
+        # Which rows this step trained on, kept in the checkpointed history: a resumed run can be checked for
+        # replayed or skipped batches (tests/test_faults.py). Only rank 0 writes checkpoints, so with several
+        # learners every rank's crc is gathered into rank 0's row.
+        crc = zlib.crc32(np.ascontiguousarray(batch["idx"], dtype=np.int64).tobytes()) if "idx" in batch else None
+        crcs = None
+        loss_value = float(loss.detach())
+        parts_values = {k: float(v) for k, v in (parts or {}).items()}
+        self.signals = dict(signals or {})
+        if self._ddp is not None:
+            self.signals, loss_value, parts_values, crcs = self._agree_on_step(problem, self.signals, loss,
+                                                                               parts_values, crc)
         params = self._trainable()
         if self.cfg.train.grad_clip > 0:
             grad_norm = torch.nn.utils.clip_grad_norm_(params, self.cfg.train.grad_clip)
@@ -274,11 +312,12 @@ class DistillLearner(LearnerState):
             grad_norm = torch.norm(torch.stack([p.grad.norm() for p in params if p.grad is not None]))
         if not torch.isfinite(grad_norm):
             # A finite loss can still give inf/NaN gradients (an overflow in backward); clipping would spread the
-            # NaN into every weight. Stop before the optimiser step: the weights and checkpoints stay finite.
+            # NaN into every weight. Stop before the optimiser step: the weights and checkpoints stay finite. The
+            # gradients are all-reduced, so every worker stops here.
             bad = [name for name, param in self._named_trainable()
                    if param.grad is not None and not bool(torch.isfinite(param.grad).all())]
             raise FloatingPointError(f"{self.spec.name}: gradient norm is {float(grad_norm)} at step {self.step + 1} "
-                                     f"(loss {float(loss.detach()):.6g}; non-finite gradients in "
+                                     f"(loss {loss_value:.6g}; non-finite gradients in "
                                      f"{', '.join(bad[:5]) or 'the all-reduced gradients'}); the weights were not "
                                      "updated. Lower train.lr, or check the inputs of this step")
         lr = self.optimizer.param_groups[0]["lr"]
@@ -289,22 +328,14 @@ class DistillLearner(LearnerState):
         seconds = time.perf_counter() - started
         rows = len(next(iter(batch.values())))
         sentences = rows * self.spec.student_sentences_per_row
-        metrics = {"loss": float(loss.detach()), "lr": float(lr), "grad_norm": float(grad_norm),
+        metrics = {"loss": loss_value, "lr": float(lr), "grad_norm": float(grad_norm),
                    "sentences_per_s": sentences / max(seconds, 1e-9), "step_s": seconds}
-        metrics.update({f"loss_{k}": float(v) for k, v in (parts or {}).items()})
+        metrics.update({f"loss_{k}": v for k, v in parts_values.items()})
         row = {"step": self.step, **metrics}
-        if "idx" in batch:
-            # Which rows this step trained on, kept in the checkpointed history: a resumed run can be checked for
-            # replayed or skipped batches (tests/test_faults.py). Only rank 0 writes checkpoints, so with several
-            # learners every rank's crc is gathered into rank 0's row.
-            row["batch_crc32"] = zlib.crc32(np.ascontiguousarray(batch["idx"], dtype=np.int64).tobytes())
-            if self._ddp is not None:
-                import torch.distributed as dist
-
-                crcs = torch.zeros(self.world_size, dtype=torch.int64)
-                crcs[self.rank] = row["batch_crc32"]
-                dist.all_reduce(crcs)
-                row["batch_crc32_by_rank"] = [int(c) for c in crcs]
+        if crc is not None:
+            row["batch_crc32"] = crc
+            if crcs is not None:
+                row["batch_crc32_by_rank"] = crcs
         self.history.append(row)
         return metrics
 

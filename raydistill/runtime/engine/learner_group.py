@@ -26,15 +26,21 @@ What raydistill adds on top of Train: the config-hash refusal before anything st
 from the newest checkpoint that verifies (a damaged newer one is skipped, and the log says so), exact mid-epoch
 resume (data position, RNG, queues), the shared teacher-queue actors (kept by the ``EventRelay``, whose handle
 reaches the workers through the loop config), the least-squares projection fit and the teacher-queue start from the
-driver's seeded samples, and MLflow/progress from rank 0's events (a tracking failure never stops training).
+driver's seeded samples, and MLflow/progress from rank 0's reports (a tracking failure never stops training).
+
+Rank 0's progress reports reach the driver through Train's public callback (``events.ReportsToDriver``, which runs
+in Train's controller and hands them to the ``EventRelay``); in local mode the loop runs here and calls the
+driver's callbacks itself (``events`` says why each part takes the path it does). With workers, ``fit`` runs in a
+thread of its own and the driver's main thread waits on the relay, one blocking call per batch of events: no
+polling. A worker group that sends nothing for ``runtime.learner_timeout_s`` (default ``LEARNER_TIMEOUT_S``;
+start-up gets at least ``LEARNER_START_TIMEOUT_S``) ends that wait, and ``fit`` with ``LearnerUnresponsiveError``
+saying how to resume; the relay then tells the workers to leave once the hung one returns or dies.
 
 A job that is started again with the same run dir resumes the same way. Preemption: ``stopping.request_stop()``
 (the SIGTERM / SIGINT handler of ``run_distillation``; ``fit`` runs inside ``stopping.step_boundaries()``, so the
-handler only sets the flag) reaches rank 0 with the answer to its next event; every worker finishes
-the step in flight, a checkpoint is written at that step boundary, and ``fit`` raises ``PreemptedError``; the
-resumed job redoes no step. A worker group that sends no event for ``runtime.learner_timeout_s`` (default
-``LEARNER_TIMEOUT_S``; start-up gets at least ``LEARNER_START_TIMEOUT_S``) ends ``fit`` with
-``LearnerUnresponsiveError`` saying how to resume.
+handler only sets the flag, and the relay's with it) reaches rank 0 at its next progress step; every worker
+finishes the step in flight, a checkpoint is written at that step boundary, and ``fit`` raises ``PreemptedError``;
+the resumed job redoes no step.
 
 Progress goes to stdout, one line per ``runtime.log_every`` steps (default: about 50 lines per run) or 30 s:
 
@@ -60,10 +66,11 @@ from raydistill.methods import get_method
 from raydistill.runtime.engine import checkpoint as ckpt
 from raydistill.runtime.engine import resume
 from raydistill.config.job import JobConfig
-from raydistill.runtime.engine.reporting import TrainReports
+from raydistill.runtime.engine.reporting import TrainReports, progress_every
 from raydistill.runtime.engine.stopping import (  # noqa: F401 - request_stop: re-exported
     JobStopped,
     clear_stop_request,
+    on_stop_request,
     request_stop,
     signal_name,
     step_boundaries,
@@ -155,7 +162,8 @@ class LearnerGroup:
             on_event: EventCallback | None = None) -> FitSummary:
         """Train to the end (resuming from ``run_dir``'s newest good checkpoint) and return a summary.
 
-        ``on_metrics(metrics, step)`` gets every step's metrics (for MLflow); ``on_eval({"stsb_dev": ...}, step)``
+        ``on_metrics(metrics, step)`` gets the metrics of every progress step (every ``runtime.log_every`` steps or
+        30 s, an evaluation, a checkpoint, the last step; for MLflow); ``on_eval({"stsb_dev": ...}, step)``
         every dev evaluation; ``on_event(kind, info, step)`` every event of rank 0 (``start`` with the worker's
         pid and the checkpoint step it resumed from, ``step``, ``eval``).
         """
@@ -214,7 +222,7 @@ class LearnerGroup:
                           weights_crc_by_rank=out.get("weights_crc_by_rank"),
                           actor_cpu_s=0.0 if loop.local_mode else round(float(out.get("cpu_s", 0.0)), 1))
 
-    def _trainer(self, loop, datasets, local: bool):
+    def _trainer(self, loop, datasets, local: bool, callbacks: list | None = None):
         from ray.train import CheckpointConfig, DataConfig, FailureConfig, RunConfig, ScalingConfig
         from ray.train.torch import TorchTrainer
 
@@ -228,11 +236,11 @@ class LearnerGroup:
             resources_per_worker={"CPU": float(resources.num_cpus), **(
                 {"GPU": float(resources.num_gpus)} if resources.num_gpus > 0 else {})})
         storage = resume.checkpoint_home(self.run_dir, self.cfg)
-        callbacks = self.reporter.trainer_callbacks(local)
+        callbacks = (callbacks or []) + (self.reporter.trainer_callbacks(local) or [])  # the driver's first
         run = RunConfig(name=TRAIN_RUN_NAME, storage_path=storage,
                         failure_config=FailureConfig(max_failures=self.max_restarts),
                         checkpoint_config=CheckpointConfig(num_to_keep=self.cfg.train.keep_last),
-                        callbacks=callbacks)
+                        callbacks=callbacks or None)
         # Every worker reads the whole ordered stream and keeps its own batches (exact order, exact resume). Local
         # mode hands the loop the dataset itself, whose context epoch_stream set to preserve order.
         data_config = None
@@ -261,19 +269,22 @@ class LearnerGroup:
         return self._trainer(loop, datasets, local=True).fit()
 
     def _fit_workers(self, loop, datasets, events: "_Dispatcher"):
-        """N Train workers: ``fit`` runs in a thread while this one relays rank 0's events and the stop request."""
+        """N Train workers: ``fit`` runs in a thread while this one waits on the relay for rank 0's reports."""
         import ray
+        from ray.exceptions import GetTimeoutError, RayActorError
 
         from raydistill.runtime.engine.cluster import on_the_driver_node
-        from raydistill.runtime.engine.events import EventRelay
+        from raydistill.runtime.engine.events import EventRelay, ReportsToDriver
 
         factory = None
         if self.num_learners > 1 and self.spec.shares_queue(self.cfg):
             factory = functools.partial(make_shared_queues, self.spec, self.cfg, self.teacher_dim)
         # On the driver's node: a lost worker node must not take the driver's channel to the workers with it.
-        relay = ray.remote(num_cpus=0)(EventRelay).options(scheduling_strategy=on_the_driver_node()).remote(factory)
+        # Threads: the driver's wait must not hold up a report, a worker's read of the stop flag or of the queues.
+        relay = ray.remote(num_cpus=0, max_concurrency=32)(EventRelay).options(
+            scheduling_strategy=on_the_driver_node()).remote(factory)
         loop.events = relay
-        trainer = self._trainer(loop, datasets, local=False)
+        trainer = self._trainer(loop, datasets, local=False, callbacks=[ReportsToDriver(relay)])
         outcome: dict[str, Any] = {}
 
         def run() -> None:
@@ -281,30 +292,34 @@ class LearnerGroup:
                 outcome["result"] = trainer.fit()
             except BaseException as exc:  # noqa: BLE001 - handed to the driver thread below
                 outcome["error"] = exc
+            finally:
+                try:
+                    relay.finish.remote()
+                except Exception:  # noqa: BLE001 - the relay is gone with the cluster
+                    pass
 
         thread = threading.Thread(target=run, name=f"raydistill-train-{self.name}", daemon=True)
-        thread.start()
-        stop_sent = False
-        last_event = time.monotonic()
-        while True:
-            thread.join(0.25)
-            finished = not thread.is_alive()  # checked before the drain: every event is in it then
-            if stop_requested() and not stop_sent:
-                relay.request_stop.remote()
-                stop_sent = True
-            drained = ray.get(relay.drain.remote(), timeout=60)
-            for kind, info, step in drained:
-                events(kind, info, step)
-            if drained:
-                last_event = time.monotonic()
-            if finished:
-                break
-            limit = self.call_timeout_s if events.starts else max(self.call_timeout_s, LEARNER_START_TIMEOUT_S)
-            if time.monotonic() - last_event > limit:
-                # The run goes on in the background until its hung worker returns or dies; then the relay (kept
-                # alive for this) tells the workers to leave without training. A CLI job simply exits.
-                relay.abort.remote()
-                raise self._unresponsive(limit)
+        with on_stop_request(lambda: relay.request_stop.remote()):
+            thread.start()
+            while True:
+                limit = self.call_timeout_s if events.starts else max(self.call_timeout_s, LEARNER_START_TIMEOUT_S)
+                try:
+                    drained, finished = ray.get(relay.wait.remote(limit), timeout=limit + 60)
+                except (GetTimeoutError, RayActorError):  # the relay, or the cluster, is gone
+                    drained, finished = [], False
+                for kind, info, step in drained:
+                    events(kind, info, step)
+                if finished:
+                    break
+                if not drained:
+                    # The run goes on in the background until its hung worker returns or dies; then the relay
+                    # (kept alive for this) tells the workers to leave without training. A CLI job simply exits.
+                    try:
+                        relay.abort.remote()
+                    except Exception:  # noqa: BLE001 - the relay is gone with the cluster
+                        pass
+                    raise self._unresponsive(limit)
+        thread.join()
         try:
             ray.get(relay.shutdown.remote(), timeout=30)
         except Exception:  # noqa: BLE001 - the relay is gone with the cluster
@@ -373,7 +388,8 @@ class _Dispatcher:
         self.group = group
         self.on_metrics, self.on_eval, self.on_event = on_metrics, on_eval, on_event
         cfg = group.cfg
-        self.progress = _Progress(group.name, total, cfg.train.epochs, cfg.runtime.log_every, first_step)
+        self.progress = _Progress(group.name, total, cfg.train.epochs, progress_every(cfg.runtime.log_every, total),
+                                  first_step)
         self.starts = 0
         self.epoch = 0
         self.best: dict[str, float] = {}
@@ -428,9 +444,9 @@ def _teacher_dim_of(data, spec, cfg) -> int | None:
 class _Progress:
     """Step/total, loss, dev, sentences/s and ETA to stdout; quiet between lines."""
 
-    def __init__(self, name: str, total: int, epochs: int, every: int | None, first_step: int):
+    def __init__(self, name: str, total: int, epochs: int, every: int, first_step: int):
         self.name, self.total, self.epochs = name, total, epochs
-        self.every = int(every) if every else max(1, total // 50)
+        self.every = every
         self.started, self.first_step = time.perf_counter(), first_step
         self.last_print = 0.0
         self.loss_window: list[float] = []
@@ -442,7 +458,7 @@ class _Progress:
     def update(self, step: int, epoch: int, metrics: dict[str, float] | None, dev: float | None,
                best: dict[str, float], force: bool = False) -> None:
         if metrics is not None:
-            self.loss_window.append(metrics["loss"])
+            self.loss_window.append(metrics.get("loss_mean", metrics["loss"]))  # mean since the previous report
             self.sentences_per_s = metrics.get("sentences_per_s", 0.0)
         now = time.perf_counter()
         if not (force or step % self.every == 0 or step == self.total or now - self.last_print > 30):

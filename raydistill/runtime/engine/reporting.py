@@ -5,14 +5,16 @@ The loop (``train_loop``) knows nothing of who listens. On every worker it asks 
     registered_checkpoint(local_mode)   at a (re)start: the checkpoint the runner registered for it, or None
     accepts(manifest)                   whether that checkpoint belongs to this run (False: the loop ignores it)
     may_differ                          which config keys a registered checkpoint may differ in (None: none)
-    report(StepReport, save)            after every optimiser step, and once after the last one
+    report(StepReport, save)            at every progress step (every ``runtime.log_every`` steps, 30 s after the
+                                        previous report, a dev evaluation, a checkpoint, a stop, the last step),
+                                        and once after the last step
 
 and ``LearnerGroup`` asks it for the ``TorchTrainer``'s ``trainer_callbacks(local_mode)`` and whether the rows may
 come as a Ray Data stream (``streams_rows``). ``save(run_dir, extra)`` writes the step's checkpoint (rank 0 only)
 into ``run_dir``, or into the run's own directory when ``run_dir`` is None, and returns where.
 
-``TrainReports`` is the plain job's reporter: ``ray.train.report`` of every step's metrics, with the checkpoint of
-a step that has one; Train persists it under ``RunConfig(storage_path)``. In Train's local mode a reported
+``TrainReports`` is the plain job's reporter: ``ray.train.report`` of every report's metrics, with the checkpoint
+of a step that has one; Train persists it under ``RunConfig(storage_path)``. In Train's local mode a reported
 checkpoint would stay in memory only, so there the checkpoint goes into the run directory itself (the same layout).
 A Ray Tune trial plugs in its own reporter (``runtime.tune.reporting``); the loop does not branch on Tune.
 """
@@ -24,10 +26,18 @@ import tempfile
 from dataclasses import dataclass, replace
 from typing import Any, Callable
 
-__all__ = ["Reporter", "StepReport", "TrainReports", "SaveCheckpoint"]
+__all__ = ["PROGRESS_INTERVAL_S", "Reporter", "StepReport", "TrainReports", "SaveCheckpoint", "progress_every"]
+
+# The longest the driver goes without a progress line (and a report) while steps finish.
+PROGRESS_INTERVAL_S = 30.0
 
 # save(run_dir, extra) -> the checkpoint directory written (rank 0), None elsewhere
 SaveCheckpoint = Callable[[Any, dict[str, Any]], Any]
+
+
+def progress_every(log_every: int | None, total_steps: int) -> int:
+    """Steps between progress lines and reports: ``runtime.log_every``, or about 50 a run."""
+    return int(log_every) if log_every else max(1, total_steps // 50)
 
 
 @dataclass(frozen=True)

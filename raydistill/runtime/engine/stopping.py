@@ -8,7 +8,9 @@ handler of its own that aborts the process), the first SIGTERM or SIGINT
     * anywhere else (the teacher pass, labelling, evaluation, between stages) raises ``JobStopped`` at once, so the
       ``finally`` blocks of what runs keep what it computed (the teacher cache appends the rows encoded so far).
 
-Code that leaves a step loop with the flag set calls ``raise_if_stop_requested()`` before its next phase. A second
+Code that leaves a step loop with the flag set calls ``raise_if_stop_requested()`` before its next phase. Code that must
+pass the request on at once (a driver whose training runs in Ray workers) registers a listener with
+``on_stop_request``; the request calls it, in the thread that made it (the signal handler's: the main thread). A second
 signal while the job stops is only reported: the stop is already under way. The job exits with ``exit_status()``,
 128 + the signal's number as a shell reports it (143 for SIGTERM: schedulers read it as "preempted, requeue"; 130
 for SIGINT). Outside the main thread (a Ray Tune trial's job) nothing is installed and the default handlers stay.
@@ -19,16 +21,17 @@ from __future__ import annotations
 import contextlib
 import signal
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
-__all__ = ["JobStopped", "StopOnSignals", "clear_stop_request", "exit_status", "raise_if_stop_requested",
-           "request_stop", "signal_name", "step_boundaries", "stop_requested"]
+__all__ = ["JobStopped", "StopOnSignals", "clear_stop_request", "exit_status", "on_stop_request",
+           "raise_if_stop_requested", "request_stop", "signal_name", "step_boundaries", "stop_requested"]
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 _STOP_REQUESTED = threading.Event()
 _received = {"signum": int(signal.SIGTERM)}
 _polling_depth = [0]  # > 0 while a step loop checks the flag itself
+_listeners: list[Callable[[], None]] = []
 
 
 class JobStopped(BaseException):
@@ -52,6 +55,8 @@ def request_stop(signum: int = signal.SIGTERM) -> None:
     """Ask the job to stop at the next step boundary (safe to call from a signal handler)."""
     _received["signum"] = int(signum)
     _STOP_REQUESTED.set()
+    for listener in list(_listeners):
+        listener()
 
 
 def clear_stop_request() -> None:
@@ -87,6 +92,18 @@ def step_boundaries() -> Iterator[None]:
         yield
     finally:
         _polling_depth[0] -= 1
+
+
+@contextlib.contextmanager
+def on_stop_request(listener: Callable[[], None]) -> Iterator[None]:
+    """While inside, every stop request also calls ``listener`` (at once if one came before)."""
+    _listeners.append(listener)
+    try:
+        if stop_requested():
+            listener()
+        yield
+    finally:
+        _listeners.remove(listener)
 
 
 class StopOnSignals:

@@ -10,22 +10,35 @@
             least squares and fills the teacher queues from the samples the driver sent
     learner.enable_ddp()                                   # several workers: DDP averages the gradients
     for each step: this worker's batch of the step (batch b of an epoch goes to rank b mod world), its teacher
-            vectors read from the memory-mapped cache, one optimiser step, ``ray.train.report`` of the metrics
-            (with a checkpoint every ``train.checkpoint_every`` steps), dev evaluation on rank 0
+            vectors read from the memory-mapped cache, one optimiser step (with the step's one control collective:
+            ``DistillLearner.train_step``), dev evaluation on rank 0 (every ``train.eval_every`` steps and at each
+            epoch end), and at a progress step ``ray.train.report`` of the metrics (with a checkpoint every
+            ``train.checkpoint_every`` steps)
 
 Data: ``batches`` says which batches each worker reads, from a Ray Data stream or an in-memory set, and how a
 resume skips the consumed ones exactly.
 
 Reports and checkpoints leave the loop through the loop config's ``reporter`` (``reporting.Reporter``; default
-``TrainReports``): every step's metrics, with the checkpoint of a step boundary every ``train.checkpoint_every``
-steps, and the final one marked finished. With Train workers rank 0 writes the atomic checkpoint (checkpoint.py)
+``TrainReports``): the metrics of each progress step (every ``runtime.log_every`` steps, a step 30 s after the
+previous report, a dev evaluation, a checkpoint, a stop, the last step: every worker reports at the same steps, as
+Train requires), with the checkpoint of a step boundary every ``train.checkpoint_every`` steps, and the final one
+marked finished. With Train workers rank 0 writes the atomic checkpoint (checkpoint.py)
 into a local temporary directory and Train persists it to ``RunConfig(storage_path)/<name>/step-XXXXXXX``; in
 Train's local mode the checkpoint goes into ``<run_dir>/checkpoints/`` directly: the same layout either way. A Ray
 Tune trial hands the loop its own reporter (``runtime.tune.reporting``); the loop does not know it is in one.
 
-Events (``start``, ``step``, ``eval``) go from rank 0 to the driver through the loop config's ``events``
-(``events.EventRelay``, in local mode ``events.LocalEvents``); the driver's answer carries its stop request, which
-rank 0 passes to every worker.
+The driver hears of the progress steps through rank 0's reports (``events``: a Train callback hands them to the
+``EventRelay``; in local mode ``LocalEvents`` hands them to the driver's callbacks directly), and of each (re)start
+from rank 0 itself. Rank 0 reads the driver's stop flag at its progress steps without waiting (every step in local
+mode, where it is a plain flag) and passes it to every worker in the next step's control collective; every worker
+finishes that step, rank 0 writes the checkpoint of that step boundary, and all leave. Besides DDP's gradient
+all-reduce a step sends one collective (the learner's), and an evaluation one more only when ``train.patience`` asks
+for an early-stop decision.
+
+Train logs every report of a worker at INFO ("Reporting training result N: ..."), a line per progress step that
+reaches the driver's console in a Tune trial; ``_quiet_report_logs`` raises that logger's level. Its logger is named
+after its module's file inside Ray's private package, a name no public API gives: the name is built from
+``ray.train``'s location (nothing private is imported), and a Ray whose layout differs keeps its lines.
 """
 
 from __future__ import annotations
@@ -41,8 +54,16 @@ from raydistill.runtime.engine import checkpoint as ckpt
 from raydistill.config.job import JobConfig
 from raydistill.cputime import cpu_seconds
 from raydistill.runtime.engine.batches import array_steps, steps_per_epoch, stream_steps
-from raydistill.runtime.engine.events import EVENT_TIMEOUT_S, LocalEvents, push_event
-from raydistill.runtime.engine.reporting import StepReport, TrainReports
+from raydistill.runtime.engine.events import (
+    EVAL_PREFIX,
+    EVENT_TIMEOUT_S,
+    PROGRESS_STEP,
+    LocalEvents,
+    StopFlag,
+    progress_events,
+    push_event,
+)
+from raydistill.runtime.engine.reporting import PROGRESS_INTERVAL_S, StepReport, TrainReports, progress_every
 
 __all__ = ["LoopConfig", "train_worker", "STREAM"]
 
@@ -86,16 +107,13 @@ def train_worker(config: dict[str, Any]) -> dict[str, Any]:
 
 
 def _quiet_report_logs() -> None:
-    """A Train worker logs every ``ray.train.report`` at INFO ("Reporting training result N: ..."), a line per step
-    that reaches the driver's console in a Tune trial; the driver's progress lines already summarise them. The
-    logger is named after its module's file."""
+    """Raise the level of the logger of Train's "Reporting training result N" lines (see the module docstring)."""
     import logging
 
-    try:
-        from ray.train.v2._internal.execution import context as train_context
-    except ImportError:  # another Ray layout: its lines stay
-        return
-    logging.getLogger(train_context.__file__).setLevel(logging.WARNING)
+    import ray.train
+
+    logging.getLogger(os.path.join(os.path.dirname(ray.train.__file__), "v2", "_internal", "execution",
+                                   "context.py")).setLevel(logging.WARNING)
 
 
 class _Worker:
@@ -123,9 +141,12 @@ class _Worker:
             init_model=loop.init_model, rank=self.rank, world_size=self.world, queue_actors=queues or None,
             threads=None if loop.local_mode else self.cfg.resources.learner.threads, device=device)
         self.evaluated_at = -1
+        self.announced_eval = -1  # the newest evaluation a report has carried
         self.best_cache: dict[str, float] = {}
         self.last_dev: float | None = None
         self.restarts = 0  # of the worker group, as the relay counted them (recorded in the checkpoints)
+        self.flags: StopFlag | None = None  # rank 0's view of the driver's stop / abort flags
+        self.loss_since_report: list[float] = []
 
     @property
     def _remote_events(self) -> bool:
@@ -148,9 +169,11 @@ class _Worker:
         if self.rank == 0:
             reply = push_event(self.events, "start", self._start_info(resumed_from), position[0])
             self.restarts = reply["restarts"]
-        if self._agree(reply["abort"]):
+            self.flags = StopFlag(self.events, reply)
+        abort, stop = self._agree(reply["abort"], reply["stop"])
+        if abort:
             return {"step": self.learner.step, "aborted": True}
-        outcome = self._train_from(position, stop_requested=reply["stop"])
+        outcome = self._train_from(position, stop_requested=stop)
         if outcome.get("diverged"):
             return {"step": self.learner.step, **outcome}
         cpu = self.learner.all_reduce_mean({"cpu_s": cpu_seconds() - started_cpu})["cpu_s"] * self.world
@@ -205,6 +228,12 @@ class _Worker:
         if manifest is None:
             return (0, 0, 0), None
         self.evaluated_at = int(manifest.get("extra", {}).get("evaluated_at", -1))
+        # The checkpoint's own evaluation rode in the report that persisted it; a run stopped before that report
+        # reached the driver never logged it, so the first report carries it again (MLflow may get it twice).
+        scored = [row for row in self.learner.get_history() if row.get("step") == self.evaluated_at == manifest["step"]
+                  and "stsb_dev" in row]
+        if self.rank == 0 and scored:
+            self.last_dev, self.best_cache = float(scored[-1]["stsb_dev"]), self.learner.best_info()
         self._print(f"resuming from {manifest['_path']} (step {manifest['step']}, epoch {manifest['epoch']}, "
                     f"batch {manifest['batch_in_epoch']})")
         return (manifest["step"], manifest["epoch"], manifest["batch_in_epoch"]), manifest["step"]
@@ -283,55 +312,76 @@ class _Worker:
         train, learner = self.cfg.train, self.learner
         total = self.loop.total_steps
         per_epoch = steps_per_epoch(self.loop.num_rows, train.batch_size, self.world)
+        every = progress_every(self.cfg.runtime.log_every, total)
         step, epoch, batch_in_epoch = position
         trained = early_stopped = preempted = False
+        evaluated_before = self.evaluated_at
         if batch_in_epoch >= per_epoch * self.world and epoch < train.epochs:
             # The checkpoint closed its epoch: the epoch-end evaluation may still be owed.
             epoch, batch_in_epoch = epoch + 1, 0
             early_stopped = self._epoch_end(step)
-        preempted = self._agree(stop_requested)
+        preempted = stop_requested
+        last_report = time.perf_counter()
         if step < total and epoch < train.epochs and not early_stopped and not preempted:
             for ep, step_in_epoch, batch in self._steps(epoch, batch_in_epoch // self.world):
                 epoch = ep
+                # Rank 0's flags; the other workers learn them in the step's control collective.
+                signals = {"stop": False, "abort": False, "report": False}
+                if self.rank == 0:
+                    signals.update(self.flags.read() if self.loop.local_mode else self.flags.state)
+                    signals["report"] = time.perf_counter() - last_report > PROGRESS_INTERVAL_S
                 try:
-                    metrics = learner.train_step(batch)
+                    metrics = learner.train_step(batch, signals)
                 except FloatingPointError as exc:
                     # Raised on every worker at once (the learner agrees on it). A diverged run diverges again from
                     # its last checkpoint: end it (the driver raises the error) instead of letting Train's
                     # FailureConfig restart it.
                     return {"diverged": str(exc)}
+                agreed = learner.signals
+                if agreed["abort"]:
+                    return {"aborted": True}
                 step, trained = learner.step, True
                 batch_in_epoch = (step_in_epoch + 1) * self.world
-                merged = learner.all_reduce_mean(metrics)
-                merged["learner_sentences_per_s"] = merged.get("sentences_per_s", 0.0) * self.world
-                merged["epoch"] = epoch + batch_in_epoch / max(1, self.loop.num_rows // train.batch_size)
-                reply = push_event(self.events, "step", merged, step) if self.rank == 0 else {}
-                if self._agree(bool(reply.get("abort"))):
-                    return {"aborted": True}
-                stop = bool(reply.get("stop"))
-                if step % train.eval_every == 0:
+                metrics["learner_sentences_per_s"] = metrics.get("sentences_per_s", 0.0) * self.world
+                metrics["epoch"] = epoch + batch_in_epoch / max(1, self.loop.num_rows // train.batch_size)
+                self.loss_since_report.append(metrics["loss"])
+                preempted = agreed["stop"]
+                epoch_ends = step_in_epoch + 1 == per_epoch
+                # A stop leaves the epoch-end evaluation to the resumed run (the checkpoint says it is owed).
+                if step % train.eval_every == 0 or (epoch_ends and not preempted):
                     self._evaluate(step)
                     early_stopped = self._early_stop()
-                preempted = self._agree(stop)
                 # The last step's checkpoint is the final one below (marked finished): not reported twice.
                 due = step % train.checkpoint_every == 0 and step < total and not early_stopped
-                self._report(merged, step, epoch, batch_in_epoch, extra={"preempted": True} if preempted else None,
-                             checkpoint=due or preempted)
+                progress = (agreed["report"] or step % every == 0 or due or preempted or early_stopped
+                            or step >= total or self.evaluated_at == step)
+                evaluated = False
+                if progress:
+                    metrics, evaluated = self._progress(metrics, step)
+                if self.loop.local_mode and not preempted:
+                    # The flag itself, read after the driver's callbacks ran: a stop they caused ends this step.
+                    preempted = self.flags.read()["stop"]
+                if progress or preempted:
+                    self._report(metrics, step, epoch, batch_in_epoch, extra={"preempted": True} if preempted
+                                 else None, checkpoint=due or preempted, evaluated=evaluated)
+                    last_report = time.perf_counter()
+                    if self.rank == 0 and not self.loop.local_mode:
+                        self.flags.read()  # its answer is there by the next progress step
                 if preempted:
                     break
-                if step_in_epoch + 1 == per_epoch:
+                if epoch_ends:
                     epoch, batch_in_epoch = epoch + 1, 0
-                    early_stopped = self._epoch_end(step) or early_stopped
-                if step >= total or early_stopped or preempted:
+                if step >= total or early_stopped:
                     break
         if preempted:
             return {"preempted": True, "early_stopped": False, "epoch": epoch, "batch_in_epoch": batch_in_epoch}
         if self.evaluated_at != step:
             self._evaluate(step)
-        if trained:
-            # The final checkpoint lets a re-run of the finished job skip training (it resumes at the end).
+        if trained or self.evaluated_at != evaluated_before:  # the same on every worker, as Train's reports must be
+            # The final checkpoint lets a re-run of the finished job skip training (it resumes at the end); the
+            # report also carries an evaluation no report carried yet.
             self._report({"step": step}, step, epoch, batch_in_epoch,
-                         extra={"finished": True, "early_stopped": early_stopped}, checkpoint=True, final=True)
+                         extra={"finished": True, "early_stopped": early_stopped}, checkpoint=trained, final=True)
         if early_stopped:
             self._print(f"early stop at step {step}: {train.patience} evaluations without a new best")
         return {"preempted": False, "early_stopped": early_stopped, "epoch": epoch, "batch_in_epoch": batch_in_epoch}
@@ -344,35 +394,59 @@ class _Worker:
         return self._early_stop()
 
     def _evaluate(self, step: int) -> None:
-        """STS-B dev on rank 0 (a new best is saved to ``run_dir/best``); the others wait at the next collective."""
+        """STS-B dev on rank 0 (a new best is saved to ``run_dir/best``); the others wait at the next collective.
+        The scores reach the driver with the next report."""
         self.evaluated_at = step
         if self.rank != 0:
             return
-        score = self.learner.evaluate_dev()
+        self.last_dev = float(self.learner.evaluate_dev())
         self.best_cache = self.learner.best_info()
-        self.last_dev = float(score)
-        push_event(self.events, "eval", {"stsb_dev": score, "best_stsb_dev": self.best_cache["best_stsb_dev"],
-                                    "best_step": self.best_cache["best_step"]}, step)
 
     def _early_stop(self) -> bool:
-        return self._agree(bool(self.cfg.train.patience) and self.rank == 0 and self.learner.should_stop_now())
+        if not self.cfg.train.patience:  # no decision to agree on
+            return False
+        return self._agree(self.rank == 0 and self.learner.should_stop_now())[0]
 
-    def _agree(self, flag: bool) -> bool:
-        """Rank 0's decision (stop, early stop) on every worker, so all leave the loop at the same step."""
+    def _agree(self, *flags: bool) -> list[bool]:
+        """Rank 0's decisions (abort and stop at a start, early stop) on every worker, in one broadcast, so all leave
+        the loop at the same step."""
         if self.world <= 1 or self.learner._ddp is None:
-            return bool(flag)
+            return [bool(flag) for flag in flags]
         import torch
         import torch.distributed as dist
 
-        decision = torch.tensor([1 if flag else 0], dtype=torch.int64)
-        dist.broadcast(decision, src=0)
-        return bool(decision.item())
+        decisions = torch.tensor([1 if flag else 0 for flag in flags], dtype=torch.int64)
+        dist.broadcast(decisions, src=0)
+        return [bool(decision) for decision in decisions.tolist()]
+
+    def _progress(self, metrics: dict[str, Any], step: int) -> tuple[dict[str, Any], bool]:
+        """Rank 0's report metrics of a progress step: the step's metrics with the mean loss since the previous
+        report, the marker the driver's callback reads, and the scores of an evaluation no report carried yet;
+        and whether this step's own evaluation is among them."""
+        if self.rank != 0:
+            return metrics, False
+        metrics = {**metrics, PROGRESS_STEP: int(step)}
+        if "loss" in metrics and self.loss_since_report:
+            metrics["loss_mean"] = float(np.mean(self.loss_since_report))
+        self.loss_since_report = []
+        fresh_eval = self.announced_eval < self.evaluated_at and self.last_dev is not None and self.best_cache
+        if fresh_eval:
+            scores = {"stsb_dev": self.last_dev, "best_stsb_dev": float(self.best_cache["best_stsb_dev"]),
+                      "best_step": int(self.best_cache["best_step"]), "step": int(self.evaluated_at)}
+            metrics.update({EVAL_PREFIX + key: value for key, value in scores.items()})
+            self.announced_eval = self.evaluated_at
+        if self.loop.local_mode:  # no Train callback runs here: the events go to the driver's callbacks at once
+            self.events.push(progress_events(metrics))
+        return metrics, bool(fresh_eval) and self.evaluated_at == step
 
     def _report(self, metrics: dict[str, float], step: int, epoch: int, batch_in_epoch: int,
-                extra: dict[str, Any] | None, checkpoint: bool, final: bool = False) -> None:
+                extra: dict[str, Any] | None, checkpoint: bool, final: bool = False,
+                evaluated: bool | None = None) -> None:
         """Hand this step's metrics to the reporter, with the checkpoint of this step boundary if ``checkpoint``
-        (``final``: the report after the last step)."""
-        evaluated = self.rank == 0 and self.evaluated_at == step and self.last_dev is not None and self.best_cache
+        (``final``: the report after the last step; ``evaluated``: ``metrics`` are ``_progress``'s already, with
+        this step's evaluation or not)."""
+        if evaluated is None:
+            metrics, evaluated = self._progress(metrics, step)
         report = StepReport(
             metrics=metrics, step=int(step), checkpoint=checkpoint, final=final,
             last_step=final or step >= self.loop.total_steps, rank=self.rank, local_mode=self.loop.local_mode,

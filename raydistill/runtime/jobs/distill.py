@@ -332,14 +332,14 @@ def _run_stage(stage, tracker, init_model: str | None, step_offset: int, history
             progress("start", info, step_offset + step)
 
     summary = group.fit(data, on_metrics=on_metrics, on_eval=on_eval, on_event=on_event)
-    if summary.get("resumed_from") is not None:
-        # Steps before the checkpoint were logged by the earlier process; rebuild the curve from the learner.
-        known = {(r["step"], "loss" in r) for r in history}
-        for row in summary["history"]:
-            key = (step_offset + row["step"], "loss" in row)
-            if key not in known:
-                history.append({**row, "step": step_offset + row["step"], "stage": stage.index})
-        history.sort(key=lambda r: r["step"])
+    # The driver hears of every runtime.log_every-th step, and a resumed run's earlier steps were logged by the
+    # earlier process: the curve's other steps come from the learner's history.
+    known = {(r["step"], "loss" in r) for r in history}
+    for row in summary["history"]:
+        key = (step_offset + row["step"], "loss" in row)
+        if key not in known:
+            history.append({**row, "step": step_offset + row["step"], "stage": stage.index})
+    history.sort(key=lambda r: r["step"])
     return summary, data_info
 
 
