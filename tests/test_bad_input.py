@@ -589,7 +589,7 @@ def test_reliability_log_merges_and_the_table_renders(tmp_path):
 
     def row(test, case, **extra):
         return {"area": "data file", "case": case, "input": "in | put", "did": "refused", "lost": "nothing",
-                "test": test, "position": [1, 0], "outcome": "passed", **extra}
+                "test": test, "position": [1, 0], "outcome": "passed", "e2e": False, **extra}
 
     log = tmp_path / "reliability.json"
     # Tests defined in this file: the log keeps rows only of tests that still exist.
