@@ -83,6 +83,7 @@ __all__ = [
     "TrackingConfig",
     "RuntimeConfig",
     "JobConfig",
+    "model_short_name",
     "raydistill_home",
     "DEFAULT_HASH_EXCLUDE",
     "RUNTIME_ONLY_FIELDS",
@@ -274,7 +275,8 @@ class JobConfig:
     def resolved_run_dir(self) -> Path:
         if self.run_dir:
             return Path(self.run_dir).expanduser().resolve()
-        parts = [self.method, _short_name(self.student)] + ([_short_name(self.teacher)] if self.teacher else [])
+        parts = [self.method, model_short_name(self.student)] + (
+            [model_short_name(self.teacher)] if self.teacher else [])
         return (Path("runs") / "-".join(parts)).resolve()
 
     def resolved_cache_dir(self) -> Path:
@@ -365,8 +367,9 @@ def _check_view_spec(err, path: str, spec: str) -> None:
         raise err(path, str(exc)) from None
 
 
-def _short_name(name: str) -> str:
-    return Path(name.rstrip("/")).name
+def model_short_name(name: str) -> str:
+    """A model as a reader names it: a preset by its name, a directory by its own name, not the path to it."""
+    return Path(str(name).rstrip("/")).name
 
 
 def _drop_paths(plain: dict, exclude: tuple[str, ...]) -> dict:

@@ -12,14 +12,14 @@ Scores in the body are Spearman x 100, as everywhere else in raydistill. Pure: i
 
 from __future__ import annotations
 
-from pathlib import PurePath
 from typing import Any
 
 import yaml
 
+from raydistill.config.job import model_short_name
 from raydistill.evaluation import DEV_SET, STS7
 
-__all__ = ["render_card", "CITATIONS", "METHOD_PAPERS", "base_model_id", "model_display_name"]
+__all__ = ["render_card", "CITATIONS", "METHOD_PAPERS", "base_model_id"]
 
 SET_NAMES = {"sts12": "STS12", "sts13": "STS13", "sts14": "STS14", "sts15": "STS15", "sts16": "STS16",
              "stsb": "STS-B", "sickr": "SICK-R", DEV_SET: "STS-B dev", "eval_pairs": "own pairs"}
@@ -96,13 +96,6 @@ METHOD_PAPERS: dict[str, tuple[str, ...]] = {
 }
 
 
-def model_display_name(model: Any) -> str:
-    """A model as a reader names it: a preset by its name, a directory by its own name, not the path to it (a table
-    column or a card title holding an absolute path says nothing more and hides the rest)."""
-    text = str(model).rstrip("/\\")
-    return PurePath(text).name or text
-
-
 def base_model_id(name: str | None) -> str | None:
     """The Hugging Face id of the model a preset's weights are: a derived preset's source (minilm-l3 is 3 layers
     of all-MiniLM-L6-v2), else the preset's own; None for a directory or an unknown name."""
@@ -176,8 +169,8 @@ def render_card(manifest: dict[str, Any], out_name: str = "DIR") -> str:
     methods = [str(m) for m in recipe.get("methods") or []]
     start = recipe.get("student")
     base_model = base_model_id(start) or base_model_id(manifest["teacher"])
-    start = model_display_name(start) if start else start
-    teacher_name = model_display_name(manifest["teacher"])
+    start = model_short_name(start) if start else start
+    teacher_name = model_short_name(manifest["teacher"])
     title = recipe.get("name") or (f"{start} distilled from {teacher_name}" if start
                                    else f"Student distilled from {teacher_name}")
     margin = manifest["quality_margin"]

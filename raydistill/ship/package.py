@@ -426,7 +426,8 @@ def package_student(
     from raydistill.fileio import atomic_write_json, atomic_write_text, staged_directory
     from raydistill.models import BiEncoder, resolve_model
     from raydistill.models.export import export_onnx, load_onnx
-    from raydistill.ship.card import model_display_name, render_card
+    from raydistill.config.job import model_short_name
+    from raydistill.ship.card import render_card
 
     if not (isinstance(quality_margin, (int, float)) and math.isfinite(quality_margin) and quality_margin >= 0):
         raise ValueError(f"quality_margin must be a finite number >= 0 (Spearman x 100 points), got {quality_margin!r}")
@@ -444,7 +445,7 @@ def package_student(
         files = export_onnx(staged, report=lambda line: say(f"package: {line}"))
 
         models = {"teacher": teacher_model, "student": student}
-        names = {"teacher": f"teacher {model_display_name(teacher)}", "student": "student (torch fp32)"}
+        names = {"teacher": f"teacher {model_short_name(teacher)}", "student": "student (torch fp32)"}
         for row in files:
             key = row["file"]
             models[key] = load_onnx(staged, key, threads=threads)
@@ -493,7 +494,7 @@ def package_student(
 
         snippets = _load_snippets(files, out.name)
         weights = staged / "model.safetensors"
-        places = {"teacher": (model_display_name(teacher), None,
+        places = {"teacher": (model_short_name(teacher), None,
                               f'BiEncoder.from_pretrained("{teacher}")  # raydistill.models'),
                   "student": ("model.safetensors", weights.stat().st_size if weights.is_file() else None,
                               snippets["model.safetensors"]),

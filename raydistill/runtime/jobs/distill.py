@@ -37,7 +37,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from raydistill.config.job import ConfigError, JobConfig
+from raydistill.config.job import ConfigError, JobConfig, model_short_name
 from raydistill.cputime import cpu_seconds
 from raydistill.methods import METHODS
 from raydistill.runtime.engine.stopping import JobStopped, StopOnSignals, raise_if_stop_requested, signal_name
@@ -56,7 +56,7 @@ StageReporter = Callable[[int, int, int, "float | None"], Any]
 
 
 def _short(name: str | None) -> str:
-    return Path(str(name).rstrip("/")).name if name else "none"
+    return model_short_name(name) if name else "none"
 
 
 def teacher_label(cfg: JobConfig) -> str | None:
