@@ -30,6 +30,9 @@ a stopped comparison continues. The distillation corpus is 20,000 sentences draw
     git worktree add /tmp/old-loop 6b15bc3 && git worktree add /tmp/old-distill 56dc409
     python bench/engine_parity.py --old-tree /tmp/old-loop --distill-old-tree /tmp/old-distill \\
         --write results/bench-engine_parity.json
+
+``--distillation-only --precision fp32`` runs only the distillation comparison, in fp32 (a CPU without AVX512-BF16
+emulates bf16 many times slower): e.g. a checkout before a refactor against this one.
 """
 
 from __future__ import annotations
@@ -105,13 +108,13 @@ def write_corpus(path: Path) -> None:
     path.write_text("".join(texts[i].replace("\n", " ") + "\n" for i in keep))
 
 
-def distillation(tree: Path, tag: str, runs: Path, corpus: Path) -> dict:
-    results_dir = runs / f"parity-{tag}-results"
+def distillation(tree: Path, tag: str, runs: Path, corpus: Path, precision: str = "bf16") -> dict:
+    name = f"parity-{tag}" if precision == "bf16" else f"parity-{tag}-{precision}"
+    results_dir = runs / f"{name}-results"
     result_path = results_dir / "congen-minilm-l3-mpnet-base.json"
     if not result_path.is_file():
-        run_in(tree, ["jobs/congen.py", "--set", f"data.corpus=file:{corpus}", "--set", "train.precision=bf16",
-                      "--run-dir", str(runs / f"parity-{tag}"), "--results-dir", str(results_dir)],
-               runs / f"parity-{tag}.log")
+        run_in(tree, ["jobs/congen.py", "--set", f"data.corpus=file:{corpus}", "--set", f"train.precision={precision}",
+                      "--run-dir", str(runs / name), "--results-dir", str(results_dir)], runs / f"{name}.log")
     record = json.loads(result_path.read_text())
     training = record["training"]
     return {"tree_sha": tree_sha(tree), "result": str(result_path), "command": record.get("command"),
@@ -148,7 +151,7 @@ def seed_figures(by_seed: dict[int, dict[str, dict]]) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--old-tree", type=Path, required=True, help="checkout of the old Trans-Encoder loop")
+    parser.add_argument("--old-tree", type=Path, help="checkout of the old Trans-Encoder loop")
     parser.add_argument("--distill-old-tree", type=Path, required=True,
                         help="checkout before the one-engine change (the old distillation loop)")
     parser.add_argument("--new-tree", type=Path, default=ROOT)
@@ -157,12 +160,32 @@ def main() -> None:
     parser.add_argument("--seeds", default=str(DEFAULT_SEED),
                         help=f"comma-separated job seeds of the main-job comparison (default {DEFAULT_SEED}, the "
                              "shipped config's)")
+    parser.add_argument("--distillation-only", action="store_true",
+                        help="only the distillation comparison (no main job; --old-tree not needed)")
+    parser.add_argument("--precision", choices=("bf16", "fp32"), default="bf16",
+                        help="train.precision of the distillation runs (fp32 on a CPU without AVX512-BF16)")
     parser.add_argument("--write", help="result JSON path")
     args = parser.parse_args()
+    if args.old_tree is None and not args.distillation_only:
+        parser.error("--old-tree is required unless --distillation-only")
 
     load_before = load_average()
     if not args.corpus.is_file():
         write_corpus(args.corpus)
+    distill_old = distillation(args.distill_old_tree, "old", args.runs, args.corpus, args.precision)
+    distill_new = distillation(args.new_tree, "new", args.runs, args.corpus, args.precision)
+    distill = {
+        "distill_abs_delta": round(abs(distill_new["avg"] - distill_old["avg"]), 2),
+        "distill_stsb_dev_delta": round(distill_new["stsb_dev"] - distill_old["stsb_dev"], 2),
+        "distill": {"old": distill_old, "new": distill_new, "corpus": str(args.corpus),
+                    "corpus_sentences": CORPUS_SENTENCES, "precision": args.precision},
+    }
+    notes = {"ran_here": RAN, "load_note": "load_before/after are this invocation's; runs it only read were measured "
+                                           "when they ran (their own files hold their dates)"}
+    if args.distillation_only:
+        record = write_record(args.write, {**distill, **notes}, threads=2, load_before=load_before)
+        print(json.dumps({k: v for k, v in record.items() if not isinstance(v, dict)}, indent=1))
+        return
     seeds = [int(seed) for seed in args.seeds.split(",")]
     if DEFAULT_SEED not in seeds:
         raise SystemExit(f"--seeds must include {DEFAULT_SEED}, the shipped config's seed (the wall-time comparison)")
@@ -172,21 +195,14 @@ def main() -> None:
     deltas = {name: {key: round(new["families"][name][key] - family[key], 2)
                      for key in ("start_bi", *BEST_KEYS)}
               for name, family in old["families"].items()}
-    distill_old = distillation(args.distill_old_tree, "old", args.runs, args.corpus)
-    distill_new = distillation(args.new_tree, "new", args.runs, args.corpus)
     record = {
         "main_job_wall_ratio": round(new["wall_s"] / old["wall_s"], 3),
         "main_job_max_abs_delta": max(abs(d[key]) for d in deltas.values() for key in ("best_bi", "best_cross")),
         "main_job_deltas": deltas,
         "main_job": {"old": old, "new": new},
         **(seed_figures(by_seed) if len(seeds) > 1 else {}),
-        "distill_abs_delta": round(abs(distill_new["avg"] - distill_old["avg"]), 2),
-        "distill_stsb_dev_delta": round(distill_new["stsb_dev"] - distill_old["stsb_dev"], 2),
-        "distill": {"old": distill_old, "new": distill_new, "corpus": str(args.corpus),
-                    "corpus_sentences": CORPUS_SENTENCES},
-        "ran_here": RAN,
-        "load_note": "load_before/after are this invocation's; runs it only read were measured when they ran (their "
-                     "own files hold their dates)",
+        **distill,
+        **notes,
     }
     record = write_record(args.write, record, threads=2, load_before=load_before)
     print(json.dumps({k: v for k, v in record.items() if not isinstance(v, dict)}, indent=1))

@@ -34,7 +34,7 @@ class ClientClock:
     """Wall seconds inside the queue client's Ray traffic, summed (wraps the mixin's two call sites)."""
 
     def __init__(self):
-        from raydistill.runtime.teachers.queue_actor import _QueueClientMixin
+        from raydistill.methods.shared_queue import _QueueClientMixin
 
         self.seconds = 0.0
         clock = self
@@ -67,7 +67,7 @@ def main(argv: list[str] | None = None) -> dict:
     import ray
 
     from raydistill.methods import get_method
-    from raydistill.runtime.engine.learner_group import make_shared_queues
+    from raydistill.methods.hooks import make_shared_actors
 
     ray.init(num_cpus=args.threads, include_dashboard=False, logging_level="ERROR")
     clock = ClientClock()
@@ -79,8 +79,8 @@ def main(argv: list[str] | None = None) -> dict:
         columns["teacher_control"] = vectors
         dim = vectors.shape[1]
         local = RaydistillTrainer(cfg, columns, args.threads)
-        queues = make_shared_queues(get_method(cfg.method), cfg, teacher_dim=dim)
-        shared = RaydistillTrainer(cfg, columns, args.threads, queue_actors=queues)
+        shared_actors = make_shared_actors(get_method(cfg.method), cfg, teacher_dim=dim)
+        shared = RaydistillTrainer(cfg, columns, args.threads, shared_actors=shared_actors)
         steps: dict[str, list[float]] = {"local": [], "shared": []}
         traffic: list[float] = []
         for round_index in range(args.rounds):

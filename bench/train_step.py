@@ -144,14 +144,14 @@ def teacher_vectors(cfg, texts: list[str], mode: str) -> tuple[np.ndarray, dict]
 class RaydistillTrainer:
     """The ConGen job's learner, stepped over the bench batches; ``run(n)`` returns n step times (seconds)."""
 
-    def __init__(self, cfg, columns: dict[str, np.ndarray], threads: int, queue_actors: list | None = None):
+    def __init__(self, cfg, columns: dict[str, np.ndarray], threads: int, shared_actors: dict[str, list] | None = None):
         from raydistill.runtime.engine.learner import DistillLearner
         from raydistill.data.arrays import ArrayData
 
         self.data = ArrayData(columns, seed=cfg.seed)
         self.batch = cfg.train.batch_size
         self.learner = DistillLearner(cfg, total_steps=10_000, teacher_dim=columns["teacher_control"].shape[1],
-                                      threads=threads, queue_actors=queue_actors)
+                                      threads=threads, shared_actors=shared_actors)
         self.epoch = 0
 
     def run(self, steps: int) -> list[float]:

@@ -50,13 +50,10 @@ __all__ = [
     "WORDNET_INSTALL",
     "AugmentSpec",
     "AugmentationError",
-    "WordNet",
     "WordNetUnavailableError",
-    "augment",
     "caption_views",
     "crop_span",
     "delete_words",
-    "find_wordnet_dir",
     "join_words",
     "load_paraphrases",
     "load_wordnet",
@@ -378,11 +375,6 @@ def parse_spec(spec: str | AugmentSpec) -> AugmentSpec:
 
 
 _EDITS = {"delete": delete_words, "crop": crop_span, "swap": swap_adjacent, "synonym": replace_synonyms}
-
-
-def augment(text: str, spec: str | AugmentSpec, seed: int) -> str:
-    """One view of one text (see ``make_views``)."""
-    return make_views([text], spec, seed)[0]
 
 
 def make_views(texts: Sequence[str], spec: str | AugmentSpec, seed: int) -> list[str]:

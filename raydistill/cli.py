@@ -53,10 +53,8 @@ def _cmd_eval(args: argparse.Namespace) -> int:
         torch.set_num_threads(args.threads)
     started, cpu_started = time.time(), cpu_seconds(children=True)
     model_dir = resolve_model(args.model)
-    if args.encoder == "cross":
-        model = CrossEncoder.from_pretrained(str(model_dir), max_length=args.max_length)
-    else:
-        model = BiEncoder.from_pretrained(str(model_dir), pooling=args.pooling, max_length=args.max_length)
+    model = (CrossEncoder.from_pretrained(str(model_dir), max_length=args.max_length) if args.encoder == "cross"
+             else BiEncoder.from_pretrained(str(model_dir), pooling=args.pooling, max_length=args.max_length))
     params_m = sum(p.numel() for p in model.parameters()) / 1e6
 
     scores = evaluate_sts(model, batch_size=args.batch_size, encoder=args.encoder, progress=not args.quiet)
@@ -124,12 +122,6 @@ def _cmd_ui(args: argparse.Namespace) -> int:
     os.execv(mlflow, command)  # the server replaces this process: Ctrl-C and kill reach it, nothing is orphaned
 
 
-def _cmd_serve(args: argparse.Namespace) -> int:
-    from raydistill.ship.serve import run
-
-    return run(args)
-
-
 def _cmd_tune(args: argparse.Namespace) -> int:
     from raydistill.config.job import ConfigError
 
@@ -169,13 +161,15 @@ def _run_tune(args: argparse.Namespace) -> int:
                     "max_trial_failures": args.max_trial_failures}
         values = {"train.lr": args.lr, "loss.queue_size": args.queue_size, "loss.tau_teacher": args.tau_teacher,
                   "loss.tau_student": args.tau_student}
+        from raydistill.evaluation import STS7
         from raydistill.shipped import resolve_config
 
         plan = tune.plan_sweep(args.student, args.method, args.teacher, space_file=args.space,
-                               config_path=resolve_config(args.config) if args.config else None, overrides=args.overrides, settings=settings,
+                               config_path=resolve_config(args.config) if args.config else None,
+                               overrides=args.overrides, settings=settings,
                                param_values={k: v for k, v in values.items() if v}, sweep_dir=args.sweep_dir,
                                tracking_uri=args.mlflow_uri, experiment=args.experiment,
-                               evaluate_sets=() if args.no_evaluate else _sts_sets(),
+                               evaluate_sets=() if args.no_evaluate else STS7 + ("stsb_dev",),
                                results_dir=args.results_dir)
         if args.dry_run:
             print(json.dumps(plan.to_dict(), indent=2))
@@ -192,12 +186,6 @@ def _run_tune(args: argparse.Namespace) -> int:
         print(f"interrupted; continue with: {summary['resume_command']}")
         return 130
     return 0
-
-
-def _sts_sets() -> tuple[str, ...]:
-    from raydistill.evaluation import STS7
-
-    return STS7 + ("stsb_dev",)
 
 
 def _add_tune_parser(sub) -> None:
@@ -356,19 +344,15 @@ def build_parser() -> argparse.ArgumentParser:
     ui.add_argument("--no-serve", action="store_true", help="print the links only")
     ui.set_defaults(func=_cmd_ui)
 
-    from raydistill.ship.serve import add_arguments as add_serve_arguments
+    from raydistill.ship.serve import add_arguments as add_serve_arguments, run as run_serve
 
     srv = sub.add_parser("serve", help="serve a student over HTTP with Ray Serve, batching concurrent requests",
                          description="Serve DIR (what raydistill distill wrote) over HTTP on the Ray cluster in "
                                      "RAY_ADDRESS, else on a local Ray, until Ctrl-C. Request format, replicas and "
                                      "the measured cost: docs/cluster.md, Serving a student.")
     add_serve_arguments(srv)
-    srv.set_defaults(func=_cmd_serve)
+    srv.set_defaults(func=run_serve)
     return parser
-
-
-
-
 
 
 def _reduction_factor(text: str) -> float:
@@ -402,16 +386,13 @@ def _duration(text: str) -> float:
 
 
 def _student(text: str) -> str:
+    from raydistill.config.schema import suggest
     from raydistill.models.registry import PRESETS
 
     if text in PRESETS or os.path.isdir(os.path.expanduser(text)):
         return text
-    import difflib
-
-    close = difflib.get_close_matches(text, list(PRESETS), n=1)
-    hint = f" (did you mean {close[0]!r}?)" if close else ""
-    raise argparse.ArgumentTypeError(f"unknown student {text!r}{hint}: not a preset ({', '.join(PRESETS)}) "
-                                     "nor a model directory")
+    raise argparse.ArgumentTypeError(f"unknown student {text!r}{suggest(text, PRESETS)}: not a preset "
+                                     f"({', '.join(PRESETS)}) nor a model directory")
 
 
 def _method(text: str) -> str:

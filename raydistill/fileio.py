@@ -8,13 +8,11 @@ hold in memory (arrays, Arrow files) is streamed through ``atomic_writer(path)``
 
 ``fsync_dir`` is exported for code that renames directories (checkpoints, ``best/``).
 
-Directories: ``replace_directory(staged, final)`` swaps a complete staged directory in for ``final`` (the old one is
-moved aside to ``.<name>.old-<pid>`` first, because a rename cannot replace a non-empty directory), and
-``recover_directory(final)``, run when a job starts, undoes what a writer that died mid-swap left: a ``final`` that is
-missing while ``.<name>.old-<pid>`` exists is put back, and the ``.<name>.tmp-<pid>`` / ``.old-<pid>`` leftovers of
-dead processes are removed. ``staged_directory(final)`` is the way to build such a directory: it names the staging
-sibling (``.<name>.tmp-<pid>``, which ``recover_directory`` knows), swaps it in when the block ends and removes it when
-the block raises; ``copy_directory(source, final)`` publishes a copy of a finished directory the same way.
+Directories: ``staged_directory(final)`` builds a directory in a staging sibling (``.<name>.tmp-<pid>``) and swaps it
+in whole when the block ends (``replace_directory``: the old one is moved aside to ``.<name>.old-<pid>`` first,
+because a rename cannot replace a non-empty directory), or removes it when the block raises; ``copy_directory``
+publishes a copy the same way. ``recover_directory(final)``, run when a job starts, undoes what a writer that died
+mid-swap left.
 
 Names read from files (manifests, checkpoints, trial records) go through ``child_path(folder, name)``, which refuses
 anything that would leave ``folder``. Lock files are opened with ``open_lock_file``, which never follows a symlink and
@@ -134,16 +132,14 @@ def replace_directory(staged: str | os.PathLike, final: str | os.PathLike) -> Pa
     """
     staged, final = Path(staged), Path(final)
     fsync_tree(staged)
-    if final.exists():
-        old = _sibling(final, "old", os.getpid())
+    old = _sibling(final, "old", os.getpid()) if final.exists() else None
+    if old is not None:
         shutil.rmtree(old, ignore_errors=True)
         os.replace(final, old)
-        os.replace(staged, final)
-        fsync_dir(final.parent)
+    os.replace(staged, final)
+    fsync_dir(final.parent)
+    if old is not None:
         shutil.rmtree(old, ignore_errors=True)
-    else:
-        os.replace(staged, final)
-        fsync_dir(final.parent)
     return final
 
 

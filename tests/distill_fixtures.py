@@ -243,7 +243,7 @@ class DistillRuns:
         """Train to the end (and with ``evaluate`` score the best model on the 7 STS sets and write the result file).
         In the driver, ``on_step(step)`` is called after every optimiser step (as its event arrives: the workers may
         be a step or two further) and ``on_start(info)`` whenever the learners (re)start (``info``: rank 0's ``pid``
-        and ``actor``, the ``queue_actors``, the checkpoint step ``resumed_from``). ``watches[run_name]`` keeps the
+        and ``actor``, the ``shared_actors``, the checkpoint step ``resumed_from``). ``watches[run_name]`` keeps the
         steps seen and the output also when the job raises."""
         import torch
 

@@ -99,7 +99,7 @@ def test_two_train_workers_stay_identical_share_the_queue_and_resume_after_the_q
     def kill_the_queue_after_step_3(kind, info, step) -> None:
         if kind == "start":
             workers.append(int(info["pid"]))
-            queues.append(list(info["queue_actors"]))
+            queues.append(list(info["shared_actors"]))
         elif kind == "step" and step >= 3 and not killed:
             assert len(queues[-1]) == 1
             ray.kill(queues[-1][0])

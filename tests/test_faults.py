@@ -480,7 +480,7 @@ def test_shared_queue_actor_killed_two_learners_resume_from_the_checkpoint(disti
 
     def kill_the_queue(step: int) -> None:
         if step == after_step and not killed:
-            queues = workers.current["queue_actors"]  # the handles rank 0's QueueClients hold
+            queues = workers.current["shared_actors"]  # the queue actors rank 0's QueueClients use
             assert len(queues) == 1
             ray.kill(queues[0])
             killed["queues"] = len(queues)

@@ -128,7 +128,7 @@ def test_every_module_sits_on_a_floor():
 
 
 def test_lower_floors_never_import_higher_ones():
-    """models/data import no config, config no objective or method, methods nothing of the Ray layer, and inside
+    """models/data import no config, config no objective or method, methods nothing of runtime/, and inside
     runtime/ teachers < engine < jobs < tenc < tune < entry (imports inside functions count too)."""
     wrong = [(module, target) for module, targets in import_graph().items() for target in targets
              if _floor(target) > _floor(module)]
@@ -150,3 +150,41 @@ def test_the_engine_imports_nothing_private_of_ray_train_or_data():
             private += [f"{path.name}:{node.lineno} {name}" for name in names
                         if name.split(".")[0] == "ray" and "_internal" in name.split(".")]
     assert private == []
+
+
+def _code_words(path: Path) -> list[tuple[int, str]]:
+    """(line, word) of the identifiers and string literals of ``path``: no comment, no docstring."""
+    import io
+    import re
+    import tokenize
+
+    tree = ast.parse(path.read_text(), str(path))
+    docstrings = {node.body[0].value.lineno for node in ast.walk(tree)
+                  if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.body
+                  and isinstance(node.body[0], ast.Expr) and isinstance(node.body[0].value, ast.Constant)
+                  and isinstance(node.body[0].value.value, str)}
+    words = []
+    for token in tokenize.generate_tokens(io.StringIO(path.read_text()).readline):
+        if token.type == tokenize.NAME:
+            words += [(token.start[0], part) for part in token.string.lower().split("_")]
+        elif token.type == tokenize.STRING and token.start[0] not in docstrings:
+            words += [(token.start[0], word) for word in re.findall(r"[a-z0-9]+(?:-[a-z0-9]+)*", token.string.lower())]
+    return words
+
+
+def test_the_engine_knows_no_method_by_name():
+    """What a method needs beyond its loss (the teacher queues, the projection's start) lives in hooks its spec
+    declares (methods/hooks.py); the engine's code names no method and none of what the hooks hold."""
+    from raydistill.methods import METHODS
+
+    named = set(METHODS) | {"queue", "queues", "projection"}
+    found = [f"{path.name}:{line} {word}" for path in sorted((PACKAGE_DIR / "runtime" / "engine").glob("*.py"))
+             for line, word in _code_words(path) if word in named]
+    assert found == []
+
+
+def test_the_method_name_scan_sees_code_and_skips_prose(tmp_path):
+    sample = tmp_path / "sample.py"
+    sample.write_text('"""ConGen\'s queue."""\n# the queue\nqueue_size = 1\nname = "sct-distill"\n')
+    assert [word for _, word in _code_words(sample) if word in {"queue", "sct-distill", "congen"}] == \
+        ["queue", "sct-distill"]

@@ -20,6 +20,7 @@ from raydistill.runtime.engine.learner import DistillLearner, build_optimizer, l
 from raydistill.data.arrays import ArrayData
 from raydistill.runtime.engine.learner_group import LearnerGroup
 from raydistill.methods import get_method, with_method_defaults
+from raydistill.methods.hooks import TeacherQueues
 from raydistill.runtime.engine.preflight import preflight
 from tests.conftest import TEACHER_DIM
 
@@ -279,7 +280,8 @@ def test_group_starts_the_queue_from_teacher_vectors_of_sampled_training_rows(ti
     cfg = preflight(congen_config(tiny_bert, tiny_teacher, tmp_path).with_overrides(["loss.queue_size=32"]))
     assert with_method_defaults(cfg).loss["queue_init"] == "teacher"
     group = LearnerGroup(cfg, get_method("congen"), run_dir=tmp_path, teacher_dim=TEACHER_DIM)
-    (rows, row_groups), = group._queue_sample(data)  # what every worker's queue starts from
+    hook, = [hook for hook in group.spec.hooks if isinstance(hook, TeacherQueues)]
+    ((rows, row_groups),), _, _ = hook.fresh_start_sample(group.spec, cfg, data, None)  # every worker starts from it
     assert rows.shape == (32, TEACHER_DIM)
     matches = np.argmax(rows @ teacher_vectors.T, axis=1)  # each queue row is one training row's teacher vector
     np.testing.assert_allclose(rows, teacher_vectors[matches], atol=1e-6)

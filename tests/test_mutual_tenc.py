@@ -18,7 +18,7 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from raydistill.runtime.engine.cluster import ResourceError, actor_reservation, check_resources
+from raydistill.runtime.engine.cluster import ResourceError, check_resources
 from raydistill.config.job import ConfigError
 from raydistill.runtime.tenc.pairs import build_pair_set
 from raydistill.runtime.tenc import (
@@ -116,7 +116,7 @@ def test_config_defaults_are_the_paper_and_errors_name_the_field(tiny_models, tm
 
 def test_the_cluster_checks_the_families_actors_as_it_checks_any_jobs_roles(tiny_models, tmp_path):
     cfg = tiny_config(tiny_models, tmp_path)  # 2 families x (0.25 + 0.25) CPU, 1 CPU left to Ray Data
-    assert (actor_reservation(cfg).cpus, actor_reservation(cfg).gpus) == (1.0, 0.0)
+    assert (cfg.actor_reservation().cpus, cfg.actor_reservation().gpus) == (1.0, 0.0)
     check_resources(cfg, {"CPU": 2})
     with pytest.raises(ResourceError, match=r"2 families x \(bi 0\.25 \+ cross 0\.25\) CPU \+ Ray Data headroom 1 "
                                             r"CPU = 2 CPU > 1: lower resources\.bi\.num_cpus"):
@@ -132,7 +132,7 @@ def test_the_cluster_checks_the_families_actors_as_it_checks_any_jobs_roles(tiny
     # Stages on Train workers (resources.learners): both families' stages train at once, each on its workers.
     workers = tiny_config(tiny_models, tmp_path, resources={**cfg.to_dict()["resources"], "learners": {
         "num_learners": 2, "num_cpus": 1, "num_gpus": 0.5}})
-    assert (actor_reservation(workers).cpus, actor_reservation(workers).gpus) == (5.0, 2.0)
+    assert (workers.actor_reservation().cpus, workers.actor_reservation().gpus) == (5.0, 2.0)
     check_resources(workers, {"CPU": 6, "GPU": 2})
     with pytest.raises(ResourceError, match=r"\+ 2 stages x 2 learner\(s\) x 1 CPU \+ Ray Data headroom 1 CPU = 6 CPU "
                                             r"> 4: .*resources\.learners\.num_learners"):

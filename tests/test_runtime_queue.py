@@ -12,7 +12,7 @@ import torch
 
 from raydistill.objectives.queue import InstanceQueue
 from raydistill.config.job import JobConfig
-from raydistill.runtime.teachers.queue_actor import SharedInstanceQueue, create_shared_queue, queue_client_class
+from raydistill.methods.shared_queue import SharedInstanceQueue, create_shared_queue, queue_client_class
 from tests.ray_fixtures import ray_session  # noqa: F401  (session-scoped fixture)
 
 SIZE, DIM = 24, 8
@@ -160,7 +160,7 @@ def test_two_congen_learners_see_each_others_teacher_rows(ray_session):
     """Learner A's second step scores against the teacher rows of both learners' first steps, exactly as a single
     learner whose queue received both batches would."""
     from raydistill.objectives import ConGenLoss
-    from raydistill.runtime.teachers.queue_actor import QueueClient
+    from raydistill.methods.shared_queue import QueueClient
 
     cfg = JobConfig.from_dict({"method": "congen", "student": "bert-tiny"})
     actor = create_shared_queue(cfg, size=SIZE, dim=DIM, init="random", seed=3)

@@ -187,6 +187,7 @@ class StoppedThenResumed:
     saved: dict[str, bool]  # family -> its stage's run dir held a checkpoint after the stop
     stopped_at: dict[str, int]  # family -> the step its learner stopped after
     mlflow_statuses: list[str]  # of the job's parent MLflow runs, after the stop
+    mlflow_after: list[str]  # the same after the rerun (which continues the stopped run)
     bi2cross_files: dict[Path, int]  # the finished stage's model files (path -> mtime) after the stop
     second: str  # what the rerun printed
     second_error: BaseException | None  # what the rerun raised
@@ -231,9 +232,11 @@ def tenc_stopped_then_resumed(tiny_models, tmp_path_factory, ray_session, mutual
             run_trans_encoder(cfg)
         except Exception as exc:  # noqa: BLE001 - the tests report it
             error = exc
+    after = [run.info.status for run in client.search_runs([experiment.experiment_id])
+             if "mlflow.parentRunId" not in run.data.tags] if experiment else []
     return StoppedThenResumed(
         run_dir=run_dir, status=status, first=first, state=state, saved=saved, stopped_at=stopped_at,
-        mlflow_statuses=parents, bi2cross_files=bi2cross_files, second=printed.getvalue(), second_error=error,
+        mlflow_statuses=parents, mlflow_after=after, bi2cross_files=bi2cross_files, second=printed.getvalue(), second_error=error,
         final=json.loads((run_dir / "state.json").read_text()),
         saved_after={f: path.exists() for f, path in saved_files.items()})
 
@@ -284,6 +287,7 @@ def test_sigterm_mid_stage_stops_the_trans_encoder_job_and_the_rerun_continues_t
     assert resumed_at == job.stopped_at and trained == {"bert": TENC_STEPS, "mpnet": TENC_STEPS}
     assert job.saved_after == {"bert": False, "mpnet": False}
     assert set(job.final["stages"]) == set(uninterrupted) and not differing, differing
+    assert job.mlflow_after == ["FINISHED"]  # the rerun continued the stopped MLflow run: one run for one training
 
 
 @pytest.mark.ray

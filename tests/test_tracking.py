@@ -83,6 +83,29 @@ def test_failed_run_is_marked_failed(mlflow_dir):
     assert MlflowClient(tracking_uri=uri).get_run(tracker.run_id).info.status == "FAILED"
 
 
+def test_a_job_rerun_in_its_run_dir_continues_its_mlflow_run(tmp_path, mlflow_dir):
+    """A job's run dir records its MLflow run: a resumed job logs into the same run (one run for one training);
+    another store, or a run deleted by hand, gets a new run."""
+    from mlflow import MlflowClient
+
+    uri = f"sqlite:///{mlflow_dir}/mlflow.db"
+    client = MlflowClient(tracking_uri=uri)
+    with Tracker(TrackingConfig(tracking_uri=uri), run_name="job", run_dir=tmp_path) as first:
+        first.log_metrics({"loss": 1.0}, step=1)
+    with Tracker(TrackingConfig(tracking_uri=uri), run_name="job", run_dir=tmp_path) as again:
+        again.log_metrics({"loss": 0.5}, step=2)
+    assert again.run_id == first.run_id
+    assert [m.step for m in client.get_metric_history(first.run_id, "loss")] == [1, 2]
+    assert client.get_run(first.run_id).info.status == "FINISHED"
+    client.delete_run(first.run_id)
+    with Tracker(TrackingConfig(tracking_uri=uri), run_name="job", run_dir=tmp_path) as after_delete:
+        pass
+    assert after_delete.run_id not in (None, first.run_id)
+    with Tracker(TrackingConfig(tracking_uri=f"sqlite:///{tmp_path}/other.db"), run_dir=tmp_path) as other:
+        pass
+    assert other.run_id not in (None, first.run_id, after_delete.run_id)
+
+
 def _closed_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -58,12 +58,12 @@ from raydistill.config.runtime_knobs import (
     _move_runtime_knobs,
     _warn_moved,
 )
-from raydistill.config.schema import (ConfigError, Int, MethodSettings, finite_everywhere, line_of, section, suggest,
-                                      where)
+from raydistill.config.schema import ConfigError, Int, MethodSettings, finite_everywhere, section, suggest, where
 from raydistill.config.sections import (
     _DEFAULTS_IF_NULL,
     DataConfig,
     LearnerResources,
+    Reservation,
     ResourcesConfig,
     RoleResources,
     RuntimeConfig,
@@ -279,6 +279,9 @@ class JobConfig:
             [model_short_name(self.teacher)] if self.teacher else [])
         return (Path("runs") / "-".join(parts)).resolve()
 
+    def actor_reservation(self) -> Reservation:
+        return self.resources.actor_reservation()
+
     def resolved_cache_dir(self) -> Path:
         if self.cache_dir:
             return Path(self.cache_dir).expanduser().resolve()
@@ -350,9 +353,8 @@ def _to_plain(obj: Any) -> Any:
 # ----------------------------------------------------------------------------------------------------------------
 # Helpers
 
-# The names other config modules import (tenc/config.py, tune/space.py).
+# The names other config modules import (tenc/config.py, the engine's preflight).
 _where = where
-_line_of = line_of
 _suggest = suggest
 
 

@@ -210,10 +210,11 @@ def _message(kind: str, got: Any, ctx: dict, error: dict, owner: Any, name: str 
     if kind in ("list_type", "tuple_type", "iterable_type"):
         return f"expected a list, got {got!r}"
     if kind == "literal_error":
-        allowed = _literal_values(owner, name)
+        info = _field_info(owner, name)
+        allowed = list(_literals(info.annotation)) if info is not None else []
         return f"{got!r} is not one of {', '.join(map(str, allowed))}{suggest(str(got), allowed)}"
     if kind in ("greater_than", "greater_than_equal", "less_than", "less_than_equal"):
-        bounds = _bounds(owner, name)
+        bounds = _bounds(_field_info(owner, name))
         if bounds.get("ge") is not None and bounds.get("lt") is not None:
             return f"{got!r} must be in [{bounds['ge']:g}, {bounds['lt']:g})"
         if kind == "greater_than":
@@ -228,7 +229,7 @@ def _message(kind: str, got: Any, ctx: dict, error: dict, owner: Any, name: str 
 
 
 def _unknown_key(owner: Any, key: Any, section_prefix: str) -> str:
-    names = [n for n in _field_names(owner)] if owner is not None else []
+    names = [n for n in getattr(owner, "__pydantic_fields__", {}) if not n.startswith("_")]
     where_ = section_prefix.rstrip(".") or "the top level"
     return f"unknown field{suggest(str(key), names)}; allowed in {where_}: {', '.join(names)}"
 
@@ -281,27 +282,14 @@ def _item_type(hint: Any) -> Any:
     return args[0] if typing.get_origin(hint) in (list, tuple) and args else None
 
 
-def _field_names(cls: Any) -> list[str]:
-    return [name for name in getattr(cls, "__pydantic_fields__", {}) if not name.startswith("_")]
-
-
 def _field_info(owner: Any, name: str | None):
     return getattr(owner, "__pydantic_fields__", {}).get(name) if name else None
 
 
-def _bounds(owner: Any, name: str | None) -> dict[str, Any]:
-    info = _field_info(owner, name)
-    bounds: dict[str, Any] = {}
-    for item in getattr(info, "metadata", []) or []:
-        for key in ("gt", "ge", "lt", "le"):
-            if getattr(item, key, None) is not None:
-                bounds[key] = getattr(item, key)
-    return bounds
-
-
-def _literal_values(owner: Any, name: str | None) -> list:
-    info = _field_info(owner, name)
-    return list(_literals(info.annotation)) if info is not None else []
+def _bounds(info) -> dict[str, Any]:
+    """A field's ``gt``/``ge``/``lt``/``le`` bounds (``info``: its pydantic FieldInfo, or None)."""
+    return {key: getattr(item, key) for item in getattr(info, "metadata", []) or []
+            for key in ("gt", "ge", "lt", "le") if getattr(item, key, None) is not None}
 
 
 def _literals(hint: Any) -> tuple:
@@ -413,14 +401,11 @@ def states(constraint: str):
 
 def constraint_text(info) -> str:
     """``' > 0'``, ``' >= 0'``, ``' in [0, 1)'`` from a field's bounds and marked validators ('' when none)."""
-    bounds: dict[str, Any] = {}
     for item in getattr(info, "metadata", []) or []:
-        for key in ("gt", "ge", "lt", "le"):
-            if getattr(item, key, None) is not None:
-                bounds[key] = getattr(item, key)
         stated = getattr(getattr(item, "func", None), "constraint", None)
         if stated:
             return f" {stated}"
+    bounds = _bounds(info)
     if not bounds:
         return ""
     if len(bounds) == 2:

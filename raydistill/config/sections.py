@@ -9,6 +9,8 @@ an unknown key is refused while the config is built, naming the field. ``raydist
 
 from __future__ import annotations
 
+import dataclasses
+
 from typing import Annotated, Literal
 
 from pydantic import AfterValidator, BeforeValidator, Field, StrictBool, model_validator
@@ -81,6 +83,18 @@ class LearnerResources:
                           "the word-embedding gradient in one reused buffer (same values); false: torch's own")
 
 
+@dataclasses.dataclass(frozen=True)
+class Reservation:
+    """The CPUs and GPUs a job's long-lived actors hold for its whole run, and the words an error explains them with."""
+
+    cpus: float
+    gpus: float
+    cpu_terms: str  # the sum behind ``cpus``: "learners 2 x 0.5 CPU + queue 0.5 CPU"
+    holders: str  # who asks for the GPUs: "learners and queue"
+    cpu_fix: str  # the fields that lower ``cpus``
+    gpu_fix: str  # the fields that lower ``gpus``
+
+
 @section
 class ResourcesConfig:
     """What each actor role reserves (``RUNTIME_ONLY_FIELDS``: a run resumes across changes here)."""
@@ -97,6 +111,18 @@ class ResourcesConfig:
         0.5, description="CPUs that actors must leave to Ray Data: with every CPU held by actors, Data's tasks "
                          "never get scheduled and the job hangs (ray-project/ray#44687); also written "
                          "resources.data.max_cpus")
+
+    def actor_reservation(self) -> Reservation:
+        """What the learners and the shared queue actors hold for the whole run."""
+        learners = self.learner.num_learners
+        return Reservation(
+            cpus=learners * self.learner.num_cpus + self.queue.num_cpus,
+            gpus=learners * self.learner.num_gpus + self.queue.num_gpus,
+            cpu_terms=f"learners {learners} x {self.learner.num_cpus:g} CPU + queue {self.queue.num_cpus:g} CPU",
+            holders="learners and queue",
+            cpu_fix="lower resources.learner.num_cpus / num_learners (fractions like 0.5 are fine)",
+            gpu_fix="set resources.learner.num_gpus: 0",
+        )
 
 
 @section

@@ -18,8 +18,6 @@ __all__ = ["ALGORITHMS", "METRIC", "SCHEDULERS", "SweepSettings", "parse_duratio
 ALGORITHMS = ("auto", "random", "optuna")
 # What trials report and ASHA, PBT and the searchers rank them by: the trial's best STS-B dev so far.
 METRIC = "best_stsb_dev"
-# asha: stop the weaker trials at each rung; pbt: the weaker trials continue a stronger one's checkpoint with
-# perturbed values (Population Based Training)
 SCHEDULERS = ("asha", "pbt")
 
 

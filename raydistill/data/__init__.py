@@ -8,7 +8,7 @@ Bad input raises `DataError` (a ValueError) whose message is ``"<file>:<line>: f
 JSON Lines (plain or gzip'd), Parquet files and directories of Parquet parts are read and validated alike.
 """
 
-from raydistill.data.formats import DataError, is_parquet, iter_jsonl, iter_lines, iter_parquet, iter_records
+from raydistill.data.formats import DataError
 from raydistill.data.readers import (
     CaptionGroup,
     LabelledText,
@@ -23,7 +23,6 @@ from raydistill.data.registry import (
     BUNDLED_DIR,
     DATA_ENV,
     DATASETS,
-    DatasetSpec,
     data_path,
     dataset_path,
     load_dataset,
@@ -35,17 +34,11 @@ __all__ = [
     "DATA_ENV",
     "DATASETS",
     "DataError",
-    "DatasetSpec",
     "LabelledText",
     "Pair",
     "Records",
     "data_path",
     "dataset_path",
-    "is_parquet",
-    "iter_jsonl",
-    "iter_lines",
-    "iter_parquet",
-    "iter_records",
     "load_dataset",
     "read_captions",
     "read_labelled_texts",

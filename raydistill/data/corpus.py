@@ -169,7 +169,9 @@ class Corpus:
         return dict(Counter(self.sources))
 
 
-def _build_mixed(versions: tuple) -> Corpus:
+@functools.lru_cache(maxsize=2)
+def _read_mixed_cached(versions: tuple) -> Corpus:
+    """``mixed`` (module docstring); ``versions`` (of its data sets and the evaluation sets) keys the cache."""
     excluded = evaluation_keys()
     texts: list[str] = []
     groups: list[tuple[str, ...]] = []
@@ -198,7 +200,7 @@ def _build_mixed(versions: tuple) -> Corpus:
                         siblings_of = {raw_siblings: tuple(dict.fromkeys(
                             s for s in usable if evaluation_key(s) not in excluded))}
                     groups.append(siblings_of[raw_siblings])
-                    group_names.setdefault(group, _image_id(dataset, group))
+                    group_names.setdefault(group, load_dataset(dataset)[group].image)
                 else:
                     groups.append((text,))
                 texts.append(text)
@@ -209,10 +211,6 @@ def _build_mixed(versions: tuple) -> Corpus:
                                  f"({stats['evaluation_sentences_removed']} of {stats['sentences_read']})",
                         reason="empty_file")
     return Corpus("mixed", texts, groups, False, caption_groups, dict(stats), sources, group_names)
-
-
-def _image_id(dataset: str, index: int) -> str:
-    return load_dataset(dataset)[index].image
 
 
 def mixed_corpus_counts() -> dict[str, int]:
@@ -319,12 +317,9 @@ def read_corpus(spec: str) -> Corpus:
     path = parsed.path.resolve()
     if not path.exists():
         raise DataError(path, "file not found", reason="missing_file")
-    return _read_file_cached(str(path), parsed.column, _file_version(path), dataset_versions(EVALUATION_DATASETS))
-
-
-@functools.lru_cache(maxsize=2)
-def _read_mixed_cached(versions: tuple) -> Corpus:
-    return _build_mixed(versions)
+    files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file())
+    version = tuple((str(p), p.stat().st_size, p.stat().st_mtime_ns) for p in files)
+    return _read_file_cached(str(path), parsed.column, version, dataset_versions(EVALUATION_DATASETS))
 
 
 def _read_named(name: str) -> Corpus:
@@ -343,11 +338,6 @@ def _read_named(name: str) -> Corpus:
                 caption_groups.append(group)
                 sources.append(dataset)
     return Corpus(name, texts, groups, False, caption_groups, {}, sources)
-
-
-def _file_version(path: Path) -> tuple:
-    files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file())
-    return tuple((str(p), p.stat().st_size, p.stat().st_mtime_ns) for p in files)
 
 
 def _is_text_file(path: Path) -> bool:

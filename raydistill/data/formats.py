@@ -201,7 +201,6 @@ def _iter_parquet_parts(path: Path) -> Iterator[tuple[Path, int, dict[str, Any]]
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    path = Path(path)
     first_seen: dict[str, tuple[Any, Path]] = {}  # column -> (type, part) where it was first seen with a type
     seen_any = False
     for part in _parquet_parts(path):

@@ -7,15 +7,13 @@ raises `DataError` naming the file, the 1-based line and the field, e.g.
 
 Readers stream the file (a generator parses one line at a time, so memory holds the records, not the text) and
 return a `Records` list. With ``on_error="skip"`` a bad line is dropped instead and counted by reason in
-``Records.skipped`` (e.g. ``{"empty_text": 2, "not_json": 1}``); problems with the file as a whole (missing,
-empty, corrupt gzip or Parquet, Parquet parts whose column types disagree) always raise, since there is nothing to
-skip to. Blank lines carry nothing and are ignored, but counted (``Records.ignored["blank_lines"]``).
+``Records.skipped`` (e.g. ``{"empty_text": 2, "not_json": 1}``); problems with the file as a whole (``formats.py``)
+always raise, since there is nothing to skip to. Blank lines carry nothing and are ignored, but counted
+(``Records.ignored["blank_lines"]``).
 
-Formats (read row by row by ``formats.py``; UTF-8, one JSON object per line; gzip is detected from the file's magic bytes, not its name, so
-``x.jsonl`` and ``x.jsonl.gz`` read the same way). A Parquet file (detected by its ``PAR1`` magic) or a directory
-of ``*.parquet`` parts (what Ray Data writes) is read the same way, one row per record; there the "line" of an
-error is the 1-based row of the part file it names. So is a Hugging Face ``datasets`` directory (``save_to_disk``;
-"line" = 1-based row) and a ``.csv`` / ``.tsv`` file with a header line (line = the file's line):
+Formats: whatever ``formats.py`` reads (JSON Lines, plain or gzip'd; Parquet files and directories of parts; a
+Hugging Face ``datasets`` directory; ``.csv`` / ``.tsv`` with a header line), one record per line or row, an error's
+"line" being the file's line or the part's 1-based row:
 
     pairs             {"sentence1": str, "sentence2": str, "score"?: number, "label"?: str|int, ...}
                       (NLI files name the texts "premise" / "hypothesis"; found automatically)

@@ -48,24 +48,17 @@ class DatasetSpec:
     description: str = ""
 
 
-def _sts(name: str, relpath: str, description: str) -> DatasetSpec:
-    return DatasetSpec(name, relpath, "scored_pairs", ("sentence1", "sentence2", "score"), STS_SCALE, None,
-                       description)
+def _specs_of(kind: str, fields: tuple[str, ...], score_range: tuple[float, float] | None,
+              label_set: frozenset | None):
+    """``spec(name, relpath, description)``: a data set of ``kind`` whose lines hold ``fields``."""
+    return lambda name, relpath, description: DatasetSpec(name, relpath, kind, fields, score_range, label_set,
+                                                          description)
 
 
-def _sick(name: str, relpath: str, description: str) -> DatasetSpec:
-    return DatasetSpec(name, relpath, "scored_pairs", ("sentence1", "sentence2", "score", "label"), SICK_SCALE,
-                       NLI_LABELS, description)
-
-
-def _para(name: str, relpath: str, description: str) -> DatasetSpec:
-    return DatasetSpec(name, relpath, "labelled_pairs", ("sentence1", "sentence2", "label"), None, BINARY_LABELS,
-                       description)
-
-
-def _nli(name: str, relpath: str, description: str) -> DatasetSpec:
-    return DatasetSpec(name, relpath, "labelled_pairs", ("premise", "hypothesis", "label"), None, NLI_LABELS,
-                       description)
+_sts = _specs_of("scored_pairs", ("sentence1", "sentence2", "score"), STS_SCALE, None)
+_sick = _specs_of("scored_pairs", ("sentence1", "sentence2", "score", "label"), SICK_SCALE, NLI_LABELS)
+_para = _specs_of("labelled_pairs", ("sentence1", "sentence2", "label"), None, BINARY_LABELS)
+_nli = _specs_of("labelled_pairs", ("premise", "hypothesis", "label"), None, NLI_LABELS)
 
 
 def _transfer(name: str, relpath: str, labels: frozenset, description: str) -> DatasetSpec:

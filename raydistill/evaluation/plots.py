@@ -54,7 +54,6 @@ def plot_learning_curve(history: list[dict], path: str | os.PathLike, title: str
                         textcoords="offset points", xytext=(0, 8), ha="center", fontsize=8)
         dev_ax.set_ylabel("STS-B dev Spearman x 100", color="tab:orange")
     loss_ax.set_title(title or "learning curve")
-    fig.tight_layout()
     return _save(fig, plt, path)
 
 
@@ -75,7 +74,6 @@ def plot_dev_scatter(gold: Sequence[float], predicted: Sequence[float], path: st
     ax.set_ylabel("predicted similarity")
     ax.set_title(f"{title}: Spearman {rho:.2f} (n={len(gold_arr)})")
     ax.grid(alpha=0.3)
-    fig.tight_layout()
     return _save(fig, plt, path)
 
 
@@ -103,13 +101,13 @@ def plot_dev_by_cycle(curves: dict[tuple[str, str], list[tuple[int, float]]], pa
     ax.set_title(title or f"{dev_set} per cycle")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    fig.tight_layout()
     return _save(fig, plt, path)
 
 
 def _save(fig, plt, path: str | os.PathLike) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
+    fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)
     return path

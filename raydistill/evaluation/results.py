@@ -19,7 +19,6 @@ import os
 import shlex
 import subprocess
 import sys
-from collections.abc import Iterable
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -33,7 +32,6 @@ from raydistill.nested import non_finite_numbers
 __all__ = [
     "SCHEMA_PATH",
     "ResultError",
-    "load_schema",
     "validate_result",
     "validate_result_file",
     "write_result",
@@ -62,21 +60,10 @@ class ResultError(ValueError):
 
 
 @lru_cache(maxsize=1)
-def load_schema() -> dict:
-    return json.loads(SCHEMA_PATH.read_text(encoding="utf-8"))
-
-
-@lru_cache(maxsize=1)
 def _validator() -> jsonschema.Draft202012Validator:
-    schema = load_schema()
+    schema = json.loads(SCHEMA_PATH.read_text(encoding="utf-8"))
     jsonschema.Draft202012Validator.check_schema(schema)
     return jsonschema.Draft202012Validator(schema)
-
-
-def _non_finite_numbers(value: Any) -> Iterable[tuple[str, str]]:
-    """NaN / inf anywhere in the record: the schema's "number" admits them, strict JSON cannot encode them."""
-    for path, number in non_finite_numbers(value):
-        yield path, f"{number} is not a finite number (JSON cannot hold it; was a score undefined?)"
 
 
 def validate_result(record: dict, source: str = "<result>") -> dict:
@@ -85,7 +72,9 @@ def validate_result(record: dict, source: str = "<result>") -> dict:
     for error in sorted(_validator().iter_errors(record), key=lambda e: list(map(str, e.absolute_path))):
         field = ".".join(str(part) for part in error.absolute_path)
         problems.append((field, error.message))
-    problems.extend(_non_finite_numbers(record))
+    # NaN / inf anywhere: the schema's "number" admits them, strict JSON cannot encode them.
+    problems.extend((path, f"{number} is not a finite number (JSON cannot hold it; was a score undefined?)")
+                    for path, number in non_finite_numbers(record))
     if problems:
         raise ResultError(source, problems)
     return record
@@ -184,10 +173,9 @@ def default_command(argv: list[str] | None = None) -> str:
 def write_result(path: str | os.PathLike, **fields: Any) -> dict:
     """Validate and atomically write one result record; return it.
 
-    ``git_sha``, ``date`` (ISO 8601, UTC) and ``command`` (`default_command`) are filled in unless given; a run
-    of code that differs from its commit also records ``code_diff_sha256`` (`code_provenance`).
-    The file has sorted keys and 2-space indentation (stable diffs) and appears whole or not at all
-    (``raydistill.fileio.atomic_write_text``). Overwrites `path`: pick it with `result_path_of_run`.
+    ``git_sha``, ``date`` (ISO 8601, UTC) and ``command`` (`default_command`) are filled in unless given, and
+    ``code_diff_sha256`` for code that differs from its commit (`code_provenance`). Sorted keys and 2-space indentation
+    (stable diffs). Overwrites `path`: pick it with `result_path_of_run`.
     """
     record = dict(fields)
     if "git_sha" not in record:

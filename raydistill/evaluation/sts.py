@@ -11,13 +11,11 @@ sentence-transformers' SentenceTransformer, or a test's hand-made object). Keywo
 not accept (``progress``, ``activation``) are simply not passed.
 
 Each distinct sentence (bi) or ordered pair (cross) is run through the model once, however many of the requested
-sets contain it: STS-B reuses STS12-16 sentences, and SICK repeats sentences across pairs, so this saves about a
-fifth of the encoder time of a full evaluation.
+sets contain it (STS-B reuses STS12-16 sentences): about a fifth of the encoder time of a full evaluation.
 """
 
 from __future__ import annotations
 
-import difflib
 import inspect
 import sys
 import time
@@ -26,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from raydistill.config.schema import suggest
 from raydistill.data import DATASETS, Pair, load_dataset
 from raydistill.evaluation.metrics import roc_auc, spearman
 
@@ -141,19 +140,16 @@ def pair_similarities(
     batch_size: int = 128,
     progress: bool = False,
 ) -> dict[str, np.ndarray]:
-    """The model's similarity for every pair of every set: cosine (bi-encoder) or pair score (cross-encoder).
-
-    All sets go through the model in one call, each distinct sentence (or ordered pair) once.
-    """
+    """The model's similarity for every pair of every set: cosine (bi-encoder) or pair score (cross-encoder), all
+    sets in one model pass (module docstring)."""
     kind = detect_encoder(model, encoder)
     total_pairs = sum(len(pairs) for pairs in pairs_by_set.values())
     started = time.perf_counter()
     if kind == "bi":
         # dict keeps first-seen order, so the encoder sees the same list (and batches) on every run.
-        index = {text: 0 for pairs in pairs_by_set.values() for p in pairs for text in (p.sentence1, p.sentence2)}
-        texts = list(index)
-        for i, text in enumerate(texts):
-            index[text] = i
+        texts = list(dict.fromkeys(text for pairs in pairs_by_set.values() for p in pairs
+                                   for text in (p.sentence1, p.sentence2)))
+        index = {text: i for i, text in enumerate(texts)}
         _log(f"encoding {len(texts):,} distinct sentences of {total_pairs:,} pairs "
              f"({', '.join(pairs_by_set)}), batch size {batch_size}", progress)
         embeddings = _encode(model, texts, batch_size, progress)  # [U, D]
@@ -164,10 +160,8 @@ def pair_similarities(
             similarities[name] = _row_cosines(first, second)  # [n]
         unit = f"{len(texts) / max(time.perf_counter() - started, 1e-9):.0f} sentences/s"
     else:
-        index = {(p.sentence1, p.sentence2): 0 for pairs in pairs_by_set.values() for p in pairs}
-        distinct = list(index)
-        for i, pair in enumerate(distinct):
-            index[pair] = i
+        distinct = list(dict.fromkeys((p.sentence1, p.sentence2) for pairs in pairs_by_set.values() for p in pairs))
+        index = {pair: i for i, pair in enumerate(distinct)}
         _log(f"scoring {len(distinct):,} distinct pairs of {total_pairs:,} ({', '.join(pairs_by_set)}), "
              f"batch size {batch_size}", progress)
         scores = _score(model, distinct, batch_size, progress)  # [U]
@@ -185,9 +179,7 @@ def _dataset_of(set_name: str) -> str:
     if spec is not None and spec.kind == "scored_pairs":
         return set_name
     known = list(STS_SETS) + [name for name, s in DATASETS.items() if s.kind == "scored_pairs" and name not in STS_SETS]
-    close = difflib.get_close_matches(set_name, known, n=1)
-    hint = f" (did you mean {close[0]!r}?)" if close else ""
-    raise ValueError(f"unknown STS set {set_name!r}{hint}; known: {', '.join(known)}")
+    raise ValueError(f"unknown STS set {set_name!r}{suggest(set_name, known)}; known: {', '.join(known)}")
 
 
 def sts_predictions(model: Any, set_name: str, *, encoder: str | None = None, batch_size: int = 128,

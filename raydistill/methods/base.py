@@ -335,13 +335,12 @@ class MethodSpec:
                 kwargs[name] = value
         return self.loss_class(**kwargs)
 
-    def queue_kwargs(self, cfg: JobConfig, index: int = 0) -> dict[str, Any]:
-        """Init of teacher queue ``index``: the loss's own rule (seed + index, as the losses seed their queues)."""
-        kwargs = self.loss_kwargs(cfg)
-        return {"init": kwargs.get("queue_init", self.queue_init), "seed": int(kwargs.get("queue_seed", 0)) + index}
+    @property
+    def hooks(self) -> tuple:
+        """What the method needs beyond its loss (hooks.py): the projection's least-squares start, shared queues."""
+        from raydistill.methods.hooks import LeastSquaresProjection, TeacherQueues
 
-    def shares_queue(self, cfg: JobConfig) -> bool:
-        return self.shared_queues > 0 and int(self.loss_kwargs(cfg).get("queue_size") or 0) > 0
+        return (LeastSquaresProjection(),) + ((TeacherQueues(self.shared_queues),) if self.shared_queues else ())
 
     def allowed_loss_keys(self) -> set[str]:
         return {name for name in self.loss_settings.__pydantic_fields__ if not name.startswith("_")}

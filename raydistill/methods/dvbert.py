@@ -22,13 +22,12 @@ from pydantic import AfterValidator, BeforeValidator, Field
 from raydistill.config.job import JobConfig
 from raydistill.config.schema import Int, section
 from raydistill.data.arrays import ArrayData, seeded_subset
-from raydistill.methods.base import (Features, LossSettings, MethodSpec, StagedExtraSettings, StageServices,
-                                     StepContext)
-from raydistill.methods.nli_teacher import HEADS, PRECISIONS, TeacherTraining
+from raydistill.methods.base import Features, LossSettings, StagedExtraSettings, StageServices, StepContext
+from raydistill.methods.nli_teacher import TeacherTraining
+from raydistill.methods.sts_cosine import rows_method
 from raydistill.objectives import DvBERTLoss
 
-__all__ = ["SPEC", "TeacherTraining", "DvBERTLossSettings", "DvBERTExtraSettings", "DVBERT_TEACHERS", "HEADS",
-           "PRECISIONS"]
+__all__ = ["SPEC", "TeacherTraining", "DvBERTLossSettings", "DvBERTExtraSettings", "DVBERT_TEACHERS"]
 
 DVBERT_TEACHERS = ("minilm-l6", "bert-small")
 @section
@@ -59,14 +58,9 @@ class DvBERTExtraSettings(StagedExtraSettings):
                                                                        "fine-tuned (epochs, lr, head, folds, ...)")
 
 
-def teachers_of(cfg: JobConfig) -> list:
-    """The cross-encoder teachers a DvBERT config names (``extra.teachers``, default ``DVBERT_TEACHERS``)."""
-    return list(cfg.extra.teachers)
-
-
 def named_teachers(cfg: JobConfig) -> dict[str, str]:
     """``{config field: model}`` of the teachers (``MethodSpec.own_teachers``)."""
-    return {f"extra.teachers[{i}]": teacher for i, teacher in enumerate(teachers_of(cfg))}
+    return {f"extra.teachers[{i}]": teacher for i, teacher in enumerate(cfg.extra.teachers)}
 
 
 def teacher_labelled_pairs(cfg: JobConfig, services: StageServices) -> ArrayData:
@@ -82,7 +76,7 @@ def teacher_labelled_pairs(cfg: JobConfig, services: StageServices) -> ArrayData
     if "seed" not in (cfg.extra.get("teacher_training") or {}):  # a teacher seed the config leaves to the job's
         training = dataclasses.replace(training, seed=cfg.seed)
     columns = dv.nli_pairs(training.max_pairs, training.seed)
-    infos = dv.ensure_nli_teachers(teachers_of(cfg), columns, training, services, cfg.resources.teacher)
+    infos = dv.ensure_nli_teachers(list(cfg.extra.teachers), columns, training, services, cfg.resources.teacher)
     dv.check_teacher_accuracy(infos, training.min_accuracy)  # before the student spends a step on them
     soft, stats = dv.out_of_fold_soft_labels(infos, columns["label"])
     columns["teacher_probs"] = soft
@@ -103,12 +97,9 @@ def dvbert_features(ctx: StepContext, batch) -> Features:
             ctx.tensor(batch["label"], dtype=torch.long))
 
 
-SPEC = MethodSpec(
+SPEC = rows_method(
     name="dvbert",
     summary="DvBERT (Cheng, SIGIR 2021): K NLI cross-encoder teachers, teacher annealing, then STS-B",
-    views={},
-    teacher_views=(),
-    needs_teacher=False,
     loss_settings=DvBERTLossSettings,
     extra_settings=DvBERTExtraSettings,
     loss_class=DvBERTLoss,

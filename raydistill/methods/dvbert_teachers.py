@@ -37,18 +37,12 @@ What differs here from the paper's recipe, each for a measured reason (results/d
 **One training loop.** Each fold model trains as a stage of the engine (``StageServices.fit``: ``LearnerGroup.fit``
 in Train's local mode, ``resources.learner.num_learners: 0``, inside this process or this teacher's Ray task):
 method ``nli-head`` (``raydistill.methods.nli_head``: the head on the cached features, its standardisation fitted
-to the training rows) or ``nli-teacher`` (``raydistill.methods.nli_teacher``: the whole cross-encoder, length-bucketed batches,
-grad clip 1), loss ``objectives.LogitCrossEntropyLoss``. The two loops of their own this module had (a head loop,
-a fine-tuning loop) are gone, and with them what they lacked: the engine refuses a NaN loss or gradient, prints
-the same progress lines as every stage (with held-out fold accuracy as ``dev``), and checkpoints the fold in
-``.fold-<f>.training/`` beside the fold, so a stopped fine-tuning fold continues where it stopped. The fold keeps
-its LAST step's model, read back from the engine's final checkpoint, as the loops did: the held-out fold is what
-the model labels, so the engine's best-dev selection (``best/``, which it still writes) would pick the step by the
-very labels it then predicts. What the engine does differently, for the same settings: each epoch drops its
-ragged last batch, batches are drawn from ``(seed + fold, epoch)``, weight decay skips biases and the head keeps
-AdamW's default eps (1e-8); held-out accuracy moved by less than its fold-to-fold spread on the CPU config (the
-teachers' cache key names the new format, so teachers trained by the old loops are trained again, once; the
-frozen transformer's features are unchanged and reused).
+to the training rows) or ``nli-teacher`` (``raydistill.methods.nli_teacher``: the whole cross-encoder,
+length-bucketed batches, grad clip 1), loss ``objectives.LogitCrossEntropyLoss``, held-out fold accuracy as ``dev``,
+checkpoints in ``.fold-<f>.training/`` beside the fold (a stopped fine-tuning fold continues where it stopped).
+The fold keeps its LAST step's model, read back from the engine's final checkpoint: the held-out fold is what the
+model labels, so the engine's best-dev selection (``best/``, still written) would pick the step by the very labels
+it then predicts. Batches are drawn from ``(seed + fold, epoch)``.
 
 A teacher below ``min_accuracy`` held-out accuracy is refused before the student trains (``TeacherAccuracyError``,
 naming it and its accuracy): a teacher at chance adds only label smoothing that fades with the annealing. The
@@ -84,11 +78,10 @@ from raydistill.data.arrays import seeded_subset
 from raydistill.durations import format_duration
 from raydistill.fileio import atomic_write_json, atomic_writer, replace_directory, staged_directory
 from raydistill.methods.base import StageServices
-from raydistill.methods.nli_teacher import (HEADS, NLI_LABELS, TeacherTraining, build_head, build_teacher, load_teacher,
-                                            pool_pair, save_head)
+from raydistill.methods.nli_teacher import (NLI_LABELS, TeacherTraining, build_head, build_teacher, load_teacher,
+                                            save_head)
 
 __all__ = [
-    "HEADS",
     "NLI_LABELS",
     "TeacherAccuracyError",
     "TeacherTraining",
@@ -99,12 +92,10 @@ __all__ = [
     "load_teacher",
     "nli_pairs",
     "out_of_fold_soft_labels",
-    "pool_pair",
     "train_nli_teacher",
 ]
 
 log = logging.getLogger(__name__)
-
 
 
 class TeacherAccuracyError(ConfigError):
@@ -163,12 +154,6 @@ def teachers_root() -> Path:
 # The teacher model
 
 
-def _autocast(device: str, precision: str):
-    import torch
-
-    return torch.autocast(device, dtype=torch.bfloat16) if precision == "bf16" else nullcontext()
-
-
 # Rows between two progress lines of a teacher's encoding pass; a line also comes once this long has passed
 # since the last (the folds' training lines come from the engine's progress printer, on the same 30 s).
 _PROGRESS_EVERY_ROWS = 2048
@@ -189,7 +174,8 @@ def _encode_rows(teacher, columns: dict[str, np.ndarray], rows: np.ndarray, devi
     out = None
     started, done, reported = time.perf_counter(), 0, 0
     last_line = started
-    with inference(teacher), _autocast(device, precision):
+    autocast = torch.autocast(device, dtype=torch.bfloat16) if precision == "bf16" else nullcontext()
+    with inference(teacher), autocast:
         for batch in length_sorted_batches(lengths, batch_size):
             picked = rows[batch]
             features = teacher.tokenize(columns["text_a"][picked].tolist(), columns["text_b"][picked].tolist())
@@ -253,13 +239,9 @@ def _fit_fold(columns: dict[str, np.ndarray], train_rows: np.ndarray, label_rows
               threads: int = 1, pooled: np.ndarray | None = None):
     """Train fold model ``fold`` on ``train_rows`` through the engine; ``(model, probs of label_rows, stats)``.
 
-    Frozen (``pooled`` [N, D], the transformer's features): a head (``methods.nli_head``) whose start the job draws
-    from the fold's seed and standardises by the training rows' mean and spread. Fine-tuned: the whole teacher
-    (``methods.nli_teacher``) on length-bucketed batches of the pairs. Either way ``services.fit`` (the engine's
-    ``LearnerGroup.fit`` in Train's local mode) trains it in this process: AdamW, linear warm-up and decay, the NaN
-    refusal, progress lines
-    ``[name] step i/n ... dev <held-out accuracy x 100> ... ETA``, checkpoints in ``train_dir`` (a stopped fold
-    continues from them). The model returned is the last step's, read from the final checkpoint.
+    Frozen (``pooled`` [N, D], the transformer's features): a head (``methods.nli_head``) drawn from the fold's seed
+    and standardised by the training rows' mean and spread. Fine-tuned: the whole teacher (``methods.nli_teacher``).
+    Either way ``services.fit`` trains it in this process (module docstring), checkpoints in ``train_dir``.
     """
     import torch
 
@@ -425,10 +407,6 @@ def train_nli_teacher(model: str, columns: dict[str, np.ndarray], fold: np.ndarr
 # Orchestration
 
 
-def _teacher_dir(model: str, training: TeacherTraining, data_fp: str, services: StageServices) -> Path:
-    return teachers_root() / f"{Path(model.rstrip('/')).name}-{_teacher_key(model, training, data_fp, services)}"
-
-
 def _features_path(model: str, training: TeacherTraining, data_fp: str, services: StageServices) -> Path:
     """Where the frozen transformer's pooled features of these pairs are kept: they depend on the weights, the
     pooling, the truncation and the precision, not on anything the head's training does."""
@@ -452,7 +430,8 @@ def ensure_nli_teachers(models: list[str], columns: dict[str, np.ndarray], train
     resources = resources or RoleResources()
     data_fp = _fingerprint(columns)
     fold = fold_assignment(len(columns["label"]), training.folds, training.seed)
-    dirs = [_teacher_dir(m, training, data_fp, services) for m in models]
+    dirs = [teachers_root() / f"{Path(m.rstrip('/')).name}-{_teacher_key(m, training, data_fp, services)}"
+            for m in models]
     missing = [(m, d) for m, d in zip(models, dirs) if not (d / "teacher_info.json").is_file()]
     if missing:
         print(f"[dvbert] training {len(missing)} NLI cross-encoder teacher(s) ({', '.join(m for m, _ in missing)}) "

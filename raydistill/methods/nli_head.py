@@ -21,6 +21,7 @@ import torch
 from raydistill.config.job import JobConfig
 from raydistill.methods.base import Features, MethodSpec, StepContext
 from raydistill.methods.nli_teacher import NLITeacherStageSettings, _heldout, build_head
+from raydistill.methods.sts_cosine import rows_method
 from raydistill.objectives import LogitCrossEntropyLoss
 
 __all__ = ["SPEC", "NLIHeadStageSpec", "START_HEAD"]
@@ -47,34 +48,26 @@ class NLIHeadStageSpec(MethodSpec):
         return head
 
     def heldout_probs(self, cfg: JobConfig, student) -> np.ndarray:
-        rows = _heldout(cfg)
-        device = next(student.parameters()).device
-        was_training = student.training
-        student.eval()
-        try:
-            with torch.no_grad():
-                logits = student(torch.as_tensor(rows["pooled"], device=device))
-        finally:
-            student.train(was_training)
-        return torch.softmax(logits.float(), dim=-1).cpu().numpy().astype(np.float32)
+        from raydistill.models.batching import inference
+
+        with inference(student):
+            logits = student(torch.as_tensor(_heldout(cfg)["pooled"], device=next(student.parameters()).device))
+            return torch.softmax(logits.float(), dim=-1).cpu().numpy().astype(np.float32)
 
     def dev_score(self, cfg: JobConfig, student) -> float:
         probs = self.heldout_probs(cfg, student)
         return 100.0 * float((probs.argmax(axis=1) == _heldout(cfg)["label"]).mean())
 
 
-SPEC = NLIHeadStageSpec(
+SPEC = rows_method(
+    NLIHeadStageSpec,
     name="nli-head",
     summary="DvBERT teacher fold, frozen transformer: an NLI head trained with cross-entropy on cached features "
             "(run by the dvbert job)",
-    views={},
-    teacher_views=(),
-    needs_teacher=False,
     loss_class=LogitCrossEntropyLoss,
     batch_to_features=pooled_class_features,
     extra_settings=NLITeacherStageSettings,
-    # The loop it replaced used torch's AdamW default; the engine's eps 1e-6 would damp the head's small second
-    # moments more than it used to.
+    # AdamW's default eps: the engine's 1e-6 would damp the head's small second moments.
     optimizer={"eps": 1e-8},
     student_sentences_per_row=2,
     dataset="nli_teacher_folds",

@@ -9,15 +9,12 @@
     dev       accuracy x 100 on the fold's held-out pairs (``extra.heldout``); reported, not used for selection
 
 ``methods.nli_head`` is the frozen-transformer variant (only the head trains, on cached features). DvBERT
-(``methods.dvbert_teachers``) runs each fold as a stage through ``StageServices.fit`` (the engine's ``LearnerGroup.fit``
-in Train's local mode) and
-keeps the model of the LAST step, read back from the stage's final checkpoint, as the loops it replaced did: the
-held-out fold is what the fold model labels, so choosing a step by its accuracy there would leak the labels into
-the labelling. Each evaluation also writes its predictions beside the stage's checkpoints (``HELDOUT_PROBS``, with
-a digest of the head they came from), so the final evaluation doubles as the labelling pass.
-
-The model code below (``build_teacher``, ``build_head``, ``pool_pair``, ``load_teacher``, ``save_head``) was
-``runtime/jobs/dvbert_model.py``; it lives here because a method builds its student and may not import the runtime.
+(``methods.dvbert_teachers``) runs each fold as a stage through ``StageServices.fit`` and keeps the model of the
+LAST step, read back from the stage's final checkpoint: the held-out fold is what the fold model labels, so choosing
+a step by its accuracy there would leak the labels into the labelling. Each evaluation also writes its predictions
+beside the stage's checkpoints (``HELDOUT_PROBS``, with a digest of the head they came from), so the final
+evaluation doubles as the labelling pass. The model code lives here because a method builds its student and may not
+import the runtime:
 
     teacher = build_teacher(weights_dir, training)   # teacher(features) -> [B, 3] logits
     teacher = load_teacher(fold_dir)                 # a saved fold model, eval mode
@@ -38,11 +35,12 @@ from raydistill.config.job import JobConfig
 from raydistill.config.schema import Int, Number, build, section
 from raydistill.fileio import atomic_write_json, atomic_writer
 from raydistill.methods.base import ExtraSettings, Features, MethodSpec, StepContext
+from raydistill.methods.sts_cosine import rows_method
 from raydistill.objectives import LogitCrossEntropyLoss
 
 __all__ = ["SPEC", "HELDOUT_PROBS", "NLI_LABELS", "HEADS", "PRECISIONS", "TeacherTraining", "NLITeacherStageSettings",
            "NLITeacherStageSpec", "build_teacher",
-           "load_teacher", "build_head", "head_digest", "pool_pair", "pooled_dim", "save_head"]
+           "load_teacher", "build_head", "head_digest", "pool_pair", "save_head"]
 
 NLI_LABELS = ("entailment", "neutral", "contradiction")
 HEADS = ("cls", "mean", "segments", "aligned")
@@ -72,14 +70,14 @@ class TeacherTraining:
                                                          "config's)")
     finetune: StrictBool = Field(True, description="false: the transformer stays frozen, encodes each pair once, "
                                                    "only the head trains")
-    head: Literal["cls", "mean", "segments", "aligned"] = Field(
+    head: Literal[HEADS] = Field(
         "cls", description="what the head reads (pool_pair): cls (the paper's), mean, segments, aligned")
     head_hidden: Int = Field(0, ge=0, description="0: one FC layer (the paper's); n: FC(n) -> GELU -> FC")
     folds: Int = Field(2, ge=2, description="each teacher trains this many models; model f labels only fold f (a "
                                             "pair is labelled by a model that did not train on it)")
     max_pairs: Int | None = Field(None, description="labelled NLI pairs (null: every pair shipped, SNLI dev + "
                                                     "MultiNLI dev); at least 2 x folds")
-    precision: Literal["fp32", "bf16"] = Field("fp32", description="bf16: forward and backward under "
+    precision: Literal[PRECISIONS] = Field("fp32", description="bf16: forward and backward under "
                                                                    "torch.autocast(bfloat16); weights stay fp32")
     min_accuracy: Number = Field(0.6, ge=0, le=1, description="refuse a teacher whose held-out accuracy is below "
                                                               "this")
@@ -97,11 +95,6 @@ class TeacherTraining:
     def shaping(self) -> dict[str, Any]:
         """The settings that determine the trained models (the cache key's part)."""
         return {k: v for k, v in asdict(self).items() if k not in _JUDGING_FIELDS}
-
-
-
-def pooled_dim(head: str, hidden: int) -> int:
-    return {"cls": hidden, "mean": hidden, "segments": 4 * hidden, "aligned": 8 * hidden + len(_COVERAGE)}[head]
 
 
 # Coverage statistics of the "aligned" head, per pair: how well the hypothesis's tokens find a match among the
@@ -198,8 +191,9 @@ def build_teacher(weights_dir: str | Path, training: TeacherTraining):
                                  f"tokenizer of {weights_dir} has none")
             self.register_buffer("special_ids", torch.tensor(sorted(set(self.tokenizer.all_special_ids))),
                                  persistent=False)
-            self.head = build_head(pooled_dim(training.head, self.transformer.config.hidden_size),
-                                    training.head_hidden, training.dropout)
+            hidden = self.transformer.config.hidden_size
+            pooled_dim = {"cls": hidden, "mean": hidden, "segments": 4 * hidden, "aligned": 8 * hidden + len(_COVERAGE)}
+            self.head = build_head(pooled_dim[training.head], training.head_hidden, training.dropout)
 
         def tokenize(self, first: list[str], second: list[str]) -> dict[str, Any]:
             return dict(self.tokenizer(first, second, padding=True, truncation="longest_first",
@@ -288,11 +282,6 @@ def _heldout(cfg: JobConfig) -> dict[str, np.ndarray]:
     return _HELDOUT[key]
 
 
-def _write_heldout_probs(cfg: JobConfig, probs: np.ndarray, head) -> None:
-    with atomic_writer(Path(cfg.run_dir) / HELDOUT_PROBS) as stream:
-        np.savez(stream, probs=probs, head=np.int64(head_digest(head)))
-
-
 def pair_class_features(ctx: StepContext, batch) -> Features:
     """Both sentences in one sequence: the teacher's class logits [B, 3] and the gold classes."""
     features = ctx.student.tokenize([str(a) for a in batch["text_a"]], [str(b) for b in batch["text_b"]])
@@ -327,17 +316,16 @@ class NLITeacherStageSpec(MethodSpec):
 
     def dev_score(self, cfg: JobConfig, student) -> float:
         probs = self.heldout_probs(cfg, student)
-        _write_heldout_probs(cfg, probs, student.head)
+        with atomic_writer(Path(cfg.run_dir) / HELDOUT_PROBS) as stream:
+            np.savez(stream, probs=probs, head=np.int64(head_digest(student.head)))
         return 100.0 * float((probs.argmax(axis=1) == _heldout(cfg)["label"]).mean())
 
 
-SPEC = NLITeacherStageSpec(
+SPEC = rows_method(
+    NLITeacherStageSpec,
     name="nli-teacher",
     summary="DvBERT teacher fold: a cross-encoder fine-tuned with cross-entropy on labelled NLI pairs (run by the "
             "dvbert job)",
-    views={},
-    teacher_views=(),
-    needs_teacher=False,
     loss_class=LogitCrossEntropyLoss,
     batch_to_features=pair_class_features,
     extra_settings=NLITeacherStageSettings,

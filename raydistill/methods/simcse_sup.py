@@ -10,7 +10,8 @@ Rows: the ``nli_triplets`` set (premise, entailed, contradicted) of the labelled
 from pydantic import Field, StrictBool
 
 from raydistill.config.schema import section
-from raydistill.methods.base import Features, LossSettings, MethodSpec, PositiveNumber, StepContext, Temperature
+from raydistill.methods.base import Features, LossSettings, PositiveNumber, StepContext, Temperature
+from raydistill.methods.sts_cosine import rows_method
 from raydistill.objectives import SupervisedSimCSELoss
 
 
@@ -31,12 +32,9 @@ def triplet_features(ctx: StepContext, batch) -> Features:
     return {"anchor": anchor, "positive": positive, "negative": negative}, None
 
 
-SPEC = MethodSpec(
+SPEC = rows_method(
     name="simcse-sup",
     summary="supervised SimCSE on NLI triplets (DistilCSE stage 2; Gao et al., 2021)",
-    views={},
-    teacher_views=(),
-    needs_teacher=False,
     loss_settings=SupervisedSimCSELossSettings,
     loss_class=SupervisedSimCSELoss,
     batch_to_features=triplet_features,

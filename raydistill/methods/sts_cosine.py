@@ -6,8 +6,16 @@ stage: the cosine of the two sentence vectors regresses the gold score scaled to
 Rows: the ``stsb_train`` set (sentence pairs with their gold scores).
 """
 
+from typing import Any
+
 from raydistill.methods.base import Features, MethodSpec, StepContext
 from raydistill.objectives import CosineMSELoss
+
+
+def rows_method(spec_class: type[MethodSpec] = MethodSpec, **fields: Any) -> MethodSpec:
+    """A method trained on rows of its own (a labelled set, or rows it builds): no corpus views, no teacher vectors
+    of the job's teacher."""
+    return spec_class(views={}, teacher_views=(), needs_teacher=False, **fields)
 
 
 def pair_score_features(ctx: StepContext, batch) -> Features:
@@ -15,12 +23,9 @@ def pair_score_features(ctx: StepContext, batch) -> Features:
     return {"u": u, "v": v}, ctx.tensor(batch["score"])
 
 
-SPEC = MethodSpec(
+SPEC = rows_method(
     name="sts-cosine",
     summary="cosine-similarity regression on STS-B train (SBERT; DvBERT's last stage)",
-    views={},
-    teacher_views=(),
-    needs_teacher=False,
     loss_class=CosineMSELoss,
     batch_to_features=pair_score_features,
     student_sentences_per_row=2,

@@ -25,7 +25,7 @@ from pydantic import Field
 from raydistill.config.job import JobConfig
 from raydistill.config.schema import Int, section
 from raydistill.methods.base import ExtraSettings, MethodSpec
-from raydistill.methods.sts_cosine import pair_score_features
+from raydistill.methods.sts_cosine import pair_score_features, rows_method
 from raydistill.objectives import CosineMSELoss
 
 __all__ = ["SPEC", "TransEncoderStageSettings", "TransEncoderStageSpec", "new_bi_encoder", "stage_dev_score"]
@@ -91,12 +91,10 @@ def new_bi_encoder(checkpoint: str, pooling: str | None, max_length: int):
     return BiEncoder.from_pretrained(str(checkpoint), pooling=pooling, max_length=int(max_length))
 
 
-SPEC = TransEncoderStageSpec(
+SPEC = rows_method(
+    TransEncoderStageSpec,
     name="tenc-bi",
     summary="Trans-Encoder cross -> bi stage: cosine MSE to the cross-encoders' labels (run by the tenc job)",
-    views={},
-    teacher_views=(),
-    needs_teacher=False,
     loss_class=CosineMSELoss,
     batch_to_features=pair_score_features,
     extra_settings=TransEncoderStageSettings,

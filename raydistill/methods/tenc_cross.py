@@ -20,6 +20,7 @@ import numpy as np
 
 from raydistill.config.job import JobConfig
 from raydistill.methods.base import Features, StepContext
+from raydistill.methods.sts_cosine import rows_method
 from raydistill.methods.tenc_bi import TransEncoderStageSettings, TransEncoderStageSpec
 from raydistill.objectives import SoftBCELoss
 
@@ -80,13 +81,11 @@ def new_cross_encoder(checkpoint: str, max_length: int, head: str | None):
                                         head=head or "classifier")
 
 
-SPEC = _CrossStageSpec(
+SPEC = rows_method(
+    _CrossStageSpec,
     name="tenc-cross",
     summary="Trans-Encoder bi -> cross stage: soft BCE on both orders to the bi-encoders' labels (run by the tenc "
             "job)",
-    views={},
-    teacher_views=(),
-    needs_teacher=False,
     loss_class=SoftBCELoss,
     batch_to_features=pair_logit_features,
     extra_settings=TransEncoderStageSettings,

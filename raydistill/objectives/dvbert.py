@@ -22,17 +22,13 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from raydistill.objectives.base import LossOutput, check_same_rows, frozen, take
-from raydistill.objectives.pairs import CosineMSELoss
 
-__all__ = ["CosineMSELoss", "DvBERTLoss", "SoftmaxClassifierLoss", "TeacherAnnealing", "annealed_target"]
+__all__ = ["DvBERTLoss", "SoftmaxClassifierLoss", "TeacherAnnealing", "annealed_target"]
 
 
 class TeacherAnnealing:
-    """λ(step) of teacher annealing (BAM!): rises linearly from 0 at step 0 to 1 at ``total_steps`` (clamped).
-
-    Early on the student imitates the teachers (λ ≈ 0), at the end the gold labels (λ = 1): DvBERT's linear
-    schedule, BAM!'s teacher annealing, advanced once per optimiser step.
-    """
+    """λ(step) of teacher annealing (BAM!): rises linearly from 0 at step 0 to 1 at ``total_steps`` (clamped), so the
+    student imitates the teachers early on and the gold labels at the end; advanced once per optimiser step."""
 
     def __init__(self, total_steps: int):
         if int(total_steps) <= 0:
@@ -47,9 +43,8 @@ def annealed_target(gold: Tensor, teacher: Tensor, lam: float) -> Tensor:
     """``λ·onehot(gold) + (1 − λ)·mean_k softmax(teacher_k)`` → [B, C].
 
     ``gold``: [B] class indices. ``teacher``: [B, T, C] logits of T teachers (averaged after their softmax) or
-    [B, C] probabilities already averaged. The mean is exact, not an approximation: CE is linear in its target, so
-    the CE against this target is (1/T) · Σ_k CE(λ·onehot + (1 − λ)·q_k, p), the paper's per-teacher sum up to a
-    constant. Detached: the target carries no gradient.
+    [B, C] probabilities already averaged. The mean is exact (CE is linear in its target: module docstring).
+    Detached: the target carries no gradient.
     """
     teacher = frozen(teacher)
     probs = F.softmax(teacher.float(), dim=-1).mean(dim=1) if teacher.dim() == 3 else teacher.float()  # [B, C]
@@ -133,10 +128,8 @@ class DvBERTLoss(SoftmaxClassifierLoss):
     def forward(self, features: dict[str, Tensor], labels: Tensor | None = None) -> LossOutput:
         if labels is None or labels.dim() != 1:
             raise ValueError("DvBERTLoss: labels must be the [B] gold class indices")
-        if "teacher_logits" in features:
-            teacher = take(features, "teacher_logits", "DvBERTLoss", ndim=3)
-        else:
-            teacher = take(features, "teacher_probs", "DvBERTLoss")
+        teacher = (take(features, "teacher_logits", "DvBERTLoss", ndim=3) if "teacher_logits" in features
+                   else take(features, "teacher_probs", "DvBERTLoss"))
         lam = self.annealing(int(self.steps_done))
         target = annealed_target(labels, teacher, lam)  # [B, C]
         loss, parts = self._loss(features, target, "DvBERTLoss", gold=labels.long())

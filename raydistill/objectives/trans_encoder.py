@@ -26,13 +26,11 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from raydistill.objectives.base import LossOutput, check_same_rows, frozen, take
-from raydistill.objectives.pairs import CosineMSELoss
 
 __all__ = [
     "DEFAULT_LABEL_SCALING",
     "LABEL_SCALINGS",
     "LABEL_WEIGHTINGS",
-    "CosineMSELoss",
     "SoftBCELoss",
     "average_pseudo_labels",
     "cosine_to_target",

@@ -73,10 +73,6 @@ def exit_with_user_error(exc: BaseException) -> NoReturn:
     sys.exit(2)
 
 
-class _FieldsHelpFormatter(argparse.RawDescriptionHelpFormatter):
-    """Keeps the epilog's one-field-per-line layout."""
-
-
 def _shipped_for(job: str) -> list[str]:
     """The shipped configs a job can run: its own and its variants (congen-gpu, sct-distill, self_tenc, ...)."""
     from raydistill.shipped import shipped_config_names
@@ -100,7 +96,7 @@ def _job_parser(job: str, doc: str | None, prog: str | None, config_cls: type) -
     epilog = (f"{usage}\n\n" if usage else "") + (
         f"config fields ({where}; override any with --set KEY=VALUE):\n" + config_fields_help(config_cls, values))
     parser = argparse.ArgumentParser(prog=prog, description=JOBS.get(job) or (doc or job).strip().splitlines()[0],
-                                     epilog=epilog, formatter_class=_FieldsHelpFormatter)
+                                     epilog=epilog, formatter_class=argparse.RawDescriptionHelpFormatter)
     if default.is_file():
         parser.add_argument("--config", default=str(default), metavar="FILE|NAME",
                             help=f"a YAML job config, or the name of a shipped one ({', '.join(_shipped_for(job))}); "

@@ -111,22 +111,13 @@ def base_model_id(name: str | None) -> str | None:
     return preset.hub_ids[0] if preset.hub_ids else None
 
 
-def _papers(methods: list[str]) -> list[str]:
-    papers = ["Sentence-BERT"]
-    for method in methods:
-        papers += [paper for paper in METHOD_PAPERS.get(str(method).lower(), ()) if paper not in papers]
-    return papers
-
-
 def _score(scores: dict[str, float], key: str) -> str:
     value = scores.get(key)
     return "–" if value is None else f"{value:.2f}"
 
 
-def _front_matter(manifest: dict[str, Any], title: str, base_model: str | None) -> dict[str, Any]:
-    corpus, recipe = manifest.get("corpus") or {}, manifest.get("recipe") or {}
-    student = next(row for row in manifest["rows"] if row["kind"] == "student")
-    methods = [str(m) for m in recipe.get("methods") or []]
+def _front_matter(student: dict[str, Any], corpus: dict[str, Any], methods: list[str], title: str,
+                  base_model: str | None) -> dict[str, Any]:
     tags = ["sentence-transformers", "sentence-similarity", "feature-extraction", "dense", "knowledge-distillation",
             "raydistill", "onnx", *[f"method:{m}" for m in methods]]
     if corpus.get("sentences"):
@@ -157,9 +148,7 @@ def _stage_line(stage: Any) -> str:
 
 
 def render_card(manifest: dict[str, Any], out_name: str = "DIR") -> str:
-    """The README.md text for the package described by ``manifest`` (see the module docstring).
-
-    One long function on purpose: it is the card itself, its sections written in the order a reader meets them."""
+    """The README.md text for the package described by ``manifest`` (see the module docstring)."""
     rows = manifest["rows"]
     teacher = next(row for row in rows if row["kind"] == "teacher")
     student = next(row for row in rows if row["kind"] == "student")
@@ -177,7 +166,8 @@ def render_card(manifest: dict[str, Any], out_name: str = "DIR") -> str:
     has_pairs = any("eval_pairs" in row["scores"] for row in rows)
     pairs_info = manifest.get("eval_pairs") or {}
 
-    front = yaml.safe_dump(_front_matter(manifest, title, base_model), sort_keys=False, allow_unicode=True)
+    front = yaml.safe_dump(_front_matter(student, corpus, methods, title, base_model), sort_keys=False,
+                           allow_unicode=True)
     out: list[str] = ["---", front.rstrip(), "---", "", f"# {title}", ""]
     corpus_text = corpus.get("name", "a corpus")
     if corpus.get("sentences"):
@@ -279,6 +269,9 @@ def render_card(manifest: dict[str, Any], out_name: str = "DIR") -> str:
                 'embeddings = model.encode(["A man is playing a guitar."], normalize=True)', "```", ""]
 
     out += ["## Citation", "", "### BibTeX", ""]
-    for paper in _papers(methods):
+    papers = ["Sentence-BERT"]
+    for method in methods:
+        papers += [paper for paper in METHOD_PAPERS.get(str(method).lower(), ()) if paper not in papers]
+    for paper in papers:
         out += [f"#### {paper}", "", "```bibtex", CITATIONS[paper], "```", ""]
     return "\n".join(line for line in out if line is not None) + "\n"

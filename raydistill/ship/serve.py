@@ -97,10 +97,6 @@ class Runtime:
         return "torch model" if self.file is None else self.file
 
 
-def _is_model_dir(directory: Path) -> bool:
-    return (directory / "modules.json").is_file() or (directory / "config.json").is_file()
-
-
 def recorded_speeds(model_dir: str | Path) -> list[dict[str, Any]] | None:
     """The servable rows of ``DIR/SPEEDS_FILE`` (the packaging manifest: raydistill.ship.package), each
     ``{"file": str | None (the torch model), "sentences_per_s", "sentences_per_cpu_s" (None when not recorded),
@@ -144,7 +140,7 @@ def choose_runtime(model_dir: str | Path, export: str | None = None) -> Runtime:
     directory = Path(model_dir)
     if not directory.is_dir():
         raise ServeError(f"{directory}: no such directory (give the directory `raydistill distill` wrote)")
-    if not _is_model_dir(directory):
+    if not (directory / "modules.json").is_file() and not (directory / "config.json").is_file():
         raise ServeError(f"{directory}: neither modules.json nor config.json; not a sentence-transformers or "
                          "Hugging Face model directory")
     if export is not None:
@@ -263,11 +259,8 @@ def _error(status: int, message: str):
 
 class StudentEncoder:
     """One replica (``build_app`` makes it a Serve deployment): the encoder, a batch queue over single sentences, one
-    thread that runs the forward passes.
-
-    ``embed`` is ``_embed_batch`` under ``@serve.batch``, applied here rather than on the class so that the batch
-    size and wait come from the options and so that importing this module (the command line does, to build its
-    parser) does not import Ray Serve.
+    thread that runs the forward passes. ``@serve.batch`` is applied here rather than on the class so that the batch
+    size and wait come from the options and importing this module (the command line does) does not import Ray Serve.
     """
 
     def __init__(self, model_dir: str, file: str | None, threads: int, max_batch_size: int, batch_wait_s: float):
@@ -322,10 +315,8 @@ class StudentEncoder:
         if parsed["api"] == "native":
             return _json({"embeddings": matrix.tolist(), "model": self.info["model"], "dim": self.info["dim"],
                           "normalized": normalized})
-        if parsed["base64"]:
-            vectors = [base64.b64encode(row.astype("<f4").tobytes()).decode("ascii") for row in matrix]
-        else:
-            vectors = matrix.tolist()
+        vectors = ([base64.b64encode(row.astype("<f4").tobytes()).decode("ascii") for row in matrix]
+                   if parsed["base64"] else matrix.tolist())
         tokens = int(self.encoder.tokenize(texts)["attention_mask"].sum())
         return _json({"object": "list", "model": self.info["model"],
                       "data": [{"object": "embedding", "index": i, "embedding": vector}

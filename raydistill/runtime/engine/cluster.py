@@ -7,9 +7,8 @@ under ``ray job submit`` (the job supervisor sets ``RAY_ADDRESS``: connect, and 
 are). Roles take resources from the config only, so moving to a GPU cluster changes the ``resources`` block and
 nothing else.
 
-A config here is a distillation ``JobConfig`` (learners and a shared queue) or any config whose ``resources`` have
-``num_cpus`` and ``data_max_cpus`` and which states its own long-lived actors with ``actor_reservation()`` (the
-Trans-Encoder's families: ``tenc.config.TencConfig``).
+A config here is any config whose ``resources`` have ``num_cpus`` and ``data_max_cpus`` and which states its own
+long-lived actors with ``actor_reservation()`` (a ``JobConfig``; the Trans-Encoder's families' ``TencConfig``).
 """
 
 from __future__ import annotations
@@ -18,17 +17,16 @@ import logging
 import os
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from raydistill.config.job import ConfigError, JobConfig
+from raydistill.config.sections import Reservation
 
 __all__ = [
     "WORKER_ENV",
     "Reservation",
     "ResourceError",
-    "actor_reservation",
     "check_resources",
     "configure_data_context",
     "data_limits",
@@ -36,7 +34,7 @@ __all__ = [
     "on_the_driver_node",
     "prepare_worker_environment",
     "quiet_ray_internal_deprecation",
-    "state_auth_mode",
+    "quiet_auth_notice",
     "warn_if_outputs_are_ephemeral",
 ]
 
@@ -61,41 +59,8 @@ WORKER_ENV = {
     "HF_HUB_DISABLE_PROGRESS_BARS": "1",
 }
 
-# Ray's setting for token authentication of a new local cluster ("token" or "disabled").
-AUTH_MODE_ENV = "RAY_AUTH_MODE"
-
-
 class ResourceError(ConfigError):
     """The configured roles cannot all be scheduled on the Ray cluster."""
-
-
-@dataclass(frozen=True)
-class Reservation:
-    """The CPUs and GPUs a job's long-lived actors hold for its whole run, and the words an error explains them with."""
-
-    cpus: float
-    gpus: float
-    cpu_terms: str  # the sum behind ``cpus``: "learners 2 x 0.5 CPU + queue 0.5 CPU"
-    holders: str  # who asks for the GPUs: "learners and queue"
-    cpu_fix: str  # the fields that lower ``cpus``
-    gpu_fix: str  # the fields that lower ``gpus``
-
-
-def actor_reservation(cfg: Any) -> Reservation:
-    """What the config's long-lived actors hold: a JobConfig's learners and shared queue, or whatever another
-    config's ``actor_reservation()`` says (the Trans-Encoder's bi- and cross-encoder actors)."""
-    if not isinstance(cfg, JobConfig):
-        return cfg.actor_reservation()
-    r = cfg.resources
-    learners = r.learner.num_learners
-    return Reservation(
-        cpus=learners * r.learner.num_cpus + r.queue.num_cpus,
-        gpus=learners * r.learner.num_gpus + r.queue.num_gpus,
-        cpu_terms=f"learners {learners} x {r.learner.num_cpus:g} CPU + queue {r.queue.num_cpus:g} CPU",
-        holders="learners and queue",
-        cpu_fix="lower resources.learner.num_cpus / num_learners (fractions like 0.5 are fine)",
-        gpu_fix="set resources.learner.num_gpus: 0",
-    )
 
 
 def init_ray(cfg: Any = None, *, dashboard: bool = False, **init_kwargs: Any) -> Callable[[], None]:
@@ -137,7 +102,7 @@ def start_local_ray(*, dashboard: bool = False, **init_kwargs: Any) -> None:
 
     import ray
 
-    state_auth_mode()
+    quiet_auth_notice()
     if not dashboard:
         ray.init(address="local", include_dashboard=False, **init_kwargs)
         return
@@ -157,25 +122,24 @@ def start_local_ray(*, dashboard: bool = False, **init_kwargs: Any) -> None:
                 os.environ[key] = value
 
 
-def state_auth_mode() -> None:
-    """Set ``RAY_AUTH_MODE=token`` for a new local Ray unless the environment already sets a mode.
+def quiet_auth_notice() -> None:
+    """Drop Ray's notice that it turned token authentication on for a new local cluster.
 
-    Ray 2.60 turns token authentication on for a new local cluster when the mode is unset, and says so at every
-    ``ray.init`` ("Token authentication is enabled ... Set RAY_AUTH_MODE=disabled to opt out"). Stating Ray's own
-    default keeps the same protection (a token in ``~/.ray/auth_token``, created on first use) without the notice;
-    a user who exported ``RAY_AUTH_MODE`` (e.g. ``disabled``) keeps theirs. Only for a Ray this process starts:
-    connecting to a cluster (``RAY_ADDRESS``) follows that cluster's mode.
-
-    Ray reads its settings once, when it is imported, so setting the variable alone would start a GCS that asks
-    for a token this process does not send (measured: "InvalidAuthToken ... RAY_AUTH_MODE is currently
-    'disabled'"); the settings are read again as Ray itself does when it turns the mode on.
+    Ray 2.60 turns token authentication on for a new local cluster when ``RAY_AUTH_MODE`` is unset, and says so at
+    every ``ray.init`` ("Token authentication is enabled ... Set RAY_AUTH_MODE=disabled to opt out"): nothing for a
+    user to act on, once per job and per Tune trial. Ray keeps its own default (a token in ``~/.ray/auth_token``);
+    a user who exported ``RAY_AUTH_MODE`` gets no notice from Ray anyway. No public API sets the mode of a process
+    that has imported Ray (it reads its settings at import), so the notice is filtered by its logger's name, a string
+    no import needs; a Ray whose logger is named otherwise keeps its notice.
     """
-    if os.environ.get(AUTH_MODE_ENV) is not None:
-        return
-    from ray._raylet import Config
+    logger = logging.getLogger("ray._private.authentication.authentication_token_setup")
+    if not any(isinstance(f, _DropAuthNotice) for f in logger.filters):
+        logger.addFilter(_DropAuthNotice())
 
-    os.environ[AUTH_MODE_ENV] = "token"
-    Config.initialize("")
+
+class _DropAuthNotice(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("Token authentication is enabled for this Ray cluster")
 
 
 def on_the_driver_node() -> Any:
@@ -212,7 +176,7 @@ def configure_data_context(cfg: Any = None) -> Callable[[], None]:
     Without a terminal (``ray job submit``, a log file) Ray Data logs every running dataset as an eight-line block
     every ten seconds; the jobs print their own one-line progress instead (the teacher pass: `embedding_cache`).
 
-    ``resource_limits`` lets Ray Data plan with what the long-lived actors (`actor_reservation`) leave of the
+    ``resource_limits`` lets Ray Data plan with what the long-lived actors (``actor_reservation()``) leave of the
     cluster, so its tasks and the teacher pool neither wait for those CPUs nor take them (actors on every CPU hang
     Data: docs/runtime.md, Ray behaviour). Only the resources the actors hold are capped: a GPU limit stays Ray's
     own (autodetected, growing with an autoscaling cluster) while no actor holds a GPU. Ray 2.60 deprecates the
@@ -244,7 +208,7 @@ def configure_data_context(cfg: Any = None) -> Callable[[], None]:
     if cfg is not None:
         # CPUs and GPUs are this job's to set (a job run after another in one process must not inherit its cap);
         # memory and object-store limits stay as they are.
-        cap = data_limits(actor_reservation(cfg), _cluster_total(cfg))
+        cap = data_limits(cfg.actor_reservation(), _cluster_total(cfg))
         options.resource_limits = options.resource_limits.copy(cpu=cap.cpu, gpu=cap.gpu)
     return restore
 
@@ -311,7 +275,7 @@ def check_resources(cfg: Any, available: dict[str, float] | None = None) -> None
         available = ray.cluster_resources() if ray.is_initialized() else {"CPU": cfg.resources.num_cpus}
     cpus, gpus = float(available.get("CPU", 0)), float(available.get("GPU", 0))
     r = cfg.resources
-    held = actor_reservation(cfg)
+    held = cfg.actor_reservation()
     held_cpus, held_gpus = held.cpus, held.gpus
     where = f"the Ray cluster has {cpus:g} CPU and {gpus:g} GPU"
     problems = []
@@ -328,7 +292,7 @@ def check_resources(cfg: Any, available: dict[str, float] | None = None) -> None
         if teacher_cpus > cpus - held_cpus + 1e-9:
             problems.append(
                 f"teacher pool {r.teacher.num_actors} x {r.teacher.num_cpus:g} CPU = {teacher_cpus:g} CPU, but only "
-                f"{cpus - held_cpus:g} CPU are left beside the learners/queue: lower resources.teacher.num_cpus "
+                f"{cpus - held_cpus:g} CPU are left beside the {held.holders}: lower resources.teacher.num_cpus "
                 "or num_actors")
         if teacher_gpus > gpus - held_gpus + 1e-9:
             problems.append(f"teacher pool asks for {teacher_gpus:g} GPU, {gpus - held_gpus:g} left: set "

@@ -21,11 +21,11 @@ What the public API does not do, and what this module does instead:
   a timeout: nothing else in Ray's public API tells the driver of a hung worker group (Train's health checks see a
   live process, not a silent one).
 * Train's local mode runs no callbacks (``LocalController`` ignores ``RunConfig.callbacks``): hence ``LocalEvents``.
-* ``start`` (rank 0's pid, actor and the shared queue actors, at each (re)start of the workers) is not a report: a
+* ``start`` (rank 0's pid, actor and the method's shared actors, at each (re)start of the workers) is not a report: a
   report needs every worker, and the start answer must carry how often Train restarted the group (it goes into the
   checkpoints). Rank 0 tells the relay directly, once per start.
-* Train has no public hook to keep actors alive across worker-group restarts: the relay keeps the shared
-  teacher-queue actors, so a worker group that Train restarts gets live ones.
+* Train has no public hook to keep actors alive across worker-group restarts: the relay keeps the actors the
+  method's hooks share between learners (``MethodSpec.hooks``), so a worker group that Train restarts gets live ones.
 """
 
 from __future__ import annotations
@@ -70,18 +70,18 @@ def progress_events(metrics: dict[str, Any]) -> list[Event]:
 
 
 class EventRelay:
-    """The driver's end of the workers' events, its stop flag, and the shared teacher queues; behind ``ray.remote``
+    """The driver's end of the workers' events, its stop flag, and the method's shared actors; behind ``ray.remote``
     with several threads (``max_concurrency``), so the driver's wait never holds up a report or a read."""
 
-    def __init__(self, queue_factory: Callable[[], list] | None = None):
+    def __init__(self, actor_factory: Callable[[], dict[str, list]] | None = None):
         self._events: list[Event] = []
         self._pushed = self._taken = 0  # events ever pushed, and taken by the driver
         self._changed = threading.Condition()
         self._stop = self._abort = self._finished = False
         self._starts = 0
-        self._queue_factory = queue_factory
-        self._queues: list = []
-        self._queues_lock = threading.Lock()
+        self._actor_factory = actor_factory
+        self._actors: dict[str, list] = {}  # hook name -> its actors
+        self._actors_lock = threading.Lock()
 
     def push(self, events: list[Event], until_taken_s: float = 0.0) -> dict[str, Any]:
         """Queue events for the driver, waiting up to ``until_taken_s`` until it has taken them; the answer: the
@@ -123,34 +123,38 @@ class EventRelay:
         """The driver gave up (no event within its timeout): workers that still run leave without training."""
         self._abort = True
 
-    def shared_queues(self) -> list:
-        """Live shared-queue actors (new ones when any has died); [] when the method shares no queue."""
+    def shared_actors(self) -> dict[str, list]:
+        """Live shared actors by hook name (new ones for all when any fails its ``ping``); {} when none."""
         import ray
 
-        if self._queue_factory is None:
-            return []
-        with self._queues_lock:  # the workers of a group ask at once: one set of queues for all
-            if self._queues:
+        if self._actor_factory is None:
+            return {}
+        with self._actors_lock:  # the workers of a group ask at once: one set of actors for all
+            if self._actors:
                 try:
-                    ray.get([queue.ping.remote() for queue in self._queues], timeout=30)
-                except Exception:  # noqa: BLE001 - a dead or unreachable queue actor: replace them all
-                    for queue in self._queues:
-                        ray.kill(queue)
-                    self._queues = []
-            if not self._queues:
-                self._queues = self._queue_factory()
-            return list(self._queues)
+                    ray.get([actor.ping.remote() for actor in self._all_actors()], timeout=30)
+                except Exception:  # noqa: BLE001 - a dead or unreachable actor: replace them all
+                    self._kill_all()
+            if not self._actors:
+                self._actors = self._actor_factory()
+            return dict(self._actors)
+
+    def _all_actors(self) -> list:
+        return [actor for actors in self._actors.values() for actor in actors]
+
+    def _kill_all(self) -> None:
+        import ray
+
+        for actor in self._all_actors():
+            try:
+                ray.kill(actor)
+            except Exception:  # noqa: BLE001 - already gone
+                pass
+        self._actors = {}
 
     def shutdown(self) -> None:
-        import ray
-
-        with self._queues_lock:
-            for queue in self._queues:
-                try:
-                    ray.kill(queue)
-                except Exception:  # noqa: BLE001 - already gone
-                    pass
-            self._queues = []
+        with self._actors_lock:
+            self._kill_all()
 
 
 def _user_callback_base():
@@ -197,8 +201,8 @@ class LocalEvents:
     def control(self) -> dict[str, bool]:
         return {"stop": self.stop_requested(), "abort": False}
 
-    def shared_queues(self) -> list:
-        return []  # one learner: the loss keeps its own queues
+    def shared_actors(self) -> dict[str, list]:
+        return {}  # one learner: nothing to share
 
 
 class StopFlag:

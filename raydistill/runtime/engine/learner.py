@@ -107,16 +107,16 @@ class DistillLearner(LearnerState):
         init_model: start the student from this directory instead of ``cfg.student`` (later stages of a pipeline).
         rank, world_size: position among data-parallel learners (Ray Train workers); once ``enable_ddp`` has run,
             DistributedDataParallel averages the gradients over them. Only rank 0 evaluates and writes files.
-        queue_actors: SharedQueueActors (one per teacher queue of the loss) when several learners must see one
-            teacher queue; the loss then reads and writes them through ``QueueClient`` mirrors. None: the loss
-            module's own queues.
+        shared_actors: by hook name, the actors the method's hooks share between several learners (the
+            ``EventRelay``'s); each hook turns its own into arguments of the loss (``MethodHook.loss_context``).
+            None: one learner, nothing shared.
         threads: torch intra-op threads of this process (set in Train workers; Ray gives fractional-CPU ones 1).
         device: "cpu", "cuda", ...; default cuda when ``cfg.resources.learner.num_gpus > 0`` and available.
     """
 
     def __init__(self, cfg: JobConfig, spec=None, *, total_steps: int, teacher_dim: int | None = None,
                  run_dir: str | os.PathLike | None = None, init_model: str | None = None, rank: int = 0,
-                 world_size: int = 1, queue_actors: list | None = None, threads: int | None = None,
+                 world_size: int = 1, shared_actors: dict[str, list] | None = None, threads: int | None = None,
                  device: str | None = None):
         if threads:
             torch.set_num_threads(int(threads))
@@ -140,9 +140,11 @@ class DistillLearner(LearnerState):
             # several workers the embedding keeps plain dense gradients so DDP averages them like any other.
             _use_cpu_speedups(self.student, sparse_embedding_grad=self.world_size == 1)
         # A cross-encoder student (Trans-Encoder's bi -> cross stage) has scores, no embedding width.
+        context = {}
+        for hook in self.spec.hooks:
+            context.update(hook.loss_context(self.spec, cfg, (shared_actors or {}).get(hook.name, []), teacher_dim))
         self.loss_module = self.spec.build_loss(cfg, student_dim=getattr(self.student, "dim", None),
-                                                teacher_dim=teacher_dim, total_steps=self.total_steps,
-                                                queues=_queue_mirrors(self.spec, cfg, queue_actors, teacher_dim))
+                                                teacher_dim=teacher_dim, total_steps=self.total_steps, **context)
         if self.device.type != "cpu":  # modules are built on the CPU; moving a no-op there is skipped
             self.loss_module.to(self.device)
         # Different dropout masks per rank, reproducible per (seed, rank).
@@ -174,8 +176,8 @@ class DistillLearner(LearnerState):
         """Wrap student + loss in ``DistributedDataParallel`` over the process group Ray Train set up.
 
         Called after the resume or the fresh-start fits, so the broadcast from rank 0 that DDP does at construction
-        starts every worker from the same weights (and buffers). Buffers are not broadcast at every forward: the
-        teacher queues are buffers, and each worker's mirror is already the shared queue's content.
+        starts every worker from the same weights (and buffers). Buffers are not broadcast at every forward: a
+        shared queue's mirror on each worker is a buffer that already holds the shared content.
         ``find_unused_parameters``: a student's pooler or a loss's unused head gets no gradient in some methods.
         """
         import inspect
@@ -339,49 +341,12 @@ class DistillLearner(LearnerState):
         self.history.append(row)
         return metrics
 
-    def teacher_queues(self) -> list:
-        """The loss's queues of teacher vectors (ConGen, CKD: ``queue``; SCT-distillation: ``queue_a``, ``queue_b``)."""
-        if not self.spec.shared_queues:
-            return []
-        names = ("queue",) if self.spec.shared_queues == 1 else ("queue_a", "queue_b")
-        return [getattr(self.loss_module, name) for name in names if getattr(self.loss_module, name, None) is not None]
+    def barrier(self) -> None:
+        """Wait for every learner (a no-op with one)."""
+        import torch.distributed as dist
 
-    def fill_teacher_queues(self, blocks: list[tuple[np.ndarray, np.ndarray]]) -> list[int]:
-        """Start each teacher queue from ``(vectors [n, D], groups [n])`` (``queue_init: teacher``); rows filled.
-
-        Called on one learner: with a shared queue its ``init_from`` reaches the queue actor, and the other learners
-        take the rows at their next ``sync_queues``.
-        """
-        filled = []
-        for queue, (vectors, groups) in zip(self.teacher_queues(), blocks):
-            queue.init_from(torch.tensor(np.asarray(vectors, dtype=np.float32), device=self.device),
-                            torch.tensor(np.asarray(groups, dtype=np.int64), device=self.device))
-            filled.append(len(queue))
-        return filled
-
-    def sync_queues(self) -> None:
-        """Bring every shared-queue mirror up to the queue actor's content (after another learner changed it)."""
-        for queue in self.teacher_queues():
-            if hasattr(queue, "sync"):
-                queue.sync()
-
-    def fit_projection(self, texts: list[str], teacher_vectors: np.ndarray) -> float | None:
-        """Least-squares fit of the student's new projection to the teacher's vectors of ``texts`` (the
-        ``student_projection_init: least_squares`` start); the fit's mean cosine, or None without a projection."""
-        if self.student.projection is None:
-            return None
-        return self.student.fit_projection(texts, teacher_vectors)
-
-
-def _queue_mirrors(spec, cfg: JobConfig, queue_actors: list | None, teacher_dim: int | None) -> list | None:
-    """A ``QueueClient`` per shared queue actor: the loss reads and writes the shared queue through it."""
-    if not queue_actors:
-        return None
-    from raydistill.runtime.teachers.queue_actor import QueueClient
-
-    size = int(spec.loss_kwargs(cfg)["queue_size"])
-    return [QueueClient(actor, size, int(teacher_dim), **spec.queue_kwargs(cfg, i))
-            for i, actor in enumerate(queue_actors)]
+        if self.world_size > 1 and dist.is_available() and dist.is_initialized():
+            dist.barrier()
 
 
 def _quiet_transformers() -> None:
@@ -438,7 +403,7 @@ def _bucket_tokens(cfg: JobConfig, device: torch.device) -> int | None:
     ``CPU_TRAIN_BUCKET_TOKENS`` on CPU, where padding costs its full share of every matrix product, and off on GPUs."""
     from raydistill.models.batching import CPU_TRAIN_BUCKET_TOKENS
 
-    configured = cfg.extra.get("bucket_tokens")
+    configured = cfg.extra.bucket_tokens
     if configured is not None:
         return int(configured) or None
     return CPU_TRAIN_BUCKET_TOKENS if device.type == "cpu" else None

@@ -14,8 +14,8 @@
     reporter        where the loop's reports and checkpoints go (``reporting``): Train's by default; a Tune trial
                     plugs in its own, with the Train callbacks it needs
     FailureConfig   ``runtime.max_restarts`` (default 3) worker-group failures are retried: Train starts new workers,
-                    which resume from the newest reported checkpoint (weights, AdamW, schedule, queues, RNG, data
-                    position)
+                    which resume from the newest reported checkpoint (weights, AdamW, schedule, loss state, RNG,
+                    data position)
     RunConfig       ``storage_path`` = ``resume.checkpoint_home``: ``<runtime.storage_path>/<run dir name>``
                     (any pyarrow filesystem URI) with workers, else the stage's run dir; ``name`` ``checkpoints``:
                     checkpoints land in ``<home>/checkpoints/step-XXXXXXX``, and ``train.keep_last`` of them are kept
@@ -24,9 +24,9 @@
 
 What raydistill adds on top of Train: the config-hash refusal before anything starts (``check_resume``), the resume
 from the newest checkpoint that verifies (a damaged newer one is skipped, and the log says so), exact mid-epoch
-resume (data position, RNG, queues), the shared teacher-queue actors (kept by the ``EventRelay``, whose handle
-reaches the workers through the loop config), the least-squares projection fit and the teacher-queue start from the
-driver's seeded samples, and MLflow/progress from rank 0's reports (a tracking failure never stops training).
+resume (data position, RNG, loss state), the method's hooks (``MethodSpec.hooks``: actors its learners share, kept
+by the ``EventRelay`` whose handle reaches the workers through the loop config, and a fresh start from the driver's
+seeded samples), and MLflow/progress from rank 0's reports (a tracking failure never stops training).
 
 Rank 0's progress reports reach the driver through Train's public callback (``events.ReportsToDriver``, which runs
 in Train's controller and hands them to the ``EventRelay``); in local mode the loop runs here and calls the
@@ -63,6 +63,7 @@ import numpy as np
 
 from raydistill.durations import format_duration
 from raydistill.methods import get_method
+from raydistill.methods.hooks import make_shared_actors
 from raydistill.runtime.engine import checkpoint as ckpt
 from raydistill.runtime.engine import resume
 from raydistill.config.job import JobConfig
@@ -184,9 +185,9 @@ class LearnerGroup:
                           num_rows=data.num_rows, teacher_dim=self.teacher_dim, init_model=self.init_model,
                           name=self.name, events=None, local_mode=self.num_learners == 0,
                           checkpoints_in_run_dir=home == str(self.run_dir.resolve()), reporter=self.reporter)
-        if latest is None:  # a fresh start: the samples the workers fit the projection and fill the queues from
-            loop.projection_sample = self._projection_sample(data)
-            loop.queue_sample = self._queue_sample(data)
+        if latest is None:  # a fresh start: what the method's hooks start every worker from
+            loop.fresh_start = {hook.name: hook.fresh_start_sample(self.spec, self.cfg, data, self.init_model)
+                                for hook in self.spec.hooks}
         datasets = None
         if hasattr(data, "epoch_stream") and self.reporter.streams_rows:
             from raydistill.runtime.engine.batches import steps_per_epoch
@@ -277,10 +278,10 @@ class LearnerGroup:
         from raydistill.runtime.engine.events import EventRelay, ReportsToDriver
 
         factory = None
-        if self.num_learners > 1 and self.spec.shares_queue(self.cfg):
-            factory = functools.partial(make_shared_queues, self.spec, self.cfg, self.teacher_dim)
+        if self.num_learners > 1:
+            factory = functools.partial(make_shared_actors, self.spec, self.cfg, self.teacher_dim)
         # On the driver's node: a lost worker node must not take the driver's channel to the workers with it.
-        # Threads: the driver's wait must not hold up a report, a worker's read of the stop flag or of the queues.
+        # Threads: the driver's wait must not hold up a report, a worker's read of the stop flag or shared actors.
         relay = ray.remote(num_cpus=0, max_concurrency=32)(EventRelay).options(
             scheduling_strategy=on_the_driver_node()).remote(factory)
         loop.events = relay
@@ -330,35 +331,6 @@ class LearnerGroup:
         return outcome["result"]
 
     # ------------------------------------------------------------------------------------------------------------
-
-    def _projection_sample(self, data, max_rows: int = 4096):
-        """``student_projection_init: least_squares``: the texts and teacher vectors (first teacher view) of up to
-        ``max_rows`` rows drawn with the job seed; every worker fits the same projection to them."""
-        if self.cfg.student_projection_init != "least_squares" or self.init_model is not None:
-            return None
-        views = self.spec.teacher_views_of(self.cfg)
-        if not views:
-            return None
-        rows = np.random.default_rng(self.cfg.seed).permutation(data.num_rows)[:max_rows]
-        sample = data.rows(rows)
-        texts = [str(text) for text in sample[f"text_{views[0]}"]]
-        targets = np.asarray(np.stack(sample[f"teacher_{views[0]}"]), dtype=np.float32)  # [n, D]
-        return texts, targets, views[0]
-
-    def _queue_sample(self, data):
-        """``loss.queue_init: teacher``: per teacher queue, the cached teacher vectors (no extra teacher pass) of
-        min(K, rows) training sentences drawn with the job seed, with their group ids, as ConGen's authors start
-        theirs. Queue i of the loss takes the i-th teacher view (SCT-distillation: views a, b)."""
-        kwargs = self.spec.loss_kwargs(self.cfg)
-        if kwargs.get("queue_init") != "teacher" or not self.spec.shared_queues:
-            return None
-        views = self.spec.teacher_views_of(self.cfg)[:self.spec.shared_queues]
-        size = int(kwargs["queue_size"])
-        rows = np.sort(np.random.default_rng([self.cfg.seed, 16349]).permutation(data.num_rows)[:size])
-        sample = data.rows(rows)
-        groups = sample["group"] if "group" in sample else np.full(len(rows), -1, dtype=np.int64)
-        return [(np.asarray(np.stack(sample[f"teacher_{view}"]), dtype=np.float32), np.asarray(groups))
-                for view in views]
 
     def _unresponsive(self, waited_s: float) -> LearnerUnresponsiveError:
         latest = ckpt.latest_checkpoint(self.run_dir)
@@ -417,16 +389,6 @@ class _Dispatcher:
 
 
 # ----------------------------------------------------------------------------------------------------------------
-
-
-def make_shared_queues(spec, cfg: JobConfig, teacher_dim: int | None) -> list:
-    """One SharedQueueActor (``resources.queue``) per teacher queue of ``spec``'s loss, ``loss.queue_size`` x
-    teacher dim, initialised by the loss's own rule."""
-    from raydistill.runtime.teachers.queue_actor import create_shared_queue
-
-    size = int(spec.loss_kwargs(cfg)["queue_size"])
-    return [create_shared_queue(cfg, size=size, dim=int(teacher_dim), **spec.queue_kwargs(cfg, i))
-            for i in range(spec.shared_queues)]
 
 
 def _teacher_dim_of(data, spec, cfg) -> int | None:

@@ -75,6 +75,20 @@ def training_runs_url(ui_url: str, experiment_id: str) -> str:
     return f"{ui_url.rstrip('/')}/#/experiments/{experiment_id}?workflowType=machine_learning"
 
 
+#: In a job's run dir: the MLflow store and run it logs into, so that a resumed job continues the same run.
+RUN_RECORD = "mlflow-run.json"
+
+
+def _recorded_run_id(record: Path, tracking_uri: str) -> str | None:
+    import json
+
+    try:
+        recorded = json.loads(record.read_text())
+    except (OSError, ValueError):
+        return None
+    return recorded.get("run_id") if recorded.get("tracking_uri") == tracking_uri else None
+
+
 def resolve_tracking_uri(configured: str | None = None) -> str:
     uri = configured or os.environ.get("MLFLOW_TRACKING_URI") or "sqlite:///mlflow.db"
     if uri.startswith("sqlite:///"):
@@ -106,15 +120,19 @@ class Tracker:
 
     def __init__(self, cfg: TrackingConfig | None = None, run_name: str | None = None,
                  parent_run_id: str | None = None, nested: bool = False, tags: Mapping[str, Any] | None = None,
-                 run_id: str | None = None):
+                 run_id: str | None = None, run_dir: str | os.PathLike | None = None):
         # run_id: continue that existing run (a resumed sweep's parent, a restarted Tune trial) instead of
-        # creating one; it is marked RUNNING again and ``tags`` are added to it.
+        # creating one; it is marked RUNNING again and ``tags`` are added to it. ``run_dir``: a job's run dir; the
+        # run its earlier attempt logged into in this store (``RUN_RECORD``) is continued, a new one recorded.
         self.cfg = cfg or TrackingConfig()
         self._resume_run_id = run_id
         self.run_name = run_name or self.cfg.run_name
         self.parent_run_id = parent_run_id
         self.nested = nested or parent_run_id is not None
         self.tracking_uri = resolve_tracking_uri(self.cfg.tracking_uri)
+        self._run_record = Path(run_dir) / RUN_RECORD if run_dir is not None else None
+        if run_id is None and self._run_record is not None:
+            self._resume_run_id = _recorded_run_id(self._run_record, self.tracking_uri)
         self.run_id: str | None = None
         self.experiment_id: str | None = None
         self.failed_reason: str | None = None
@@ -141,8 +159,8 @@ class Tracker:
         import raydistill
 
         client = MlflowClient(tracking_uri=self.tracking_uri)
-        if self._resume_run_id:
-            run = client.get_run(self._resume_run_id)
+        run = self._run_to_continue(client)
+        if run is not None:
             client.update_run(run.info.run_id, status="RUNNING")
             if tags:
                 from mlflow.entities import RunTag
@@ -166,6 +184,24 @@ class Tracker:
             run_tags["mlflow.parentRunId"] = self.parent_run_id
         run = client.create_run(self.experiment_id, run_name=self.run_name, tags=run_tags)
         self._client, self.run_id = client, run.info.run_id
+        if self._run_record is not None:
+            from raydistill.fileio import atomic_write_json
+
+            atomic_write_json(self._run_record, {"tracking_uri": self.tracking_uri, "run_id": self.run_id})
+
+    def _run_to_continue(self, client):
+        """The run to continue: the one asked for, or the run dir's recorded one if the store still has it."""
+        if not self._resume_run_id:
+            return None
+        if self._run_record is None:
+            return client.get_run(self._resume_run_id)
+        from mlflow.exceptions import MlflowException
+
+        try:
+            run = client.get_run(self._resume_run_id)
+        except MlflowException:  # the store lost it (deleted by hand): a new run
+            return None
+        return None if run.info.lifecycle_stage == "deleted" else run
 
     def _artifact_location(self) -> str | None:
         if self.tracking_uri.startswith("sqlite:///"):

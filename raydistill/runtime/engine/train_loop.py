@@ -4,10 +4,10 @@
 ``train_loop_per_worker`` and ``config`` the ``train_loop_config`` (``LoopConfig.as_dict``). On each worker:
 
     rank, world = the Train context's world rank and size (1 in Train's local mode, ``num_learners: 0``)
-    learner = DistillLearner(..., rank, world)            # shared teacher queues through the loop config's keeper
+    learner = DistillLearner(..., rank, world)            # with the method's shared actors, kept by the relay
     resume: the newest checkpoint among Train's (``ray.train.get_checkpoint``, after a worker failure or a rerun
-            of the same run) and the newest that verifies in ``run_dir``; a fresh start fits the projection by
-            least squares and fills the teacher queues from the samples the driver sent
+            of the same run) and the newest that verifies in ``run_dir``; a fresh start runs the method's hooks
+            (``MethodSpec.hooks``) on the samples the driver drew for them
     learner.enable_ddp()                                   # several workers: DDP averages the gradients
     for each step: this worker's batch of the step (batch b of an epoch goes to rank b mod world), its teacher
             vectors read from the memory-mapped cache, one optimiser step (with the step's one control collective:
@@ -87,8 +87,7 @@ class LoopConfig:
     checkpoints_in_run_dir: bool = True  # Train's storage is the run dir (not a remote runtime.storage_path)
     array_data: Any = None  # ArrayData / TrainingData cut here (labelled sets; local mode), or None: the Ray stream
     teacher: dict[str, Any] = field(default_factory=dict)  # view -> TeacherVectors (memory-mapped cache)
-    projection_sample: tuple[list[str], np.ndarray, str] | None = None  # (texts, teacher vectors [n, D], view)
-    queue_sample: list[tuple[np.ndarray, np.ndarray]] | None = None  # per teacher queue: (vectors [K, D], groups)
+    fresh_start: dict[str, Any] = field(default_factory=dict)  # hook name -> its fresh_start_sample (a fresh start)
     local_mode: bool = False
     reporter: Any = None  # reporting.Reporter: where reports and checkpoints go (None: TrainReports)
 
@@ -130,7 +129,7 @@ class _Worker:
             self.rank, self.world = int(context.get_world_rank()), int(context.get_world_size())
         self.events = loop.events
         self.reporter = loop.reporter if loop.reporter is not None else TrainReports()
-        queues = _get(self.events.shared_queues.remote()) if self._remote_events else []
+        self.shared = _get(self.events.shared_actors.remote()) if self._remote_events else {}
         device = None
         if not loop.local_mode and self.cfg.resources.learner.num_gpus > 0:
             import ray.train.torch
@@ -138,7 +137,7 @@ class _Worker:
             device = str(ray.train.torch.get_device())
         self.learner = DistillLearner(
             self.cfg, loop.spec, total_steps=loop.total_steps, teacher_dim=loop.teacher_dim, run_dir=loop.run_dir,
-            init_model=loop.init_model, rank=self.rank, world_size=self.world, queue_actors=queues or None,
+            init_model=loop.init_model, rank=self.rank, world_size=self.world, shared_actors=self.shared,
             threads=None if loop.local_mode else self.cfg.resources.learner.threads, device=device)
         self.evaluated_at = -1
         self.announced_eval = -1  # the newest evaluation a report has carried
@@ -162,8 +161,10 @@ class _Worker:
         started_cpu = cpu_seconds()
         position, resumed_from = self._resume()
         if resumed_from is None:
-            self._fit_projection()
-            self._fill_teacher_queues()
+            for hook in self.loop.spec.hooks:
+                line = hook.at_fresh_start(self.learner, self.loop.fresh_start.get(hook.name))
+                if line:
+                    self._print(line)
         self.learner.enable_ddp()
         reply = {"stop": False, "abort": False}
         if self.rank == 0:
@@ -200,14 +201,13 @@ class _Worker:
 
     def _start_info(self, resumed_from: int | None) -> dict[str, Any]:
         """What the driver learns at each (re)start: the checkpoint resumed, rank 0's pid and, with Train workers,
-        its actor and the shared queue actors (what an operator, or a fault test, would kill)."""
+        its actor and the method's shared actors (what an operator, or a fault test, would kill)."""
         info: dict[str, Any] = {"resumed_from": resumed_from, "pid": os.getpid(), "world_size": self.world}
         if self._remote_events:
             import ray
 
             info["actor"] = ray.get_runtime_context().current_actor
-            info["queue_actors"] = [queue.actor for queue in self.learner.teacher_queues()
-                                    if getattr(queue, "actor", None) is not None]
+            info["shared_actors"] = [actor for actors in self.shared.values() for actor in actors]
         return info
 
     def _resume(self) -> tuple[tuple[int, int, int], int | None]:
@@ -257,43 +257,6 @@ class _Worker:
                 return None
             return {**self.learner.load_checkpoint(directory, may_differ=self.reporter.may_differ),
                     "_path": where.path}
-
-    def _fit_projection(self) -> None:
-        """``student_projection_init: least_squares``: every worker fits the new projection to the same teacher
-        vectors (the driver's seeded sample), so the workers start identical."""
-        cfg = self.cfg
-        if cfg.student_projection_init != "least_squares" or self.loop.init_model is not None:
-            return
-        if self.loop.projection_sample is None:
-            self._print("student_projection_init least_squares: the method reads no teacher vectors; the "
-                        "projection keeps its default init")
-            return
-        texts, targets, view = self.loop.projection_sample
-        started = time.perf_counter()
-        fit = self.learner.fit_projection(texts, targets)
-        if fit is None:
-            self._print("student_projection_init least_squares: the student has no projection (same width as the "
-                        "teacher); nothing to fit")
-        else:
-            self._print(f"projection fitted to {len(texts)} teacher vectors ({view} view) by least squares: mean "
-                        f"cosine {fit:.3f} ({time.perf_counter() - started:.1f}s)")
-
-    def _fill_teacher_queues(self) -> None:
-        """``loss.queue_init: teacher``: the queues start from the cached teacher vectors of the driver's sample of
-        K training rows. A shared queue is filled once (rank 0, through its actor) and every mirror synced."""
-        blocks = self.loop.queue_sample
-        if not blocks:
-            return
-        shared = any(hasattr(queue, "sync") and queue.actor is not None for queue in self.learner.teacher_queues())
-        if not shared or self.rank == 0:
-            filled = self.learner.fill_teacher_queues(blocks)
-            views = self.loop.spec.teacher_views_of(self.cfg)[:len(blocks)]
-            size = int(self.loop.spec.loss_kwargs(self.cfg)["queue_size"])
-            self._print(f"queue_init teacher: {len(blocks)} queue(s) of K={size} start from the teacher vectors of "
-                        f"{len(blocks[0][0])} training sentences ({', '.join(views)} view); rows filled {filled}")
-        if shared:
-            _barrier(self.world)
-            self.learner.sync_queues()
 
     # ------------------------------------------------------------------------------------------------------------
 
@@ -459,14 +422,6 @@ class _Worker:
             return self.learner.save_checkpoint(epoch, batch_in_epoch, extra, run_dir=run_dir)
 
         self.reporter.report(report, save)
-
-
-def _barrier(world: int) -> None:
-    if world > 1:
-        import torch.distributed as dist
-
-        if dist.is_initialized():
-            dist.barrier()
 
 
 def _get(ref, timeout: float = EVENT_TIMEOUT_S):

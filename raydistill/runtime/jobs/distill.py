@@ -18,13 +18,9 @@ sentence-transformers flavor, ``engine.model_logging``, linked to the final 7-ST
 ``tracking.register_model`` when set (``--register NAME``). Multi-stage methods log their stages
 on one step axis (stage 2 continues where stage 1 ended) with ``stage`` as a metric.
 
-SIGTERM (a preempted node, ``kill``, Slurm's time limit) or SIGINT (Ctrl-C) stops the job cleanly wherever it is
-(``stopping``): during training the learners finish the step in flight and checkpoint at that step boundary
-(``PreemptedError``); during the teacher pass the vectors encoded so far go to the teacher cache; between stages or
-during the final evaluation the job stops at once (finished stages keep their final checkpoints). The MLflow run
-ends KILLED and ``JobStopped`` says what was kept and how to resume (the job scripts exit with 128 + the signal:
-143 for SIGTERM, 130 for SIGINT); the same command with the same run_dir resumes: no step is trained twice and no
-cached sentence goes through the teacher again.
+SIGTERM or SIGINT stops the job cleanly wherever it is (``stopping``; ``runtime.entry`` says what each part keeps):
+the MLflow run ends KILLED and ``JobStopped`` says what was kept and how to resume; the same command with the same
+run_dir resumes, training no step twice and sending no cached sentence through the teacher again.
 """
 
 from __future__ import annotations
@@ -108,8 +104,9 @@ def run_distillation(cfg: JobConfig, *, results_dir: str | os.PathLike | None = 
     before it and their best dev score; a Ray Tune trial passes its own (``runtime.tune.reporting``).
     """
     from raydistill.methods import stage_plan
-    from raydistill.runtime.engine.rundir import RunDirLock
     from raydistill.runtime.engine.preflight import preflight
+    from raydistill.runtime.engine.resume import check_resume
+    from raydistill.runtime.engine.rundir import RunDirLock
 
     started, cpu_started = time.time(), cpu_seconds(children=True)
     if cfg.method in OTHER_JOBS:  # a method that another job runs (st-mse: jobs/st_mse.py)
@@ -123,7 +120,10 @@ def run_distillation(cfg: JobConfig, *, results_dir: str | os.PathLike | None = 
     stop = StopOnSignals(cfg.method)
     try:
         _recover_best_dirs(run_dir, stages)
-        _refuse_incompatible_checkpoints(stages)
+        # Every stage's newest checkpoint must come from this config, corpus content and learner count: checked from
+        # the manifests alone, before Ray starts, the teacher runs or config.yaml is rewritten.
+        for stage in stages:
+            check_resume(stage.run_dir, stage.cfg, max(1, int(stage.cfg.resources.learner.num_learners)))
         return _run_locked(cfg, stages, run_dir, results_dir, result_path, command, evaluate, tracker, progress,
                            started, cpu_started, stop, stage_reporter)
     finally:
@@ -140,16 +140,6 @@ def _recover_best_dirs(run_dir: Path, stages) -> None:
         if recover_directory(Path(folder) / "best"):
             print(f"[{stages[0].cfg.method}] restored {Path(folder) / 'best'} from the copy a killed job had moved "
                   "aside", flush=True)
-
-
-def _refuse_incompatible_checkpoints(stages) -> None:
-    """Every stage's newest checkpoint must come from this config, this corpus content and this learner count;
-    checked from the manifests alone, so a refusal costs no Ray start, no teacher pass and leaves config.yaml as the
-    checkpoint's run wrote it."""
-    from raydistill.runtime.engine.resume import check_resume
-
-    for stage in stages:
-        check_resume(stage.run_dir, stage.cfg, max(1, int(stage.cfg.resources.learner.num_learners)))
 
 
 # The job's SIGTERM / SIGINT handlers (``stopping``); the old name stays for callers that stop a LearnerGroup of their
@@ -202,8 +192,8 @@ def _run_locked(cfg, stages, run_dir: Path, results_dir, result_path, command, e
     run_name = cfg.tracking.run_name or run_dir.name
     own_tracker = tracker is None
     if own_tracker:
-        tracker = Tracker(cfg.tracking, run_name=run_name, tags={"method": cfg.method, "student": cfg.student,
-                                                                 "teacher": teacher_label(cfg) or "none"})
+        tracker = Tracker(cfg.tracking, run_name=run_name, run_dir=run_dir,
+                          tags={"method": cfg.method, "student": cfg.student, "teacher": teacher_label(cfg) or "none"})
     tracking = f"; MLflow {tracker.tracking_uri} run {tracker.run_id}" if tracker.run_id else ""
     print(f"[{cfg.method}] run dir {run_dir}{tracking}", flush=True)
     warn_if_outputs_are_ephemeral({"run dir": run_dir, "results dir": result_path.parent,
@@ -421,35 +411,22 @@ def _evaluate_and_record(cfg, stages, stage_summaries, cache_info, history, mode
     return record
 
 
-
 def _training_record(cfg, stages, stage_summaries, stage_scores, cache_info, history, run_dir: Path
                      ) -> dict[str, Any]:
     """The result file's ``training`` section: the run's settings and what each stage measured."""
     last = stage_summaries[-1]
     first_data = stage_summaries[0]["data"]
     training = {
-        "corpus": cfg.data.corpus,
+        **training_settings(cfg, run_dir),
         "sentences": first_data["rows"],
-        "views": dict(cfg.data.views),
-        "teacher_views": list(cfg.data.teacher_views),
         "steps": sum(s["steps"] for s in stage_summaries),
-        "epochs": cfg.train.epochs,
-        "batch_size": cfg.train.batch_size,
         "student_projection_init": cfg.student_projection_init,
-        "precision": cfg.train.precision,
-        "seed": cfg.seed,
         "best_step": last["best_step"],
         "best_stsb_dev": round(last["best_stsb_dev"], 2) if last["best_stsb_dev"] is not None else None,
         "restarts": sum(s["restarts"] for s in stage_summaries),
         "resumed_from": stage_summaries[0].get("resumed_from"),
         "teacher_cache": {k: cache_info.get(k) for k in ("hits", "misses", "teacher_forward_sentences")
                           if k in cache_info},
-        "loss": dict(cfg.loss),
-        "lr": cfg.train.lr,
-        "max_length": cfg.data.max_length,
-        "config_hash": cfg.config_hash(),
-        "run_dir": str(run_dir),
-        "transductive": False,
         "stages": [{k: s.get(k) for k in ("steps", "total_steps", "best_step", "best_stsb_dev", "restarts",
                                              "resumed_from", "seconds", "rows", "world_size")}
                    | {"method": stage.name, "lr": stage.cfg.train.lr, "epochs": stage.cfg.train.epochs,
@@ -468,6 +445,14 @@ def _training_record(cfg, stages, stage_summaries, stage_scores, cache_info, his
     if stages[0].spec.build_rows is not None:  # a method with teachers of its own: what its rows are made of
         training["built_rows"] = {k: v for k, v in first_data.items() if k not in ("rows", "seconds")}
     return training
+
+
+def training_settings(cfg: JobConfig, run_dir: Path) -> dict[str, Any]:
+    """The ``training`` fields of a result file that every job records the same way: its config's settings."""
+    return {"corpus": cfg.data.corpus, "views": dict(cfg.data.views), "teacher_views": list(cfg.data.teacher_views),
+            "epochs": cfg.train.epochs, "batch_size": cfg.train.batch_size, "lr": cfg.train.lr,
+            "max_length": cfg.data.max_length, "precision": cfg.train.precision, "seed": cfg.seed,
+            "loss": dict(cfg.loss), "config_hash": cfg.config_hash(), "run_dir": str(run_dir), "transductive": False}
 
 
 def jsonable(value: Any) -> Any:

@@ -159,11 +159,9 @@ def run_st_mse(cfg: JobConfig, *, results_dir: str | os.PathLike | None = None,
                teacher_in_process: bool = False) -> dict[str, Any]:
     """Train ``cfg``'s student with sentence-transformers' MSE recipe, evaluate it and write the result file.
 
-    ``results_dir`` (default ``results``) / ``result_path``: where the record goes (default
-    ``<results_dir>/st-mse-<student>-<teacher>.json``). ``command``: the command line to record (default: this
-    process's). ``tracker``: an open ``Tracker`` to log into instead of a new MLflow run.
-    ``teacher_in_process``: encode cache misses with one teacher in this process instead of the Ray Data pool the
-    distillation jobs use (tests; the vectors are the same).
+    ``results_dir``, ``result_path``, ``command``, ``tracker``: as ``run_distillation``'s (the result file:
+    ``st-mse-<student>-<teacher>.json``). ``teacher_in_process``: encode cache misses with one teacher in this
+    process instead of the Ray Data pool the distillation jobs use (tests; the vectors are the same).
     Returns the result record plus ``result_path``.
     """
     from raydistill.runtime.engine.rundir import RunDirLock
@@ -203,7 +201,7 @@ def _run_locked(cfg: JobConfig, run_dir: Path, results_dir, result_path, command
 
     own_tracker = tracker is None
     if own_tracker:
-        tracker = Tracker(cfg.tracking, run_name=cfg.tracking.run_name or run_dir.name,
+        tracker = Tracker(cfg.tracking, run_name=cfg.tracking.run_name or run_dir.name, run_dir=run_dir,
                           tags={"method": METHOD, "student": cfg.student, "teacher": teacher_label(cfg) or "none"})
     mlflow = f"; MLflow {tracker.tracking_uri} run {tracker.run_id}" if tracker.run_id else ""
     print(f"[{METHOD}] run dir {run_dir}{mlflow}", flush=True)
@@ -275,8 +273,7 @@ def _train_evaluate_record(cfg: JobConfig, run_dir: Path, texts: list[str], vect
                            cache_stats: dict[str, Any], teacher_pass_s: float, tracker, result_path: Path,
                            command: str, started: float, cpu_started: float, register: str | None = None
                            ) -> dict[str, Any]:
-    """Train with sentence-transformers' trainer, evaluate the best model, write the result file and the MLflow run.
-    One function (a little over 80 lines): the three share the run's timers, tracker and paths."""
+    """Train with sentence-transformers' trainer, evaluate the best model, write the result file and the MLflow run."""
     import sentence_transformers
 
     from raydistill.evaluation import STS7, evaluate_sts, write_result
@@ -362,21 +359,14 @@ def _training_record(cfg: JobConfig, run_dir: Path, texts: list[str], history: l
     """The result file's ``training`` section: the recipe's settings and what training measured."""
     import sentence_transformers
 
+    from raydistill.runtime.jobs.distill import training_settings
+
     return {
-        "corpus": cfg.data.corpus,
+        **training_settings(cfg, run_dir),
         "sentences": len(texts),
-        "views": dict(cfg.data.views),
-        "teacher_views": list(cfg.data.teacher_views),
         "steps": steps,
-        "epochs": cfg.train.epochs,
-        "batch_size": cfg.train.batch_size,
-        "lr": cfg.train.lr,
-        "max_length": cfg.data.max_length,
         "teacher_max_length": cfg.data.teacher_max_length,
-        "precision": cfg.train.precision,
-        "seed": cfg.seed,
         "threads": cfg.resources.learner.threads,
-        "loss": dict(cfg.loss),
         **target_info,
         "target_mse_rows": check,
         "target_mse_before": mse_before,
@@ -388,7 +378,4 @@ def _training_record(cfg: JobConfig, run_dir: Path, texts: list[str], history: l
         "trainer": f"sentence-transformers {sentence_transformers.__version__} SentenceTransformerTrainer, "
                    "losses.MSELoss",
         "selection": "final weights (no dev-based selection)",
-        "config_hash": cfg.config_hash(),
-        "run_dir": str(run_dir),
-        "transductive": False,
     }

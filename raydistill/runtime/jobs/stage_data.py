@@ -32,7 +32,7 @@ from raydistill.data.arrays import ArrayData, seeded_subset
 from raydistill.methods import CORPUS, MethodSpec
 from raydistill.methods.base import FittedStage
 
-__all__ = ["build_stage_data", "nli_triplets", "EngineServices", "ENGINE_SERVICES"]
+__all__ = ["build_stage_data", "nli_triplets", "EngineServices", "ENGINE_SERVICES", "keep_stage_checkpoints"]
 
 
 class EngineServices:
@@ -45,7 +45,7 @@ class EngineServices:
         from raydistill.runtime.engine.learner_group import LearnerGroup
 
         run_dir = cfg.resolved_run_dir()
-        _clear_other_stage(cfg, run_dir, name or cfg.method)
+        keep_stage_checkpoints(cfg, run_dir, name or cfg.method, world_size=1)
         group = LearnerGroup(cfg, run_dir=run_dir, init_model=init_model, name=name or cfg.method)
         fitted = group.fit(data)
         final, _ = ckpt.latest_good_checkpoint(run_dir)
@@ -73,20 +73,22 @@ class EngineServices:
 ENGINE_SERVICES = EngineServices()
 
 
-def _clear_other_stage(cfg: JobConfig, run_dir: Path, tag: str) -> None:
-    """Keep ``run_dir`` only when it holds a checkpoint of these very settings (a stopped stage continues from it)."""
+def keep_stage_checkpoints(cfg: JobConfig, run_dir: Path, tag: str, world_size: int) -> bool:
+    """Whether ``run_dir`` holds a checkpoint of these very settings, which a stopped stage continues from; anything
+    else there (another stage's checkpoint, a best model without a checkpoint) is removed so the stage starts clean."""
     from raydistill.runtime.engine.checkpoint import CheckpointError
     from raydistill.runtime.engine.resume import check_resume
 
     if not run_dir.exists():
-        return
+        return False
     try:
-        if check_resume(run_dir, cfg, 1) is not None:
-            return
+        if check_resume(run_dir, cfg, world_size) is not None:
+            return True
     except CheckpointError as exc:
-        print(f"[{tag}] {run_dir} holds a checkpoint of other settings ({exc}); training the stage from its start",
-              flush=True)
+        print(f"[{tag}] {run_dir} holds a checkpoint of other stage settings ({exc}); training the stage from its "
+              "start", flush=True)
     shutil.rmtree(run_dir)
+    return False
 
 
 def build_stage_data(cfg: JobConfig, spec: MethodSpec):
@@ -98,7 +100,9 @@ def build_stage_data(cfg: JobConfig, spec: MethodSpec):
         from raydistill.runtime.teachers.pipeline import build_training_data
 
         return build_training_data(cfg)
-    builders = {"nli_triplets": _triplet_data, "stsb_train": _stsb_train_data}
+    builders = {"nli_triplets": lambda cfg: ArrayData(nli_triplets(cfg.data.max_sentences, cfg.seed), seed=cfg.seed,
+                                                      shuffle=cfg.data.shuffle),
+                "stsb_train": _stsb_train_data}
     if spec.dataset not in builders:
         raise ValueError(f"method {spec.name!r} declares dataset {spec.dataset!r}; known: "
                          f"{', '.join([CORPUS, *builders])}")
@@ -115,10 +119,6 @@ def nli_triplets(max_rows: int | None, seed: int) -> dict[str, np.ndarray]:
     triplets = load_nli_triplets(NLI_TRAINING_SETS)
     columns = np.array(triplets, dtype=object)[seeded_subset(len(triplets), max_rows, seed)]  # [N, 3]
     return {"text_anchor": columns[:, 0], "text_positive": columns[:, 1], "text_negative": columns[:, 2]}
-
-
-def _triplet_data(cfg: JobConfig) -> ArrayData:
-    return ArrayData(nli_triplets(cfg.data.max_sentences, cfg.seed), seed=cfg.seed, shuffle=cfg.data.shuffle)
 
 
 def _stsb_train_data(cfg: JobConfig) -> ArrayData:

@@ -17,11 +17,8 @@ __all__ = ["run_teacher_pass"]
 
 
 def run_teacher_pass(cfg: JobConfig) -> dict[str, Any]:
-    """Only the teacher pass of ``cfg``: its corpus's views through the teacher into the cache, nothing trained.
-
-    Pays the slow part once (a GPU node, a quiet night); every job with the same teacher, teacher max length and
-    texts then starts on cache hits. Stopped part-way, it keeps what it encoded. Returns the cache stats.
-    """
+    """Only the teacher pass of ``cfg`` (module docstring); stopped part-way, it keeps what it encoded. Returns the
+    cache stats."""
     cfg = preflight(cfg)
     if not cfg.data.teacher_views:
         raise cfg._error("data.teacher_views", f"method {cfg.method!r} reads no teacher vectors: nothing to cache")

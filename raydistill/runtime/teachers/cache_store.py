@@ -7,11 +7,10 @@
 
 A ``.npy`` part is opened as a memory map (``np.load(mmap_mode="r")``): loading reads only the keys, to index them,
 and a lookup copies just the rows asked for out of the parts that hold them, so neither opening the cache nor
-adding a part ever copies the whole array (the old loader concatenated every part onto the whole, quadratic in the
-number of parts). Each part is written to a temporary name (``.part-*.<host>.tmp``), fsynced and renamed, so
-concurrent writers (several jobs or Tune trials) never expose a half-written file; a sentence written twice is
-harmless (same teacher, same vector), and a later part wins for a key. A writer opening the cache removes the
-temporary files of writers that died (a dead process of this host, or anything a day old).
+adding a part ever copies the whole array. Each part is written to a temporary name (``.part-*.<host>.tmp``),
+fsynced and renamed, so concurrent writers (several jobs or Tune trials) never expose a half-written file; a sentence
+written twice is harmless (same teacher, same vector), and a later part wins for a key. A writer opening the cache
+removes the temporary files of writers that died (a dead process of this host, or anything a day old).
 
 Only finite vectors are cached: ``append`` refuses a NaN/inf vector (naming the sentence), and a cached vector that
 is not finite (a part damaged on disk, or written by an older version) is a miss wherever it is looked up, in
@@ -42,7 +41,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from raydistill.fileio import atomic_write_json, atomic_writer
+from raydistill.fileio import atomic_write_json, atomic_writer, pid_alive
 
 # The records keep the logger name they had before this module was split out of embedding_cache (log filters
 # select it).
@@ -207,7 +206,7 @@ class EmbeddingCache:
             match = _TEMPORARY_PART.match(tmp.name)
             if match is None:
                 continue
-            writer_gone = match["host"] == _HOST and not _process_alive(int(match["pid"]))
+            writer_gone = match["host"] == _HOST and not pid_alive(int(match["pid"]))
             if writer_gone or time.time() - _mtime_ns(tmp) / 1e9 > _STALE_TEMPORARY_S:
                 tmp.unlink(missing_ok=True)
                 removed.append(tmp)
@@ -392,16 +391,6 @@ class TeacherVectors:
 
     def __getstate__(self) -> dict[str, Any]:
         return {"cache_root": self.cache_root, "teacher_identity": self.teacher_identity, "_cache": None}
-
-
-def _process_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's process
-        return True
-    return True
 
 
 def _mtime_ns(path: Path) -> int:

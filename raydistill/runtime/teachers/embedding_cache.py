@@ -62,11 +62,9 @@ def ensure_teacher_embeddings(texts: list[str], view: str, teacher_cfg, cache_ro
     (``TeacherVectors``), so no process holds the corpus's vectors whole.
 
     ``teacher_cfg``: a TeacherSpec, a JobConfig, or a dict of TeacherSpec fields (model, encoder, pooling,
-    max_length, resources). Misses are encoded by a pool of ``resources.num_actors`` TeacherEmbed actors through
-    Ray Data (Ray must be initialised: ``raydistill.runtime.engine.cluster.init_ray``), or with ``in_process=True`` by one
-    teacher in this process, and appended to the cache every ``_APPEND_EVERY_ROWS`` rows as they arrive (and once
-    more when the pass is interrupted), so a stopped teacher pass resumes where it stopped. A cached vector that is
-    not finite counts as missing either way (``usable``, ``lookup``) and is recomputed.
+    max_length, resources). Misses go through ``resources.num_actors`` TeacherEmbed actors (module docstring; Ray
+    must be initialised: ``raydistill.runtime.engine.cluster.init_ray``) unless ``in_process``. A cached vector that
+    is not finite counts as missing either way (``usable``, ``lookup``) and is recomputed.
     Returns ``(embeddings, stats)``; stats: hits, misses (unique sentences not cached), non_finite_cached (cached
     vectors found NaN/inf and recomputed), teacher_forward_sentences (rows counted inside the teacher), precision,
     cache_dir, seconds. Raises ``CacheDiskFullError`` when the cache's disk fills up and
@@ -79,10 +77,7 @@ def ensure_teacher_embeddings(texts: list[str], view: str, teacher_cfg, cache_ro
     cache = EmbeddingCache(cache_root, identity, description={**spec.describe(), "precision": precision})
     cache.sweep_stale_temporaries()
     texts = [str(t) for t in texts]
-    if return_vectors:
-        hit_mask, embeddings = cache.lookup(texts)
-    else:
-        hit_mask, embeddings = cache.usable(texts), None
+    hit_mask, embeddings = cache.lookup(texts) if return_vectors else (cache.usable(texts), None)
 
     miss_positions = np.flatnonzero(~hit_mask)
     first_position: dict[str, int] = {}  # first-seen order, no duplicates
@@ -202,11 +197,8 @@ def _collect(batches, texts: list[str], cache: EmbeddingCache, view: str, keep: 
              positions: list[int] | None = None, progress: _PassProgress | None = None,
              ) -> tuple[np.ndarray | None, int]:
     """Append ``(idx, embeddings, forward rows)`` batches to ``cache`` every ``_APPEND_EVERY_ROWS`` rows and on the
-    way out of an interrupted pass; with ``keep``, also gather them into float32 [N, D] in input order.
-
-    Vectors that are not finite are left out of the cache; once every other row is saved, the pass raises
-    ``NonFiniteTeacherVectorsError`` naming the first such sentence by ``positions[i]`` (its index in the caller's
-    texts; ``i`` without them). A full disk raises ``CacheDiskFullError`` with what the rest of the pass needs.
+    way out of an interrupted pass; with ``keep``, also gather them into float32 [N, D] in input order. A sentence
+    whose vector is not finite is named by ``positions[i]`` (its index in the caller's texts; ``i`` without them).
     Returns (embeddings in input order, or None without ``keep``; rows that went through the teacher's transformer).
     """
     embeddings: np.ndarray | None = None

@@ -7,11 +7,9 @@ streamed as numpy batches.
     for batch in data.iter_batches(epoch, batch_size, skip_batches=k):   # resume lands on batch k exactly
         batch["text_con"], batch["teacher_con"]     # object array [B], float32 [B, D]
 
-Sources (``cfg.data.corpus``): ``flickr`` (Flickr30k captions, 5 per image: the unlabeled text of the same kind as
-SNLI premises), ``nli`` (premises and hypotheses of the SNLI and MultiNLI dev sets), ``flickr+nli``, or
-``file:<path>``: one sentence per line (.txt), ``{"text": ...}`` lines, or pairs (``sentence1``/``sentence2`` or
-``premise``/``hypothesis``), e.g. the two back-translations SCT and ConGen train on; JSON Lines (plain or gzip'd)
-or Parquet. Sentence corpora are de-duplicated; ``max_sentences`` keeps a seeded random subset.
+Sources: ``cfg.data.corpus`` (``raydistill.data.corpus``: ``mixed``, ``flickr``, ``nli``, ``flickr+nli`` or a
+``file:`` corpus of sentences or pairs). Sentence corpora are de-duplicated; ``max_sentences`` keeps a seeded random
+subset.
 
 Bad input (reliability contract, docs/reliability.md): a malformed line of a corpus file is a ``DataError`` naming
 file, line and field, raised by ``runtime.preflight`` before Ray or any model starts.
@@ -72,7 +70,6 @@ _CONTROL_CHARS = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")  # C0/C1 controls 
 # training, not in the final evaluation an hour later.
 EVALUATION_SETS = ("sts12", "sts13", "sts14", "sts15", "sts16", "stsb_test", "sick_test", "stsb_dev")
 SOURCE_SETS = {"flickr": ("flickr_captions",), "nli": ("snli_dev", "mnli_dev")}
-
 
 
 @dataclass
@@ -236,9 +233,8 @@ class TrainingData:
     or an id of its own: see ``_row_group_ids``) and ``text_<view>`` string per view. Teacher vectors are not a
     column: each batch reads its rows' vectors of every teacher view from the memory-mapped embedding cache
     (``teacher[view]``, a ``TeacherVectors``). A process reads both through memory maps, so no process holds the
-    corpus or its vectors as its own copy: the pages are the OS page cache's, shared by every process on the
-    machine, and a copy of this object sent to another process carries only the locations. Batch order depends only
-    on ``(seed, epoch)``.
+    corpus or its vectors as its own copy, and a copy of this object sent to another process carries only the
+    locations. Batch order depends only on ``(seed, epoch)``.
     """
 
     num_rows: int
@@ -345,10 +341,8 @@ def _read_stream_rows(batch: dict[str, np.ndarray], *, rows_path: str, num_rows:
 def build_training_data(cfg: JobConfig) -> TrainingData:
     """Texts and views of ``cfg.data``, with every sentence of ``cfg.data.teacher_views`` in the teacher's cache.
 
-    Needs Ray (``cluster.init_ray``): teacher embeddings that are not cached yet are computed by a Ray Data actor
-    pool and appended to the cache as they arrive. The rows go to their rows file (``write_rows_file``) and this
-    process drops its copy: batches and the training stream read the rows file, and their teacher vectors from the
-    cache.
+    Needs Ray (``cluster.init_ray``) for the teacher pass (``cache_teacher_vectors``). The rows go to their rows file
+    and this process drops its copy (``TrainingData``).
     """
     import ray
 
@@ -377,9 +371,8 @@ def cache_teacher_vectors(cfg: JobConfig, texts_by_view: dict[str, list[str]], *
     """The teacher pass: every text of every view in ``cfg``'s teacher cache, encoding only what it lacks.
 
     Returns ``({view: TeacherVectors}, stats)``; stats sums hits, misses and teacher_forward_sentences over the
-    views and keeps each view's own under ``views``. Needs Ray when anything is missing (a Ray Data actor pool), or
-    with ``in_process`` one teacher in this process. A cached vector that is not finite counts as missing and is
-    recomputed; a full disk raises ``embedding_cache.CacheDiskFullError`` (what was cached stays).
+    views and keeps each view's own under ``views``. Needs Ray when anything is missing, unless ``in_process``
+    (``embedding_cache.ensure_teacher_embeddings``).
     """
     from raydistill.runtime.teachers.embedding_cache import TeacherVectors, ensure_teacher_embeddings
     from raydistill.runtime.teachers.teacher import TeacherSpec

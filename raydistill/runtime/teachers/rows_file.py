@@ -57,12 +57,10 @@ def write_rows_file(columns: dict[str, np.ndarray], cache_dir) -> Path:
     """Write the rows' ``idx``, ``group`` and ``text_<view>`` columns as an uncompressed Arrow IPC file
     ``<cache_dir>/rows/<sha256 of its content>.arrow`` and return its path.
 
-    Named by its content, the file is written once and shared by every job and trial that trains on the same rows
-    (a sweep's trials find the one the sweep's shared teacher pass wrote). An existing file is reused only when its
-    content still hashes to its name (checked once per process and file state: size and modification time); a
-    torn or altered one is reported with its path and rebuilt. It is written to a temporary file, fsynced and renamed,
-    so no reader sees half a file and a crash leaves none. Readers memory-map it (``_mapped_rows``). On a multi-node
-    cluster the cache dir is shared storage, as for the teacher's vectors.
+    Named by its content, the file is shared by every job and trial that trains on the same rows (a sweep's trials
+    find the one the sweep's shared teacher pass wrote); its content is checked once per process and file state
+    (size and modification time). On a multi-node cluster the cache dir is shared storage, as for the teacher's
+    vectors.
     """
     import pyarrow as pa
 

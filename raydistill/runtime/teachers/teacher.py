@@ -6,11 +6,9 @@ torch tensors, and zero-copy on ``ray.get``; docs/runtime.md, Ray behaviour). Ev
 transformer is counted by a forward hook, so "the second epoch did no teacher work" is a measured fact rather than
 an assumption about the cache.
 
-The bi-encoder pass is built for throughput (docs/data.md, bench/teacher_pass.py): every text is tokenised once,
-the texts are sorted by token count and cut into batches by a padded-token budget (``max_tokens``: many short
-sentences or few long ones per forward, each padded only to its batch's longest), and on hardware with fast bf16
-matrix products (a CPU with AVX512-BF16 or AMX, a CUDA GPU) the model runs in bf16 (``precision: auto``; the
-vectors are normalised in fp32). ``resolve_precision`` decides, and the log says which and why.
+The bi-encoder pass is built for throughput (docs/data.md, bench/teacher_pass.py): batches by a padded-token budget
+(``TeacherEncoder.encode``), and bf16 on hardware with fast bf16 matrix products (``precision: auto``;
+``resolve_precision`` decides, and the log says which and why).
 
 ``teacher_identity()`` names what determines the teacher's outputs (every byte of its weights, tokenizer and pooling
 files, pooling, max length, encoder type, normalisation), independent of where the model directory lives. The

@@ -13,11 +13,9 @@ built from one checkpoint):
                b_f <- MSE(cos(b_f(s1), b_f(s2)), z), best STS-B dev checkpoint
 
 Mutual distillation averages the families' labels, so each family learns from an ensemble of differently
-pretrained models; self-distillation uses one family's own labels. Each learner is a Ray actor (``learners.py``,
-resources from the config); families train concurrently and meet only at the label exchange, where the driver
-averages the families' labels and writes the stage's label set once, as Parquet; each learner then reads its own
-training rows from it through Ray Data. The authors' "parallel" script trains the models one after another in one
-process (docs/methods.md, Trans-Encoder).
+pretrained models; self-distillation uses one family's own labels. Each learner is a Ray actor (``learners.py``);
+families train concurrently and meet only at the label exchange (``job.py``). The authors' "parallel" script trains
+the models one after another in one process (docs/methods.md, Trans-Encoder).
 
 The job is split by what each part does; each module imports only the ones listed before it:
 
@@ -59,19 +57,14 @@ JSON: one per family, encoder and cycle (``eval.test_cycles: all``; cycle 0 = th
 cycle 0 and each family's best-dev models only (``best``), plus the ensembles of the families (mean of their
 predictions), and a copy of ``summary.json``.
 
-Model selection (``TransEncoderJob.select_best``) is on the dev set (STS-B dev) and includes the start: the
-bi-encoder candidates are cycles 0..N, where cycle 0 is the starting checkpoint, so a run whose training never beats
-its start keeps the start and says so. The cross-encoder candidates are cycles 1..N: before cycle 1 there is no
-cross-encoder, only the checkpoint with a new, untrained head, whose score means nothing; the best cross-encoder is
-instead compared with the starting bi-encoder. The job's last lines and ``summary.json`` state, per family, the
-start, the best (cycle) and whether training improved on the start.
+Model selection (``TransEncoderJob.select_best``: the candidates) is on the dev set (STS-B dev) and includes the
+start, so a run whose training never beats its start keeps the start and says so: the job's last lines and
+``summary.json`` state, per family, the start, the best (cycle) and whether training improved on the start.
 
-Pair classification (``pairs.source: qqp`` or ``mrpc``, the paper's binary tasks): the job learns on the unlabeled
-pairs of QQP dev, or of MRPC train + validation, and scores every evaluated bi- and cross-encoder (at least the
-start and the best-dev ones) by the ROC AUC x 100 of its pair scores (bi: cosine; cross: symmetrised sigmoid) against
-the gold 0/1 labels of those same pairs. Transductive by design; the labels are read in the driver for this score
-only (``pairs.gold_pair_labels``), never handed to a learner. Model selection stays on STS-B dev, a set apart from
-the pairs and their labels, so the AUC never chooses a model; result files carry the AUC in ``extra.pair_auc``.
+Pair classification (``pairs.source: qqp`` or ``mrpc``, ``pairs.py``): every evaluated bi- and cross-encoder is also
+scored by the ROC AUC x 100 of its pair scores (bi: cosine; cross: symmetrised sigmoid) against the gold 0/1 labels
+of the pairs it learned from (``extra.pair_auc`` of the result files), read in the driver only; model selection stays
+on STS-B dev, so the AUC never chooses a model.
 """
 
 from __future__ import annotations
@@ -80,14 +73,7 @@ from typing import Any
 
 from raydistill.evaluation.results import git_sha
 from raydistill.runtime.tenc.config import (
-    STAGES,
-    TENC_HASH_EXCLUDE,
-    FamilyConfig,
-    PairsConfig,
-    StageConfig,
     TencConfig,
-    TencEvalConfig,
-    TencResources,
     stage_key,
 )
 from raydistill.runtime.tenc.evaluation import scores_from_predictions
@@ -96,14 +82,7 @@ from raydistill.runtime.tenc.labels import read_label_set
 from raydistill.runtime.tenc.report import TencReport
 
 __all__ = [
-    "STAGES",
-    "TENC_HASH_EXCLUDE",
-    "FamilyConfig",
-    "PairsConfig",
-    "StageConfig",
     "TencConfig",
-    "TencEvalConfig",
-    "TencResources",
     "TransEncoderJob",
     "read_label_set",
     "run_trans_encoder",

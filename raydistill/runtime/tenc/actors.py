@@ -23,8 +23,7 @@ def say(message: str) -> None:
 
 
 class FamilyActors:
-    """The bi- and cross-encoder actor of every family, and which model each one holds (so a labeller is reloaded
-    only when needed)."""
+    """The bi- and cross-encoder actor of every family, and which model each one holds (module docstring)."""
 
     def __init__(self, cfg: TencConfig, pair_set_ref, poolings: dict[str, str | None]):
         import ray

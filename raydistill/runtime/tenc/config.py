@@ -21,7 +21,7 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, Field, ValidationError
 
 from raydistill.nested import flatten
-from raydistill.runtime.engine.cluster import Reservation
+from raydistill.config.sections import Reservation
 from raydistill.config.job import (
     ConfigError,
     TrackingConfig,

@@ -7,19 +7,15 @@ the same config already did. The family actors are ``actors.FamilyActors``; the 
 are ``evaluation.JobEvaluation``, the job's mix-in.
 
 The label exchange: each family's labelling model scores every pair in its actor; the driver averages the scores
-and writes the stage's label set once (``labels``); each learner then reads its own training rows from that
-Parquet directory through Ray Data. The driver hands a learner only where its labels are and which column to learn.
-A stage is recorded as finished in state.json the moment its learners return, before the next stage's labels.
+and writes the stage's label set once (``labels``), and hands a learner only where its labels are and which column
+to learn. A stage is recorded as finished in state.json the moment its learners return, before the next labels.
 
-Training: each stage is a method of the engine (``methods.tenc_bi`` / ``methods.tenc_cross``) that each family's
-long-lived actor runs as ``LearnerGroup(...).fit`` in Train's local mode, in the actor's own process (``learners``
-says why: 19.4 s to start a one-worker Train run against < 1 ms for a local-mode ``fit``); the stage's engine run
-dir is ``RunLayout.training_dir``.
+Training: each stage is a method of the engine that each family's long-lived actor runs in Train's local mode
+(``learners`` says why); the stage's engine run dir is ``RunLayout.training_dir``.
 
-Stopping (``stopping``): SIGTERM or SIGINT while the learners train asks each learner (``request_stop``, served on
-the actors' ``control`` concurrency group while ``fit`` runs) to stop at the next step boundary with a checkpoint
-in the stage's run dir, which the next run continues from; anywhere else (labelling, evaluation)
-the job stops at once. Either way the MLflow runs end KILLED and ``JobStopped`` says what was kept and how to resume.
+Stopping (``stopping``): SIGTERM or SIGINT while the learners train asks each learner to stop at the next step
+boundary (``request_stop``), which the next run continues from; anywhere else (labelling, evaluation) the job stops
+at once. Either way the MLflow runs end KILLED and ``JobStopped`` says what was kept and how to resume.
 """
 
 from __future__ import annotations
@@ -93,8 +89,7 @@ class TransEncoderJob(JobEvaluation):
     def start_checkpoint(self, kind: str, family: str) -> str:
         from raydistill.models import resolve_model
 
-        f = self.family_cfg[family]
-        return str(resolve_model(f.bi if kind == "bi" else f.cross_start))
+        return str(resolve_model(self.model_name(family, kind)))
 
     def trained_model(self, cycle: int, kind: str, family: str) -> str:
         """The best model of ``kind`` after ``cycle`` (cycle 0 = the start checkpoint)."""
@@ -155,7 +150,7 @@ class TransEncoderJob(JobEvaluation):
             stop.install()  # after ray.init, whose SIGTERM handler aborts the process; for the rest of the job
             cluster.check_resources(cfg)
             poolings = self._poolings()
-            self.tracker = Tracker(cfg.tracking, run_name=self.run_name,
+            self.tracker = Tracker(cfg.tracking, run_name=self.run_name, run_dir=self.run_dir,
                                    tags={"method": cfg.method, "run_dir": str(self.run_dir),
                                          "resumed": str(bool(done)).lower()})
             self.tracker.log_params(self._params())

@@ -2,9 +2,9 @@
 
 A label set has one row per pair of the job's pair set: ``pair_id``, ``sentence1``, ``sentence2``, ``score_<family>``
 (what each family's labelling model said) and ``score`` (their mean, plain or weighted by dev: what mutual mode
-trains on). The driver writes it with Ray Data at the label exchange (`write_label_set`). Each learner actor then
-reads its own training rows from that directory through Ray Data (`read_training_rows`), so the labels never pass
-through the driver on their way to a learner, and a rerun of a stage trains on exactly the rows its first run did.
+trains on). The driver writes it at the label exchange (`write_label_set`). Each learner actor then reads its own
+training rows from that directory through Ray Data (`read_training_rows`), so the labels never pass through the
+driver on their way to a learner, and a rerun of a stage trains on exactly the rows its first run did.
 """
 
 from __future__ import annotations
@@ -36,9 +36,7 @@ def write_label_set(directory: Path, pair_set: PairSet, scores: dict[str, np.nda
 
     ``scores``: each family's labels in pair-set order (columns ``score_<family>``); ``averaged``: the ``score``
     column. Returns the number of rows. The driver already holds the table (a few thousand pairs), so pyarrow writes
-    it directly; the learners read their rows from it through Ray Data (``read_training_rows``). Written through Ray
-    Data, the one small write task filled the CPUs the actors leave to Data and Ray warned, on every stage, that the
-    job "will hang" (it did not).
+    it directly: a Ray Data write task would fill the CPUs the actors leave to Data (Ray then warns of a hang).
     """
     import pyarrow as pa
     import pyarrow.parquet as pq

@@ -5,28 +5,19 @@ it on a stage's label set through the engine's loop and leaves the best dev mode
 ``stage.json``), ``predict_pairs`` / ``test_predictions`` label and evaluate with the model held, and
 ``request_stop`` (served beside a running ``fit``) stops ``fit`` at its next step boundary, resumable step for step.
 
-Trans-Encoder (Liu, Jiao, Massiah, Yilmaz & Havrylov, ICLR 2022, arXiv:2109.13059) alternates two formulations
-of one pretrained encoder:
-
-    bi -> cross:  y_i = cos(bi(s1_i), bi(s2_i))                           (in [-1, 1])
-                  cross learns  BCEWithLogits(cross(s1, s2), t(y)) and BCEWithLogits(cross(s2, s1), t(y))
-    cross -> bi:  y_i = (sigmoid(cross(s1_i, s2_i)) + sigmoid(cross(s2_i, s1_i))) / 2      (in (0, 1))
-                  bi learns     MSE(cos(bi(s1), bi(s2)), y)
-
-``t`` is the label scaling between cosine and probability (``objectives.trans_encoder.cosine_to_target``; the
-authors use the raw cosine). The cross-encoder's labels are the mean of both pair orders: the authors score one
-order only, but a cross-encoder is order-sensitive and the bi-encoder's cosine is not, so one order would hand the
-bi-encoder a label that depends on which sentence happened to come first (docs/methods.md, Trans-Encoder).
+The cycle is in ``runtime.tenc``'s docstring; ``t`` there is the label scaling between cosine and probability
+(``objectives.trans_encoder.cosine_to_target``; the authors use the raw cosine). The cross-encoder's labels are the
+mean of both pair orders: the authors score one order only, but a cross-encoder is order-sensitive and the
+bi-encoder's cosine is not, so one order would hand the bi-encoder a label that depends on which sentence happened to
+come first (docs/methods.md, Trans-Encoder).
 
 A stage is a method of the engine (``methods.tenc_bi`` / ``methods.tenc_cross``: rows, student, loss, dev score),
-trained by ``LearnerGroup.fit`` like every distillation stage: the same optimiser, schedule, NaN refusal, dev
-evaluation every ``eval_every`` steps and at each epoch end with the best model kept in ``best/``, progress lines,
-checkpoints and stop/resume. ``fit`` reads the rows itself from the label set's Parquet directory through Ray Data
-(``labels.read_training_rows``), checked against the job's pair set, and runs the stage in Train's local mode
-(``resources.learner.num_learners: 0``) inside this actor's process: a Ray Train run with one worker costs 19.4 s
-to start here (results/bench-train_start.json; the main job's 12 stages would add 209-232 s, over 10 % of its
-2,006 s), local mode 0.10 s for the first ``fit`` in an actor and 0.3 ms after
-(results/bench-train_local_start.json). Model, data and process stay in the actor, so the families still train at
+trained by ``LearnerGroup.fit`` like every distillation stage (dev evaluation every ``eval_every`` steps and at each
+epoch end, the best model kept in ``best/``, checkpoints, stop/resume). ``fit`` reads the rows itself from the label
+set's Parquet directory through Ray Data (``labels.read_training_rows``), checked against the job's pair set, and
+runs the stage in Train's local mode (``resources.learner.num_learners: 0``) inside this actor's process: a Ray Train
+run with one worker costs 19.4 s to start here, local mode 0.10 s (results/bench-train_start.json,
+results/bench-train_local_start.json). Model, data and process stay in the actor, so the families still train at
 the same time, and the model is at hand for labelling afterwards. With ``resources.learners.num_learners: N`` (a
 GPU cluster, where a stage is minutes) the same stage is a Train run of N data-parallel workers that the actor
 starts and waits for, the rows riding in the loop's config; the actor then loads the best model from the stage's
@@ -55,8 +46,7 @@ from raydistill.methods.tenc_cross import SymmetricCrossScorer
 from raydistill.runtime.tenc.pairs import PairSet
 from raydistill.runtime.tenc.sections import StageConfig
 from raydistill.runtime.tenc.labels import read_training_rows
-from raydistill.runtime.tenc.stage_io import (encoder_fingerprint, encoder_state, labels_digest,
-                                              save_model_atomically, stage_seed)
+from raydistill.runtime.tenc.stage_io import encoder_fingerprint, labels_digest, save_model_atomically, stage_seed
 
 __all__ = [
     "BiEncoderLearner",
@@ -64,9 +54,7 @@ __all__ = [
     "StageLearner",
     "SymmetricCrossScorer",
     "encoder_fingerprint",
-    "encoder_state",
     "labels_digest",
-    "save_model_atomically",
     "stage_seed",
 ]
 
@@ -269,14 +257,13 @@ class StageLearner:
         ``loss`` or ``stsb_dev``), where the labels came from and where the model went. The model in memory
         afterwards is the best one.
 
-        The stage trains through ``LearnerGroup.fit`` with ``train_dir`` as its run dir (default: ``<out_dir>.training``
-        beside the model directory; the job passes ``RunLayout.training_dir``). A stop request
-        (``request_stop``) ends it at the next step boundary with a checkpoint there, and the summary is
-        ``{"stopped": True, "steps", "total_steps", "checkpoint"}``; the next ``fit`` of the same stage (same labels,
-        settings and start) continues from that checkpoint, step for step as if never stopped.
+        ``train_dir``: the stage's engine run dir (default ``<out_dir>.training``). Stopped (``request_stop``), the
+        summary is ``{"stopped": True, "steps", "total_steps", "checkpoint"}`` and the next ``fit`` of the same stage
+        continues from that checkpoint (module docstring).
         """
         from raydistill.data.arrays import ArrayData
         from raydistill.runtime.engine.learner_group import LearnerGroup, PreemptedError
+        from raydistill.runtime.jobs.stage_data import keep_stage_checkpoints
 
         self._require_model()
         spec = self.spec
@@ -292,7 +279,7 @@ class StageLearner:
         group = LearnerGroup(cfg, spec, run_dir=train_dir, init_model=self.loaded_from, name=tag,
                              resume_hint="the job's command, run again, resumes the stage")
         total_steps = group.total_steps(data)
-        if not self._keep_stage_checkpoints(cfg, Path(train_dir), tag):
+        if not keep_stage_checkpoints(cfg, Path(train_dir), tag, max(1, cfg.resources.learner.num_learners)):
             self._say(f"[{tag}] training on {data.num_rows:,} examples, {total_steps} steps "
                       f"(batch {cfg.train.batch_size}, lr {cfg.train.lr}, {cfg.train.epochs} epoch(s))")
         earlier_wall_s = _earlier_wall_s(Path(train_dir))
@@ -328,23 +315,6 @@ class StageLearner:
         self._say(f"[{tag}] done: {summary['steps']} steps in {summary['wall_s']:.0f} s, best dev "
                   f"{summary['best_dev']:.2f} at step {summary['best_step']}")
         return summary
-
-    def _keep_stage_checkpoints(self, cfg, train_dir: Path, tag: str) -> bool:
-        """Whether ``train_dir`` holds a checkpoint this very stage continues from; anything else there (another
-        stage's checkpoint, a best model without a checkpoint) is removed so the stage starts clean."""
-        from raydistill.runtime.engine.checkpoint import CheckpointError
-        from raydistill.runtime.engine.resume import check_resume
-
-        if not train_dir.exists():
-            return False
-        try:
-            if check_resume(train_dir, cfg, max(1, cfg.resources.learner.num_learners)) is not None:
-                return True
-        except CheckpointError as exc:
-            self._say(f"[{tag}] {train_dir} holds a checkpoint of other stage settings ({exc}); training the stage "
-                      "from its start")
-        shutil.rmtree(train_dir)
-        return False
 
     def _say(self, message: str) -> None:
         print(message, file=sys.stdout, flush=True)

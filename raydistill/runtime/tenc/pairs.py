@@ -112,6 +112,7 @@ def build_pair_set(source: str = "transductive", max_pairs: int | None = None, s
     them.
     """
     from raydistill.data import load_dataset, read_pairs
+    from raydistill.data.arrays import seeded_subset
 
     if source.startswith("file:"):
         path = Path(source[len("file:"):]).expanduser()
@@ -138,13 +139,9 @@ def build_pair_set(source: str = "transductive", max_pairs: int | None = None, s
     if pool_size == 0:
         raise ValueError(f"pair source {source!r} holds no pairs")
 
-    pair_id = np.arange(pool_size, dtype=np.int64)
-    if max_pairs is not None:
-        if max_pairs <= 0:
-            raise ValueError(f"max_pairs must be > 0, got {max_pairs}")
-        if max_pairs < pool_size:
-            rng = np.random.default_rng(seed)
-            pair_id = np.sort(rng.choice(pool_size, size=max_pairs, replace=False)).astype(np.int64)
+    if max_pairs is not None and max_pairs <= 0:
+        raise ValueError(f"max_pairs must be > 0, got {max_pairs}")
+    pair_id = seeded_subset(pool_size, max_pairs, seed).astype(np.int64)
     return PairSet(
         pair_id=pair_id,
         sentence1=tuple(first[i] for i in pair_id),

@@ -1,10 +1,9 @@
-"""What a Trans-Encoder job reports: a result file per evaluation, the summary and the verdict lines.
+"""What a Trans-Encoder job reports: a result file per evaluation (``kind: mutual_tenc``), the summary and the
+verdict lines.
 
 The orchestration (``job``) records every evaluation in the run state; `TencReport.publish_results` turns each
-record that has no result file yet into one (result schema, ``kind: mutual_tenc``) and logs its scores to MLflow.
-At the end `TencReport.finish` writes ``summary.json`` (in the run dir and beside the result files), logs each family's
-best bi-encoder as an MLflow model (the best of them registered as ``tracking.register_model`` when set) and prints,
-per family, the start, the best model by dev (the start is a candidate) and whether training improved on the start.
+record into its result file, and `TencReport.finish` writes ``summary.json``, logs each family's best bi-encoder as
+an MLflow model and prints the verdict lines.
 """
 
 from __future__ import annotations

@@ -2,10 +2,8 @@
 ``TencResources``) and the names of a cycle's two stages (``STAGES``, ``stage_key``, which encoder a stage trains and
 which one labels its pairs).
 
-Every section is a ``@section`` of ``raydistill.config.schema`` (a pydantic dataclass, as the job config's): an unknown
-key, a wrong type, a value out of its range or not among its choices is an error naming the file, the line, the
-field and the closest valid name. Each field's ``description`` is its line in ``--help``. The rules across fields
-are ``TencConfig.validate``'s (``config.py``, which assembles these sections into ``TencConfig`` and re-exports every
+Every section is a ``@section`` of ``raydistill.config.schema``, as the job config's. The rules across fields are
+``TencConfig.validate``'s (``config.py``, which assembles these sections into ``TencConfig`` and re-exports every
 name of this module).
 """
 
@@ -129,15 +127,13 @@ class TencResources:
     same time, so on a small machine both may reserve a fraction of a CPU while running one thread each."""
 
     num_cpus: Float = Field(2, gt=0, description="CPUs of the local Ray the job starts itself (unused on a cluster)")
-    # batch_size of each role = sentences (bi) / pairs (cross) per forward pass when labelling and evaluating
     bi: Annotated[RoleResources, _DEFAULTS_IF_NULL] = Field(
         default_factory=lambda: RoleResources(num_cpus=0.25, threads=1, batch_size=128),
         description="each family's bi-encoder actor (batch_size: sentences per forward pass)")
     cross: Annotated[RoleResources, _DEFAULTS_IF_NULL] = Field(
         default_factory=lambda: RoleResources(num_cpus=0.25, threads=1, batch_size=64),
         description="each family's cross-encoder actor (batch_size: pairs per forward pass)")
-    # 0: a Ray Train run costs 19.4 s to start on a 2-core box against 0.10 s for local mode
-    # (results/bench-train_start.json, bench-train_local_start.json): the main job's stages are a minute or two.
+    # 0: a Ray Train run costs 19.4 s to start, local mode 0.10 s (tenc/learners.py); a stage is a minute or two.
     learners: Annotated[LearnerResources, _DEFAULTS_IF_NULL] = Field(
         default_factory=lambda: LearnerResources(num_learners=0, num_cpus=1, threads=1, cpu_speedups=False),
         description="each stage's Ray Train learners: num_learners 0 trains the stage in Train's local mode inside "

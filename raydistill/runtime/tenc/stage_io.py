@@ -22,7 +22,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from raydistill.runtime.tenc.state import STAGE_RECORD
+from raydistill.runtime.tenc.state import STAGE_RECORD, json_default
 
 __all__ = ["encoder_fingerprint", "encoder_state", "labels_digest", "save_model_atomically", "stage_seed"]
 
@@ -76,11 +76,5 @@ def save_model_atomically(model: nn.Module, directory: str | os.PathLike,
     with staged_directory(directory) as tmp:
         model.save(tmp)
         if stage_record is not None:
-            atomic_write_json(tmp / STAGE_RECORD, stage_record, default=_json_scalar)
+            atomic_write_json(tmp / STAGE_RECORD, stage_record, default=json_default)
     return Path(directory)
-
-
-def _json_scalar(value: Any):
-    if isinstance(value, (np.floating, np.integer)):
-        return value.item()
-    raise TypeError(f"not JSON serialisable: {type(value).__name__}")

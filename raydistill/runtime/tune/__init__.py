@@ -24,18 +24,12 @@ This module gathers their public names; the CLI, bench/sweep.py and the tests im
 
 from __future__ import annotations
 
-from raydistill.runtime.tune.plan import SweepPlan, default_sweep_dir, plan_sweep, uses_teacher
+from raydistill.runtime.tune.plan import default_sweep_dir, plan_sweep, uses_teacher
 from raydistill.runtime.tune.report import format_trials_table
 from raydistill.config.sweep import SweepSettings, parse_duration
 from raydistill.runtime.tune.space import (
-    SEARCHABLE,
-    MethodSpace,
-    Param,
-    SearchSpace,
     SpaceError,
     list_spaces,
-    load_space,
-    space_for,
     spaces_dir,
 )
 from raydistill.runtime.tune.sweep import resume_sweep, run_sweep, trial_concurrency, trial_data_cpus
@@ -43,11 +37,8 @@ from raydistill.runtime.tune.sweep import resume_sweep, run_sweep, trial_concurr
 # A sweep directory written when all of this lived in one module names the Tuner's trial_dirname_creator
 # raydistill.runtime.tune._trial_dirname; its --resume loads the function from here.
 from raydistill.runtime.tune.sweep import trial_dirname as _trial_dirname  # noqa: F401
-from raydistill.runtime.tune.trial import distill_trial
 
 __all__ = [
-    "SpaceError", "Param", "MethodSpace", "SearchSpace", "SweepSettings", "SweepPlan",
-    "spaces_dir", "load_space", "space_for", "list_spaces", "parse_duration", "default_sweep_dir",
-    "plan_sweep", "run_sweep", "resume_sweep", "distill_trial", "format_trials_table", "uses_teacher", "SEARCHABLE",
-    "trial_concurrency", "trial_data_cpus",
+    "SpaceError", "SweepSettings", "spaces_dir", "list_spaces", "parse_duration", "default_sweep_dir", "plan_sweep",
+    "run_sweep", "resume_sweep", "format_trials_table", "uses_teacher", "trial_concurrency", "trial_data_cpus",
 ]

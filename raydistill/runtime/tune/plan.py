@@ -250,8 +250,7 @@ def _base_config(method: str, student: str, teacher: str | None, section: Method
         data, source, lines = {"method": method}, None, {}
     data = _deep_merge(data, section.base)
     if section.base:
-        source = f"{source} + {space.path} (methods.{method}.base)" if source else f"{space.path} " \
-                                                                                  f"(methods.{method}.base)"
+        source = f"{source + ' + ' if source else ''}{space.path} (methods.{method}.base)"
     data.update(method=method, student=student, teacher=teacher)
     if teacher is None:
         data["teacher_pooling"] = None
@@ -284,7 +283,7 @@ def _resolve_algorithm(requested: str, params: dict[str, Param], space: SearchSp
     itself, which a model of finished trials' values cannot describe: random search.
     """
     has_grid = any(p.kind == "grid" for p in params.values())
-    optuna_available = _optuna_available()
+    optuna_available = importlib.util.find_spec("optuna") is not None
     if scheduler == "pbt":
         if requested == "optuna":
             raise SpaceError("scheduler pbt changes a trial's values while it runs, which optuna's model of "
@@ -321,10 +320,6 @@ def _check_pbt(base: JobConfig, params: dict[str, Param], settings: SweepSetting
     if len(stage_plan(with_method_defaults(base))) > 1:
         raise SpaceError(f"scheduler pbt: method {base.method!r} trains in several stages, and a trial continuing "
                          "another's checkpoint would have to continue its stages too; use the asha scheduler")
-
-
-def _optuna_available() -> bool:
-    return importlib.util.find_spec("optuna") is not None
 
 
 def write_json(path: Path, data: Any) -> None:

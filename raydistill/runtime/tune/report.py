@@ -47,9 +47,10 @@ def summarize(plan: SweepPlan, teacher_pass: dict[str, Any], started: float) -> 
         best_dir = run_dir / "best"
         # A failed trial whose process was lost (its own code raised nothing) continues on --resume: see prune
         lost = status == "failed" and state.status in ("running", "lost", "interrupted")
+        best_dev = None if state.best_stsb_dev is None else round(float(state.best_stsb_dev), 4)
         rows.append({
             "trial_id": trial.trial_id, "params": params, "status": status, "tune_status": trial.status,
-            "stopped_early": status == "stopped_early", "lost": lost, "best_stsb_dev": _round(state.best_stsb_dev),
+            "stopped_early": status == "stopped_early", "lost": lost, "best_stsb_dev": best_dev,
             "best_step": state.best_step, "last_step": state.last_step, "total_steps": state.total_steps,
             "reports": state.reports, "attempts": state.attempts, "resumed_from": state.resumed_from,
             "continued": state.continued,
@@ -99,10 +100,6 @@ def summarize(plan: SweepPlan, teacher_pass: dict[str, Any], started: float) -> 
 def _canonical(params: dict[str, Any]) -> str:
     return json.dumps({k: float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else v
                        for k, v in sorted(params.items())}, sort_keys=True)
-
-
-def _round(value: float | None) -> float | None:
-    return None if value is None else round(float(value), 4)
 
 
 def prune_checkpoints(plan: SweepPlan, summary: dict[str, Any]) -> None:
@@ -227,13 +224,8 @@ def format_trials_table(summary: dict[str, Any]) -> str:
         dev = "-" if row["best_stsb_dev"] is None else f"{row['best_stsb_dev']:.2f}"
         step = f"{row['last_step']}/{row['total_steps'] or '?'}"
         rows.append([row["trial_id"] + ("*" if row["start_point"] else ""), row["status"], dev, step]
-                    + [_short_value(row["params"].get(k)) for k in keys])
+                    + [f"{v:.3g}" if isinstance(v, float) else "-" if v is None else str(v)
+                       for v in map(row["params"].get, keys)])
     widths = [max(len(str(r[i])) for r in rows) for i in range(len(header))]
     lines = ["  ".join(str(cell).ljust(width) for cell, width in zip(r, widths)).rstrip() for r in rows]
     return "\n".join(lines)
-
-
-def _short_value(value: Any) -> str:
-    if isinstance(value, float):
-        return f"{value:.3g}"
-    return "-" if value is None else str(value)

@@ -16,8 +16,8 @@ from typing import Annotated, Any, Optional
 
 from pydantic import BeforeValidator, Field
 
-from raydistill.config.job import ConfigError, _line_of, _suggest, read_yaml
-from raydistill.config.schema import build, none_is_default, section
+from raydistill.config.job import ConfigError, read_yaml
+from raydistill.config.schema import build, line_of, none_is_default, section, suggest
 from raydistill.config.sweep import SweepSettings, yaml_number
 from raydistill.shipped import tune_spaces_dir
 
@@ -106,7 +106,7 @@ class SearchSpace:
 
     def method(self, name: str) -> MethodSpace:
         if name not in self.methods:
-            raise SpaceError(f"{self.path}: no search space for method {name!r}{_suggest(name, self.methods)}; "
+            raise SpaceError(f"{self.path}: no search space for method {name!r}{suggest(name, self.methods)}; "
                              f"this file has: {', '.join(self.methods) or '(none)'}. Add a 'methods: {{{name}: "
                              "{space: ...}}' section")
         return self.methods[name]
@@ -204,13 +204,13 @@ def load_space(path: str | os.PathLike) -> SearchSpace:
     for method, block in parsed.methods.items():
         where = f"methods.{method}"
         if method not in known:
-            raise err(where, f"unknown method{_suggest(str(method), known)}; known: {', '.join(known)}")
+            raise err(where, f"unknown method{suggest(str(method), known)}; known: {', '.join(known)}")
         params = _parse_params(block.space, f"{where}.space", err)
         for point in block.start_from:
             for key in point:
                 if key not in params:
                     raise err(f"{where}.start_from", f"{key!r} is not searched in this section"
-                                                     f"{_suggest(str(key), params)}; searched: {', '.join(params)}")
+                                                     f"{suggest(str(key), params)}; searched: {', '.join(params)}")
         methods[method] = MethodSpace(method=method, params=params, base=dict(block.base),
                                       start_from=[dict(p) for p in block.start_from])
     student = str(parsed.student or path.stem)
@@ -234,7 +234,7 @@ def _parse_params(block: Any, where: str, err) -> dict[str, Param]:
             raise err(path, f"expected one of {{{': ..., '.join(DISTRIBUTIONS)}: ...}}, got {spec!r}")
         kind, values = next(iter(spec.items()))
         if kind not in DISTRIBUTIONS:
-            raise err(path, f"unknown distribution {kind!r}{_suggest(str(kind), DISTRIBUTIONS)}; allowed: "
+            raise err(path, f"unknown distribution {kind!r}{suggest(str(kind), DISTRIBUTIONS)}; allowed: "
                             f"{', '.join(DISTRIBUTIONS)}")
         if not isinstance(values, list) or not values:
             raise err(path, f"{kind}: expected a non-empty list, got {values!r}")
@@ -270,6 +270,6 @@ def list_spaces(directory: str | os.PathLike | None = None) -> list[SearchSpace]
 
 
 def _space_error(path: Path, lines: dict[str, int], where: str, message: str) -> SpaceError:
-    line = _line_of(lines, where)
+    line = line_of(lines, where)
     location = f"{path}:{line}" if line else str(path)
     return SpaceError(f"{location}: field '{where}': {message}")

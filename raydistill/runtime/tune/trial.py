@@ -1,19 +1,15 @@
 """One Tune trial (``distill_trial``): ``run_distillation`` of the plan's base config with the sampled values, on Ray
 Train workers, and what the trial knows about itself in ``trial.json`` (``TrialState``).
 
-Metrics reach Tune through the reporter the trial hands the training loop for each stage (``reporting.TrialReports``):
-rank 0's report of every step with an STS-B dev evaluation carries ``best_stsb_dev`` and reaches this trial,
-through Ray Train and ``reporting.EvalReportsToTune`` with Train workers, or with ``ray.tune.report`` when the loop
-runs in Train's local mode in this process (``num_learners: 0``). The trial's very last evaluation is reported here
-instead, after the job has written its model and record, so a stop decision made on it cannot cut them.
+Metrics reach Tune through the reporter the trial hands the training loop for each stage (``reporting.TrialReports``
+says how, with Train workers and in local mode); the trial's very last evaluation is reported here instead, after the
+job has written its model and record, so a stop decision made on it cannot cut them.
 
 Checkpoints: the trial's Train runs persist theirs in the sweep's Tune storage (``SweepPlan.train_storage``, set as
 the config's ``runtime.storage_path``). A trial that Tune restarts (``raydistill tune --resume``, or on another node
-sharing that storage) runs the same Train runs again, and Train resumes each from its newest checkpoint there. In
-local mode an evaluation at a checkpoint step (every evaluation under PBT) reaches Tune with its checkpoint, which
-Tune keeps in the trial's directory of its storage and hands back to a restarted trial (``ray.tune.get_checkpoint``).
-Under PBT that checkpoint may be another trial's: the trial then continues that trial's run with its own perturbed
-values (``_take_over_donor_run``).
+sharing that storage) runs the same Train runs again, and Train resumes each from its newest checkpoint there; in
+local mode Tune hands the restarted trial the checkpoint it reported (``reporting``). Under PBT that checkpoint may be
+another trial's: the trial then continues that trial's run with its own perturbed values (``_take_over_donor_run``).
 
 Torch, Ray and the training runtime are imported inside ``distill_trial``: it runs in a Tune worker, not where the
 plan is made.
