@@ -507,6 +507,20 @@ BENCH_FIGURES = (
      "ConGen minilm-l3 ← mpnet-base on 20,000 mixed sentences: the difference (engine − the loop before it, either "
      "sign) of the 7-STS average",
      "≤ 0.3"),
+    ("distill_abs_delta", "bench-engine_parity-fp32.json",
+     "the same ConGen run in fp32 on a CPU without AVX512-BF16: this tree against the checkout before the method "
+     "hooks (92e73f6), one after the other", "≤ 0.05"),
+    ("train_step_vs_st", "bench-train_step-avx2-before.json",
+     "ConGen training step in fp32 on a CPU without AVX512-BF16, student sentences/s ÷ sentence-transformers' MSE "
+     "distillation: the checkout before the method hooks", "≥ 1.3"),
+    ("train_step_vs_st", "bench-train_step-avx2.json",
+     "the same step from this tree, run right after", "≥ 1.3, not below the row above"),
+    ("rss_300k_over_30k", "bench-memory-avx2.json",
+     "the memory ratio above, rerun on a CPU without AVX512-BF16 from this tree", "≤ 1.3"),
+    ("sweep_teacher_passes_per_view", "bench-sweep-avx2.json",
+     "the sweep's teacher passes above, rerun on a CPU without AVX512-BF16 from this tree", "= 1"),
+    ("sweep_vs_cache_bound", "bench-sweep-avx2.json",
+     "the sweep's wall-time bound above, rerun on a CPU without AVX512-BF16 from this tree", "≤ 1"),
 )
 
 

@@ -47,7 +47,7 @@ hold the fp32 buffer); it is rebuilt whenever the buffer changed by any other pa
 in-place version counter: ``init_random``, ``load_state_dict``, a write from outside).
 
 State is read through the buffers (``self.embeddings``, ``self.pointer``, ``self.filled``) in every method; a
-subclass can therefore apply pending remote updates on attribute access (``runtime.queue_actor.QueueClient``),
+subclass can therefore apply pending remote updates on attribute access (``methods.shared_queue.QueueClient``),
 which arrive through ``enqueue`` and are written by the same deferred path.
 """
 

@@ -141,6 +141,7 @@ class Tracker:
         self._client = None
         self._ended = False
         self._logged_params: dict[str, str] = {}  # a resumed run's params (MLflow refuses to change one)
+        self.continued = False  # the run existed before this tracker (a resumed job's, a restored trial's)
         if not self.cfg.enabled:
             return
         self._guard("start run", self._start, tags or {})
@@ -169,6 +170,7 @@ class Tracker:
                                  synchronous=True)
             self._client, self.run_id, self.experiment_id = client, run.info.run_id, run.info.experiment_id
             self._logged_params = dict(run.data.params)
+            self.continued = True
             return
         experiment = client.get_experiment_by_name(self.cfg.experiment)
         if experiment is None:
@@ -270,6 +272,14 @@ class Tracker:
 
     # ------------------------------------------------------------------------------------------------------------
     # Logging
+
+    def logged_steps(self, key: str) -> set[int]:
+        """The steps at which this run already holds metric ``key`` (a continued run's earlier points)."""
+        if not self.active or not self.continued:
+            return set()
+        history = self._guard("read metric history", self._client.get_metric_history, self.run_id, key,
+                              disables=False)
+        return {int(metric.step) for metric in history or ()}
 
     def log_params(self, params: Mapping[str, Any]) -> None:
         if not self.active:

@@ -438,11 +438,13 @@ class TransEncoderJob(JobEvaluation):
 
     def log_dev_curves(self) -> None:
         """Parent-run metrics ``dev/<family>/<bi|cross>`` with the cycle as step, so MLflow's chart of the parent
-        overlays every family's per-cycle dev curve; each point once per job run (a resumed run logs the stages
-        of earlier runs too: it is a new MLflow run)."""
+        overlays every family's per-cycle dev curve; each point once (a resumed job continues the stopped job's run,
+        which may hold some points already)."""
         if self.tracker is None:
             return
         for (f, kind), points in self.state.dev_curves(self.families, self.cfg.cycles).items():
+            if not any(logged[:2] == (f, kind) for logged in self.dev_points_logged):
+                self.dev_points_logged |= {(f, kind, step) for step in self.tracker.logged_steps(f"dev/{f}/{kind}")}
             for cycle, dev in points:
                 if (f, kind, cycle) not in self.dev_points_logged:
                     self.tracker.log_metrics({f"dev/{f}/{kind}": dev}, step=cycle)
