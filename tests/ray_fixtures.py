@@ -65,3 +65,48 @@ def descendants(title: str) -> list:
         except psutil.Error:
             continue
     return found
+
+
+def faulty_pass_batches(real_batches, faults: dict, seen: dict, cache_dir=None, title: str = "TeacherEmbed"):
+    """Wrap a teacher pass's stream of batches (``embedding_cache._ray_data_batches``) so that faults land at exact
+    points of it, in the driver, whatever the machine's speed. ``faults`` maps the number of batches the driver has
+    received to one fault, done before the next batch is asked for:
+
+    * ``"kill"``: SIGKILL of the pool actor ``title`` while it embeds a block (its process title then ends in
+      ``.submit``; waited for, up to 120 s), pid in ``seen["killed_pid"]``; a later batch from another live pool
+      process records ``seen["restarted_pid"]``;
+    * ``"sigint"``: SIGINT of this process, the job's Ctrl-C; ``seen["sigint_at_batch"]``.
+
+    With ``cache_dir``, the cache parts on disk at each fault go in ``seen["parts_at_<fault>"]``.
+
+    Triggering on batches received rather than polling from a thread: a thread racing the pass missed it on a slow
+    machine (the pass ended first).
+    """
+    import signal
+    import time
+
+    def wrapped(*args, **kwargs):
+        received = 0
+        for batch in real_batches(*args, **kwargs):
+            if "killed_pid" in seen and "restarted_pid" not in seen:
+                seen.update({"restarted_pid": p.pid for p in descendants(title)
+                             if p.pid != seen["killed_pid"] and p.is_running()})
+            yield batch
+            received += 1
+            fault = faults.get(received)
+            if fault and cache_dir is not None:
+                seen[f"parts_at_{fault}"] = len(list(cache_dir.glob("part-*.npy")))
+            if fault == "kill":
+                deadline = time.monotonic() + 120
+                while time.monotonic() < deadline:
+                    busy = [p for p in descendants(title) if ".submit" in " ".join(p.cmdline())]
+                    if busy:
+                        busy[0].kill()
+                        seen["killed_pid"] = busy[0].pid
+                        break
+                    time.sleep(0.005)
+            elif fault == "sigint":
+                seen["sigint_at_batch"] = received
+                os.kill(os.getpid(), signal.SIGINT)
+                time.sleep(1)  # the KeyboardInterrupt lands here, inside the pass
+    return wrapped

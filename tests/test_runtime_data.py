@@ -84,11 +84,8 @@ def test_a_killed_pool_actor_is_retried_and_every_sentence_goes_through_the_teac
     """The teacher pool's actor SIGKILLed mid-pass, once a cache part is written: Ray Data restarts the actor and
     retries its block, and the pass ends with every vector, each sentence counted once by the teacher's forward hook
     (misses = teacher forwards = N) and appended to the cache once."""
-    import threading
-    import time
-
     from raydistill.runtime.teachers import embedding_cache
-    from tests.ray_fixtures import descendants
+    from tests.ray_fixtures import faulty_pass_batches
     from tests.test_teacher_cache_safety import part_rows
 
     rows_per_part = 64  # many blocks, parts and teacher calls, so the kill lands mid-pass
@@ -100,29 +97,10 @@ def test_a_killed_pool_actor_is_retried_and_every_sentence_goes_through_the_teac
                        resources=RoleResources(num_actors=1, num_cpus=1, threads=1, batch_size=8, precision="fp32"))
     cache_dir = tmp_path / spec.identity()
     seen: dict[str, int] = {}
-    done = threading.Event()
-
-    def busy_pool_actors() -> list:
-        return [p for p in descendants("TeacherEmbed") if ".submit" in " ".join(p.cmdline())]
-
-    def kill_the_pool_actor_mid_pass() -> None:
-        while not done.is_set() and "killed_pid" not in seen:
-            busy = busy_pool_actors()
-            if busy and list(cache_dir.glob("part-*.npy")):
-                busy[0].kill()
-                seen["killed_pid"] = busy[0].pid
-            time.sleep(0.01)
-        while not done.is_set() and "restarted_pid" not in seen:  # the actor Ray Data started in its place
-            seen.update({"restarted_pid": p.pid for p in busy_pool_actors() if p.pid != seen["killed_pid"]})
-            time.sleep(0.01)
-
-    killer = threading.Thread(target=kill_the_pool_actor_mid_pass, daemon=True)
-    killer.start()
-    try:
-        embeddings, stats = ensure_teacher_embeddings(texts, "control", spec, tmp_path)
-    finally:
-        done.set()
-        killer.join(timeout=10)
+    # The kill lands once the driver holds two blocks, so the first cache part is written; 17 blocks remain.
+    monkeypatch.setattr(embedding_cache, "_ray_data_batches",
+                        faulty_pass_batches(embedding_cache._ray_data_batches, {2: "kill"}, seen))
+    embeddings, stats = ensure_teacher_embeddings(texts, "control", spec, tmp_path)
     assert "killed_pid" in seen, "the pool actor was never killed (the pass ended first)"
     assert "restarted_pid" in seen, "no other pool actor embedded a block after the kill"
     assert (stats["hits"], stats["misses"], stats["teacher_forward_sentences"]) == (0, len(texts), len(texts))

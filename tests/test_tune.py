@@ -182,10 +182,19 @@ def worker_sweep(tmp_path_factory, ray_session, tiny_bert, tiny_teacher):  # noq
     first = run_sweep(plan, callbacks=[InterruptAt(lr=LRS[2], step=EVAL_EVERY), RecordResults()], verbose=0)
     stored = {row["trial_id"]: sorted(plan.train_storage(row["trial_id"]).rglob("step-*"))
               for row in first["trials"] if row["status"] == "interrupted"}
+    # What each interrupted trial recorded of itself before --resume: shown when an assert below fails.
+    states = {row["trial_id"]: json.loads((Path(row["run_dir"]) / "trial.json").read_text())
+              for row in first["trials"] if row["status"] == "interrupted"}
     code = cli_main(["tune", "--resume", "--sweep-dir", str(root / "sweep")])
     final = json.loads((root / "sweep" / "summary.json").read_text())
     return {"root": root, "plan": plan, "first": first, "final": final, "resume_code": code, "stored": stored,
-            "results": RecordResults.results}
+            "results": RecordResults.results, "interrupted_states": states}
+
+
+def trial_errors(sweep) -> str:
+    """The failed trials' errors, and what the interrupted ones recorded before --resume: an assert's message."""
+    failed = {row["params"]["train.lr"]: row["error"] for row in sweep["final"]["trials"] if row["status"] == "failed"}
+    return f"failed trials: {failed}; interrupted trials before --resume: {sweep.get('interrupted_states')}"
 
 
 @pytest.fixture(scope="module", params=["sweep", "worker_sweep"])
@@ -265,7 +274,7 @@ def test_trials_on_train_workers_report_through_ray_train_and_resume_from_train_
     assert worker_sweep["first"]["ended_by"] == "interrupted" and first[LRS[2]]["status"] == "interrupted"
     restarted = by_lr(worker_sweep["final"])[LRS[2]]
     assert worker_sweep["stored"][restarted["trial_id"]], "no Train checkpoint in the sweep's Tune storage"
-    assert restarted["attempts"] == 2 and 1 <= restarted["resumed_from"] < ROWS // BATCH
+    assert restarted["attempts"] == 2 and 1 <= restarted["resumed_from"] < ROWS // BATCH, trial_errors(worker_sweep)
     assert restarted["status"] in ("finished", "stopped_early")
     assert not list((worker_sweep["root"] / "sweep" / "trials" / restarted["trial_id"]).rglob("step-*"))
     assert all(r["checkpoint_path"].startswith(str(plan.train_storage(restarted["trial_id"])))
@@ -280,7 +289,8 @@ def test_asha_stops_the_wrecked_trial_early_and_the_nan_trial_fails(each_sweep):
     assert rows[0.5]["last_step"] < rows[0.5]["total_steps"] == ROWS // BATCH
     assert rows[1e-3]["status"] == "finished" and rows[1e-3]["last_step"] == ROWS // BATCH
     assert rows[1e6]["status"] == "failed" and "loss is nan" in rows[1e6]["error"]
-    assert sweep["final"]["counts"]["failed"] == 1 and sweep["final"]["counts"]["stopped_early"] >= 1
+    assert sweep["final"]["counts"]["failed"] == 1 and sweep["final"]["counts"]["stopped_early"] >= 1, \
+        trial_errors(sweep)
     assert rows[1e-3]["best_stsb_dev"] > rows[0.5]["best_stsb_dev"]
 
 
@@ -322,7 +332,7 @@ def test_mlflow_has_one_parent_run_and_a_child_run_per_trial(each_sweep):
     parent = client.get_run(final["mlflow"]["parent_run_id"])
     assert parent.info.status == "FINISHED"
     assert parent.data.metrics["teacher_forward_sentences_total"] == ROWS
-    assert parent.data.metrics["trials_failed"] == 1 and "space.train.lr" in parent.data.params
+    assert parent.data.metrics["trials_failed"] == 1 and "space.train.lr" in parent.data.params, trial_errors(sweep)
     children = client.search_runs([parent.info.experiment_id],
                                   filter_string=f"tags.mlflow.parentRunId = '{parent.info.run_id}'")
     assert len(children) == len(LRS)
@@ -416,6 +426,28 @@ def test_space_errors_name_file_line_and_field(tmp_path, tiny_bert, tiny_teacher
     assert plan.start_from == [{"train.lr": 3e-4, "loss.queue_size": 16384, "loss.tau_teacher": 0.05,
                                 "loss.tau_student": 0.07}]
     assert plan.teacher == "mpnet-base" and plan.algorithm in ("random", "optuna")
+
+
+def test_a_trial_that_raised_while_its_sweep_was_interrupted_continues_on_resume(tmp_path, tiny_bert, tiny_teacher):
+    """A trial running when the driver was interrupted may record an error while Tune tears it down (its Train
+    workers and actors gone under it). The summary says it was interrupted: --resume continues it instead of refusing
+    it as a trial whose own code fails. A trial that failed by itself stays failed."""
+    from raydistill.runtime.tune import plan_sweep
+    from raydistill.runtime.tune.sweep import _reopen_interrupted_trials
+    from raydistill.runtime.tune.trial import TrialState
+
+    space = write_space(tmp_path / "ok.yaml", tiny_bert, tiny_teacher, tmp_path, lrs=[1e-3, 1e6])
+    plan = plan_sweep(str(tiny_bert), "congen", str(tiny_teacher), space_file=space, sweep_dir=tmp_path / "s")
+    rows = [{"trial_id": "torn", "status": "interrupted"}, {"trial_id": "nan", "status": "failed"}]
+    for row in rows:
+        plan.trial_dir(row["trial_id"]).mkdir(parents=True)
+        TrialState(trial_id=row["trial_id"], attempts=1, status="failed", error="RuntimeError: x").save(
+            plan.trial_dir(row["trial_id"]))
+    (tmp_path / "s" / "summary.json").write_text(json.dumps({"trials": rows}))
+    _reopen_interrupted_trials(plan)
+    torn, nan = (TrialState.load(plan.trial_dir(t), t) for t in ("torn", "nan"))
+    assert (torn.status, torn.error, torn.attempts) == ("interrupted", None, 1)
+    assert (nan.status, nan.error) == ("failed", "RuntimeError: x")
 
 
 @pytest.mark.parametrize("cpus_per_trial, cluster_cpus, requested, data_cpus, expected", [

@@ -28,7 +28,7 @@ from raydistill.runtime.tune.report import (
 )
 from raydistill.config.sweep import SweepSettings
 from raydistill.runtime.tune.space import SpaceError
-from raydistill.runtime.tune.trial import METRIC, distill_trial
+from raydistill.runtime.tune.trial import METRIC, TrialState, distill_trial
 
 __all__ = ["SweepLock", "SweepLockedError", "run_sweep", "resume_sweep", "trial_concurrency", "trial_data_cpus",
            "trial_dirname"]
@@ -99,6 +99,24 @@ def run_sweep(plan: SweepPlan, *, resume: bool = False, callbacks: list | None =
         return _run_locked(plan, resume=resume, callbacks=callbacks, verbose=verbose, started=started)
 
 
+def _reopen_interrupted_trials(plan: SweepPlan) -> None:
+    """Trials the last run's summary marks interrupted (running when its driver stopped) continue, even where the
+    trial recorded an error of its own: Tune tore its process, its Train workers and their actors down under it, and
+    what that teardown raised on the way out (an error from an actor already gone) is not the training's fault. Left
+    as "failed", the trial would be refused on ``--resume`` as a trial whose own code fails."""
+    summary_path = Path(plan.sweep_dir) / "summary.json"
+    if not summary_path.is_file():
+        return  # a driver killed outright writes no summary; its trials never recorded an error either
+    for row in json.loads(summary_path.read_text(encoding="utf-8")).get("trials", []):
+        run_dir = plan.trial_dir(row["trial_id"])
+        state = TrialState.load(run_dir, row["trial_id"])
+        if row["status"] == "interrupted" and state.status == "failed":
+            print(f"[tune] trial {row['trial_id']} was interrupted; the error it raised while stopped "
+                  f"({state.error}) is not its own: it continues", flush=True)
+            state.status, state.error = "interrupted", None
+            state.save(run_dir)
+
+
 def _run_locked(plan: SweepPlan, *, resume: bool, callbacks: list | None, verbose: int,
                 started: float) -> dict[str, Any]:
     import ray
@@ -111,6 +129,8 @@ def _run_locked(plan: SweepPlan, *, resume: bool, callbacks: list | None, verbos
     if resume and not tune.Tuner.can_restore(str(plan.tune_dir)):
         raise SpaceError(f"{plan.tune_dir}: no Ray Tune state to resume (the sweep never started its trials); "
                          f"remove {sweep_dir} and start again")
+    if resume:
+        _reopen_interrupted_trials(plan)
     base = plan.base()
     init_ray(base, dashboard=True)  # Train's cleanup of a stopped trial's workers reads the state API
     data_cpus = trial_data_cpus(plan)
