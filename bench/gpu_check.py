@@ -544,7 +544,7 @@ def learner_case(name: str, precision: str, s: Setup, teacher, texts, view, audi
 
     from raydistill.config.job import JobConfig
     from raydistill.methods import METHODS, validate_method
-    from raydistill.methods.hooks import TeacherQueues
+    from raydistill.data.arrays import ArrayData
     from raydistill.runtime.engine.learner import DistillLearner
 
     spec = METHODS[name]
@@ -568,12 +568,10 @@ def learner_case(name: str, precision: str, s: Setup, teacher, texts, view, audi
                              run_dir=s.tmp / "runs" / f"{name}-{precision}")
     if learner.device.type != s.device.type:
         return {"status": "fail", "problems": [f"config put the learner on {learner.device}, not {s.device.type}"]}
-    queues = next((hook for hook in spec.hooks if isinstance(hook, TeacherQueues)), None)
-    kwargs = spec.loss_kwargs(cfg)
-    if queues is not None and kwargs.get("queue_init", spec.queue_init) == "teacher":
-        views = spec.teacher_views_of(cfg)[:queues.count]
-        vectors = [np.concatenate([b[f"teacher_{v}"] for b in batches]).astype(np.float32) for v in views]
-        queues.at_fresh_start(learner, ([(v, np.arange(len(v))) for v in vectors], views, kwargs["queue_size"]))
+    # A fresh start as the engine makes one: each hook's sample drawn from the check's rows, applied to the learner.
+    rows = ArrayData({key: np.concatenate([np.asarray(b[key]) for b in batches]) for key in batches[0]})
+    for hook in spec.hooks:
+        hook.at_fresh_start(learner, hook.fresh_start_sample(spec, cfg, rows, None))
     audit = audit_cls(s.device) if audit_cls else None
     if audit is not None:  # the first step's forward (student passes, batch -> tensors, loss) under the audit
         forward = learner._forward

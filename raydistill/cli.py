@@ -245,7 +245,8 @@ def _cmd_distill(args: argparse.Namespace) -> int:
 
     options = {"teacher": args.teacher, "student": args.student, "corpus": args.corpus, "out": args.out,
                "labels": args.labels, "max_sentences": args.max_sentences, "eval_pairs": args.eval_pairs,
-               "register": args.register, "seed": args.seed, "overrides": args.overrides}
+               "dev_pairs": args.dev_pairs, "budget": args.budget, "register": args.register, "seed": args.seed,
+               "overrides": args.overrides}
     return run_command(options, argv=args.argv)
 
 
@@ -275,7 +276,13 @@ def _add_distill_parser(sub) -> None:
                          "bundled NLI triplets")
     di.add_argument("--max-sentences", type=_positive_int, metavar="N", help="a seeded sample of N corpus sentences")
     di.add_argument("--eval-pairs", metavar="FILE", help="your own scored sentence pairs, evaluated beside STS-B in "
-                                                         "the report and model card")
+                                                         "the report and model card (a test set: never chooses)")
+    di.add_argument("--dev-pairs", metavar="FILE",
+                    help="scored pairs of your domain (same format as --eval-pairs, none of them in it) that choose "
+                         "the best checkpoint and stop training early, instead of STS-B dev")
+    di.add_argument("--budget", metavar="TIME|STEPS",
+                    help="train to a budget instead of the recipe's epochs: wall time (90s, 30m, 2h) or steps (2000, "
+                         "'2000 steps'); the corpus repeats as the budget needs and early stopping is on")
     di.add_argument("--register", metavar="NAME", help="register the model under NAME in the MLflow Model Registry")
     di.add_argument("--seed", type=int, help="seed of sampling, shuffling and initialisation (default: the recipe's)")
     di.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
@@ -387,9 +394,16 @@ def _duration(text: str) -> float:
 
 def _student(text: str) -> str:
     from raydistill.config.schema import suggest
-    from raydistill.models.registry import PRESETS
+    from raydistill.models.registry import PRESETS, find_preset
+    from raydistill.models.static_embedding import static_width
 
-    if text in PRESETS or os.path.isdir(os.path.expanduser(text)):
+    if os.path.isdir(os.path.expanduser(text)):
+        return text
+    try:
+        static_width(text)  # "static:abc" is refused here, saying what a static width is
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    if find_preset(text) is not None:
         return text
     raise argparse.ArgumentTypeError(f"unknown student {text!r}{suggest(text, PRESETS)}: not a preset "
                                      f"({', '.join(PRESETS)}) nor a model directory")

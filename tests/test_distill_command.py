@@ -77,6 +77,10 @@ REFUSALS = [
     ("evaluation pairs file that does not exist", ["--eval-pairs", "TMP/pairs.tsv"],
      ["--eval-pairs", "pairs.tsv: file not found"]),
     ("--out holding other files", ["--out", "TMP/taken"], ["taken: not empty and not an earlier raydistill package"]),
+    ("a budget that is neither time nor steps", ["--budget", "soon"],
+     ["--budget 'soon': expected a number of steps (1500, \"1500 steps\") or a wall time"]),
+    ("dev pairs that are also evaluation pairs", ["--dev-pairs", "TMP/dev.tsv", "--eval-pairs", "TMP/eval.tsv"],
+     ["--dev-pairs", "dev.tsv: 1 of its 2 pairs are also in --eval-pairs", "'a cat sleeps' / 'a cat naps'"]),
 ]
 
 
@@ -89,6 +93,8 @@ def test_bad_input_is_refused_in_one_line_before_any_work(case, args, words, tea
     (tmp_path / "evaluation.txt").write_text("\n".join(_eval_sentences(20)) + "\n")
     (tmp_path / "taken").mkdir()
     (tmp_path / "taken" / "notes.txt").write_text("mine")
+    (tmp_path / "dev.tsv").write_text("a cat sleeps\ta cat naps\t1\na man cooks\tthe sky is blue\t0\n")
+    (tmp_path / "eval.tsv").write_text("a cat naps\ta cat sleeps\t4.5\ntwo dogs play\ta car drives\t0.5\n")
     good = {"--teacher": str(teacher_dir), "--student": "layers:1", "--corpus": str(tmp_path / "corpus.txt"),
             "--out": str(tmp_path / "out")}
     given = [arg.replace("TMP", str(tmp_path)) for arg in args]

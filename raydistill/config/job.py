@@ -111,7 +111,8 @@ DEFAULT_HASH_EXCLUDE = RUNTIME_ONLY_FIELDS
 
 # Fields (dotted paths) added after run directories existed, with the values that mean "as before": while a field
 # holds one of them it stays out of the config hash, so old run directories keep theirs (see paths_at_default).
-_HASHED_ONLY_WHEN_SET = {"student_projection_init": ("default",), "train.precision": ("fp32",)}
+_HASHED_ONLY_WHEN_SET = {"student_projection_init": ("default",), "train.precision": ("fp32",),
+                         "train.budget": (None,), "train.dev_pairs": (None,)}
 
 
 def _mapping(value: Any) -> Any:
@@ -212,6 +213,9 @@ class JobConfig:
                      "student_projection_init": "default",  # a later stage starts from the previous one's model
                      "extra": {key: value for key, value in parent.extra.items() if key in accepted}}
             plain["data"] = {k: v for k, v in plain["data"].items() if k not in ("views", "teacher_views")}
+            # A budget is the first stage's length: a later stage (DistilCSE's NLI fine-tuning) runs its own epochs
+            # unless its extra.stage<N> gives it a budget of its own.
+            plain["train"] = {k: v for k, v in plain["train"].items() if k != "budget"}
         else:
             plain = {"tracking": {"enabled": False}}
         plain.update(method=method, student=student, seed=seed, run_dir=run_dir)

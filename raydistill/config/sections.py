@@ -10,6 +10,7 @@ an unknown key is refused while the config is built, naming the field. ``raydist
 from __future__ import annotations
 
 import dataclasses
+import re
 
 from typing import Annotated, Literal
 
@@ -44,6 +45,56 @@ def _registered_model_name(value: str | None) -> str | None:
     if value is not None and (not value.strip() or any(c in value for c in "/:") or value.strip() in (".", "..")):
         raise ValueError(f"{value!r} is no MLflow registered model name: it must be non-empty, without '/' or ':'")
     return value
+
+
+# The evaluations in a row without a new best dev score that end a run trained to a budget, unless train.patience
+# says otherwise. The seed methods' own scripts (ConGen) stop after 7 epochs without a new best, and on the small
+# corpora a budget repeats for many epochs the engine evaluates at every epoch end, so 7 evaluations are their
+# 7 epochs; on a large corpus they are 7 x train.eval_every steps, long enough to sit out a noisy evaluation or two.
+BUDGET_PATIENCE = 7
+
+
+@dataclasses.dataclass(frozen=True)
+class Budget:
+    """``train.budget`` read: a number of optimiser steps, or wall seconds of training (exactly one is set)."""
+
+    steps: int | None = None
+    seconds: float | None = None
+
+    def describe(self) -> str:
+        from raydistill.durations import exact_duration
+
+        return f"{self.steps} steps" if self.steps is not None else exact_duration(self.seconds)
+
+
+_STEPS = re.compile(r"(\d+)\s*steps?")
+
+
+def parse_budget(value: object) -> Budget:
+    """``1500``, ``"1500"``, ``"1500steps"``, ``"1500 steps"``: steps; ``"30m"``, ``"2h"``, ``"90s"``, ``"1h30m"``:
+    wall time. ValueError (saying what is accepted) otherwise, or for a budget that is not > 0."""
+    from raydistill.durations import parse_duration
+
+    expected = "a number of steps (1500, \"1500 steps\") or a wall time (\"90s\", \"30m\", \"2h\", \"1h30m\")"
+    if isinstance(value, bool) or not isinstance(value, (int, str)):
+        raise ValueError(f"expected {expected}, got {value!r}")
+    text = str(value).strip().lower()
+    steps = re.fullmatch(r"[+-]?\d+", text) or _STEPS.fullmatch(text)
+    if steps:
+        count = int(steps.group(1) if steps.groups() else text)
+        if count <= 0:
+            raise ValueError(f"a step budget must be > 0 steps, got {value!r}")
+        return Budget(steps=count)
+    try:
+        return Budget(seconds=parse_duration(text))
+    except ValueError:
+        raise ValueError(f"expected {expected}, got {value!r}") from None
+
+
+@states("steps or wall time")
+def _budget(value: object) -> str | None:
+    # One spelling per budget ("30m" and "1800s" are the same run, and hash the same).
+    return None if value is None else parse_budget(value).describe()
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -159,7 +210,16 @@ class TrainConfig:
     checkpoint_every: Int = Field(200, gt=0, description="write a resumable checkpoint every N steps")
     keep_last: Int = Field(2, gt=0, description="checkpoints kept on disk")
     patience: Int | None = Field(None, gt=0, description="stop after this many dev evaluations without a new best "
-                                                         "(null: never)")
+                                                         f"(null: never; {BUDGET_PATIENCE} with a budget)")
+    budget: Annotated[str | None, BeforeValidator(_budget)] = Field(
+        None, description="train to a budget instead of train.epochs: steps (1500, \"1500 steps\"; the data repeats "
+                          "as often as they need) or wall time (\"90s\", \"30m\", \"2h\": the total steps are fixed "
+                          "from the step rate measured early in the run); the LR schedule spans the budget (null: "
+                          "train.epochs / max_steps)")
+    dev_pairs: Annotated[str | None, _non_empty("path")] = Field(
+        None, description="a file of scored pairs (sentence1, sentence2, score: TSV, CSV, JSON Lines, Parquet) that "
+                          "the dev evaluations score instead of STS-B dev: they choose the best model and drive "
+                          "early stopping (ROC AUC x 100 when every score is 0 or 1, else Spearman x 100)")
     # On a CPU with AVX512-BF16 (or AMX) bf16 matrix products run 2-4x faster than fp32; on a CPU without them (AVX2
     # only) torch emulates bf16 products, tens of times slower than fp32, and the learner warns. bench/train_step.py
     # measures the speed; committed ConGen runs the 7-STS cost (docs/benchmarks.md).
@@ -167,6 +227,23 @@ class TrainConfig:
         "fp32", description="fp32, or bf16: the student's forward and backward under torch.autocast(bfloat16) (and "
                             "ConGen's products against the queue); weights, optimiser state, queue and softmax stay "
                             "fp32")
+
+    @model_validator(mode="after")
+    def _one_length(self):
+        if self.budget is not None and self.max_steps is not None:
+            raise ValueError(f"budget {self.budget!r} and max_steps {self.max_steps} both set the length of the run; "
+                             "set one of them")
+        return self
+
+    def budget_limit(self) -> Budget | None:
+        """``budget`` read (None: no budget, the run is ``epochs`` / ``max_steps`` long)."""
+        return None if self.budget is None else parse_budget(self.budget)
+
+    def stop_patience(self) -> int | None:
+        """Evaluations without a new best that stop the run: ``patience``, else ``BUDGET_PATIENCE`` with a budget."""
+        if self.patience is not None:
+            return self.patience
+        return BUDGET_PATIENCE if self.budget is not None else None
 
 
 @section

@@ -12,6 +12,7 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BeforeValidator, Field
 
 from raydistill.config.schema import ConfigError, Float, Int, build, section, suggest
+from raydistill.durations import parse_duration  # re-exported: the sweep's time_budget_s reads it
 
 __all__ = ["ALGORITHMS", "METRIC", "SCHEDULERS", "SweepSettings", "parse_duration", "pbt_mutable", "yaml_number"]
 
@@ -29,22 +30,6 @@ def pbt_mutable(key: str) -> bool:
     once per trial and, when a trial continues another trial's checkpoint, taken over from that trial with it.
     """
     return key == "train.lr" or (key.startswith("loss.") and key.rsplit(".", 1)[-1].startswith(("tau", "temperature")))
-
-
-def parse_duration(value: Any) -> float:
-    """Seconds from ``3600``, ``"90m"``, ``"3h"``, ``"1h30m"``, ``"45s"``; raises ValueError otherwise."""
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        seconds = float(value)
-    else:
-        text = str(value).strip().lower()
-        match = re.fullmatch(r"(?:(\d+(?:\.\d+)?)h)?\s*(?:(\d+(?:\.\d+)?)m)?\s*(?:(\d+(?:\.\d+)?)s?)?", text)
-        if not text or not match or not any(match.groups()):
-            raise ValueError(f"expected a duration such as 3600, 90m, 3h or 1h30m, got {value!r}")
-        hours, minutes, secs = (float(g) if g else 0.0 for g in match.groups())
-        seconds = hours * 3600 + minutes * 60 + secs
-    if not math.isfinite(seconds) or seconds <= 0:
-        raise ValueError(f"a duration must be > 0, got {value!r}")
-    return seconds
 
 
 def yaml_number(value: Any) -> Any:

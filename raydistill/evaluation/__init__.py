@@ -4,7 +4,7 @@
     scores = evaluate_sts(model)            # {"sts12": .., ..., "sickr": .., "stsb_dev": .., "avg": ..}, x 100
 """
 
-from raydistill.evaluation.metrics import roc_auc, spearman
+from raydistill.evaluation.metrics import PAIR_METRIC_NAMES, pair_metric, roc_auc, score_pairs, spearman
 from raydistill.evaluation.results import (
     SCHEMA_PATH,
     ResultError,
@@ -28,6 +28,9 @@ from raydistill.evaluation.sts import (
 
 __all__ = [
     "DEV_SET",
+    "PAIR_METRIC_NAMES",
+    "pair_metric",
+    "score_pairs",
     "SCHEMA_PATH",
     "STS7",
     "STS_SETS",

@@ -3,6 +3,9 @@
 Units: `spearman` returns rho x 100 (in [-100, 100]), the unit of every STS table; `roc_auc` returns the plain
 AUC in [0, 1], its textbook unit. The evaluators (`evaluate_sts`, `evaluate_pair_auc`) report both x 100.
 
+`pair_metric` / `score_pairs` pick between them for a user's scored pairs: gold scores that are all 0 or 1 are
+labels (same / different), scored with ROC AUC x 100; any other scores are graded, scored with Spearman x 100.
+
 Both are computed from average ranks (ties share the mean of the ranks they span), the convention of
 `scipy.stats.spearmanr` / `rankdata(method="average")` and of SentEval, so a score here is comparable with the
 papers' tables.
@@ -23,7 +26,7 @@ import warnings
 import numpy as np
 from scipy.stats import rankdata, spearmanr
 
-__all__ = ["spearman", "roc_auc"]
+__all__ = ["spearman", "roc_auc", "pair_metric", "score_pairs", "PAIR_METRIC_NAMES"]
 
 
 def _as_vector(values, name: str) -> np.ndarray:
@@ -86,3 +89,22 @@ def roc_auc(scores, labels) -> float:
     ranks = rankdata(scores, method="average")  # [N], 1-based, ties averaged
     u_statistic = ranks[positive].sum() - n_pos * (n_pos + 1) / 2.0
     return float(u_statistic / (n_pos * n_neg))
+
+
+# How a table or a card names each metric of `pair_metric`.
+PAIR_METRIC_NAMES = {"roc_auc": "ROC AUC x 100", "spearman": "Spearman x 100"}
+
+
+def pair_metric(gold) -> str:
+    """``"roc_auc"`` when every gold score is 0 or 1 (binary labels: a rank correlation with two values says less
+    than the AUC, which is what the labels ask: are the same-meaning pairs ranked above the others?), else
+    ``"spearman"``."""
+    gold = _as_vector(gold, "gold")
+    return "roc_auc" if gold.size and bool(np.all((gold == 0) | (gold == 1))) else "spearman"
+
+
+def score_pairs(predicted, gold) -> float:
+    """The user's pairs scored x 100 with `pair_metric`'s metric: ROC AUC x 100 of 0/1 labels, else Spearman."""
+    if pair_metric(gold) == "roc_auc":
+        return roc_auc(predicted, np.asarray(gold, dtype=np.float64).astype(np.int64)) * 100.0
+    return spearman(predicted, gold)

@@ -300,12 +300,16 @@ class MethodSpec:
 
         if init_model is not None:  # a later stage: the saved model already carries its pooling/projection
             return BiEncoder.from_pretrained(str(init_model), max_length=cfg.data.max_length)
-        source = str(resolve_model(cfg.student))
+        # teacher: what a static student ("static:256") is initialised from; other names ignore it
+        source = str(resolve_model(cfg.student, teacher=cfg.teacher))
         student = BiEncoder.from_pretrained(source, pooling=cfg.student_pooling, max_length=cfg.data.max_length)
         if self.project_to_teacher and teacher_dim is not None and student.dim != teacher_dim:
+            # A static student's projection is linear so that saving folds it into the token table (a mean of
+            # rows commutes with a linear map, not with tanh); the saved static model is then d_t wide.
+            activation = "identity" if student.is_static else self.projection_activation
             student = BiEncoder.from_pretrained(source, pooling=cfg.student_pooling, max_length=cfg.data.max_length,
                                                 projection_dim=int(teacher_dim),
-                                                projection_activation=self.projection_activation,
+                                                projection_activation=activation,
                                                 projection_init=_CONSTRUCTED_INIT.get(cfg.student_projection_init,
                                                                                       cfg.student_projection_init))
         return student

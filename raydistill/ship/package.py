@@ -45,10 +45,18 @@ from typing import Any
 import numpy as np
 
 from raydistill.cputime import cpu_seconds
-from raydistill.data import BUNDLED_DIR, DATA_ENV, DataError, Pair, dataset_path, load_dataset
-from raydistill.data.formats import is_csv, iter_lines, iter_records
-from raydistill.data.readers import _Line
-from raydistill.evaluation import DEV_SET, STS7, STS_SETS, pair_similarities, spearman
+from raydistill.data import BUNDLED_DIR, DATA_ENV, Pair, dataset_path, load_dataset
+from raydistill.data.scored_pairs import read_eval_pairs  # re-exported: the command checks the pairs before training
+from raydistill.evaluation import (
+    DEV_SET,
+    PAIR_METRIC_NAMES,
+    STS7,
+    STS_SETS,
+    pair_metric,
+    pair_similarities,
+    score_pairs,
+    spearman,
+)
 
 __all__ = ["PackageError", "PackageReport", "Row", "TEACHER_BASELINES", "QUALITY_COLUMNS", "DEFAULT_MARGIN",
            "MANIFEST_FILE", "check_out_dir", "read_eval_pairs", "package_student", "mark_rows", "format_table"]
@@ -61,7 +69,6 @@ EVAL_PAIRS = "eval_pairs"
 DEFAULT_MARGIN = 0.5
 # Column key, header. "avg" is the mean of the seven STS sets; the user's pairs only when given.
 QUALITY_COLUMNS = (("avg", "7-STS"), (DEV_SET, "STS-B dev"), (EVAL_PAIRS, "own pairs"))
-PAIR_COLUMNS = ("sentence1", "sentence2", "score")
 
 # results/baseline-<preset>.json "scores" (raydistill eval --model <preset>, the bundled sets, the preset's own
 # max_length and pooling). Embedded, not read, because an installed raydistill has no results/ folder.
@@ -136,70 +143,6 @@ def check_out_dir(out_dir: str | os.PathLike) -> Path:
     return out
 
 
-def _score_value(value: Any) -> Any:
-    """A text cell's number (CSV / TSV cells are strings); anything else as it is, for the field check to reject."""
-    if isinstance(value, str):
-        try:
-            return float(value.strip())
-        except ValueError:
-            return value
-    return value
-
-
-def _tsv_rows(path: Path):
-    """``(line, {sentence1, sentence2, score})`` of a tab-separated file, header line optional.
-
-    Plain tab splitting, no quoting: STS files hold quotes that a CSV reader would take as field delimiters.
-    """
-    columns = None
-    for line_number, text in iter_lines(path):
-        if isinstance(text, DataError):
-            yield line_number, text
-            continue
-        cells = text.split("\t")
-        if columns is None:
-            names = [cell.strip().lower() for cell in cells]
-            if {"sentence1", "sentence2"} <= set(names):
-                columns = names
-                continue
-            columns = list(PAIR_COLUMNS)
-        if len(cells) > len(columns):
-            yield line_number, DataError(path, f"has {len(cells)} tab-separated fields, expected {len(columns)} "
-                                               f"({', '.join(columns)})", line=line_number, reason="not_object")
-            continue
-        yield line_number, dict(zip(columns, cells))
-
-
-def read_eval_pairs(path: str | os.PathLike) -> list[Pair]:
-    """The user's labelled pairs: (sentence1, sentence2, score), every line checked; DataError names file, line, field.
-
-    Formats: ``.tsv`` (three columns in that order, or a header line naming them; more columns with a header),
-    ``.csv`` with a header line, JSON Lines (``{"sentence1", "sentence2", "score"}``), Parquet; gzip'd alike. Scores
-    are any finite numbers (a Spearman correlation needs only their order), at least two of them distinct.
-    """
-    path = Path(path).expanduser()
-    suffixes = [s.lower() for s in path.suffixes if s.lower() != ".gz"]
-    if suffixes and suffixes[-1] == ".tsv" and path.is_file():
-        rows = _tsv_rows(path)
-        text_cells = True
-    else:
-        rows = iter_records(path)
-        text_cells = is_csv(path)
-    pairs = []
-    for line_number, obj in rows:
-        if isinstance(obj, DataError):
-            raise obj
-        if text_cells and "score" in obj:
-            obj = {**obj, "score": _score_value(obj["score"])}
-        line = _Line(path, line_number, obj, PAIR_COLUMNS)
-        pairs.append(Pair(line.text("sentence1"), line.text("sentence2"), line.numeric("score", None), None))
-    if len(pairs) < 2 or len({pair.score for pair in pairs}) < 2:
-        raise DataError(path, f"{len(pairs)} pair(s) with {len({p.score for p in pairs})} distinct score(s): a "
-                        "Spearman correlation needs at least two pairs of different scores", field="score",
-                        reason="too_few")
-    return pairs
-
-
 # ---------------------------------------------------------------------------------------------------------------
 # Measuring
 
@@ -264,9 +207,11 @@ def evaluation_pairs(eval_pairs: list[Pair] | None, *, sts: bool = True) -> dict
 
 
 def score_model(model: Any, sets: dict[str, Sequence[Pair]], batch_size: int) -> dict[str, float]:
-    """Spearman x 100 of each set (one encoder pass over all their distinct sentences), and the 7-STS ``avg``."""
+    """Spearman x 100 of each set (one encoder pass over all their distinct sentences), and the 7-STS ``avg``; the
+    user's own pairs (``EVAL_PAIRS``) with ``pair_metric``'s metric: ROC AUC x 100 of 0/1 labels."""
     similarities = pair_similarities(model, sets, encoder="bi", batch_size=batch_size)
-    scores = {name: spearman(similarities[name], np.array([p.score for p in pairs], dtype=np.float64))
+    scores = {name: (score_pairs if name == EVAL_PAIRS else spearman)(
+                  similarities[name], np.array([p.score for p in pairs], dtype=np.float64))
               for name, pairs in sets.items()}
     if all(name in scores for name in STS7):
         scores["avg"] = float(np.mean([scores[name] for name in STS7]))
@@ -323,10 +268,12 @@ def mark_rows(rows: list[Row], margin: float) -> list[Row]:
     return rows
 
 
-def format_table(rows: list[Row], *, margin: float, speed: dict[str, Any]) -> str:
-    """The terminal table: one line per row, marks as ``*``, the margin and how speed was taken in the footer."""
+def format_table(rows: list[Row], *, margin: float, speed: dict[str, Any], own_metric: str | None = None) -> str:
+    """The terminal table: one line per row, marks as ``*``, the margin and how speed was taken in the footer.
+    ``own_metric``: the own pairs' metric (``pair_metric``; "roc_auc" heads their column "own pairs AUC")."""
     columns = [key for key, _ in QUALITY_COLUMNS if any(key in row.scores for row in rows)]
-    headers = ["model", "file", "MB", *(dict(QUALITY_COLUMNS)[key] for key in columns), "sent/s", "sent/CPU-s"]
+    labels = {**dict(QUALITY_COLUMNS), **({EVAL_PAIRS: "own pairs AUC"} if own_metric == "roc_auc" else {})}
+    headers = ["model", "file", "MB", *(labels[key] for key in columns), "sent/s", "sent/CPU-s"]
     lines = []
     for row in rows:
         cells = [row.name, row.file or "", f"{row.bytes / 1e6:.1f}" if row.bytes else ""]
@@ -343,8 +290,9 @@ def format_table(rows: list[Row], *, margin: float, speed: dict[str, Any]) -> st
 
     rule = "-" * len(render(headers))
     out = [render(headers), rule, *(render(cells) for cells in lines), rule]
-    out.append(f"quality: Spearman x 100 of cosine similarity; * = more than {margin:g} points below the student "
-               "on that column (the margin)")
+    own_text = f" (own pairs: {PAIR_METRIC_NAMES[own_metric]})" if own_metric and own_metric != "spearman" else ""
+    out.append(f"quality: Spearman x 100 of cosine similarity{own_text}; * = more than {margin:g} points below the "
+               "student on that column (the margin)")
     out.extend(f"  {row.name}: 7-STS and STS-B dev from {row.scores_source}" for row in rows
                if row.scores_source != "evaluated")
     out.append(f"speed: {speed['sentences']} STS sentences, batch {speed['batch_size']}, {speed['cpu']}, "
@@ -491,7 +439,8 @@ def package_student(
                  "cpu": f"{cpu_name() or platform.machine()}, {threads} thread{'s' if threads != 1 else ''}",
                  "load_before": load_before,
                  "source": "STS12-16 + STS-B test sentences, seed 0"}
-        table = format_table(rows, margin=quality_margin, speed=speed)
+        table = format_table(rows, margin=quality_margin, speed=speed,
+                             own_metric=pair_metric([pair.score for pair in user_pairs]) if user_pairs else None)
 
         from sentence_transformers import SentenceTransformer
 
@@ -503,7 +452,9 @@ def package_student(
             "corpus": corpus_info,
             "recipe": recipe_info,
             "command": command,
-            "eval_pairs": None if eval_pairs is None else {"path": str(eval_pairs), "pairs": len(user_pairs)},
+            "eval_pairs": None if eval_pairs is None else {
+                "path": str(eval_pairs), "pairs": len(user_pairs),
+                "metric": pair_metric([pair.score for pair in user_pairs])},
             "quality_margin": quality_margin,
             "evaluation_data": ("the copies bundled with raydistill" if _bundled_evaluation()
                                 else f"${DATA_ENV} = {os.environ.get(DATA_ENV)}"),

@@ -200,22 +200,28 @@ def _file_sha256_memo(path: Path) -> str:
 
 
 def data_fingerprint(config) -> dict[str, str]:
-    """sha256 of the content of each training file the config names by path (``data.corpus: file:...``).
+    """sha256 of the content of each training file the config names by path (``data.corpus: file:...``, and the
+    dev pairs of ``train.dev_pairs``).
 
     The config hash covers the path only; an edited corpus under the same name would otherwise resume a run on
     other data. Named corpora ship with the package and are covered by its version. A directory corpus hashes its
     files' relative names and contents. Empty when nothing is read from a user file (or it cannot be read: the
     config check reports that with the file's name).
     """
+    found = {}
+    # Dev pairs choose the best model and stop the run early: other pairs under the same name are another run.
+    dev_pairs = getattr(getattr(config, "train", None), "dev_pairs", None)
+    if isinstance(dev_pairs, str) and Path(dev_pairs).expanduser().is_file():
+        found["train.dev_pairs"] = _file_sha256_memo(Path(dev_pairs).expanduser())
     corpus = getattr(getattr(config, "data", None), "corpus", None)
     if not isinstance(corpus, str) or not corpus.startswith("file:"):
-        return {}
+        return found
     from raydistill.data.corpus import parse_corpus_spec
 
     try:
         path = parse_corpus_spec(corpus).path
     except ValueError:
-        return {}
+        return found
     digest = hashlib.sha256()
     try:
         if path.is_dir():
@@ -224,10 +230,10 @@ def data_fingerprint(config) -> dict[str, str]:
         elif path.is_file():
             digest.update(_file_sha256_memo(path).encode())
         else:
-            return {}
+            return found
     except OSError:
-        return {}
-    return {"data.corpus": digest.hexdigest()}
+        return found
+    return {**found, "data.corpus": digest.hexdigest()}
 
 
 def _recover_interrupted_saves(root: Path) -> None:

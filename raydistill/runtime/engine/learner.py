@@ -19,7 +19,8 @@ estimates, so the first few hundred updates are somewhat larger than the authors
 moment starts near 0 and is divided out un-rescaled). This is a known, documented deviation (docs/methods.md, SCT).
 
 Schedule: linear warm-up over ``warmup_ratio`` of the *total* steps, then linear decay to 0 at the nominal end;
-early stopping does not shorten the schedule (as in the authors' fit loop).
+early stopping does not shorten the schedule (as in the authors' fit loop). With a time budget (``train.budget``:
+budget.py) the total is fixed a few dozen steps into the run (``fix_total``) and the schedule ends there.
 
 Model selection: the method's dev score (``MethodSpec.dev_score``: STS-B dev Spearman of the cosine unless the method
 says otherwise) every ``eval_every`` steps and at each epoch end; whenever it improves, the student is written to
@@ -43,6 +44,7 @@ from torch import nn
 from raydistill.models.speedups import use_fast_attention_dropout, use_fast_dropout, use_reused_embedding_grad
 from raydistill.methods import StepContext, get_method
 from raydistill.config.job import JobConfig
+from raydistill.runtime.engine.budget import BudgetFactor
 from raydistill.runtime.engine.learner_state import BestDev, LearnerState, seed_everything
 
 __all__ = ["DistillLearner", "build_optimizer", "linear_schedule"]
@@ -154,8 +156,16 @@ class DistillLearner(LearnerState):
         optim = self.spec.optimizer_kwargs(cfg)
         self.optimizer = build_optimizer([self.student, self.loss_module], lr=train.lr,
                                          weight_decay=train.weight_decay, **optim)
-        self.warmup_steps = int(train.warmup_ratio * self.total_steps)
-        self.scheduler = linear_schedule(self.optimizer, self.warmup_steps, self.total_steps)
+        budget = train.budget_limit()
+        # A time budget plans its capacity until the measured step rate fixes the total (budget.py).
+        self.budget_factor = BudgetFactor(train.warmup_ratio) if budget is not None and budget.seconds else None
+        self.seconds_used = 0.0  # wall seconds of training over every (re)start (the train loop counts them)
+        if self.budget_factor is not None:
+            self.warmup_steps = 0
+            self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, self.budget_factor)
+        else:
+            self.warmup_steps = int(train.warmup_ratio * self.total_steps)
+            self.scheduler = linear_schedule(self.optimizer, self.warmup_steps, self.total_steps)
         self.step = 0
         self.best = BestDev()
         self.history: list[dict[str, Any]] = []
@@ -168,6 +178,29 @@ class DistillLearner(LearnerState):
             if not fast:  # emulated bf16 products run tens of times slower than fp32 (AVX2-only CPUs)
                 log.warning("%s: train.precision bf16 on a CPU without hardware bf16 (%s): expect steps many times "
                             "slower than fp32; set train.precision=fp32", self.spec.name, why)
+
+    # ------------------------------------------------------------------------------------------------------------
+    # A time budget's total
+
+    @property
+    def total_pending(self) -> bool:
+        """A time budget whose total is not fixed yet (``total_steps`` is then its capacity)."""
+        return self.budget_factor is not None and self.budget_factor.total is None
+
+    def fix_total(self, total: int, at_step: int | None = None) -> None:
+        """The run's total steps from here on (a time budget's, once measured; the same on every worker): the LR
+        schedule ends at it, and a loss that counts towards the total (DvBERT's teacher annealing) counts to it."""
+        total = int(total)
+        self.budget_factor.fix(total, self.step if at_step is None else at_step)
+        self.total_steps, self.warmup_steps = total, self.budget_factor.warmup_steps
+        # The next step's LR from the fixed schedule (LambdaLR computes it at its step; the factor just changed).
+        for group, base in zip(self.optimizer.param_groups, self.scheduler.base_lrs):
+            group["lr"] = base * self.budget_factor(self.scheduler.last_epoch)
+        self.scheduler._last_lr = [group["lr"] for group in self.optimizer.param_groups]
+        for holder in [self.loss_module, *self.loss_module.modules(),
+                       *(value for module in self.loss_module.modules() for value in vars(module).values())]:
+            if isinstance(getattr(holder, "total_steps", None), int) and not isinstance(holder, DistillLearner):
+                holder.total_steps = total
 
     # ------------------------------------------------------------------------------------------------------------
     # Data-parallel set-up (N Ray Train workers)

@@ -146,16 +146,15 @@ class LearnerGroup:
         return max(1, self.num_learners)
 
     def total_steps(self, data) -> int:
-        from raydistill.runtime.engine.batches import steps_per_epoch
+        """The steps the run plans: ``train.epochs`` (cut at ``max_steps``), or a step budget; a time budget's
+        upper bound until the run fixes its total (budget.py)."""
+        return self.run_length(data).total
 
-        train = self.cfg.train
-        per_epoch = steps_per_epoch(data.num_rows, train.batch_size, self.world_size)
-        if per_epoch == 0:
-            raise ValueError(
-                f"{self.name}: {data.num_rows} training rows give no full step of {self.world_size} x "
-                f"{train.batch_size} rows; lower train.batch_size or raise data.max_sentences")
-        total = per_epoch * train.epochs
-        return min(total, train.max_steps) if train.max_steps else total
+    def run_length(self, data):
+        """``budget.RunLength``: total steps, epochs, and whether a time budget's total is still to be fixed."""
+        from raydistill.runtime.engine.budget import run_length
+
+        return run_length(self.cfg.train, data.num_rows, self.world_size, self.name)
 
     # ------------------------------------------------------------------------------------------------------------
 
@@ -171,7 +170,8 @@ class LearnerGroup:
         from raydistill.runtime.engine.train_loop import LoopConfig
 
         started = time.perf_counter()
-        total = self.total_steps(data)
+        length = self.run_length(data)
+        total = length.total
         if self.teacher_dim is None:
             self.teacher_dim = _teacher_dim_of(data, self.spec, self.cfg)
         # Refuse another config's checkpoint (or another learner count) here, before any worker starts.
@@ -179,9 +179,11 @@ class LearnerGroup:
         home = resume.claim_checkpoint_home(self.run_dir, self.cfg)
         # Where the data stream starts and whether the workers start fresh; they pick (and report) the checkpoint.
         latest, manifest = resume.resume_point(home)
-        events = _Dispatcher(self, total, first_step=manifest["step"] if manifest else 0, on_metrics=on_metrics,
-                             on_eval=on_eval, on_event=on_event)
+        events = _Dispatcher(self, None if length.pending else total, length.epochs,
+                             first_step=manifest["step"] if manifest else 0, on_metrics=on_metrics, on_eval=on_eval,
+                             on_event=on_event)
         loop = LoopConfig(cfg=self.cfg, spec=self.spec, run_dir=str(self.run_dir), total_steps=total,
+                          epochs=length.epochs,
                           num_rows=data.num_rows, teacher_dim=self.teacher_dim, init_model=self.init_model,
                           name=self.name, events=None, local_mode=self.num_learners == 0,
                           checkpoints_in_run_dir=home == str(self.run_dir.resolve()), reporter=self.reporter)
@@ -195,8 +197,8 @@ class LearnerGroup:
 
             rows_per_epoch = steps_per_epoch(data.num_rows, self.cfg.train.batch_size, self.world_size) * \
                 self.world_size * self.cfg.train.batch_size
-            first_epoch = min(int(manifest["epoch"]) if manifest else 0, self.cfg.train.epochs - 1)
-            datasets = {STREAM: data.epoch_stream(first_epoch, self.cfg.train.epochs, rows_per_epoch)}
+            first_epoch = min(int(manifest["epoch"]) if manifest else 0, length.epochs - 1)
+            datasets = {STREAM: data.epoch_stream(first_epoch, length.epochs, rows_per_epoch)}
             loop.teacher = dict(getattr(data, "teacher", {}) or {})
         else:
             # A labelled set rides in the loop config. So does a corpus whose reporter takes no stream (a Tune
@@ -215,7 +217,9 @@ class LearnerGroup:
             raise self._unresponsive(self.call_timeout_s)
         if out.get("preempted"):
             self._raise_preempted(out["step"])
-        return FitSummary(steps=out["step"], total_steps=total, world_size=self.world_size,
+        # A time budget's total is the one the run fixed (the planned one if it ended before fixing it).
+        return FitSummary(steps=out["step"], total_steps=int(out.get("total_steps", total)),
+                          world_size=self.world_size,
                           best_step=out["best"]["best_step"], best_stsb_dev=out["best"]["best_stsb_dev"],
                           best_dir=str(self.run_dir / "best"), restarts=max(0, events.starts - 1),
                           resumed_from=out["resumed_from"], seconds=round(time.perf_counter() - started, 2),
@@ -356,12 +360,14 @@ class _DropLocalModeNotice(logging.Filter):
 class _Dispatcher:
     """Rank 0's events in the driver: callbacks (MLflow, Tune), progress lines, restart lines."""
 
-    def __init__(self, group: LearnerGroup, total: int, first_step: int, on_metrics, on_eval, on_event):
+    def __init__(self, group: LearnerGroup, total: int | None, epochs: int, first_step: int, on_metrics, on_eval,
+                 on_event):
         self.group = group
         self.on_metrics, self.on_eval, self.on_event = on_metrics, on_eval, on_event
         cfg = group.cfg
-        self.progress = _Progress(group.name, total, cfg.train.epochs, progress_every(cfg.runtime.log_every, total),
+        self.progress = _Progress(group.name, total, epochs, progress_every(cfg.runtime.log_every, total or 0),
                                   first_step)
+        self.progress.log_every = cfg.runtime.log_every
         self.starts = 0
         self.epoch = 0
         self.best: dict[str, float] = {}
@@ -404,10 +410,13 @@ def _teacher_dim_of(data, spec, cfg) -> int | None:
 
 
 class _Progress:
-    """Step/total, loss, dev, sentences/s and ETA to stdout; quiet between lines."""
+    """Step/total, loss, dev, sentences/s, the budget left and ETA to stdout; quiet between lines. ``total`` None: a
+    time budget that has not fixed its total yet (the reports' ``total_steps`` bring it)."""
 
-    def __init__(self, name: str, total: int, epochs: int, every: int, first_step: int):
+    def __init__(self, name: str, total: int | None, epochs: int, every: int, first_step: int):
         self.name, self.total, self.epochs = name, total, epochs
+        self.budget_left = ""
+        self.log_every: int | None = None  # runtime.log_every: spaces the lines once a time budget's total is known
         self.every = every
         self.started, self.first_step = time.perf_counter(), first_step
         self.last_print = 0.0
@@ -420,17 +429,28 @@ class _Progress:
     def update(self, step: int, epoch: int, metrics: dict[str, float] | None, dev: float | None,
                best: dict[str, float], force: bool = False) -> None:
         if metrics is not None:
-            self.loss_window.append(metrics.get("loss_mean", metrics["loss"]))  # mean since the previous report
+            if "loss" in metrics:
+                self.loss_window.append(metrics.get("loss_mean", metrics["loss"]))  # mean since the previous report
             self.sentences_per_s = metrics.get("sentences_per_s", 0.0)
+            if metrics.get("total_steps", -1) > 0 and metrics["total_steps"] != self.total:
+                self.total = int(metrics["total_steps"])  # a time budget's total, fixed by the run
+                self.every = progress_every(self.log_every, self.total)
+            if metrics.get("epochs", -1) > 0:
+                self.epochs = int(metrics["epochs"])
+            if "budget_left_s" in metrics:
+                self.budget_left = f"budget {format_duration(float(metrics['budget_left_s']))} left"
+            elif "budget_left_steps" in metrics:
+                self.budget_left = f"budget {int(metrics['budget_left_steps'])} steps left"
         now = time.perf_counter()
         if not (force or step % self.every == 0 or step == self.total or now - self.last_print > 30):
             return
         self.last_print = now
         done = step - self.first_step
         rate = done / max(now - self.started, 1e-9)
-        eta = (self.total - step) / rate if rate > 0 else float("nan")
-        parts = [f"[{self.name}] step {step}/{self.total} ({100 * step / max(1, self.total):.0f}%)",
-                 f"ep {min(epoch + 1, self.epochs)}/{self.epochs}"]
+        eta = (self.total - step) / rate if rate > 0 and self.total is not None else float("nan")
+        of = f"{step}/{self.total} ({100 * step / max(1, self.total):.0f}%)" if self.total is not None else \
+            f"{step}/? (measuring the step rate)"
+        parts = [f"[{self.name}] step {of}", f"ep {min(epoch + 1, self.epochs)}/{self.epochs}"]
         if self.loss_window:
             parts.append(f"loss {np.mean(self.loss_window):.4f}")
             self.loss_window = []
@@ -441,6 +461,8 @@ class _Progress:
             parts.append(f"dev {dev:.2f}{best_text}")
         if getattr(self, "sentences_per_s", None):
             parts.append(f"{self.sentences_per_s:.0f} sent/s")
+        if self.budget_left:
+            parts.append(self.budget_left)
         parts.append(f"ETA {format_duration(eta)}")
         print(" ".join(parts), file=sys.stdout, flush=True)
 

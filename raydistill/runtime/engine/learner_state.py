@@ -1,10 +1,12 @@
 """What of a ``DistillLearner`` outlives a step: its best dev model and its checkpoints (``LearnerState``).
 
 ``LearnerState`` is the mix-in of ``DistillLearner`` that evaluates the method's dev score (``MethodSpec.dev_score``:
-STS-B dev of the cosine by default; on rank 0; a new best is written to
-``<run_dir>/best`` atomically, with ``BEST_INFO``), decides early stopping (``train.patience`` evaluations without a
-new best), and turns the learner into checkpoint state and back: student, loss module (queues), optimiser, LR
-schedule, step, best dev, history and the python / numpy / torch RNG, as tensors and plain lists only (checkpoints
+STS-B dev of the cosine by default; the user's own pairs instead when ``train.dev_pairs`` names a file: ROC AUC x 100
+of 0/1 labels, else Spearman x 100 of the cosine; on rank 0; a new best is written to ``<run_dir>/best``
+atomically, with ``BEST_INFO``, which names the set and metric it was chosen on), decides early stopping
+(``train.patience`` evaluations without a new best; with a budget 7 unless set), and turns the learner into
+checkpoint state and back: student, loss module (queues), optimiser, LR schedule, step, best dev, history, a time
+budget's fixed total and seconds used, and the python / numpy / torch RNG, as tensors and plain lists only (checkpoints
 are loaded with ``torch.load(weights_only=True)``). It uses the learner's ``cfg``, ``spec``, ``student``,
 ``loss_module``, ``optimizer``, ``scheduler``, ``step``, ``best`` (a ``BestDev``), ``history``, ``total_steps``,
 ``device``, ``rank`` and ``run_dir``, which ``DistillLearner.__init__`` sets.
@@ -47,7 +49,8 @@ class LearnerState:
         says otherwise); on rank 0 a new best is saved to ``<run_dir>/best``."""
         if self.rank != 0:
             return float("nan")
-        score = float(self.spec.dev_score(self.cfg, self.student))
+        score = self._dev_pairs_score() if self.cfg.train.dev_pairs else float(self.spec.dev_score(self.cfg,
+                                                                                                  self.student))
         improved = score > self.best.score
         if improved:
             self.best = BestDev(score=score, step=self.step, evals_without_improvement=0)
@@ -58,9 +61,34 @@ class LearnerState:
         self.history.append({"step": self.step, "stsb_dev": score, "best_stsb_dev": self.best.score})
         return score
 
+    def dev_selection(self) -> dict[str, str]:
+        """What the dev evaluations score: ``{"set", "metric"}`` (STS-B dev and Spearman unless ``train.dev_pairs``)."""
+        if not self.cfg.train.dev_pairs:
+            return {"set": "stsb_dev", "metric": "spearman"}
+        from raydistill.evaluation import pair_metric
+
+        return {"set": str(self.cfg.train.dev_pairs), "metric": pair_metric([p.score for p in self._dev_pairs()])}
+
+    def _dev_pairs(self) -> list:
+        pairs = getattr(self, "_dev_pairs_read", None)
+        if pairs is None:  # read once per learner; the file was checked before the run started
+            from raydistill.data.scored_pairs import read_eval_pairs
+
+            pairs = self._dev_pairs_read = read_eval_pairs(self.cfg.train.dev_pairs)
+        return pairs
+
+    def _dev_pairs_score(self) -> float:
+        """``train.dev_pairs`` scored x 100: ROC AUC of 0/1 labels, else Spearman, of the student's similarities."""
+        from raydistill.evaluation import pair_similarities, score_pairs
+
+        pairs = self._dev_pairs()
+        similarities = pair_similarities(self.student, {"dev_pairs": pairs})["dev_pairs"]
+        return float(score_pairs(similarities, np.array([p.score for p in pairs], dtype=np.float64)))
+
     def should_stop_now(self) -> bool:
-        """Early stopping: ``train.patience`` dev evaluations in a row without a new best."""
-        patience = self.cfg.train.patience
+        """Early stopping: ``train.patience`` dev evaluations in a row without a new best (with a budget, 7 unless
+        ``train.patience`` says otherwise)."""
+        patience = self.cfg.train.stop_patience()
         return bool(patience) and self.best.evals_without_improvement >= patience
 
     def save_best(self) -> Path:
@@ -73,7 +101,7 @@ class LearnerState:
             self.student.save(tmp)
             atomic_write_json(tmp / BEST_INFO, {
                 "step": self.best.step, "stsb_dev": self.best.score, "method": self.spec.name,
-                "config_hash": self.cfg.config_hash()})
+                "config_hash": self.cfg.config_hash(), "selected_on": self.dev_selection()})
         return best
 
     def best_info(self) -> dict[str, Any]:
@@ -95,7 +123,10 @@ class LearnerState:
             "scheduler": self.scheduler.state_dict(),
             "rng": rng,
             "learner": {"step": self.step, "best": vars(self.best).copy(), "history": self.history,
-                        "total_steps": self.total_steps},
+                        "total_steps": self.total_steps, "seconds_used": float(self.seconds_used),
+                        # a time budget's total, once fixed, and its step (-1: not fixed, or no time budget)
+                        "budget_fixed_at": -1 if self.total_pending or self.budget_factor is None
+                        else self.budget_factor.fixed_at},
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -107,6 +138,10 @@ class LearnerState:
         self.step = int(learner["step"])
         self.best = BestDev(**learner["best"])
         self.history = list(learner.get("history", []))
+        self.seconds_used = float(learner.get("seconds_used", 0.0))
+        if self.budget_factor is not None and int(learner.get("budget_fixed_at", -1)) >= 0:
+            # The total this run fixed before it stopped: kept, never measured again.
+            self.fix_total(int(learner["total_steps"]), at_step=int(learner["budget_fixed_at"]))
         rng = state.get("rng")
         if rng is not None:
             _set_rng_state(rng)

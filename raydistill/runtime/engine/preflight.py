@@ -55,9 +55,9 @@ def check_model(cfg: Any, field_name: str, name: str) -> None:
         raise cfg._error(field_name, "must name a model preset or a local directory")
     if Path(name).expanduser().is_dir():
         return
-    from raydistill.models.registry import PRESETS, ModelNotAvailableError, resolve_model
+    from raydistill.models.registry import PRESETS, ModelNotAvailableError, find_preset, resolve_model
 
-    if name in PRESETS:
+    if find_preset(name) is not None:
         return  # resolved (maybe derived, once) when the model is loaded, not while checking
     if name.startswith((".", "/", "~")) or name.count("/") != 1:
         if "/" in name or name.startswith((".", "~")):
@@ -157,9 +157,10 @@ def teacher_width(model: str | None) -> int | None:
         return None
     directory = Path(model).expanduser()
     if not directory.is_dir():
-        from raydistill.models.registry import PRESETS
+        from raydistill.models.registry import find_preset
 
-        return PRESETS[model].hidden if model in PRESETS else None
+        preset = find_preset(model)
+        return preset.hidden if preset is not None else None
     try:
         modules = json.loads((directory / "modules.json").read_text()) if (directory / "modules.json").is_file() else []
         dense = [m for m in modules if "Dense" in str(m.get("type", ""))]

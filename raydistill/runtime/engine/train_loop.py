@@ -35,6 +35,13 @@ finishes that step, rank 0 writes the checkpoint of that step boundary, and all 
 all-reduce a step sends one collective (the learner's), and an evaluation one more only when ``train.patience`` asks
 for an early-stop decision.
 
+A run trained to a budget (``train.budget``, budget.py) plans ``LoopConfig.total_steps`` over ``LoopConfig.epochs``
+(the data repeats as the budget needs). A time budget's total is fixed by rank 0's ``RateMeter``: at the step it
+decides, rank 0 raises the ``budget`` signal, which reaches every worker in that step's control collective, and
+the total follows in a single broadcast at that step; the loop reads the learner's ``total_steps`` at every step.
+The wall seconds the run has used (over every restart) ride in the learner's checkpoint, and rank 0's progress
+metrics say how much of the budget is left (``budget_left_steps`` or ``budget_left_s``).
+
 Train logs every report of a worker at INFO ("Reporting training result N: ..."), a line per progress step that
 reaches the driver's console in a Tune trial; ``_quiet_report_logs`` raises that logger's level. Its logger is named
 after its module's file inside Ray's private package, a name no public API gives: the name is built from
@@ -54,6 +61,7 @@ from raydistill.runtime.engine import checkpoint as ckpt
 from raydistill.config.job import JobConfig
 from raydistill.cputime import cpu_seconds
 from raydistill.runtime.engine.batches import array_steps, steps_per_epoch, stream_steps
+from raydistill.runtime.engine.budget import MIN_MEASURED_STEPS
 from raydistill.runtime.engine.events import (
     EVAL_PREFIX,
     EVENT_TIMEOUT_S,
@@ -90,6 +98,7 @@ class LoopConfig:
     fresh_start: dict[str, Any] = field(default_factory=dict)  # hook name -> its fresh_start_sample (a fresh start)
     local_mode: bool = False
     reporter: Any = None  # reporting.Reporter: where reports and checkpoints go (None: TrainReports)
+    epochs: int | None = None  # epochs the data runs for (None: train.epochs; a budget repeats it as it needs)
 
     def as_dict(self) -> dict[str, Any]:
         return {"loop": self}
@@ -146,6 +155,9 @@ class _Worker:
         self.restarts = 0  # of the worker group, as the relay counted them (recorded in the checkpoints)
         self.flags: StopFlag | None = None  # rank 0's view of the driver's stop / abort flags
         self.loss_since_report: list[float] = []
+        self.epochs = int(loop.epochs or self.cfg.train.epochs)
+        self.budget = self.cfg.train.budget_limit()
+        self.meter = None  # rank 0's measurement of a time budget's step rate (created where training starts)
 
     @property
     def _remote_events(self) -> bool:
@@ -178,7 +190,8 @@ class _Worker:
         if outcome.get("diverged"):
             return {"step": self.learner.step, **outcome}
         cpu = self.learner.all_reduce_mean({"cpu_s": cpu_seconds() - started_cpu})["cpu_s"] * self.world
-        return {"step": self.learner.step, "history": self.learner.get_history(), "best": self.learner.best_info(),
+        return {"step": self.learner.step, "total_steps": self.learner.total_steps,
+                "history": self.learner.get_history(), "best": self.learner.best_info(),
                 "resumed_from": resumed_from, "cpu_s": cpu, "weights_crc_by_rank": self._weights_crc_by_rank(),
                 **outcome}
 
@@ -265,7 +278,7 @@ class _Worker:
         per_epoch = steps_per_epoch(self.loop.num_rows, train.batch_size, self.world)
         if self.loop.array_data is not None:
             return array_steps(self.loop.array_data, train.batch_size, self.world, self.rank, per_epoch, epoch,
-                                first_step, train.epochs)
+                                first_step, self.epochs)
         import ray.train
 
         shard = ray.train.get_dataset_shard(STREAM)
@@ -273,26 +286,37 @@ class _Worker:
 
     def _train_from(self, position: tuple[int, int, int], stop_requested: bool) -> dict[str, Any]:
         train, learner = self.cfg.train, self.learner
-        total = self.loop.total_steps
         per_epoch = steps_per_epoch(self.loop.num_rows, train.batch_size, self.world)
-        every = progress_every(self.cfg.runtime.log_every, total)
         step, epoch, batch_in_epoch = position
         trained = early_stopped = preempted = False
         evaluated_before = self.evaluated_at
-        if batch_in_epoch >= per_epoch * self.world and epoch < train.epochs:
+        if batch_in_epoch >= per_epoch * self.world and epoch < self.epochs:
             # The checkpoint closed its epoch: the epoch-end evaluation may still be owed.
             epoch, batch_in_epoch = epoch + 1, 0
             early_stopped = self._epoch_end(step)
         preempted = stop_requested
-        last_report = time.perf_counter()
-        if step < total and epoch < train.epochs and not early_stopped and not preempted:
+        last_report = started = time.perf_counter()
+        seconds_before = learner.seconds_used  # the budget's accounting goes on from the checkpoint's
+        if self.rank == 0 and learner.total_pending:
+            from raydistill.runtime.engine.budget import RateMeter
+
+            self.meter = RateMeter(self.budget.seconds, learner.total_steps)
+        if step < learner.total_steps and epoch < self.epochs and not early_stopped and not preempted:
             for ep, step_in_epoch, batch in self._steps(epoch, batch_in_epoch // self.world):
                 epoch = ep
                 # Rank 0's flags; the other workers learn them in the step's control collective.
                 signals = {"stop": False, "abort": False, "report": False}
+                pending = learner.total_pending  # the same on every worker: they fix the total at the same step
+                if pending:
+                    signals["budget"] = False
+                fixed_total = None
                 if self.rank == 0:
                     signals.update(self.flags.read() if self.loop.local_mode else self.flags.state)
                     signals["report"] = time.perf_counter() - last_report > PROGRESS_INTERVAL_S
+                    if pending:
+                        # Decided on the steps done so far: this step's signal carries the decision to every worker.
+                        fixed_total = self.meter.observe(step, seconds_before + time.perf_counter() - started)
+                        signals["budget"] = fixed_total is not None
                 try:
                     metrics = learner.train_step(batch, signals)
                 except FloatingPointError as exc:
@@ -304,6 +328,10 @@ class _Worker:
                 if agreed["abort"]:
                     return {"aborted": True}
                 step, trained = learner.step, True
+                learner.seconds_used = seconds_before + time.perf_counter() - started
+                if agreed.get("budget"):
+                    self._fix_total(fixed_total)
+                total = learner.total_steps
                 batch_in_epoch = (step_in_epoch + 1) * self.world
                 metrics["learner_sentences_per_s"] = metrics.get("sentences_per_s", 0.0) * self.world
                 metrics["epoch"] = epoch + batch_in_epoch / max(1, self.loop.num_rows // train.batch_size)
@@ -316,6 +344,9 @@ class _Worker:
                     early_stopped = self._early_stop()
                 # The last step's checkpoint is the final one below (marked finished): not reported twice.
                 due = step % train.checkpoint_every == 0 and step < total and not early_stopped
+                # A time budget still measuring has no total to space the reports by: every MIN_MEASURED_STEPS.
+                every = (self.cfg.runtime.log_every or MIN_MEASURED_STEPS) if learner.total_pending else \
+                    progress_every(self.cfg.runtime.log_every, total)
                 progress = (agreed["report"] or step % every == 0 or due or preempted or early_stopped
                             or step >= total or self.evaluated_at == step)
                 evaluated = False
@@ -346,7 +377,7 @@ class _Worker:
             self._report({"step": step}, step, epoch, batch_in_epoch,
                          extra={"finished": True, "early_stopped": early_stopped}, checkpoint=trained, final=True)
         if early_stopped:
-            self._print(f"early stop at step {step}: {train.patience} evaluations without a new best")
+            self._print(f"early stop at step {step}: {train.stop_patience()} evaluations without a new best")
         return {"preempted": False, "early_stopped": early_stopped, "epoch": epoch, "batch_in_epoch": batch_in_epoch}
 
     def _epoch_end(self, step: int) -> bool:
@@ -365,8 +396,22 @@ class _Worker:
         self.last_dev = float(self.learner.evaluate_dev())
         self.best_cache = self.learner.best_info()
 
+    def _fix_total(self, measured: int | None) -> None:
+        """A time budget's total, rank 0's ``measured`` on every worker (one broadcast, at this step only)."""
+        total = int(measured or 0)
+        if self.world > 1 and self.learner._ddp is not None:
+            import torch
+            import torch.distributed as dist
+
+            value = torch.tensor([total], dtype=torch.int64)
+            dist.broadcast(value, src=0)
+            total = int(value.item())
+        self.learner.fix_total(total)
+        self._print(f"budget {self.budget.describe()}: {self.learner.step} steps in "
+                    f"{self.learner.seconds_used:.1f} s; the run's total is {total} steps")
+
     def _early_stop(self) -> bool:
-        if not self.cfg.train.patience:  # no decision to agree on
+        if not self.cfg.train.stop_patience():  # no decision to agree on
             return False
         return self._agree(self.rank == 0 and self.learner.should_stop_now())[0]
 
@@ -389,6 +434,16 @@ class _Worker:
         if self.rank != 0:
             return metrics, False
         metrics = {**metrics, PROGRESS_STEP: int(step)}
+        if self.budget is not None:
+            # What the progress lines say is left of the budget (time for a time budget: its seconds used so far).
+            metrics["total_steps"] = -1 if self.learner.total_pending else int(self.learner.total_steps)
+            if not self.learner.total_pending:  # the epochs the fixed total takes (the plan's are its capacity's)
+                per_epoch = max(1, steps_per_epoch(self.loop.num_rows, self.cfg.train.batch_size, self.world))
+                metrics["epochs"] = -(-int(self.learner.total_steps) // per_epoch)
+            if self.budget.seconds is not None:
+                metrics["budget_left_s"] = max(0.0, self.budget.seconds - self.learner.seconds_used)
+            else:
+                metrics["budget_left_steps"] = max(0, self.learner.total_steps - int(step))
         if "loss" in metrics and self.loss_since_report:
             metrics["loss_mean"] = float(np.mean(self.loss_since_report))
         self.loss_since_report = []
@@ -412,7 +467,7 @@ class _Worker:
             metrics, evaluated = self._progress(metrics, step)
         report = StepReport(
             metrics=metrics, step=int(step), checkpoint=checkpoint, final=final,
-            last_step=final or step >= self.loop.total_steps, rank=self.rank, local_mode=self.loop.local_mode,
+            last_step=final or step >= self.learner.total_steps, rank=self.rank, local_mode=self.loop.local_mode,
             extra={"world_size": self.world, "restarts": self.restarts, "evaluated_at": self.evaluated_at,
                    **(extra or {})},
             dev=self.last_dev if evaluated else None,

@@ -310,8 +310,12 @@ def _run_stage(stage, tracker, init_model: str | None, step_offset: int, history
     group = LearnerGroup(cfg, spec, run_dir=stage.run_dir, init_model=init_model,
                          teacher_dim=getattr(data, "teacher_dim", None), name=stage.name, reporter=reporter,
                          resume_hint=resume_hint)  # the job's run dir: a stage's own is a folder inside it
-    total_steps = group.total_steps(data)
-    print(f"[{stage.name}] stage {stage.index}: {data.num_rows} rows, {total_steps} steps of "
+    length = group.run_length(data)
+    total_steps = length.total
+    budget = cfg.train.budget_limit()
+    steps = (f"a {budget.describe()} budget (steps fixed from the measured step rate)" if length.pending else
+             f"{total_steps} steps" + (f" (budget; {length.epochs} epoch(s))" if budget is not None else ""))
+    print(f"[{stage.name}] stage {stage.index}: {data.num_rows} rows, {steps} of "
           f"{cfg.train.batch_size} x {group.world_size} learner(s)", flush=True)
     if progress is not None:
         counts = {k: stats[k] for k in ("hits", "misses", "teacher_forward_sentences") if k in stats}
@@ -423,6 +427,9 @@ def _training_record(cfg, stages, stage_summaries, stage_scores, cache_info, his
         "student_projection_init": cfg.student_projection_init,
         "best_step": last["best_step"],
         "best_stsb_dev": round(last["best_stsb_dev"], 2) if last["best_stsb_dev"] is not None else None,
+        # what the dev evaluations scored (best_stsb_dev, dev_curve): STS-B dev, or the user's dev pairs
+        "selected_on": _selected_on(stages[-1].cfg),
+        "budget": cfg.train.budget,
         "restarts": sum(s["restarts"] for s in stage_summaries),
         "resumed_from": stage_summaries[0].get("resumed_from"),
         "teacher_cache": {k: cache_info.get(k) for k in ("hits", "misses", "teacher_forward_sentences")
@@ -445,6 +452,17 @@ def _training_record(cfg, stages, stage_summaries, stage_scores, cache_info, his
     if stages[0].spec.build_rows is not None:  # a method with teachers of its own: what its rows are made of
         training["built_rows"] = {k: v for k, v in first_data.items() if k not in ("rows", "seconds")}
     return training
+
+
+def _selected_on(cfg: JobConfig) -> dict[str, str]:
+    """The set and metric the best model was chosen on (the learner's ``dev_selection``)."""
+    if not cfg.train.dev_pairs:
+        return {"set": "stsb_dev", "metric": "spearman"}
+    from raydistill.data.scored_pairs import read_eval_pairs
+    from raydistill.evaluation import pair_metric
+
+    return {"set": str(cfg.train.dev_pairs),
+            "metric": pair_metric([pair.score for pair in read_eval_pairs(cfg.train.dev_pairs)])}
 
 
 def training_settings(cfg: JobConfig, run_dir: Path) -> dict[str, Any]:

@@ -321,9 +321,9 @@ class TencConfig:
             return
         if "/" in name or name.startswith((".", "~")):
             raise self._error(path, f"model directory not found: {name}")
-        from raydistill.models.registry import PRESETS
+        from raydistill.models.registry import PRESETS, find_preset
 
-        if name not in PRESETS:
+        if find_preset(name) is None:
             raise self._error(path, f"unknown model preset {name!r}{_suggest(name, PRESETS)}; presets: "
                                     f"{', '.join(sorted(PRESETS))} (or a local model directory)")
 

@@ -1,0 +1,185 @@
+"""Static-embedding students (``--student static`` / ``static:N``): a table of token vectors initialised from the
+teacher as Model2Vec does, trained by the project's own learner, saved for sentence-transformers and Model2Vec.
+
+Teachers are the session's tiny random checkpoints (conftest): ``tiny_bert`` (32 wide, a real WordPiece tokenizer of
+~1,000 tokens) and ``tiny_teacher`` (an MPNet 48 wide). No test starts Ray; the training test runs the real
+``DistillLearner`` in-process, as tests/test_learner.py does.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import load_file
+from tokenizers import Tokenizer
+from transformers import AutoModel, AutoTokenizer
+
+from raydistill.models import BiEncoder
+from raydistill.models.registry import PRESETS, ModelNotAvailableError, find_preset, resolve_model
+from raydistill.models.static_embedding import build_static_student, sif_weights, static_width
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+SENTENCES = [
+    "A man is playing a guitar on the street.",
+    "Two dogs run through the snow.",
+    "A woman slices a tomato in the kitchen while the children watch and the radio plays an old song.",
+    "",
+    "the the the",
+]
+
+
+@pytest.fixture(scope="module")
+def static_dir(tmp_path_factory, tiny_bert):
+    """The 8-wide static student of the tiny BERT, built by the Model2Vec-style init."""
+    target = tmp_path_factory.mktemp("static8")
+    build_static_student(tiny_bert, target, 8, teacher="tiny-bert", progress=False)
+    return target
+
+
+def test_init_is_the_teachers_token_outputs_reduced_by_pca_and_weighted_by_sif(static_dir, tiny_bert):
+    teacher = AutoModel.from_pretrained(tiny_bert).eval()
+    tokenizer = AutoTokenizer.from_pretrained(tiny_bert)
+    vocab = len(tokenizer)
+    ids = torch.arange(vocab)
+    sequences = torch.stack([torch.full_like(ids, tokenizer.sep_token_id), ids,
+                             torch.full_like(ids, tokenizer.cls_token_id)], dim=1)  # [V, 3]: [SEP] v [CLS]
+    with torch.no_grad():
+        outputs = teacher(input_ids=sequences, attention_mask=torch.ones_like(sequences)).last_hidden_state
+    centred = outputs.mean(dim=1).double().numpy()
+    centred -= centred.mean(axis=0)  # [V, 32]
+    eigenvalues, eigenvectors = np.linalg.eigh(centred.T @ centred / (vocab - 1))
+    top = eigenvectors[:, ::-1][:, :8]  # [32, 8], largest variance first
+
+    table = load_file(str(static_dir / "model.safetensors"))["embeddings"].double().numpy()
+    assert table.shape == (vocab, 8)
+    unweighted = table / sif_weights(vocab)[:, None]  # [V, 8]
+    expected = centred @ top  # PCA scores, up to each component's sign
+    signs = np.sign((unweighted * expected).sum(axis=0))
+    np.testing.assert_allclose(unweighted, expected * signs, atol=1e-4)
+    # Zipf + SIF: the first (most frequent) ids are shrunk most, the last barely
+    weights = sif_weights(vocab)
+    assert weights[0] < weights[100] < weights[-1] < 1.0 and weights[0] == pytest.approx(1e-4 / (1e-4 + 0.5 / sum(
+        1.0 / np.arange(2, vocab + 2))), rel=1e-9)
+
+
+def test_save_loads_in_sentence_transformers_with_the_same_vectors(static_dir, tmp_path):
+    from sentence_transformers import SentenceTransformer
+
+    model = BiEncoder.from_pretrained(static_dir, max_length=8)  # the third sentence is cut at 8 tokens
+    with torch.no_grad():
+        model.transformer.embeddings.weight.add_(0.01 * torch.randn_like(model.transformer.embeddings.weight))
+    model.save(tmp_path / "saved")
+    modules = json.loads((tmp_path / "saved" / "modules.json").read_text())
+    assert [m["type"] for m in modules] == ["sentence_transformers.models.StaticEmbedding",
+                                           "sentence_transformers.models.Normalize"]
+
+    loaded = SentenceTransformer(str(tmp_path / "saved"), device="cpu")
+    ours = model.encode(SENTENCES, normalize=True)  # the directory ends in Normalize, as Model2Vec's distill does
+    np.testing.assert_allclose(loaded.encode(SENTENCES), ours, atol=1e-5)
+    assert model.tokenize(["a dog"])["input_ids"].tolist() == [AutoTokenizer.from_pretrained(static_dir)(
+        "a dog", add_special_tokens=False)["input_ids"]]  # no [CLS] / [SEP]
+
+
+def test_from_pretrained_round_trip_folds_a_linear_projection(static_dir, tmp_path):
+    model = BiEncoder.from_pretrained(static_dir, projection_dim=12, projection_activation="identity")
+    assert model.is_static and model.dim == 12
+    vectors = model.encode(SENTENCES)
+    model.save(tmp_path / "folded")
+    loaded = BiEncoder.from_pretrained(tmp_path / "folded")
+    assert loaded.is_static and loaded.projection is None and loaded.dim == 12
+    np.testing.assert_allclose(loaded.encode(SENTENCES[:3] + SENTENCES[4:]), np.delete(vectors, 3, axis=0),
+                               atol=1e-5)  # the empty text is 0 in the folded table, b through the projection
+    assert resolve_model(tmp_path / "folded") == (tmp_path / "folded").resolve()  # a usable checkpoint directory
+
+    tanh = BiEncoder.from_pretrained(static_dir, projection_dim=12)
+    with pytest.raises(ValueError, match="only a linear projection folds"):
+        tanh.save(tmp_path / "tanh")
+
+
+def test_model2vec_files_hold_the_table_tokenizer_and_config(static_dir, tmp_path):
+    model = BiEncoder.from_pretrained(static_dir, max_length=8)
+    model.save(tmp_path / "saved")
+    tensors = load_file(str(tmp_path / "saved" / "model.safetensors"))
+    assert list(tensors) == ["embeddings"]
+    table = tensors["embeddings"]
+    assert table.dtype == torch.float32 and table.shape == (len(model.tokenizer), 8)
+    config = json.loads((tmp_path / "saved" / "config.json").read_text())
+    assert config["model_type"] == "model2vec" and config["hidden_dim"] == 8 and config["normalize"] is True
+
+    # Model2Vec's encode: the bare tokenizer without special tokens, mean of the rows, normalised
+    tokenizer = Tokenizer.from_file(str(tmp_path / "saved" / "tokenizer.json"))
+    assert tokenizer.get_vocab_size() == table.shape[0] and tokenizer.padding is None
+    assert tokenizer.truncation["max_length"] == 8
+    texts = [text for text in SENTENCES if text]
+    means = torch.stack([table[encoding.ids].mean(dim=0)
+                         for encoding in tokenizer.encode_batch(texts, add_special_tokens=False)])
+    np.testing.assert_allclose(torch.nn.functional.normalize(means, dim=1).numpy(),
+                               model.encode(texts, normalize=True), atol=1e-5)
+
+
+def test_static_names_resolve_and_bad_widths_say_what_a_width_is():
+    from raydistill.cli import _student
+
+    assert static_width("static") == 256 and static_width("static:64") == 64 and static_width("minilm-l3") is None
+    assert "static" in PRESETS and find_preset("static:64").hidden == 64 and "static:64" not in PRESETS
+    assert "derived from the job's teacher" in PRESETS["static"].description
+    assert _student("static:64") == "static:64"
+    for bad in ("static:abc", "static:0", "static:-3"):
+        assert find_preset(bad) is None
+        with pytest.raises(ModelNotAvailableError, match="must be a positive integer"):
+            resolve_model(bad)
+        with pytest.raises(argparse.ArgumentTypeError, match=r"width after 'static:' must be a positive integer"):
+            _student(bad)
+
+
+def test_static_student_trains_with_congen_on_the_learner(tiny_teacher, teacher_vectors, paraphrases, tmp_path,
+                                                          monkeypatch):
+    from raydistill.config.job import JobConfig
+    from raydistill.runtime.engine.learner import DistillLearner
+    from raydistill.runtime.engine.preflight import preflight
+    from tests.conftest import TEACHER_DIM
+
+    monkeypatch.setenv("RAYDISTILL_HOME", str(tmp_path / "home"))  # the static table is built into a fresh cache
+    batch = 16
+    cfg = preflight(JobConfig.from_dict({
+        "method": "congen", "student": "static:16", "teacher": str(tiny_teacher), "run_dir": str(tmp_path / "run"),
+        "data": {"max_length": 32},
+        "train": {"batch_size": batch, "lr": 2e-2, "warmup_ratio": 0.0, "epochs": 1},
+        "loss": {"queue_size": 64, "tau_teacher": 0.05, "tau_student": 0.07},
+        "tracking": {"enabled": False},
+    }))
+    control, generalize = paraphrases
+    batches = [{"idx": np.arange(i, i + batch), "text_control": control[i:i + batch],
+                "text_generalize": generalize[i:i + batch], "teacher_control": teacher_vectors[i:i + batch]}
+               for i in range(0, len(control), batch)]
+    learner = DistillLearner(cfg, total_steps=10 * len(batches), teacher_dim=TEACHER_DIM, run_dir=tmp_path / "run")
+    student = learner.student
+    assert student.is_static and student.transformer.config.hidden_size == 16
+    assert student.dim == TEACHER_DIM and student.projection_activation == "identity"  # foldable into the table
+    built = list((tmp_path / "home" / "models").glob("static-16-*"))
+    assert len(built) == 1 and json.loads((built[0] / "raydistill_model.json").read_text())["derived_from"] == \
+        str(tiny_teacher)
+    table_before = student.transformer.embeddings.weight.detach().clone()
+
+    def mean_loss(rounds):
+        return float(np.mean([learner.train_step(b)["loss"] for _ in range(rounds) for b in batches]))
+
+    mean_loss(1)  # fills the queue (K = 64 = every row)
+    early = mean_loss(1)
+    mean_loss(4)
+    late = mean_loss(1)
+    # no dropout in a table, so the same batches give the same loss until the table moves: it fell ~30 % here
+    assert math.isfinite(early) and late < 0.9 * early, (early, late)
+    assert not torch.equal(table_before, student.transformer.embeddings.weight.detach())
+
+    student.save(tmp_path / "best")
+    saved = BiEncoder.from_pretrained(tmp_path / "best")
+    assert saved.is_static and saved.dim == TEACHER_DIM
+    texts = [str(t) for t in control[:8]]
+    np.testing.assert_allclose(saved.encode(texts), student.encode(texts), atol=1e-5)
