@@ -47,8 +47,8 @@ def test_init_is_the_teachers_token_outputs_reduced_by_pca_and_weighted_by_sif(s
     tokenizer = AutoTokenizer.from_pretrained(tiny_bert)
     vocab = len(tokenizer)
     ids = torch.arange(vocab)
-    sequences = torch.stack([torch.full_like(ids, tokenizer.sep_token_id), ids,
-                             torch.full_like(ids, tokenizer.cls_token_id)], dim=1)  # [V, 3]: [SEP] v [CLS]
+    sequences = torch.stack([torch.full_like(ids, tokenizer.cls_token_id), ids,
+                             torch.full_like(ids, tokenizer.sep_token_id)], dim=1)  # [V, 3]: [CLS] v [SEP]
     with torch.no_grad():
         outputs = teacher(input_ids=sequences, attention_mask=torch.ones_like(sequences)).last_hidden_state
     centred = outputs.mean(dim=1).double().numpy()
