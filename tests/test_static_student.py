@@ -3,7 +3,9 @@ teacher as Model2Vec does, trained by the project's own learner, saved for sente
 
 Teachers are the session's tiny random checkpoints (conftest): ``tiny_bert`` (32 wide, a real WordPiece tokenizer of
 ~1,000 tokens) and ``tiny_teacher`` (an MPNet 48 wide). No test starts Ray; the training test runs the real
-``DistillLearner`` in-process, as tests/test_learner.py does.
+``DistillLearner`` in-process, as tests/test_learner.py does. ``raydistill distill`` with a static student: its own
+recipe size, the plan the command makes of a static name, the package (no ONNX, a card that says what it is) and
+what ``raydistill serve`` runs of it, scored on conftest's small evaluation sample as tests/test_package.py does.
 """
 
 from __future__ import annotations
@@ -11,10 +13,12 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import re
 
 import numpy as np
 import pytest
 import torch
+import yaml
 from safetensors.torch import load_file
 from tokenizers import Tokenizer
 from transformers import AutoModel, AutoTokenizer
@@ -102,6 +106,20 @@ def test_from_pretrained_round_trip_folds_a_linear_projection(static_dir, tmp_pa
         tanh.save(tmp_path / "tanh")
 
 
+def test_encode_takes_each_texts_mean_row_without_padding_as_the_padded_forward_does(static_dir):
+    """A static model's ``encode`` skips the padded batches (one embedding_bag over every text's ids): the same
+    vectors as the training forward, with a head and without, an empty text and a truncated long one included."""
+    texts = SENTENCES + ["word " * 600]
+    for head in (None, 12):
+        model = BiEncoder.from_pretrained(str(static_dir), projection_dim=head, projection_activation="identity",
+                                          max_length=16)
+        with torch.no_grad():
+            padded = torch.cat([model(model.tokenize(texts[i:i + 2])) for i in range(0, len(texts), 2)])
+        np.testing.assert_allclose(model.encode(texts, batch_size=2), padded.numpy(), atol=1e-6)
+        np.testing.assert_allclose(model.encode(texts, normalize=True),
+                                   torch.nn.functional.normalize(padded, dim=-1).numpy(), atol=1e-6)
+
+
 def test_model2vec_files_hold_the_table_tokenizer_and_config(static_dir, tmp_path):
     model = BiEncoder.from_pretrained(static_dir, max_length=8)
     model.save(tmp_path / "saved")
@@ -183,3 +201,132 @@ def test_static_student_trains_with_congen_on_the_learner(tiny_teacher, teacher_
     assert saved.is_static and saved.dim == TEACHER_DIM
     texts = [str(t) for t in control[:8]]
     np.testing.assert_allclose(saved.encode(texts), student.encode(texts), atol=1e-5)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# raydistill distill and serve with a static student
+
+
+def test_a_static_student_is_a_recipe_size_of_its_own():
+    from raydistill.ship.recipe import STATIC_SIZE, layer_params, recipe_for, recipes_help, size_for
+
+    minilm_l3 = layer_params(3, 384, 1536)
+    assert size_for(minilm_l3, static=True) == size_for(0, static=True) == STATIC_SIZE == "static"
+    recipe = recipe_for(minilm_l3, static=True)  # no layer count, however large, picks a transformer size's recipe
+    assert (recipe.size, recipe.labels, recipe.method, recipe.config) == ("static", "none", "congen", "congen")
+    assert recipe_for(0).size == "bert-tiny"  # a transformer student is sized as before
+    with pytest.raises(ValueError, match="a static student supports labels none"):
+        recipe_for(0, "nli", static=True)
+    assert "static (static:N, a token table N wide" in recipes_help()
+
+
+def test_distill_plans_a_static_student_with_the_static_recipe(tiny_bert, static_dir, tmp_path, monkeypatch):
+    from raydistill.ship.command import DistillError, describe_plan, plan_distill
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("RAYDISTILL_HOME", str(tmp_path / "home"))
+    (tmp_path / "corpus.txt").write_text("a dog runs across the field\ntwo people ride bikes downhill\n")
+    plan = plan_distill(teacher=str(tiny_bert), student="static:16", corpus="corpus.txt")
+    assert (plan.recipe.size, plan.student.kind, plan.student_params) == ("static", "static", 0)
+    # the job builds the table from its own teacher: the name goes to the config as given
+    from raydistill.ship.recipe import RECIPES
+
+    recipe = next(r for r in RECIPES if r.size == "static")
+    overrides = dict(override.split("=", 1) for override in recipe.overrides)
+    assert (plan.cfg.student, plan.cfg.method) == ("static:16", recipe.method)
+    assert (plan.cfg.train.lr, plan.cfg.train.epochs) == (float(overrides["train.lr"]), int(overrides["train.epochs"]))
+    assert plan.out_dir == tmp_path / f"distilled-{tiny_bert.name}-static-16"
+    lines = describe_plan(plan)
+    assert "student static:16 (static token table x 16, no layers" in lines[0]
+    assert lines[1].startswith("recipe of the static size, label-free: congen")
+    assert not (tmp_path / "home" / "models").exists()  # the checks build nothing
+    assert plan_distill(teacher=str(tiny_bert), student=str(static_dir), corpus="corpus.txt").recipe.size == "static"
+
+    for student, labels, words in [
+        ("static:64", "none", "--student 'static:64': a static table 64 wide is wider than the teacher"),
+        ("static", "none", "--student 'static': a static table 256 wide is wider than the teacher"),
+        ("static:16", "nli", "--labels 'nli': no recipe for a static student (static:16)"),
+        ("static:x", "none", "--student 'static:x': the width after 'static:' must be a positive integer"),
+    ]:
+        with pytest.raises(DistillError, match=re.escape(words)):
+            plan_distill(teacher=str(tiny_bert), student=student, corpus="corpus.txt", labels=labels)
+
+
+@pytest.fixture(scope="module")
+def small_data(request):
+    from conftest import _small_eval_data
+
+    from raydistill.data import DATA_ENV
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv(DATA_ENV, str(_small_eval_data(request.config)))
+        yield
+
+
+@pytest.fixture(scope="module")
+def static_package(static_dir, tiny_bert, tmp_path_factory, small_data):
+    """The static student packaged as ``raydistill distill`` packages it, the tiny BERT its teacher."""
+    from raydistill.ship.package import package_student
+
+    out = tmp_path_factory.mktemp("static-package") / "DIR"
+    lines: list[str] = []
+    report = package_student(static_dir, out, teacher=str(tiny_bert), corpus_info={"name": "tiny", "sentences": 100},
+                             recipe_info={"methods": ["congen"], "student": "static:8"},
+                             command="raydistill distill --teacher TEACHER --student static:8 --corpus tiny",
+                             progress=lines.append, teacher_scores_dir=tmp_path_factory.mktemp("teacher-scores"),
+                             speed_sentences_count=24, speed_rounds=1)
+    return out, report, lines
+
+
+def test_a_static_package_has_no_onnx_and_loads_in_sentence_transformers(static_package, static_dir):
+    from sentence_transformers import SentenceTransformer
+
+    from raydistill.ship.package import MANIFEST_FILE, STATIC_NO_ONNX
+
+    out, report, lines = static_package
+    assert not (out / "onnx").exists() and [row.kind for row in report.rows] == ["teacher", "student"]
+    manifest = json.loads((out / MANIFEST_FILE).read_text())
+    assert manifest["onnx"] == {"exported": False, "reason": STATIC_NO_ONNX} and manifest["files"] == []
+    static = manifest["model"]["static"]
+    assert (static["kind"], static["width"], static["tokenizer"]) == ("static embedding model", 8, "WordPiece")
+    assert static["vocabulary"] == len(AutoTokenizer.from_pretrained(static_dir))
+    assert f"package: no ONNX export: {STATIC_NO_ONNX}" in lines
+
+    texts = [text for text in SENTENCES if text]
+    reference = BiEncoder.from_pretrained(static_dir).encode(texts, normalize=True)  # the directory ends in Normalize
+    np.testing.assert_allclose(SentenceTransformer(str(out), device="cpu").encode(texts), reference, atol=1e-5)
+
+
+def test_a_static_packages_card_names_what_it_is_and_its_loaders(static_package, tiny_bert):
+    from raydistill.ship.package import STATIC_NO_ONNX
+
+    out, report, _ = static_package
+    text = report.card_path.read_text()
+    front = yaml.safe_load(text.split("---\n")[1])
+    assert {"static-embeddings", "model2vec"} <= set(front["tags"]) and "onnx" not in front["tags"]
+    assert "base_model" not in front  # the table is built from the teacher (a directory here), not from a preset
+    body = text.split("---\n", 2)[2]
+    vocabulary = report.manifest["model"]["static"]["vocabulary"]
+    for words in ("It is a **static embedding model**", "- **Model Type:** Static embedding model",
+                  "- **Width:** 8", f"- **Vocabulary:** {vocabulary:,} tokens (the teacher's WordPiece tokenizer)",
+                  f"- **Teacher:** `{tiny_bert.name}`", "its `StaticEmbedding` module", "`model2vec.StaticModel`",
+                  'from model2vec import StaticModel\nmodel = StaticModel.from_pretrained("DIR")',
+                  f"No ONNX export: {STATIC_NO_ONNX}."):
+        assert words in body, words
+    assert 'backend="onnx"' not in body and "load_onnx" not in body
+
+
+def test_serve_runs_a_static_package_as_its_torch_model(static_package, static_dir):
+    """What ``raydistill serve`` does before its replicas start (which runtime, a test load); the replicas run
+    ``load_encoder``'s model, as for any package (tests/test_serve.py serves one over HTTP)."""
+    from raydistill.ship.serve import ServeError, check_loads, choose_runtime, load_encoder
+
+    out, _, _ = static_package
+    runtime = choose_runtime(out)
+    assert runtime.file is None and runtime.reason.startswith("fastest recorded")
+    check_loads(out, runtime)
+    with pytest.raises(ServeError, match=r"exports in .*: none \(a static model is a table lookup: ONNX adds nothing"):
+        choose_runtime(out, "onnx/model.onnx")
+    texts = [text for text in SENTENCES if text]
+    np.testing.assert_allclose(load_encoder(out, runtime.file).encode(texts),
+                               BiEncoder.from_pretrained(static_dir).encode(texts), atol=1e-6)

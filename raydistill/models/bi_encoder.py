@@ -324,6 +324,8 @@ class BiEncoder(nn.Module):
         `projected=False`: the pooled transformer vectors [N, H], before the projection (what it is fitted on).
         """
         texts = check_texts(texts)
+        if self.is_static:
+            return self._encode_static(texts, normalize, num_threads, projected)
         dim = self.dim if projected else self.transformer.config.hidden_size
         embed = self.forward if projected else self.pool
         embeddings = np.zeros((len(texts), dim), dtype=np.float32)
@@ -342,6 +344,33 @@ class BiEncoder(nn.Module):
                     bar.update()
         finally:
             bar.close()
+        return embeddings
+
+    def _encode_static(self, texts: list[str], normalize: bool, num_threads: int | None,
+                       projected: bool) -> np.ndarray:
+        """``encode`` of a static model, the same vectors without padding: the tokenizer's batch call gives each
+        text's ids, and one ``embedding_bag`` takes every text's mean row. Padded batches of a token table spend
+        most of their time building and masking the padding (4x slower than Model2Vec's own encode here)."""
+        chunk = 8192  # texts per tokenizer call: bounds the id tensor, still one Rust batch
+        embeddings = np.zeros((len(texts), self.dim if projected else self.transformer.config.hidden_size),
+                              dtype=np.float32)
+        with torch_threads(num_threads), inference(self):
+            for start in range(0, len(texts), chunk):
+                part = texts[start:start + chunk]
+                if self.do_lower_case:
+                    part = [text.lower() for text in part]
+                ids = self.tokenizer(part, truncation=True, max_length=self.max_length, add_special_tokens=False,
+                                     return_attention_mask=False)["input_ids"]
+                lengths = torch.tensor([len(row) for row in ids])  # [b]
+                flat = torch.tensor([token for row in ids for token in row], dtype=torch.long)  # [sum of lengths]
+                offsets = torch.cumsum(lengths, 0) - lengths  # [b]: where each text's ids start in flat
+                table = self.transformer.get_input_embeddings().weight  # [V, H]
+                vectors = F.embedding_bag(flat.to(table.device), table, offsets.to(table.device), mode="mean")
+                if projected and self.projection is not None:
+                    vectors = self.activation(self.projection(vectors))  # [b, P]
+                if normalize:
+                    vectors = F.normalize(vectors, p=2, dim=-1)
+                embeddings[start:start + len(part)] = vectors.float().cpu().numpy()
         return embeddings
 
     def save(self, path: str | Path) -> None:

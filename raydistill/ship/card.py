@@ -8,6 +8,11 @@ records it), then the body: how the student was made (recipe, the exact command,
 7-STS (per set and average) and STS-B dev of teacher and student, each export's quality and encode speed on the
 machine that packaged it (the CPU named), how to load each, and the BibTeX of the papers behind the recipe's methods.
 Scores in the body are Spearman x 100, as everywhere else in raydistill. Pure: it reads nothing but its arguments.
+
+A static student's card (the manifest's ``model.static``) names it a static embedding model: its width, its
+vocabulary (the teacher's tokenizer), its teacher, that sentence-transformers (StaticEmbedding) and
+``model2vec.StaticModel`` load it, and why it has no ONNX export (the manifest's ``onnx.reason``); its ``base_model``
+is the teacher's, whose token outputs its table was built from.
 """
 
 from __future__ import annotations
@@ -98,13 +103,14 @@ METHOD_PAPERS: dict[str, tuple[str, ...]] = {
 
 def base_model_id(name: str | None) -> str | None:
     """The Hugging Face id of the model a preset's weights are: a derived preset's source (minilm-l3 is 3 layers
-    of all-MiniLM-L6-v2), else the preset's own; None for a directory or an unknown name."""
+    of all-MiniLM-L6-v2), else the preset's own; None for a directory, an unknown name or a static name (its table
+    comes from the job's teacher, whichever that is)."""
     if not name:
         return None
     from raydistill.models.registry import find_preset
 
     preset = find_preset(str(name))
-    if preset is None:
+    if preset is None or preset.family == "static":  # a static table comes from the job's teacher, not a preset
         return None
     if preset.source.startswith("derive:"):
         return base_model_id(preset.source.split(":", 1)[1])
@@ -117,9 +123,10 @@ def _score(scores: dict[str, float], key: str) -> str:
 
 
 def _front_matter(student: dict[str, Any], corpus: dict[str, Any], methods: list[str], title: str,
-                  base_model: str | None) -> dict[str, Any]:
+                  base_model: str | None, static: bool = False) -> dict[str, Any]:
+    kind = ["static-embeddings", "model2vec"] if static else ["onnx"]  # a static package has no ONNX files
     tags = ["sentence-transformers", "sentence-similarity", "feature-extraction", "dense", "knowledge-distillation",
-            "raydistill", "onnx", *[f"method:{m}" for m in methods]]
+            "raydistill", *kind, *[f"method:{m}" for m in methods]]
     if corpus.get("sentences"):
         tags.append(f"dataset_size:{int(corpus['sentences'])}")
     results = [{
@@ -137,6 +144,15 @@ def _front_matter(student: dict[str, Any], corpus: dict[str, Any], methods: list
     data["metrics"] = ["spearman_cosine"]
     data["model-index"] = [{"name": title, "results": results}]
     return data
+
+
+def _static_intro(static: dict[str, Any], teacher_name: str) -> list[str]:
+    return [f"It is a **static embedding model**: a table of {static['vocabulary']:,} token vectors "
+            f"{static['width']} wide, built from the teacher `{teacher_name}`'s outputs for each token of its "
+            "vocabulary (Model2Vec's distillation) and then trained by raydistill; a sentence's vector is the mean of "
+            "its tokens' rows, with no attention and no layers (the tables below compare its quality and speed with "
+            "the teacher's). It loads with sentence-transformers (its `StaticEmbedding` module) and with Model2Vec "
+            "(`model2vec.StaticModel`).", ""]
 
 
 def _stage_line(stage: Any) -> str:
@@ -165,24 +181,32 @@ def render_card(manifest: dict[str, Any], out_name: str = "DIR") -> str:
     margin = manifest["quality_margin"]
     has_pairs = any("eval_pairs" in row["scores"] for row in rows)
     pairs_info = manifest.get("eval_pairs") or {}
+    static = model.get("static")
 
-    front = yaml.safe_dump(_front_matter(student, corpus, methods, title, base_model), sort_keys=False,
-                           allow_unicode=True)
+    front = yaml.safe_dump(_front_matter(student, corpus, methods, title, base_model, static=bool(static)),
+                           sort_keys=False, allow_unicode=True)
     out: list[str] = ["---", front.rstrip(), "---", "", f"# {title}", ""]
     corpus_text = corpus.get("name", "a corpus")
     if corpus.get("sentences"):
         corpus_text += f" ({int(corpus['sentences']):,} sentences)"
+    # A static table's rows come from the teacher's outputs, not from base_model's weights: its intro says so.
+    weights = (f" (weights from [{base_model}](https://huggingface.co/{base_model}))" if base_model and not static
+               else "")
     out += [
         f"This is a [sentence-transformers](https://www.SBERT.net) model distilled with raydistill from the teacher "
-        f"`{teacher_name}` into {'`' + str(start) + '`' if start else 'a smaller student'}"
-        f"{f' (weights from [{base_model}](https://huggingface.co/{base_model}))' if base_model else ''} on "
+        f"`{teacher_name}` into {'`' + str(start) + '`' if start else 'a smaller student'}{weights} on "
         f"{corpus_text}, by {', '.join(methods) or 'distillation'}. It maps sentences to a "
         f"{model.get('dim', '?')}-dimensional dense vector space; compare them by cosine similarity.",
         "",
+        *(_static_intro(static, teacher_name) if static else []),
         "## Model Details",
         "",
-        "- **Model Type:** Sentence Transformer (distilled student)",
+        ("- **Model Type:** Static embedding model (token table, mean of token vectors; Model2Vec layout)" if static
+         else "- **Model Type:** Sentence Transformer (distilled student)"),
         f"- **Teacher:** `{teacher_name}`",
+        *([f"- **Width:** {static['width']}",
+           f"- **Vocabulary:** {static['vocabulary']:,} tokens (the teacher's {static['tokenizer']} tokenizer)"]
+          if static else []),
         f"- **Start model:** `{start}`" if start else "- **Start model:** see the recipe below",
         f"- **Maximum Sequence Length:** {model.get('max_length', '?')} tokens",
         f"- **Output Dimensionality:** {model.get('dim', '?')} dimensions",
@@ -250,6 +274,9 @@ def render_card(manifest: dict[str, Any], out_name: str = "DIR") -> str:
     out += ["", f"\\* more than {margin:g} points (Spearman x 100) below the student on that column, the margin "
             "this package was built with. "
             + (f"Marked: {', '.join(marked)}." if marked else "No export is below it."), ""]
+    onnx = manifest.get("onnx") or {}
+    if onnx.get("exported") is False and onnx.get("reason"):
+        out += [f"No ONNX export: {onnx['reason']}.", ""]
     int8 = [row for row in manifest.get("files", []) if row.get("quantization")]
     for row in int8:
         q = row["quantization"]
@@ -261,6 +288,12 @@ def render_card(manifest: dict[str, Any], out_name: str = "DIR") -> str:
             "The torch model:", "", "```python", student["load"],
             'embeddings = model.encode(["A man is playing a guitar.", "Someone plays an instrument."])',
             "print(model.similarity(embeddings, embeddings))", "```", ""]
+    if static:
+        out += ["The same directory with Model2Vec (`pip install model2vec`):", "", "```python",
+                "from model2vec import StaticModel", f'model = StaticModel.from_pretrained("{out_name}")',
+                'embeddings = model.encode(["A man is playing a guitar.", "Someone plays an instrument."])', "```",
+                "", "Model2Vec leaves unknown tokens out of the mean, sentence-transformers keeps them: a text with "
+                "unknown tokens gets slightly different vectors from the two.", ""]
     for row in exports:
         out += [f"{row['name']} through sentence-transformers' ONNX backend "
                 "(`pip install sentence-transformers[onnx]`; its optimum-onnx needs transformers < 4.58):", "",

@@ -7,7 +7,10 @@
 loaded, cut or trained: an unknown teacher (with what to install), a student deeper or wider than its teacher, a bad
 ``layers:`` cut, an unknown ``--labels``, a corpus that is missing, empty or all evaluation text, a bad ``--set``.
 It picks the recipe for the student's size (``recipe.recipe_for``) and builds the job config from the recipe's
-shipped config and overrides, then the user's ``--set``.
+shipped config and overrides, then the user's ``--set``. A static student (``--student static`` / ``static:N``, or a
+static model directory) is the ``static`` size whatever its width: its table is built from the teacher by the job
+(``registry.resolve_model(name, teacher=...)``), a width beyond the teacher's is refused (PCA of the teacher's
+token outputs keeps at most its width), and so is a ``--labels`` it has no recipe for.
 
 ``run_distill`` then
 1. cuts the student out of the teacher when ``--student`` is a shape (``layers:3``, ``layers:3,hidden:256``) with
@@ -33,7 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from raydistill.ship.recipe import LABELS, Recipe, layer_params, recipe_for
+from raydistill.ship.recipe import LABELS, Recipe, labels_for, layer_params, recipe_for
 
 __all__ = ["DistillError", "DistillPlan", "StudentSpec", "parse_student_spec", "plan_distill", "run_distill",
            "REGISTER_KNOB", "MANIFEST", "training_dir"]
@@ -76,7 +79,14 @@ class Shape:
     def head_dim(self) -> int:
         return self.hidden // max(1, self.heads)
 
+    @property
+    def is_static(self) -> bool:
+        """A static token table (raydistill.models.static_embedding): no layers, ``hidden`` is its width."""
+        return self.model_type == "static"
+
     def describe(self) -> str:
+        if self.is_static:
+            return f"static token table x {self.hidden}"
         return f"{self.layers} layer{'s' if self.layers != 1 else ''} x {self.hidden}"
 
 
@@ -86,7 +96,7 @@ class StudentSpec:
     None keeps the teacher's)."""
 
     text: str
-    kind: str  # "preset" | "directory" | "cut"
+    kind: str  # "preset" | "directory" | "cut" | "static" (a static name: static, static:N)
     layers: int | None = None
     hidden: int | None = None
     ffn: int | None = None
@@ -174,7 +184,15 @@ def parse_student_spec(text: str) -> StudentSpec | None:
 
 def _shape_of_directory(directory: Path, option: str) -> Shape:
     from raydistill.models.bi_encoder import transformer_directory
+    from raydistill.models.static_embedding import is_static_directory
 
+    if is_static_directory(directory):  # Model2Vec's config.json: the table's width, no layers
+        try:
+            width = int(json.loads((directory / "config.json").read_text())["hidden_dim"])
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise DistillError(f"{option} {directory}: a static model whose config.json has no readable hidden_dim "
+                               f"({type(exc).__name__}: {exc})") from None
+        return Shape(0, width, 0, 0, "static")
     try:
         config = json.loads((transformer_directory(directory) / "config.json").read_text())
         return Shape(int(config["num_hidden_layers"]), int(config["hidden_size"]),
@@ -237,6 +255,10 @@ def _cut_shape(spec: StudentSpec, teacher: Shape, teacher_text: str) -> Shape:
 def _student(text: str, teacher: Shape, teacher_text: str, rows: dict[str, dict[str, Any]]
              ) -> tuple[StudentSpec, Shape, str]:
     """``(spec, shape, the job config's student)``; a cut's start directory is filled in by the plan."""
+    if not Path(text).expanduser().exists():
+        static = _static_student(text, teacher, teacher_text)
+        if static is not None:
+            return static
     is_model = text in rows or Path(text).expanduser().exists()
     spec = None if is_model else parse_student_spec(text)
     if spec is not None:
@@ -249,6 +271,28 @@ def _student(text: str, teacher: Shape, teacher_text: str, rows: dict[str, dict[
                                f"({teacher.describe()}): a student must not be larger than its teacher")
     kind = "preset" if directory is None else "directory"
     return StudentSpec(text, kind), shape, text if directory is None else str(directory)
+
+
+def _static_student(text: str, teacher: Shape, teacher_text: str) -> tuple[StudentSpec, Shape, str] | None:
+    """A static name (``static``, ``static:N``) as ``_student`` returns it, None for any other ``--student``. The
+    job builds the table from its teacher, so the name goes to the job config as given; checked here is what that
+    build would refuse later: a teacher without transformer outputs, or a width PCA cannot give."""
+    from raydistill.models.static_embedding import static_width
+
+    try:
+        width = static_width(text)
+    except ValueError as exc:
+        raise DistillError(f"--student {text!r}: {str(exc).split(': ', 1)[-1]}") from None
+    if width is None:
+        return None
+    if teacher.is_static:
+        raise DistillError(f"--student {text!r}: a static student is built from a transformer teacher's token "
+                           f"outputs; the teacher {teacher_text} is itself a static model")
+    if width > teacher.hidden:
+        raise DistillError(f"--student {text!r}: a static table {width} wide is wider than the teacher {teacher_text} "
+                           f"({teacher.hidden}): its rows are the teacher's token outputs reduced by PCA, which keeps "
+                           f"at most {teacher.hidden} dimensions")
+    return StudentSpec(text, "static"), Shape(0, width, 0, 0, "static"), text
 
 
 def _corpus(text: str) -> str:
@@ -289,7 +333,10 @@ def _out_dir(out: str | None, student: StudentSpec, teacher: str) -> Path:
     from raydistill.ship.package import check_out_dir
 
     if out is None:
-        name = student.slug() if student.kind == "cut" else Path(student.text.rstrip("/")).name
+        if student.kind == "static":  # no ':' in a directory name: it separates paths in PATH-like lists
+            name = student.text.replace(":", "-")
+        else:
+            name = student.slug() if student.kind == "cut" else Path(student.text.rstrip("/")).name
         out = f"distilled-{Path(teacher.rstrip('/')).name}-{name}"
     path = Path(out).expanduser().absolute()
     try:
@@ -377,6 +424,11 @@ def plan_distill(*, teacher: str, student: str, corpus: str, out: str | None = N
     rows = {row["name"]: row for row in describe_presets()}
     teacher_shape, teacher_dir = _model(teacher, "--teacher", rows)
     spec, student_shape, student_field = _student(student, teacher_shape, teacher, rows)
+    static = student_shape.is_static
+    if labels not in labels_for(static=static):
+        raise DistillError(f"--labels {labels!r}: no recipe for a static student ({student}): no committed run trains "
+                           f"a static table with labels; a static student takes --labels "
+                           f"{', '.join(labels_for(static=True))}")
     corpus_spec = _corpus(corpus)
     budget_text = _budget(budget)
     pairs_path, pairs = _pairs_file("--eval-pairs", eval_pairs)
@@ -385,8 +437,9 @@ def plan_distill(*, teacher: str, student: str, corpus: str, out: str | None = N
         _refuse_overlap(dev_path, dev, pairs_path, pairs)
     out_dir = _out_dir(out, spec, teacher)
 
-    params = layer_params(student_shape.layers, student_shape.hidden, student_shape.intermediate)
-    recipe = recipe_for(params, labels)
+    # A static table has no layers: its size is "static" whatever its width (recipe.size_for).
+    params = 0 if static else layer_params(student_shape.layers, student_shape.hidden, student_shape.intermediate)
+    recipe = recipe_for(params, labels, static=static)
     corpus_read = read_corpus(corpus_spec)  # a missing, unreadable, empty or all-evaluation corpus: DataError
     run_dir = training_dir(out_dir)
     teacher_field = str(teacher_dir) if teacher_dir is not None else teacher
@@ -424,7 +477,11 @@ def describe_plan(plan: DistillPlan) -> list[str]:
     """The lines that say what the command is about to do."""
     teacher = f"teacher {plan.teacher} ({plan.teacher_shape.describe()})"
     student = f"student {plan.student.text}" + (": cut from the teacher" if plan.student.kind == "cut" else "")
-    size = f"{student} ({plan.student_shape.describe()}, {plan.student_params / 1e6:.2g}M layer parameters)"
+    if plan.student_shape.is_static:
+        built = ", built from the teacher's token outputs" if plan.student.kind == "static" else ""
+        size = f"{student} ({plan.student_shape.describe()}, no layers{built})"
+    else:
+        size = f"{student} ({plan.student_shape.describe()}, {plan.student_params / 1e6:.2g}M layer parameters)"
     used = (f", {min(plan.max_sentences, plan.corpus_sentences):,} used (--max-sentences)"
             if plan.max_sentences is not None and plan.max_sentences < plan.corpus_sentences else "")
     return [f"{teacher}; {size}",

@@ -8,7 +8,12 @@ Contract: ``package_student(student_dir, out_dir, ...)`` leaves in ``out_dir``
     README.md                                         a sentence-transformers model card (raydistill.ship.card)
     raydistill_package.json                           every number of the card and the table, with provenance
 
-and returns a `PackageReport` whose ``table`` is what the command prints last: the teacher, the student and each
+A static student (``BiEncoder.is_static``: a token table, raydistill.models.static_embedding) is packaged without
+``onnx/``: its directory is the Model2Vec layout (model.safetensors holds the table), which sentence-transformers
+(StaticEmbedding) and ``model2vec.StaticModel`` both load, and the manifest's ``onnx`` records why (`STATIC_NO_ONNX`);
+its ``model.static`` records the table's width, vocabulary and tokenizer.
+
+It returns a `PackageReport` whose ``table`` is what the command prints last: the teacher, the student and each
 export with its quality (7-STS average, STS-B dev and, with ``eval_pairs``, the user's own labelled pairs; Spearman
 x 100) and encode speed, all measured in this process on the same sentences at the same thread count. An export more
 than ``quality_margin`` points below the student on any quality column is marked there and in the card.
@@ -59,7 +64,8 @@ from raydistill.evaluation import (
 )
 
 __all__ = ["PackageError", "PackageReport", "Row", "TEACHER_BASELINES", "QUALITY_COLUMNS", "DEFAULT_MARGIN",
-           "MANIFEST_FILE", "check_out_dir", "read_eval_pairs", "package_student", "mark_rows", "format_table"]
+           "MANIFEST_FILE", "STATIC_NO_ONNX", "check_out_dir", "read_eval_pairs", "package_student", "mark_rows",
+           "format_table"]
 
 MANIFEST_FILE = "raydistill_package.json"
 CARD_FILE = "README.md"
@@ -85,6 +91,11 @@ TEACHER_BASELINES: dict[str, dict[str, float]] = {
                   "sickr": 64.39, "avg": 64.3, "stsb_dev": 72.46},
 }
 SPEED_SETS = ("sts12", "sts13", "sts14", "sts15", "sts16", "stsb")
+# Why a static student ships without ONNX files. Its whole computation is a row lookup and a mean, so the graph would
+# be one Gather; and nothing a user loads it with would run one: sentence-transformers runs its StaticEmbedding module
+# in torch under every backend (StaticEmbedding.load takes no backend), and Model2Vec reads model.safetensors.
+STATIC_NO_ONNX = ("a static model is a table lookup: ONNX adds nothing here (sentence-transformers runs "
+                  "StaticEmbedding in torch under every backend, and Model2Vec reads model.safetensors)")
 
 
 class PackageError(ValueError):
@@ -314,6 +325,14 @@ def _load_snippets(files: list[dict[str, Any]], out_name: str) -> dict[str, str]
     return snippets
 
 
+def _static_info(student: Any) -> dict[str, Any]:
+    """What a card says of a static student's table (read back from the saved model: a projection is folded in)."""
+    backend = getattr(student.tokenizer, "backend_tokenizer", None)
+    return {"kind": "static embedding model", "width": int(student.dim), "vocabulary": len(student.tokenizer),
+            "tokenizer": type(backend.model).__name__ if backend is not None else type(student.tokenizer).__name__,
+            "loaders": ["sentence_transformers.models.StaticEmbedding", "model2vec.StaticModel"]}
+
+
 def package_student(
     student_dir: str | os.PathLike,
     out_dir: str | os.PathLike,
@@ -374,7 +393,11 @@ def package_student(
         student = BiEncoder.from_pretrained(student_dir)
         teacher_model = BiEncoder.from_pretrained(resolve_model(teacher))  # a teacher that is gone fails here, early
         student.save(staged)
-        files = export_onnx(staged, report=lambda line: say(f"package: {line}"))
+        if student.is_static:
+            files: list[dict[str, Any]] = []
+            say(f"package: no ONNX export: {STATIC_NO_ONNX}")
+        else:
+            files = export_onnx(staged, report=lambda line: say(f"package: {line}"))
 
         models = {"teacher": teacher_model, "student": student}
         names = {"teacher": f"teacher {model_short_name(teacher)}", "student": "student (torch fp32)"}
@@ -460,9 +483,11 @@ def package_student(
                                 else f"${DATA_ENV} = {os.environ.get(DATA_ENV)}"),
             "rows": [row.to_dict() for row in rows],
             "files": files,
+            "onnx": {"exported": bool(files), "reason": STATIC_NO_ONNX if student.is_static else None},
             "speed": {**speed, "load_after": round(os.getloadavg()[0], 2)},
             "model": {"dim": student.dim, "max_length": student.max_length, "pooling": student.pooling,
-                      "parameters": sum(p.numel() for p in student.parameters()), "architecture": architecture},
+                      "parameters": sum(p.numel() for p in student.parameters()), "architecture": architecture,
+                      **({"static": _static_info(student)} if student.is_static else {})},
             "wall_s": round(time.perf_counter() - started, 1),
             **code_provenance(),
             "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),

@@ -9,7 +9,8 @@ distill`` write), optionally with ONNX exports under ``DIR/onnx/`` (``raydistill
     otherwise        the fastest of the torch model and the exports present, by the speeds ``raydistill distill``
                      measured and recorded in ``DIR/SPEEDS_FILE`` (`recorded_speeds`), leaving out an export that
                      lost quality there (its ``marked`` columns); without that file, the torch model. Never a guess:
-                     the startup line says what was chosen and why.
+                     the startup line says what was chosen and why. A static student's package has no exports
+                     (its manifest's ``onnx.reason`` says why, and ``--export FILE`` repeats it): the torch model.
 
 HTTP API (JSON; every path of the app, so ``/`` and ``/v1/embeddings`` alike):
 
@@ -129,6 +130,16 @@ def recorded_speeds(model_dir: str | Path) -> list[dict[str, Any]] | None:
     return speeds
 
 
+def _no_exports_reason(directory: Path) -> str | None:
+    """Why the package at ``directory`` has no exports, as its manifest records it (a static student's), else None."""
+    try:
+        onnx = json.loads((directory / SPEEDS_FILE).read_text(encoding="utf-8")).get("onnx") or {}
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, AttributeError):
+        return None
+    return str(onnx["reason"]) if isinstance(onnx, dict) and onnx.get("exported") is False and onnx.get("reason") \
+        else None
+
+
 def _positive(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0
 
@@ -148,8 +159,9 @@ def choose_runtime(model_dir: str | Path, export: str | None = None) -> Runtime:
             return Runtime(None, "--export torch")
         if not (directory / export).is_file():
             present = sorted(str(p.relative_to(directory)) for p in (directory / "onnx").glob("*.onnx"))
+            why = _no_exports_reason(directory)
             raise ServeError(f"{directory / export}: no such file; exports in {directory}: "
-                             f"{', '.join(present) or 'none'} (or --export {TORCH})")
+                             f"{', '.join(present) or 'none'}{f' ({why})' if why else ''} (or --export {TORCH})")
         return Runtime(export, "--export")
     speeds = recorded_speeds(directory)
     if speeds is None:
