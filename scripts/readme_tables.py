@@ -559,6 +559,8 @@ def _speed_model_cell(row: dict) -> str:
     spec = row.get("speed_model") or {}
     if spec.get("static") or spec.get("preset") == row.get("name"):
         return "itself"
+    if spec.get("static_student"):  # the teacher's token table, its head folded in as the trained student saves
+        return f"`{spec['static_student']}` from the teacher, Linear(→{spec['projection_dim']}) folded in (same shape)"
     head = f" + Linear(→{spec['projection_dim']})" if spec.get("projection_dim") else ""
     return f"`{spec.get('preset')}`{head}, max_length {spec.get('max_length')} (same shape)"
 
