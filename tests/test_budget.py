@@ -181,6 +181,27 @@ def test_the_rate_meter_skips_the_first_steps_and_fixes_the_total_from_the_measu
     assert decided[fixed_at] == fixed_at + int(2.0 * (1000.0 - 50.0))
 
 
+def test_the_rate_meter_times_an_evaluation_and_a_checkpoint_when_they_come_often():
+    """0.5 s a step and a 10 s pause (evaluation + checkpoint) every 20 steps: the window spans one pause, so the
+    rate is 20 steps per 20 s, not the steps' 2 a second that would overrun the budget by half."""
+    now = [0.0]
+
+    def clock():
+        return now[0]
+
+    meter = RateMeter(budget_s=200.0, capacity=100_000, clock=clock, pauses=(20, 20))
+    decided = None
+    for step in range(0, 200):
+        decided = meter.observe(step, seconds_used=now[0])
+        if decided is not None:
+            break
+        now[0] += 0.5 + (10.0 if (step + 1) % 20 == 0 else 0.0)  # the step, then the pause after step 20, 40, ...
+    assert step == 22  # timed from step 2 (the first two skipped): 20 steps and the pause after step 20
+    rate = (step - 2) / (now[0] - 1.0)  # steps per second over the window, pause included
+    assert decided == step + int(rate * (200.0 - now[0]))
+    assert decided < step + int(2.0 * (200.0 - now[0])) * 0.6
+
+
 def test_a_time_budget_schedule_is_continuous_and_ends_at_the_fixed_total():
     factor = BudgetFactor(warmup_ratio=0.1)
     before = [factor(step) for step in range(30)]

@@ -14,9 +14,12 @@ and the LR schedule (linear warm-up over ``train.warmup_ratio`` of the total, th
 A time budget is turned into a step budget once, by rank 0, from the step rate of this run: the first
 ``SKIP_STEPS`` steps of a process are not timed (first-call allocations, the data stream starting), then the rate
 is measured until at least ``MIN_MEASURED_STEPS`` steps and either ``MEASURE_SHARE`` of the budget's time or
-``MAX_MEASURED_STEPS`` steps have passed (or, with very slow steps, ``LATE_SHARE`` of the budget). The total is
-then the steps done plus the steps the measured rate fits into the time left; the dev evaluations and checkpoints
-that come later are not in the rate, so a run with many of them ends somewhat after its budget. The step it is
+``MAX_MEASURED_STEPS`` steps have passed (or, with very slow steps, ``LATE_SHARE`` of the budget); when a dev
+evaluation or a checkpoint falls every ``MAX_MEASURED_STEPS`` steps or more often, the window also spans one of
+each, so their time is in the rate as it will be in the run. (Without that, a 60 s budget on two workers with an
+evaluation and a checkpoint every 20 steps fixed 88 steps from the steps alone and trained for about twice its
+budget.) The total is then the steps done plus the steps the measured rate fits into the time left; pauses rarer
+than that are not in the rate, so such a run ends somewhat after its budget. The step it is
 fixed at reaches every worker through the step's control collective (a signal, as a stop request does), and the
 total in one broadcast from rank 0 at that step only. The learner keeps the fixed total, the step it was fixed at
 and the wall seconds used in its checkpoint: a resumed run keeps the total and goes on counting the seconds (it
@@ -113,8 +116,11 @@ class RateMeter:
     """Rank 0's measurement of a time budget's step rate (module docstring): ``observe`` after every step returns
     the total to fix, once, and None before."""
 
-    def __init__(self, budget_s: float, capacity: int, clock=time.perf_counter):
+    def __init__(self, budget_s: float, capacity: int, clock=time.perf_counter, pauses: tuple[int, ...] = ()):
         self.budget_s, self.capacity, self.clock = float(budget_s), int(capacity), clock
+        # Intervals of the loop's pauses (train.eval_every, checkpoint_every): a window that spans one of each that
+        # fits in MAX_MEASURED_STEPS times them with the steps, as the rest of the run will.
+        self.pauses = tuple(int(every) for every in pauses if 0 < int(every) <= MAX_MEASURED_STEPS)
         self.steps_here = 0
         self.first: tuple[int, float] | None = None  # (step, time) where the timing starts
 
@@ -126,7 +132,8 @@ class RateMeter:
                 self.first = (step, now)
             return None
         measured, elapsed = step - self.first[0], now - self.first[1]
-        enough = measured >= MIN_MEASURED_STEPS and (seconds_used >= MEASURE_SHARE * self.budget_s
+        paused = all(step // every > self.first[0] // every for every in self.pauses)  # each pause timed once
+        enough = measured >= MIN_MEASURED_STEPS and (paused and seconds_used >= MEASURE_SHARE * self.budget_s
                                                       or measured >= MAX_MEASURED_STEPS)
         late = measured >= 1 and seconds_used >= LATE_SHARE * self.budget_s
         if not (enough or late) or elapsed <= 0:

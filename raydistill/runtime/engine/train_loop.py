@@ -300,7 +300,8 @@ class _Worker:
         if self.rank == 0 and learner.total_pending:
             from raydistill.runtime.engine.budget import RateMeter
 
-            self.meter = RateMeter(self.budget.seconds, learner.total_steps)
+            self.meter = RateMeter(self.budget.seconds, learner.total_steps,
+                                   pauses=(train.eval_every, train.checkpoint_every))
         if step < learner.total_steps and epoch < self.epochs and not early_stopped and not preempted:
             for ep, step_in_epoch, batch in self._steps(epoch, batch_in_epoch // self.world):
                 epoch = ep
