@@ -499,6 +499,11 @@ def main(argv: list[str] | None = None) -> dict | None:
         record = json.loads(RECORD.read_text())
         print(f"wrote {plot(record, args.plot)}")
         return None
+    import importlib.util
+
+    if importlib.util.find_spec("model2vec") is None:  # needed to load the distilled table: say so before distilling
+        parser.error("model2vec is not installed in this environment: pip install -e '.[compare]' (it loads the "
+                     "static model the pinned environment distils)")
     set_threads(args.threads)
     load_before = load_average()
     started = time.perf_counter()
