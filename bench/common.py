@@ -79,10 +79,18 @@ def cpu_model() -> str:
 
 
 def machine(threads: int) -> dict[str, Any]:
+    """The machine a number was measured on. One CPU model name covers kinds with and without bf16 matrix units
+    (bf16 ~5x fp32 on one, emulated and far slower on the other), so the record says which this was."""
     import torch
 
+    from raydistill.runtime.teachers.teacher import bf16_support
+
+    fast_bf16, evidence = bf16_support()
     return {
         "cpu": cpu_model(),
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "bf16_native": fast_bf16,
+        "bf16_evidence": evidence,
         "logical_cpus": os.cpu_count(),
         "threads": int(threads),
         "torch": torch.__version__,

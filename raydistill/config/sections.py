@@ -17,6 +17,7 @@ from typing import Annotated, Literal
 from pydantic import AfterValidator, BeforeValidator, Field, StrictBool, model_validator
 
 from raydistill.config.schema import Float, Int, none_is_default, section, states, str_is_list
+from raydistill.data.evaluation_text import EVALUATION_DATASETS
 
 _Section = Annotated  # a nested section field: ``_Section[TrainConfig, _DEFAULTS_IF_NULL]``
 _DEFAULTS_IF_NULL = BeforeValidator(none_is_default)
@@ -183,6 +184,10 @@ class DataConfig:
     corpus: str = Field("flickr", description="flickr | nli | flickr+nli | mixed | file:<path>[#column] (.txt, "
                                               "JSON Lines, CSV/TSV, Parquet, a datasets directory; docs/data.md)")
     max_sentences: Int | None = Field(20000, gt=0, description="training sentences read from the corpus (null: all)")
+    evaluation_set_split: Literal[EVALUATION_DATASETS] | None = Field(
+        None, description="the evaluation set a file: corpus is a training split of, tested on its other split with "
+                          "no sentence shared (a domain benchmark): its sentences stay in the corpus, every other "
+                          "evaluation set's are removed")
     views: dict[str, str] = Field(default_factory=lambda: {"a": "none"},
                                   description="view name -> augmentation spec of raydistill.augment (none = the "
                                               "sentence itself, caption = another caption of the same image, "
@@ -192,6 +197,13 @@ class DataConfig:
     max_length: Int = Field(32, gt=0, description="student tokens per sentence")
     teacher_max_length: Int = Field(128, gt=0, description="teacher tokens per sentence")
     shuffle: StrictBool = Field(True, description="shuffle the training rows every epoch")
+
+    @model_validator(mode="after")
+    def _split_of_a_file(self):
+        if self.evaluation_set_split is not None and not self.corpus.startswith("file:"):
+            raise ValueError(f"evaluation_set_split {self.evaluation_set_split!r} is for a file: corpus split from "
+                             f"that set, not corpus {self.corpus!r}")
+        return self
 
 
 @section

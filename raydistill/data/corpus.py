@@ -17,7 +17,9 @@ A training corpus is named by ``data.corpus``:
 Evaluation text never reaches training through ``mixed`` or a ``file:`` corpus: a sentence of any set the project
 reports a score on or selects with (``EVALUATION_DATASETS``), compared by ``evaluation_key`` (Unicode NFKC, case
 folded, punctuation, symbols and whitespace removed; ``raydistill.data.evaluation_text``), is removed (a pair goes
-when either of its texts is one), and counted as ``evaluation_sentences_removed``. A corpus with nothing left, or
+when either of its texts is one), and counted as ``evaluation_sentences_removed``. One exception, by name:
+``data.evaluation_set_split`` keeps the sentences of one set in a ``file:`` corpus that is a training split of it,
+for a run tested on the set's other split with no sentence shared (``bench/domain.py`` on QQP dev). A corpus with nothing left, or
 nothing in it, is a ``DataError`` naming the file (or the corpus) raised while the job config is validated, before
 any teacher pass. The labelled pairs the supervised stages train on (``training_pairs``: SNLI/MultiNLI dev for
 DistilCSE's triplets and DvBERT's teachers, STS-B train for DvBERT's second stage) go through the same filter.
@@ -302,13 +304,18 @@ def corpus_spec_problem(spec: str) -> str | None:
     return None
 
 
-def read_corpus(spec: str) -> Corpus:
+def read_corpus(spec: str, split_of: str | None = None) -> Corpus:
     """The rows of ``data.corpus`` (module docstring); validated, cached per spec and file version.
 
+    ``split_of`` (``data.evaluation_set_split``, a ``file:`` corpus only) names the evaluation set this corpus is a
+    training split of: that set's sentences stay, every other set's go (``evaluation_keys``).
     Raises ``DataError`` (naming file, line and field) for a bad line, an empty corpus or one with nothing left
-    once the evaluation sentences are removed; ValueError for an unknown name.
+    once the evaluation sentences are removed; ValueError for an unknown name, or ``split_of`` with a named corpus.
     """
     parsed = parse_corpus_spec(spec)
+    if split_of is not None and parsed.name is not None:
+        raise ValueError(f"data.evaluation_set_split={split_of} is for a file: corpus split from that set, not the "
+                         f"bundled {parsed.name!r}")
     if parsed.name is not None:
         if parsed.name == "mixed":
             datasets = tuple(name for source in MIXED_SOURCES for name in source.datasets)
@@ -319,7 +326,7 @@ def read_corpus(spec: str) -> Corpus:
         raise DataError(path, "file not found", reason="missing_file")
     files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file())
     version = tuple((str(p), p.stat().st_size, p.stat().st_mtime_ns) for p in files)
-    return _read_file_cached(str(path), parsed.column, version, dataset_versions(EVALUATION_DATASETS))
+    return _read_file_cached(str(path), parsed.column, version, dataset_versions(EVALUATION_DATASETS), split_of)
 
 
 def _read_named(name: str) -> Corpus:
@@ -359,9 +366,10 @@ def _pair_fields(path: Path) -> tuple[str, str] | None:
 
 
 @functools.lru_cache(maxsize=4)
-def _read_file_cached(path_text: str, column: str | None, version: tuple, evaluation_versions: tuple) -> Corpus:
+def _read_file_cached(path_text: str, column: str | None, version: tuple, evaluation_versions: tuple,
+                      split_of: str | None) -> Corpus:
     path = Path(path_text)
-    excluded = evaluation_keys()  # the version in the cache key makes a changed evaluation file a new entry
+    excluded = evaluation_keys(split_of)  # the version in the cache key makes a changed evaluation file a new entry
     pair_fields = None if column is not None else (_pair_fields(path) if path.is_file() or path.is_dir() else None)
     if pair_fields is not None:
         pairs = read_pairs(path, text_fields=pair_fields)
@@ -370,22 +378,22 @@ def _read_file_cached(path_text: str, column: str | None, version: tuple, evalua
                 if evaluation_key(pair[0]) not in excluded and evaluation_key(pair[1]) not in excluded]
         stats = {"blank_lines": pairs.ignored["blank_lines"], "duplicates_dropped": len(pairs) - len(unique),
                  "evaluation_sentences_removed": len(unique) - len(kept)}
-        _check_not_emptied(path, len(unique), kept, "pairs")
+        _check_not_emptied(path, len(unique), kept, "pairs", split_of)
         return Corpus(str(path), [first for first, _ in kept], kept, True, [-1] * len(kept), stats,
                       [str(path)] * len(kept))
     sentences = read_sentences(path, field=column or DEFAULT_TEXT_COLUMN)
     kept = [s for s in sentences if evaluation_key(s) not in excluded]
-    _check_not_emptied(path, len(sentences), kept, "sentences")
+    _check_not_emptied(path, len(sentences), kept, "sentences", split_of)
     stats = {"blank_lines": sentences.ignored["blank_lines"],
              "evaluation_sentences_removed": len(sentences) - len(kept)}
     return Corpus(str(path), kept, [(s,) for s in kept], False, [-1] * len(kept), stats, [str(path)] * len(kept))
 
 
-def _check_not_emptied(path: Path, read: int, kept: list, what: str) -> None:
+def _check_not_emptied(path: Path, read: int, kept: list, what: str, split_of: str | None) -> None:
     if not kept:
-        raise DataError(path, f"all {read} {what} are sentences of the evaluation sets "
-                              f"({', '.join(EVALUATION_DATASETS)}); nothing is left to train on",
-                        reason="empty_file")
+        sets = [name for name in EVALUATION_DATASETS if name != split_of]
+        raise DataError(path, f"all {read} {what} are sentences of the evaluation sets ({', '.join(sets)}); nothing "
+                              "is left to train on", reason="empty_file")
 
 
 TABLE_START, TABLE_END = "<!-- mixed-corpus-table -->", "<!-- /mixed-corpus-table -->"

@@ -76,9 +76,15 @@ def evaluation_key(text: str) -> str:
     return folded.translate(_deletions())
 
 
-def evaluation_keys() -> frozenset[str]:
-    """``evaluation_key`` of every text of every ``EVALUATION_DATASETS`` set (both sides of each pair)."""
-    return _evaluation_keys(dataset_versions(EVALUATION_DATASETS))
+def evaluation_keys(split_of: str | None = None) -> frozenset[str]:
+    """``evaluation_key`` of every text of every ``EVALUATION_DATASETS`` set (both sides of each pair).
+
+    ``split_of`` names one set left out: a corpus that is a training split of that set, tested on its other split
+    with no sentence shared (``data.evaluation_set_split``, a domain benchmark's setting). The other sets' texts
+    stay excluded, a text that is also in one of them included."""
+    if split_of is not None and split_of not in EVALUATION_DATASETS:
+        raise ValueError(f"{split_of!r} is not an evaluation set; choose from {', '.join(EVALUATION_DATASETS)}")
+    return _evaluation_keys(dataset_versions(name for name in EVALUATION_DATASETS if name != split_of))
 
 
 @functools.lru_cache(maxsize=2)

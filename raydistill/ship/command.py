@@ -38,7 +38,7 @@ from typing import Any, Callable
 
 from raydistill.ship.recipe import LABELS, Recipe, labels_for, layer_params, recipe_for
 
-__all__ = ["DistillError", "DistillPlan", "StudentSpec", "parse_student_spec", "plan_distill", "run_distill",
+__all__ = ["DistillError", "DistillPlan", "StudentSpec", "parse_student_spec", "plan_distill", "run_distill", "train_student",
            "REGISTER_KNOB", "MANIFEST", "training_dir"]
 
 TRAINING_SUFFIX = ".training"  # the run dir: <out>.training, beside --out
@@ -440,7 +440,6 @@ def plan_distill(*, teacher: str, student: str, corpus: str, out: str | None = N
     # A static table has no layers: its size is "static" whatever its width (recipe.size_for).
     params = 0 if static else layer_params(student_shape.layers, student_shape.hidden, student_shape.intermediate)
     recipe = recipe_for(params, labels, static=static)
-    corpus_read = read_corpus(corpus_spec)  # a missing, unreadable, empty or all-evaluation corpus: DataError
     run_dir = training_dir(out_dir)
     teacher_field = str(teacher_dir) if teacher_dir is not None else teacher
     if spec.kind == "cut":
@@ -454,6 +453,8 @@ def plan_distill(*, teacher: str, student: str, corpus: str, out: str | None = N
     settings += _thread_overrides()
     settings += register_overrides(register)
     cfg = JobConfig.from_yaml(shipped_config(recipe.config), list(recipe.overrides) + settings + list(overrides))
+    # a missing, unreadable, empty or all-evaluation corpus: DataError
+    corpus_read = read_corpus(corpus_spec, cfg.data.evaluation_set_split)
     # preflight checks the student path exists: a cut is checked as the teacher it will be cut from.
     preflight(cfg.with_overrides([f"student={teacher_field}"]) if spec.kind == "cut" else cfg)
     command = "raydistill distill " + shlex.join(argv) if argv is not None else "raydistill distill"
@@ -506,9 +507,7 @@ def run_distill(plan: DistillPlan, progress: Progress = print_line) -> dict[str,
         progress(manifest["table"])
         return {"record": _read_json(plan.result_path), "report": None, "table": manifest["table"],
                 "out_dir": str(plan.out_dir)}
-    if plan.start_dir is not None:
-        _cut_student(plan, progress)
-    record = _train(plan, progress)
+    record = train_student(plan, progress)
     report = _package(plan, record, progress)
     table = str(getattr(report, "table", report))
     from raydistill.fileio import atomic_write_json
@@ -520,6 +519,14 @@ def run_distill(plan: DistillPlan, progress: Progress = print_line) -> dict[str,
     progress(table)
     _say(progress, f"done: {plan.out_dir}")
     return {"record": record, "report": report, "table": table, "out_dir": str(plan.out_dir)}
+
+
+def train_student(plan: DistillPlan, progress: Progress = print_line) -> dict[str, Any]:
+    """The cut (when the student is a shape) and the training of ``run_distill``, without packaging: the job's result
+    record (``bench/domain.py`` scores the student itself). The same plan again reads the finished record back."""
+    if plan.start_dir is not None:
+        _cut_student(plan, progress)
+    return _train(plan, progress)
 
 
 def _read_json(path: Path) -> dict[str, Any] | None:

@@ -31,12 +31,15 @@ import math
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
-__all__ = ["LABELS", "RECIPES", "SIZES", "STATIC_LABELS", "STATIC_SIZE", "Recipe", "labels_for", "layer_params",
+__all__ = ["DEFAULT_BUDGET", "LABELS", "RECIPES", "SIZES", "STATIC_LABELS", "STATIC_SIZE", "Recipe", "labels_for", "layer_params",
            "recipe_for", "recipes_help", "size_for"]
 
 # ``--labels`` values: none (label-free distillation on the user's text only) or nli (then supervised SimCSE on the
 # bundled NLI triplets, DistilCSE's second stage).
 LABELS = ("none", "nli")
+# `raydistill distill`'s training length when --budget is not given (docs/distill.md, "Budgets": what it buys,
+# measured by bench/domain.py).
+DEFAULT_BUDGET = "30m"
 
 # Where every recipe's scores come from: runs from this teacher on the whole bundled ``mixed`` corpus (the static
 # row: the part of it whose teacher vectors were cached, said beside the row).

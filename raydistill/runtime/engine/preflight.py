@@ -132,7 +132,7 @@ def teacher_cache_bytes(cfg: JobConfig) -> tuple[int, str]:
     """
     from raydistill.runtime.teachers.embedding_cache import cache_row_bytes
 
-    corpus = read_training_corpus(cfg.data.corpus)
+    corpus = read_training_corpus(cfg.data.corpus, cfg.data.evaluation_set_split)
     texts = corpus.texts if corpus.is_pairs else list(dict.fromkeys(corpus.texts))
     rows = len(texts) if cfg.data.max_sentences is None else min(len(texts), cfg.data.max_sentences)
     width = teacher_width(cfg.teacher)
@@ -231,7 +231,7 @@ def check_job_inputs(cfg: JobConfig) -> dict[str, Any]:
                 from raydistill.data.corpus import parse_corpus_spec
 
                 corpus_file = str(parse_corpus_spec(cfg.data.corpus).path)
-            read_training_corpus(cfg.data.corpus)
+            read_training_corpus(cfg.data.corpus, cfg.data.evaluation_set_split)
         else:
             names += [name for source in cfg.data.corpus.split("+") for name in SOURCE_SETS.get(source, ())]
     names += EVALUATION_SETS
@@ -239,7 +239,7 @@ def check_job_inputs(cfg: JobConfig) -> dict[str, Any]:
         load_dataset(name)
     if reads_corpus:
         caption_views = [view for view, view_spec in cfg.data.views.items() if view_spec == "caption"]
-        if caption_views and not has_caption_groups(cfg.data.corpus):
+        if caption_views and not has_caption_groups(cfg.data.corpus, cfg.data.evaluation_set_split):
             raise cfg._error(f"data.views.{caption_views[0]}",
                              f"'caption' shows another caption of the same image, and corpus {cfg.data.corpus!r} has "
                              "no caption groups: every view would be the sentence itself. Use a corpus with captions "

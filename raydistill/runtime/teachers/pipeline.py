@@ -88,7 +88,7 @@ def view_seed(seed: int, view: str) -> int:
     return int(np.random.SeedSequence([int(seed), zlib.crc32(view.encode())]).generate_state(1)[0])
 
 
-def read_training_corpus(corpus: str) -> _Corpus:
+def read_training_corpus(corpus: str, split_of: str | None = None) -> _Corpus:
     from raydistill.data import load_dataset
 
     if corpus.startswith("file:") or corpus == "mixed":
@@ -96,7 +96,7 @@ def read_training_corpus(corpus: str) -> _Corpus:
 
         # A Corpus has _Corpus's fields (plus per-row sources); cached per file version, so the preflight
         # reads it once up front and the pipeline reuses it. Evaluation sentences are already removed.
-        return read_corpus(corpus)
+        return read_corpus(corpus, split_of)
     texts: list[str] = []
     groups: list[tuple[str, ...]] = []
     caption_groups: list[int] = []
@@ -125,7 +125,7 @@ def load_training_texts(data_cfg: DataConfig, seed: int, stats: dict[str, int] |
     ``stats``: when a dict is given, it receives the input counts of the module docstring (blank_lines,
     duplicates_dropped, subsampled_out, long_texts, texts_with_control_chars, rows).
     """
-    corpus = read_training_corpus(data_cfg.corpus)
+    corpus = read_training_corpus(data_cfg.corpus, data_cfg.evaluation_set_split)
     counts = {"blank_lines": 0, "duplicates_dropped": 0, **corpus.stats}
     keep = range(len(corpus.texts))
     if not corpus.is_pairs:  # the same sentence twice is one training example (and one teacher pass)
@@ -169,9 +169,9 @@ def _row_group_ids(corpus: _Corpus, keep: np.ndarray) -> np.ndarray:
     return np.where(caption >= 0, caption, own)
 
 
-def has_caption_groups(corpus: str) -> bool:
+def has_caption_groups(corpus: str, split_of: str | None = None) -> bool:
     """Whether ``corpus`` has rows with sibling captions (what the ``caption`` view shows)."""
-    return any(group >= 0 for group in read_training_corpus(corpus).caption_groups)
+    return any(group >= 0 for group in read_training_corpus(corpus, split_of).caption_groups)
 
 
 def _count_odd_texts(counts: dict[str, int], texts) -> None:
