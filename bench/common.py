@@ -64,6 +64,25 @@ def add_congen_step_arguments(parser, steps: int = 3, warmup: int = 1, rounds: i
     parser.add_argument("--rounds", type=int, default=rounds)
 
 
+def comma_names(allowed) -> Callable[[str], list[str]]:
+    """An argparse ``type``: ``"a,b"`` as ``["a", "b"]``, each one of ``allowed``."""
+    import argparse
+
+    def parse(text: str) -> list[str]:
+        names = [name.strip() for name in text.split(",") if name.strip()]
+        unknown = [name for name in names if name not in allowed]
+        if unknown or not names:
+            raise argparse.ArgumentTypeError(f"unknown {', '.join(unknown) or 'empty list'}; choose from "
+                                             f"{', '.join(allowed)}")
+        return names
+    return parse
+
+
+def comma_ints(text: str) -> list[int]:
+    """An argparse ``type``: ``"1000,1001"`` as ``[1000, 1001]``."""
+    return [int(part) for part in text.split(",") if part.strip()]
+
+
 def load_average() -> float:
     return round(os.getloadavg()[0], 2)
 

@@ -38,7 +38,7 @@ import sys
 import time
 from pathlib import Path
 
-from common import ROOT, load_average, write_record  # before torch
+from common import comma_ints, comma_names, load_average, write_record  # before torch
 
 from raydistill.data.readers import Pair
 from raydistill.data.registry import load_dataset
@@ -151,24 +151,20 @@ def run_domain(name: str, work: Path, *, seeds: list[int], budget: str | None, t
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--domains", default="qqp,mrpc", help=f"comma-separated, of {', '.join(DOMAINS)}")
-    parser.add_argument("--seeds", default="1000", help="training seeds, comma-separated")
+    parser.add_argument("--domains", type=comma_names(DOMAINS), default=list(DOMAINS),
+                        help=f"comma-separated, of {', '.join(DOMAINS)}")
+    parser.add_argument("--seeds", type=comma_ints, default=[1000], help="training seeds, comma-separated")
     parser.add_argument("--budget", default=None, help="distill's --budget (default: distill's own default)")
     parser.add_argument("--test-pairs", type=int, default=2000)
     parser.add_argument("--dev-pairs", type=int, default=2000)
     parser.add_argument("--work", default=str(Path.home() / ".cache" / "raydistill" / "bench-domain"))
     parser.add_argument("--write", help="result file (e.g. results/bench-domain.json)")
     args = parser.parse_args(argv)
-    domains = [name.strip() for name in args.domains.split(",") if name.strip()]
-    unknown = [name for name in domains if name not in DOMAINS]
-    if unknown:
-        parser.error(f"unknown domain(s) {', '.join(unknown)}; choose from {', '.join(DOMAINS)}")
-    seeds = [int(seed) for seed in args.seeds.split(",")]
     load_before = load_average()
     from raydistill.ship.recipe import DEFAULT_BUDGET
 
-    results = {name: run_domain(name, Path(args.work), seeds=seeds, budget=args.budget, test_pairs=args.test_pairs,
-                                dev_pairs=args.dev_pairs) for name in domains}
+    results = {name: run_domain(name, Path(args.work), seeds=args.seeds, budget=args.budget, test_pairs=args.test_pairs,
+                                dev_pairs=args.dev_pairs) for name in args.domains}
     record = {"teacher": TEACHER, "student": STUDENT, "budget": args.budget or DEFAULT_BUDGET,
               "target_recovered": 0.6, "domains": results}
     write_record(args.write, record, threads=2, load_before=load_before)

@@ -251,7 +251,7 @@ def _cmd_distill(args: argparse.Namespace) -> int:
 
 
 def _add_distill_parser(sub) -> None:
-    from raydistill.ship.recipe import recipes_help
+    from raydistill.ship.recipe import DEFAULT_BUDGET, recipes_help
 
     di = sub.add_parser(
         "distill", help="teacher + your text -> a student to ship: the best committed recipe for its size, trained, "
@@ -281,9 +281,10 @@ def _add_distill_parser(sub) -> None:
     di.add_argument("--dev-pairs", metavar="FILE",
                     help="scored pairs of your domain (same format as --eval-pairs, none of them in it) that choose "
                          "the best checkpoint and stop training early, instead of STS-B dev")
-    di.add_argument("--budget", metavar="TIME|STEPS",
-                    help="train to a budget instead of the recipe's epochs: wall time (90s, 30m, 2h) or steps (2000, "
-                         "'2000 steps'); the corpus repeats as the budget needs and early stopping is on")
+    di.add_argument("--budget", metavar="TIME|STEPS|epochs",
+                    help=f"how long to train: wall time (90s, 30m, 2h) or steps (2000, '2000 steps'), the corpus "
+                         f"repeating as the budget needs, early stopping on; default {DEFAULT_BUDGET} (unless --set "
+                         f"gives train.epochs or train.max_steps); 'epochs': the recipe's epochs")
     di.add_argument("--register", metavar="NAME", help="register the model under NAME in the MLflow Model Registry")
     di.add_argument("--seed", type=int, help="seed of sampling, shuffling and initialisation (default: the recipe's)")
     di.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",

@@ -295,10 +295,17 @@ def test_the_distill_command_sets_the_budget_and_the_dev_pairs(teacher_dir, tmp_
     plan = plan_distill(teacher=str(teacher_dir), student="layers:1", corpus=str(tmp_path / "corpus.txt"),
                         out=str(tmp_path / "out"), budget="30m", dev_pairs=dev)
     assert plan.cfg.train.budget == "30m" and plan.cfg.train.dev_pairs == dev and plan.budget == "30m"
-    unset = plan_distill(teacher=str(teacher_dir), student="layers:1", corpus=str(tmp_path / "corpus.txt"),
-                         out=str(tmp_path / "out"))
-    assert unset.cfg.train.budget is None and unset.cfg.train.dev_pairs is None
-    assert unset.config_hash != plan.config_hash
+    from raydistill.ship.recipe import DEFAULT_BUDGET
+
+    default = plan_distill(teacher=str(teacher_dir), student="layers:1", corpus=str(tmp_path / "corpus.txt"),
+                           out=str(tmp_path / "out"))
+    assert default.cfg.train.budget == default.budget == DEFAULT_BUDGET and default.cfg.train.dev_pairs is None
+    assert default.config_hash != plan.config_hash
+    # the recipe's epochs: asked for by name, or by --set giving the run's length
+    for given in ({"budget": "epochs"}, {"overrides": ["train.epochs=2"]}, {"overrides": ["train.max_steps=9"]}):
+        unset = plan_distill(teacher=str(teacher_dir), student="layers:1", corpus=str(tmp_path / "corpus.txt"),
+                             out=str(tmp_path / "out"), **given)
+        assert unset.cfg.train.budget is None and unset.budget is None, given
     with pytest.raises(DistillError, match="--dev-pairs .*: file not found"):
         plan_distill(teacher=str(teacher_dir), student="layers:1", corpus=str(tmp_path / "corpus.txt"),
                      out=str(tmp_path / "out"), dev_pairs=str(tmp_path / "none.tsv"))

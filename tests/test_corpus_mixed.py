@@ -159,6 +159,25 @@ def test_evaluation_sentences_are_removed_from_a_sentence_file(tmp_path):
     assert corpus.texts == SENTENCES[:2] and corpus.stats["evaluation_sentences_removed"] == 1
 
 
+def test_a_split_of_an_evaluation_set_keeps_that_set_and_no_other(tmp_path):
+    """``data.evaluation_set_split``: a corpus cut from QQP dev keeps its questions (a domain benchmark tests on the
+    other split), while a sentence of any other evaluation set still goes."""
+    qqp = [pair.sentence1 for pair in load_dataset("qqp_dev")[:3]]
+    stsb = load_dataset("stsb_test")[3].sentence2
+    path = tmp_path / "half.txt"
+    path.write_text("\n".join([*qqp, stsb, SENTENCES[0]]) + "\n")
+    assert read_corpus(f"file:{path}").texts == [SENTENCES[0]]
+    kept = read_corpus(f"file:{path}", "qqp_dev")
+    assert kept.texts == [*qqp, SENTENCES[0]] and kept.stats["evaluation_sentences_removed"] == 1
+    with pytest.raises(ValueError, match="not an evaluation set"):
+        read_corpus(f"file:{path}", "mrpc_train")
+    with pytest.raises(ValueError, match="is for a file: corpus"):
+        read_corpus("mixed", "qqp_dev")
+    with pytest.raises(ConfigError, match="evaluation_set_split 'qqp_dev' is for a file: corpus"):
+        JobConfig.from_dict({"method": "simcse", "student": "s", "data": {"corpus": "mixed",
+                                                                          "evaluation_set_split": "qqp_dev"}})
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # Bad input: refused at config validation, before Ray, a model or the teacher pass
 

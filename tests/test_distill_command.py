@@ -282,7 +282,7 @@ def _check_source_settings(recipe, same_corpus: bool = True) -> None:
 # The whole command
 
 
-TINY = ["--max-sentences", "160", "--set", "train.batch_size=16", "--set", "loss.queue_size=32",
+TINY = ["--max-sentences", "160", "--budget", "epochs", "--set", "train.batch_size=16", "--set", "loss.queue_size=32",
         "--set", "train.eval_every=10", "--set", "train.checkpoint_every=5", "--set", "data.max_length=32",
         "--set", "data.teacher_max_length=32", "--set", "tracking.enabled=false", "--set", "runtime.log_every=10",
         "--set", "resources.learner.threads=1", "--set", "resources.teacher.threads=1"]

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from raydistill.ship.recipe import LABELS, Recipe, labels_for, layer_params, recipe_for
+from raydistill.ship.recipe import DEFAULT_BUDGET, LABELS, Recipe, labels_for, layer_params, recipe_for
 
 __all__ = ["DistillError", "DistillPlan", "StudentSpec", "parse_student_spec", "plan_distill", "run_distill", "train_student",
            "REGISTER_KNOB", "MANIFEST", "training_dir"]
@@ -360,10 +360,18 @@ def _thread_overrides() -> list[str]:
     return [f"resources.num_cpus={cores}", f"resources.teacher.threads={cores}", f"resources.learner.threads={cores}"]
 
 
-def _budget(budget: str | int | None) -> str | None:
-    """``--budget`` as ``train.budget`` spells it; DistillError naming the option when it is neither steps nor a
-    wall time."""
+# --set fields that give the run its length themselves: with one of them and no --budget, no default budget.
+_LENGTH_FIELDS = ("train.epochs", "train.max_steps", "train.budget")
+
+
+def _budget(budget: str | int | None, overrides: list[str] | tuple[str, ...] = ()) -> str | None:
+    """``--budget`` as ``train.budget`` spells it (None: the recipe's epochs). Not given: ``DEFAULT_BUDGET``, unless
+    ``--set`` sets the run's length; ``epochs``: the recipe's epochs. DistillError naming the option when it is
+    neither steps nor a wall time."""
     if budget is None:
+        sets_length = any(item.split("=", 1)[0].strip() in _LENGTH_FIELDS for item in overrides)
+        return None if sets_length else DEFAULT_BUDGET
+    if str(budget).strip().lower() == "epochs":
         return None
     from raydistill.config.sections import parse_budget
 
@@ -430,7 +438,7 @@ def plan_distill(*, teacher: str, student: str, corpus: str, out: str | None = N
                            f"a static table with labels; a static student takes --labels "
                            f"{', '.join(labels_for(static=True))}")
     corpus_spec = _corpus(corpus)
-    budget_text = _budget(budget)
+    budget_text = _budget(budget, overrides)
     pairs_path, pairs = _pairs_file("--eval-pairs", eval_pairs)
     dev_path, dev = _pairs_file("--dev-pairs", dev_pairs)
     if pairs and dev:
