@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+SEEDS_FILE = ROOT / "results" / "bench-seeds.json"  # bench/seeds.py: the seed noise of each published recipe
 sys.path.insert(0, str(ROOT))  # this checkout's package, installed or not
 
 from raydistill.nested import flatten  # noqa: E402
@@ -636,16 +637,102 @@ def compare_public_table(records: list[dict], record: dict | None = None) -> str
     return "\n".join(lines).rstrip()
 
 
-def best_students_table(records: list[dict], rates: dict[str, float] | None = None) -> str:
+def seed_spreads(path: Path = SEEDS_FILE) -> dict[str, dict]:
+    """Per student size, the 7-STS seed spread bench/seeds.py measured (``{"spread", "std", "n", ...}``); empty when
+    the file is absent. It is measured at a smaller scale than the published runs, and every cell that uses it says
+    so."""
+    if not path.is_file():
+        return {}
+    return {size: entry["sts7"] for size, entry in json.loads(path.read_text())["sizes"].items()}
+
+
+def _spread_cell(spreads: dict[str, dict], student: str) -> str:
+    spread = spreads.get(student)
+    return f"±{spread['spread'] / 2:.2f} (n={spread['n']})" if spread else "not measured"
+
+
+def margin_verdict(value: float, bar: float, spread: float | None) -> str:
+    """``+0.13 (met)``, ``-0.92 (missed)``, or ``+0.13 (within noise)`` when the margin is no larger than the
+    measured seed spread (max - min over seeds) of that student."""
+    margin = value - bar
+    if spread is not None and abs(margin) <= spread:
+        return f"{margin:+.2f} (within noise)"
+    return f"{margin:+.2f} ({'met' if margin >= 0 else 'missed'})"
+
+
+DOMAIN_FILE = ROOT / "results" / "bench-domain.json"
+
+
+def domain_table(records: list[dict] | None = None, path: Path = DOMAIN_FILE) -> str:
+    """bench/domain.py's run: per domain, the start (the cut), the student and the teacher on the held-out test
+    pairs, and the share of what the cut lost that the student won back, against the 60 % target."""
+    if not path.is_file():
+        return "Not run yet: `python bench/domain.py --write results/bench-domain.json`."
+    record = json.loads(path.read_text())
+    target = record.get("target_recovered", 0.6)
+    lines = ["| domain | corpus / dev / test | start (cut) | student | teacher | recovered | target | training "
+             "| CPU |", "|" + "---|" * 9]
+    for name, domain in record["domains"].items():
+        split, runs = domain["split"], domain["runs"]
+        recovered = domain["recovered_mean"]
+        spread = domain.get("recovered_spread")
+        seeds = f", {len(runs)} seeds, spread {100 * spread:.0f} pts" if spread is not None else ""
+        verdict = "–" if recovered is None else (
+            f"≥ {100 * target:.0f} %: {'met' if recovered >= target else 'missed'}")
+        run = runs[0]
+        curve = run.get("dev_curve") or []
+        training = (f"{run['method']}, {run['steps']} of {run['planned_steps']} steps"
+                    f"{' (stopped early)' if run['steps'] < run['planned_steps'] else ''}, best at "
+                    f"{run['best_step']}, {run['train_seconds'] / 60:.0f} min, {len(curve)} dev evaluations")
+        lines.append("| " + " | ".join([
+            f"{name} ({', '.join(split['source'])})",
+            f"{split['corpus_sentences']:,} sentences / {split['dev_pairs']:,} / {split['test_pairs']:,} pairs",
+            f"{domain['start']:.2f}", f"**{domain['student_mean']:.2f}**", f"{domain['teacher']:.2f}",
+            f"**{100 * recovered:.0f} %**{seeds}" if recovered is not None else "–", verdict, training,
+            _cpu_cell(record)]) + " |")
+    return "\n".join(lines)
+
+
+def _cpu_cell(record: dict) -> str:
+    machine = record.get("machine") or {}
+    bf16 = {True: ", bf16 units", False: ", no bf16 units"}.get(machine.get("bf16_native"), "")
+    return f"{machine.get('cpu', '?')}{bf16}, {machine.get('threads', '?')} threads, {record.get('date', '?')[:10]}"
+
+
+def seeds_table(records: list[dict] | None = None, path: Path = SEEDS_FILE) -> str:
+    """bench/seeds.py's run: per size, each seed's 7-STS and STS-B dev, their mean and spread, beside the published
+    run of that recipe on the whole corpus."""
+    if not path.is_file():
+        return "Not run yet: `python bench/seeds.py --write results/bench-seeds.json`."
+    record = json.loads(path.read_text())
+    lines = ["| student (recipe) | 7-STS per seed | mean | spread (max − min) | STS-B dev per seed | dev spread "
+             "| published run, whole corpus: 7-STS / dev |", "|" + "---|" * 7]
+    for size, entry in record["sizes"].items():
+        runs, published = entry["runs"], entry["published"]
+        lines.append("| " + " | ".join([
+            f"`{size}` ({runs[0]['method']}, {runs[0]['epochs']} epochs)",
+            " / ".join(f"{run['sts7']:.2f}" for run in runs), f"{entry['sts7']['mean']:.2f}",
+            f"**{entry['sts7']['spread']:.2f}**", " / ".join(f"{run['stsb_dev']:.2f}" for run in runs),
+            f"{entry['stsb_dev']['spread']:.2f}",
+            f"{published['sts7']:.2f} / {published['stsb_dev']:.2f} ([file](results/{published['file']}))"]) + " |")
+    lines.append(f"\n{record['corpus']}; precision {record['precision']}; seeds {', '.join(map(str, record['seeds']))}"
+                 f"; {_cpu_cell(record)}.")
+    return "\n".join(lines)
+
+
+def best_students_table(records: list[dict], rates: dict[str, float] | None = None,
+                        spreads: dict[str, dict] | None = None) -> str:
     """The front page's table: per student size, the run on the whole corpus with the best STS-B dev (any method,
     any bi-encoder teacher), once label-free and once with NLI labels (DistilCSE's second stage), with its 7-STS
     average, its share of that teacher's average and how much faster it encodes than the teacher. A label-free
     row may be the first stage of an NLI run: that stage's own scores, recorded in the run's file."""
     rates = _encode_rates() if rates is None else rates
+    spreads = seed_spreads() if spreads is None else spreads
     records = scale_records(records)
     teachers = {r["model"]: r for r in records if r["kind"] == "baseline"}
     lines = ["| student | params (M) | 7-STS before | labels | best by STS-B dev (method ← teacher) | STS-B dev "
-             "| 7-STS | % of teacher | encodes × faster than teacher | result file |", "|" + "---|" * 10]
+             "| 7-STS | seed noise † | % of teacher | encodes × faster than teacher | result file |",
+             "|" + "---|" * 11]
     for student in FRONT_PAGE_SIZES:
         start = teachers.get(student)
         runs = [r for r in _raydistill_students(records) if r["model"] == student and r.get("teacher") in teachers]
@@ -657,8 +744,8 @@ def best_students_table(records: list[dict], rates: dict[str, float] | None = No
         for labels, found in (("none", label_free), ("NLI", supervised)):
             if not found:
                 lines.append(f"| `{student}` | – | {start['scores']['avg']:.2f} | {labels} | not run on the whole "
-                             "corpus yet | – | – | – | – | – |" if start else
-                             f"| `{student}` | – | – | {labels} | not run yet | – | – | – | – | – |")
+                             "corpus yet | – | – | – | – | – | – |" if start else
+                             f"| `{student}` | – | – | {labels} | not run yet | – | – | – | – | – | – |")
                 continue
             method, scores, best = max(found, key=lambda item: _dev(item[1]))
             teacher = teachers[best["teacher"]]
@@ -667,8 +754,8 @@ def best_students_table(records: list[dict], rates: dict[str, float] | None = No
             lines.append("| " + " | ".join([
                 f"`{student}`", f"{best['params_m']:.1f}", f"{start['scores']['avg']:.2f}" if start else "–", labels,
                 f"{method} ← `{best['teacher']}` ({teacher['scores']['avg']:.2f})", f"{scores['stsb_dev']:.2f}",
-                f"**{scores['avg']:.2f}**", f"{100 * scores['avg'] / teacher['scores']['avg']:.1f}",
-                speed, _file_cell(best)]) + " |")
+                f"**{scores['avg']:.2f}**", _spread_cell(spreads, student) if labels == "none" else "not measured",
+                f"{100 * scores['avg'] / teacher['scores']['avg']:.1f}", speed, _file_cell(best)]) + " |")
     return "\n".join(lines)
 
 
@@ -735,9 +822,11 @@ def _label_free_students(records: list[dict], student: str) -> list[tuple[str, d
     return found
 
 
-def scale_targets_table(records: list[dict]) -> str:
+def scale_targets_table(records: list[dict], spreads: dict[str, dict] | None = None) -> str:
     """Per student size, trained on the whole mixed corpus from mpnet-base: the best label-free student against its
-    target, its start, SimCSE on the same corpus and sentence-transformers' MSE recipe; DistilCSE beside it."""
+    target, its start, SimCSE on the same corpus and sentence-transformers' MSE recipe; DistilCSE beside it. A
+    margin no larger than the size's measured seed spread is "within noise", not met or missed."""
+    spreads = seed_spreads() if spreads is None else spreads
     records = scale_records(records)
     baselines = {r["model"]: r for r in records if r["kind"] == "baseline"}
 
@@ -748,7 +837,7 @@ def scale_targets_table(records: list[dict]) -> str:
     def check(value: float | None, bar: float | None) -> str:
         if value is None or bar is None:
             return "–"
-        return f"{value - bar:+.2f} ({'met' if value >= bar else 'missed'})"
+        return margin_verdict(value, bar, (spreads.get(student) or {}).get("spread"))
 
     def comparison_cell(run: dict | None) -> str:
         # a comparison run on the unfiltered corpus says so in its own cell: the row's link is another file
@@ -1008,6 +1097,9 @@ def quickstart_session(records: list[dict] | None = None, manifest_path: Path = 
     manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
     recipe = Recipe.from_dict(manifest["recipe"]["recipe"])
     command = manifest["command"].removeprefix("raydistill ")
+    if "--budget" not in command and manifest["recipe"].get("budget", "epochs") == "epochs":
+        # trained for the recipe's epochs, which today's command spells so (its default is a time budget)
+        command += " --budget epochs"
     table = format_table([Row(**row) for row in manifest["rows"]], margin=manifest["quality_margin"],
                          speed=manifest["speed"])
     # The footnotes on the margin and on where each score came from are left to the linked manifest, for space.
@@ -1063,13 +1155,13 @@ PAGES = {
                         "distill_history": lambda records: distill_table(history_records(records)
                                                                          + superseded_starts()),
                         "distill_superseded": lambda records: superseded_table(),
-                        "targets": targets_table,
+                        "targets": targets_table, "seeds": seeds_table,
                         "tune": tune_table, "tune_trials": tune_trials_table},
     "docs/trans-encoder.md": {"tenc": tenc_table, "tenc_compare": tenc_compare_table,
                               "tenc_inductive": tenc_inductive_table,
                               "tenc_pair_auc": tenc_pair_auc_table, "tenc_levers": tenc_levers_table,
                               "tenc_stage_screen": tenc_stage_screen_table},
-    "docs/benchmarks.md": {"bench": bench_table, "compare_public": compare_public_table},
+    "docs/benchmarks.md": {"bench": bench_table, "compare_public": compare_public_table, "domain": domain_table},
     "docs/cluster.md": {"gpu_configs": gpu_configs_table},
 }
 

@@ -614,7 +614,7 @@ def _package(plan: DistillPlan, record: dict[str, Any], progress: Progress):
     start = f"{plan.teacher} cut to {plan.student.text}" if plan.student.kind == "cut" else plan.student.text
     labels = "label-free" if plan.recipe.labels == "none" else "with DistilCSE's NLI stage"
     recipe_info = {
-        "methods": [plan.recipe.method], "student": start, "seed": plan.cfg.seed,
+        "methods": [plan.recipe.method], "student": start, "seed": plan.cfg.seed, "budget": plan.budget or "epochs",
         "stages": [{key: stage.get(key) for key in ("method", "epochs", "lr", "batch_size", "steps", "best_step",
                                                      "best_stsb_dev") if stage.get(key) is not None}
                    for stage in training.get("stages") or []],
