@@ -14,6 +14,12 @@ bf16 in hardware (the published runs' precision) and fp32 elsewhere.
     python bench/seeds.py --write results/bench-seeds.json
     python bench/seeds.py --sizes bert-tiny --seeds 1000,1001,1002,1003,1004
 
+A recipe lever is screened the same way, one change at a time against that spread: ``--set KEY=VALUE`` (repeatable,
+any job config field, as `raydistill distill --set`) changes the recipe, and the run dirs and record say so:
+
+    python bench/seeds.py --sizes minilm-l3 --seeds 1000 --set loss.queue_size=65536 \
+        --write results/levers/minilm-l3-queue65536.json
+
 Runs live in ``--work`` (default ``~/.cache/raydistill/bench-seeds``): the same command again resumes each
 training from its checkpoints and reuses finished ones.
 """
@@ -47,11 +53,11 @@ def write_sample(work: Path, sentences: int) -> Path:
     return path
 
 
-def train_seed(size: str, corpus: Path, out: Path, *, seed: int, precision: str) -> dict:
+def train_seed(size: str, corpus: Path, out: Path, *, seed: int, precision: str, changes: list[str] = ()) -> dict:
     from raydistill.ship.command import plan_distill, train_student
 
     plan = plan_distill(teacher=TEACHER, student=size, corpus=str(corpus), out=str(out), seed=seed, budget="epochs",
-                        overrides=[f"train.precision={precision}"])
+                        overrides=[f"train.precision={precision}", *changes])
     started = time.perf_counter()
     record = train_student(plan)
     scores = record.get("scores") or {}
@@ -74,6 +80,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seeds", type=comma_ints, default=[1000, 1001, 1002], help="comma-separated")
     parser.add_argument("--sentences", type=int, default=20000)
     parser.add_argument("--precision", choices=("auto", "fp32", "bf16"), default="auto")
+    parser.add_argument("--set", dest="changes", action="append", default=[], metavar="KEY=VALUE",
+                        help="a change to the recipe (a lever), as raydistill distill --set; repeatable")
     parser.add_argument("--work", default=str(Path.home() / ".cache" / "raydistill" / "bench-seeds"))
     parser.add_argument("--write", help="result file (e.g. results/bench-seeds.json)")
     args = parser.parse_args(argv)
@@ -88,12 +96,14 @@ def main(argv: list[str] | None = None) -> int:
     corpus = write_sample(work, args.sentences)
     results = {}
     for size in sizes:
-        runs = [train_seed(size, corpus, work / f"{size}-s{seed}", seed=seed, precision=precision) for seed in seeds]
+        label = "".join(f"-{change.replace('=', '').replace('.', '_')}" for change in args.changes)
+        runs = [train_seed(size, corpus, work / f"{size}{label}-s{seed}", seed=seed, precision=precision,
+                           changes=args.changes) for seed in seeds]
         results[size] = {"runs": runs, "sts7": spread([run["sts7"] for run in runs]),
                          "stsb_dev": spread([run["stsb_dev"] for run in runs]), "published": runs[0]["published"]}
         print(f"{size}: 7-STS {results[size]['sts7']}, STS-B dev {results[size]['stsb_dev']}", flush=True)
     record = {"teacher": TEACHER, "corpus": f"mixed, a fixed sample of {args.sentences:,} sentences (seed 0)",
-              "precision": precision, "seeds": seeds, "sizes": results}
+              "precision": precision, "seeds": seeds, "changes": args.changes, "sizes": results}
     write_record(args.write, record, threads=2, load_before=load_before)
     return 0
 

@@ -720,6 +720,39 @@ def seeds_table(records: list[dict] | None = None, path: Path = SEEDS_FILE) -> s
     return "\n".join(lines)
 
 
+RECIPE_LEVERS_DIR = ROOT / "results" / "levers"
+
+
+def recipe_levers_table(records: list[dict] | None = None, levers_dir: Path = RECIPE_LEVERS_DIR,
+                        seeds_path: Path = SEEDS_FILE) -> str:
+    """Each recipe lever screened by bench/seeds.py ``--set`` (results/levers/): its STS-B dev (what chooses) and
+    7-STS beside the unchanged recipe's seed mean and spread on the same sample; a dev change no larger than that
+    spread is "within noise"."""
+    files = sorted(levers_dir.glob("*.json")) if levers_dir.is_dir() else []
+    if not files:
+        return "No lever screened yet: `python bench/seeds.py --sizes SIZE --seeds 1000 --set KEY=VALUE --write " \
+               "results/levers/NAME.json`."
+    baseline = json.loads(seeds_path.read_text())["sizes"] if seeds_path.is_file() else {}
+    lines = ["| student | change to its recipe | STS-B dev | vs the recipe's seed mean (dev spread) | 7-STS "
+             "| verdict on dev | result file |", "|" + "---|" * 7]
+    for path in files:
+        record = json.loads(path.read_text())
+        for size, entry in record["sizes"].items():
+            base = baseline.get(size)
+            dev = entry["stsb_dev"]["mean"]
+            if base:
+                delta, spread = dev - base["stsb_dev"]["mean"], base["stsb_dev"]["spread"]
+                versus = f"{delta:+.2f} ({base['stsb_dev']['mean']:.2f} ± {spread / 2:.2f})"
+                verdict = ("within noise" if abs(delta) <= spread else "better" if delta > 0 else "worse")
+            else:
+                versus, verdict = "no seed baseline", "–"
+            lines.append("| " + " | ".join([
+                f"`{size}`", ", ".join(f"`{change}`" for change in record.get("changes") or []) or "none",
+                f"{dev:.2f}", versus, f"{entry['sts7']['mean']:.2f}", verdict,
+                f"[{path.name}](results/levers/{path.name})"]) + " |")
+    return "\n".join(lines)
+
+
 def best_students_table(records: list[dict], rates: dict[str, float] | None = None,
                         spreads: dict[str, dict] | None = None) -> str:
     """The front page's table: per student size, the run on the whole corpus with the best STS-B dev (any method,
@@ -1155,7 +1188,7 @@ PAGES = {
                         "distill_history": lambda records: distill_table(history_records(records)
                                                                          + superseded_starts()),
                         "distill_superseded": lambda records: superseded_table(),
-                        "targets": targets_table, "seeds": seeds_table,
+                        "targets": targets_table, "seeds": seeds_table, "recipe_levers": recipe_levers_table,
                         "tune": tune_table, "tune_trials": tune_trials_table},
     "docs/trans-encoder.md": {"tenc": tenc_table, "tenc_compare": tenc_compare_table,
                               "tenc_inductive": tenc_inductive_table,
