@@ -309,3 +309,22 @@ def test_the_distill_command_sets_the_budget_and_the_dev_pairs(teacher_dir, tmp_
     with pytest.raises(DistillError, match="--dev-pairs .*: file not found"):
         plan_distill(teacher=str(teacher_dir), student="layers:1", corpus=str(tmp_path / "corpus.txt"),
                      out=str(tmp_path / "out"), dev_pairs=str(tmp_path / "none.tsv"))
+
+
+def test_the_distill_command_trains_in_bf16_only_where_the_cpu_multiplies_it(teacher_dir, tmp_path, no_ray_start,
+                                                                             monkeypatch):
+    """A time budget buys about three times the steps in bf16 on a CPU with bf16 units; elsewhere bf16 is emulated
+    and many times slower, so the command trains in fp32 there. A --set of the precision wins."""
+    from raydistill.runtime.teachers import teacher
+    from raydistill.ship.command import describe_plan, plan_distill
+
+    (tmp_path / "corpus.txt").write_text("a dog runs across the field\ntwo people ride bikes downhill\n")
+    plan = lambda **given: plan_distill(teacher=str(teacher_dir), student="layers:1",  # noqa: E731
+                                        corpus=str(tmp_path / "corpus.txt"), out=str(tmp_path / "out"), **given)
+    monkeypatch.setattr(teacher, "bf16_support", lambda: (True, "test: bf16 units"))
+    fast = plan()
+    assert fast.cfg.train.precision == "bf16"
+    assert "precision bf16 (this CPU multiplies bf16 in hardware)" in describe_plan(fast)
+    assert plan(overrides=["train.precision=fp32"]).cfg.train.precision == "fp32"
+    monkeypatch.setattr(teacher, "bf16_support", lambda: (False, "test: emulated"))
+    assert plan().cfg.train.precision == "fp32"

@@ -360,6 +360,17 @@ def _thread_overrides() -> list[str]:
     return [f"resources.num_cpus={cores}", f"resources.teacher.threads={cores}", f"resources.learner.threads={cores}"]
 
 
+def _precision_overrides(overrides: list[str] | tuple[str, ...]) -> list[str]:
+    """bf16 training where this CPU multiplies bf16 in hardware (AVX512-BF16, AMX): about 3 times the steps of fp32
+    in a time budget at the same 7-STS (the committed bf16/fp32 ConGen pairs, docs/benchmarks.md); fp32 elsewhere,
+    where bf16 is emulated and many times slower. A ``--set train.precision`` wins."""
+    if any(item.split("=", 1)[0].strip() == "train.precision" for item in overrides):
+        return []
+    from raydistill.runtime.teachers.teacher import bf16_support
+
+    return ["train.precision=bf16"] if bf16_support()[0] else []
+
+
 # --set fields that give the run its length themselves: with one of them and no --budget, no default budget.
 _LENGTH_FIELDS = ("train.epochs", "train.max_steps", "train.budget")
 
@@ -458,7 +469,7 @@ def plan_distill(*, teacher: str, student: str, corpus: str, out: str | None = N
     settings += [f"seed={seed}"] if seed is not None else []
     settings += [f"train.budget={budget_text}"] if budget_text is not None else []
     settings += [f"train.dev_pairs={dev_path}"] if dev_path is not None else []
-    settings += _thread_overrides()
+    settings += _thread_overrides() + _precision_overrides(overrides)
     settings += register_overrides(register)
     cfg = JobConfig.from_yaml(shipped_config(recipe.config), list(recipe.overrides) + settings + list(overrides))
     # a missing, unreadable, empty or all-evaluation corpus: DataError
@@ -500,6 +511,8 @@ def describe_plan(plan: DistillPlan) -> list[str]:
                f"{plan.cfg.train.stop_patience()} evaluations without a new best"] if plan.budget else []),
             *([f"dev pairs {plan.dev_pairs}: they, not STS-B dev, choose the best checkpoint"] if plan.dev_pairs
               else []),
+            f"precision {plan.cfg.train.precision}" + (" (this CPU multiplies bf16 in hardware)"
+                                                       if plan.cfg.train.precision == "bf16" else ""),
             f"output {plan.out_dir} (training run: {plan.run_dir})"]
 
 
