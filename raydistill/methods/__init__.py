@@ -6,15 +6,16 @@
 | sct | views a, b (+ a no-grad reference pass, dropout on) | — | cross-view KL over queue+batch | K 65536, τ_t .02, τ_s .03 (Small row) |
 | sct-distill | views a, b | views a, b (cached) | cross-view KL (+ L_SCT, own τ .02/.03) | K 65536, τ_t .04, τ_s .05, queues from teacher vectors |
 | ckd | view a | view a (cached) | InfoNCE vs teacher vectors + queue, learnable scale | K 65536, scale e (τ = e^-1), empty queue |
+| congen-ckd | control + generalize view | control view (cached) | w · CKD + (1 − w) · ConGen over one queue (a recipe lever, no paper's method) | w .5; ConGen's K, τ_t, τ_s and queue init; CKD's scale e (τ = e^-1) learned |
 | distilcse | ckd, then supervised SimCSE on NLI triplets | | | stage 2: τ .05, lr 5e-5 |
 | dvbert | NLI pairs (siamese), then STS-B train | K fine-tuned NLI cross-encoders | teacher-annealed CE, then cosine MSE | |
 | l2 | view a | view a (cached) | MSE to the teacher vector | |
 | simcse | view a twice (two dropout masks) | — | InfoNCE, τ .05 | |
 
 Defaults follow the authors' code (docs/methods.md says where and why they differ); every one can be overridden in
-``loss:``. Projection (ConGen, SCT-distill, CKD, L2): when the student's width differs from the teacher's, the
-student gets ``Linear(d_s → d_t)`` as a sentence-transformers Dense module, saved with the model. Queue losses read
-the rows' ``group``: rows of one caption group (one image) are not each other's negatives.
+``loss:``. Projection (ConGen, ConGen + CKD, SCT-distill, CKD, L2): when the student's width differs from the
+teacher's, the student gets ``Linear(d_s → d_t)`` as a sentence-transformers Dense module, saved with the model.
+Queue losses read the rows' ``group``: rows of one caption group (one image) are not each other's negatives.
 
 Adding a method is an objective (raydistill/objectives/), a file here that defines its ``SPEC`` (with the schema of
 its ``loss:`` and ``extra:`` settings), and a config: every module of this package with a ``SPEC`` is registered, and

@@ -9,6 +9,7 @@ inside the loss. Queue-based losses update their queue inside ``forward``, after
 | congen.py | ConGenLoss | Limkonchotiwat et al., Findings of EMNLP 2022 |
 | sct.py | SCTLoss, SCTDistillLoss | Limkonchotiwat et al., TACL 2023, arXiv:2311.03228 |
 | ckd.py | CKDLoss | DistilCSE stage 1, arXiv:2112.05638 |
+| congen_ckd.py | ConGenCKDLoss | w · CKD + (1 − w) · ConGen on one queue (a recipe lever, no paper of its own) |
 | distilcse_nli.py | SupervisedSimCSELoss, build_nli_triplets | DistilCSE stage 2 / SimCSE, arXiv:2104.08821 |
 | dvbert.py | DvBERTLoss, SoftmaxClassifierLoss, TeacherAnnealing | Cheng, SIGIR 2021, arXiv:2104.08675 |
 | classification.py | LogitCrossEntropyLoss | (DvBERT's NLI teachers) |
@@ -20,6 +21,7 @@ from raydistill.objectives.base import LossOutput
 from raydistill.objectives.ckd import CKDLoss, LearnableScale
 from raydistill.objectives.classification import LogitCrossEntropyLoss
 from raydistill.objectives.congen import ConGenLoss
+from raydistill.objectives.congen_ckd import ConGenCKDLoss
 from raydistill.objectives.distilcse_nli import SupervisedSimCSELoss, build_nli_triplets, load_nli_triplets
 from raydistill.objectives.dvbert import DvBERTLoss, SoftmaxClassifierLoss, TeacherAnnealing, annealed_target
 from raydistill.objectives.l2 import L2DistillLoss
@@ -35,6 +37,7 @@ from raydistill.objectives.trans_encoder import (
 
 __all__ = [
     "CKDLoss",
+    "ConGenCKDLoss",
     "ConGenLoss",
     "CosineMSELoss",
     "DvBERTLoss",
