@@ -11,6 +11,10 @@ measured side by side in one run) plus the provenance every number in the docs n
                  shared, and a load above the thread count means the numbers were taken under contention
 
 Import this module before torch: it sets the environment torch, transformers and Ray read at import time.
+
+``side_environment(name, pins)`` gives the Python of a virtual environment in which the exact versions ``pins`` sit in
+front of this project's packages: for a library whose own pins clash with the project's (Model2Vec's distillation,
+sentence-transformers' ONNX backend). It raises `PackageIndexUnreachable` when pip cannot reach the package index.
 """
 
 from __future__ import annotations
@@ -20,8 +24,11 @@ import json
 import os
 import platform
 import shlex
+import shutil
 import statistics
+import subprocess
 import sys
+import sysconfig
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -39,6 +46,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 RESULTS = ROOT / "results"
+SIDE_ENVIRONMENTS = Path.home() / ".cache" / "raydistill" / "bench-venvs"
 
 
 def set_threads(threads: int) -> None:
@@ -99,15 +107,18 @@ def cpu_model() -> str:
 
 def machine(threads: int) -> dict[str, Any]:
     """The machine a number was measured on. One CPU model name covers kinds with and without bf16 matrix units
-    (bf16 ~5x fp32 on one, emulated and far slower on the other), so the record says which this was."""
+    (bf16 ~5x fp32 on one, emulated and far slower on the other) and with and without VNNI (int8 dot products), so
+    the record says which this was."""
     import torch
 
     from raydistill.runtime.teachers.teacher import bf16_support
+    from raydistill.ship.package import cpu_instruction_set
 
     fast_bf16, evidence = bf16_support()
     return {
         "cpu": cpu_model(),
         "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "instruction_set": cpu_instruction_set()["summary"],
         "bf16_native": fast_bf16,
         "bf16_evidence": evidence,
         "logical_cpus": os.cpu_count(),
@@ -202,3 +213,57 @@ def sts_sentences(count: int, seed: int = 0) -> list[str]:
             seen.setdefault(pair.sentence2, None)
     texts = list(seen)
     return [texts[i] for i in np.random.default_rng(seed).permutation(len(texts))[:count]]
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Side environments
+
+# What pip prints when the package index cannot be reached at all (no route, no name resolution, refused, timed out),
+# as opposed to a pin that does not exist or a wheel that does not install.
+_UNREACHABLE = ("NewConnectionError", "Failed to establish a new connection", "Temporary failure in name resolution",
+                "Name or service not known", "Network is unreachable", "Connection refused", "ConnectTimeoutError",
+                "ReadTimeoutError", "ProxyError", "connection broken by")
+
+
+class PackageIndexUnreachable(ConnectionError):
+    """pip could not reach the package index to install a side environment's pins: the network, not the code."""
+
+
+def side_environment(name: str, pins: tuple[str, ...] | list[str]) -> Path:
+    """The Python of ``SIDE_ENVIRONMENTS/<name>``: a virtual environment with exactly ``pins`` (``package==version``)
+    installed, in front of this project's environment for everything else (torch, numpy, onnxruntime, ...).
+
+    Built on first use and again whenever its marker file lists other pins; reused as it is otherwise. The pins go
+    into a bare environment with ``--no-deps``, so pip never sees, and never changes, the project's packages; a
+    ``.pth`` file then appends the project's site-packages (``site.addsitedir``: after the pins, and its own ``.pth``
+    files run, so an editable raydistill imports too). Raises `PackageIndexUnreachable` when the index cannot be
+    reached, RuntimeError with pip's message for any other failure.
+    """
+    venv = SIDE_ENVIRONMENTS / name
+    python = venv / "bin" / "python"
+    marker = venv / "raydistill-pins.txt"
+    pins = list(pins)
+    if not (python.is_file() and marker.is_file() and marker.read_text().split() == pins):
+        shutil.rmtree(venv, ignore_errors=True)
+        print(f"  creating {venv} with {' '.join(pins)}", flush=True)
+        base = Path(getattr(sys, "_base_executable", sys.executable))
+        subprocess.run([str(base), "-m", "venv", str(venv)], check=True)
+        installed = subprocess.run([str(python), "-m", "pip", "install", "-q", "--no-deps", "--retries", "2",
+                                    "--disable-pip-version-check", *pins], capture_output=True, text=True)
+        if installed.returncode != 0:
+            shutil.rmtree(venv, ignore_errors=True)
+            unreachable = [line.strip() for line in installed.stderr.splitlines()
+                           if any(sign in line for sign in _UNREACHABLE)]
+            if unreachable:
+                raise PackageIndexUnreachable(f"pip could not reach the package index to build {venv}: "
+                                              f"{unreachable[-1][:400]}")
+            raise RuntimeError(f"pip install --no-deps {' '.join(pins)} into {venv} failed:\n"
+                               f"{installed.stderr[-3000:]}")
+        marker.write_text("\n".join(pins) + "\n")
+    # Checked on every use, not only at creation: it must name the environment this process runs from.
+    layer = f"import site; site.addsitedir({sysconfig.get_paths()['purelib']!r})\n"
+    (site_packages,) = venv.glob("lib/python*/site-packages")
+    pth = site_packages / "zz_raydistill_project.pth"
+    if not pth.is_file() or pth.read_text() != layer:
+        pth.write_text(layer)
+    return python

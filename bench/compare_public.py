@@ -47,14 +47,15 @@ rounds: sentences per wall second (what a user sees on an idle machine) and per 
 
 Model2Vec's environment. ``model2vec`` itself (StaticModel, encode) installs into the project's environment without
 changing any installed version; its ``[distill]`` extra pins ``transformers<5.4`` (the project runs 5.24). By default
-(``--m2v-env pinned``) the distillation runs in a virtual environment of its own, created on first use under
-``~/.cache/raydistill/bench-venvs/``: the exact versions of ``M2V_PINS`` (what ``pip install model2vec[distill]``
-resolves to), installed there with ``--no-deps`` before a ``.pth`` file layers the project's environment under them
-for everything else (torch, numpy, scikit-learn); the record's ``model2vec`` entry gives the versions the
-distillation saw. It writes the static model to ``--m2v-dir`` (kept, under ``~/.cache/raydistill/compare_public/``),
-which this process loads with the project's ``model2vec``. ``--m2v-env project`` distils with the project's Python
-instead (model2vec and skeletoken installed beside transformers 5.24, without the extra's pin), and
-``--m2v-check-project`` does both and records the largest difference between the two embedding tables.
+(``--m2v-env pinned``) the distillation runs in a virtual environment of its own (bench/common.py
+``side_environment``), created on first use under ``~/.cache/raydistill/bench-venvs/``: the exact versions of
+``M2V_PINS`` (what ``pip install model2vec[distill]`` resolves to), installed there with ``--no-deps`` before a
+``.pth`` file layers the project's environment under them for everything else (torch, numpy, scikit-learn); the
+record's ``model2vec`` entry gives the versions the distillation saw. It writes the static model to ``--m2v-dir``
+(kept, under ``~/.cache/raydistill/compare_public/``), which this process loads with the project's ``model2vec``.
+``--m2v-env project`` distils with the project's Python instead (model2vec and skeletoken installed beside
+transformers 5.24, without the extra's pin), and ``--m2v-check-project`` does both and records the largest difference
+between the two embedding tables.
 
     python bench/compare_public.py --write results/bench-compare_public.json
     python bench/compare_public.py --plot-only     # redraw docs/speed_quality.png from the committed file
@@ -73,7 +74,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import RESULTS, ROOT, load_average, median, set_threads, sts_sentences, write_record  # before torch
+from common import (RESULTS, ROOT, load_average, median, set_threads, side_environment,  # before torch
+                    sts_sentences, write_record)
 
 import numpy as np
 
@@ -84,7 +86,7 @@ PLOT = ROOT / "docs" / "speed_quality.png"
 # What `pip install model2vec[distill]==0.10.0` resolves to beside the project's packages (pip --dry-run).
 M2V_PINS = ("model2vec==0.10.0", "skeletoken==0.6.1", "transformers==5.3.0", "tokenizers==0.22.2",
             "huggingface_hub==1.33.0", "httpx==0.28.1", "httpcore==1.0.9")
-M2V_VENV = Path.home() / ".cache" / "raydistill" / "bench-venvs" / "model2vec-distill"
+M2V_VENV_NAME = "model2vec-distill"  # under common.SIDE_ENVIRONMENTS
 M2V_DIR = Path.home() / ".cache" / "raydistill" / "compare_public" / "model2vec-mpnet-base"
 # The code and data a 7-STS number depends on: a committed score was computed by the same evaluator when none of
 # these differ between the commit that wrote it and this checkout.
@@ -137,26 +139,9 @@ print("RESULT " + json.dumps({"distill_s": round(seconds, 1), "distill_cpu_s": r
 """
 
 
-def pinned_environment(venv: Path = M2V_VENV) -> Path:
-    """The Python of the distillation environment, created with ``M2V_PINS`` when missing."""
-    python = venv / "bin" / "python"
-    marker = venv / "raydistill-pins.txt"
-    if python.is_file() and marker.is_file() and marker.read_text().split() == list(M2V_PINS):
-        return python
-    shutil.rmtree(venv, ignore_errors=True)
-    print(f"  creating {venv} with {' '.join(M2V_PINS)}", flush=True)
-    base = Path(getattr(sys, "_base_executable", sys.executable))
-    subprocess.run([str(base), "-m", "venv", str(venv)], check=True)
-    # The pins go in while the environment is bare, so that pip never sees (or touches) the project's packages.
-    subprocess.run([str(python), "-m", "pip", "install", "-q", "--no-deps", *M2V_PINS], check=True)
-    site_packages = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                                   check=True, capture_output=True, text=True).stdout.strip()
-    project = subprocess.run([sys.executable, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                             check=True, capture_output=True, text=True).stdout.strip()
-    # addsitedir appends: the pinned packages come first, the project's fill in everything else.
-    Path(site_packages, "zz_raydistill_project.pth").write_text(f"import site; site.addsitedir({project!r})\n")
-    marker.write_text("\n".join(M2V_PINS) + "\n")
-    return python
+def pinned_environment() -> Path:
+    """The Python of the distillation environment (``M2V_PINS`` in front of the project's packages)."""
+    return side_environment(M2V_VENV_NAME, M2V_PINS)
 
 
 def distil(python: str | Path, teacher_dir: Path, out_dir: Path, threads: int) -> dict:

@@ -1,7 +1,11 @@
 """ONNX export of a bi-encoder (raydistill.models.export) on a tiny random BERT with a Dense projection: the files
-sentence-transformers' ONNX layout names, and embeddings that match the torch model's, fp32 and int8."""
+sentence-transformers' ONNX layout names, and embeddings that match the torch model's, fp32 and int8, through
+raydistill's runner and through sentence-transformers' own ONNX backend (in its side environment)."""
 
 from __future__ import annotations
+
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -24,6 +28,8 @@ SENTENCES = [
 # all-MiniLM-L6 0.974 min / 0.992 mean, minilm-l3 0.990 / 0.994), hence the int8 bound's margin for other CPUs' presets.
 FP32_MIN_COSINE = 0.9999
 INT8_MIN_COSINE = 0.99
+# bench/: the side environment sentence-transformers' ONNX backend runs in, and the script that runs it there.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 
 
 def cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -71,18 +77,32 @@ def test_onnx_encodes_like_torch(exported):
     assert not np.allclose(int8, reference, atol=1e-6)  # the int8 file is quantised, not a copy of fp32
 
 
-def test_sentence_transformers_loads_the_export(exported):
-    """Where sentence-transformers' ONNX backend is installable (optimum-onnx; today only with transformers < 4.58,
-    checked by hand there) it reads these files itself; skipped where it is not."""
-    pytest.importorskip("optimum.onnxruntime", reason="sentence-transformers' ONNX backend (optimum-onnx) missing")
+def test_sentence_transformers_loads_the_export(exported, tmp_path):
+    """sentence-transformers' own ONNX backend reads these files and gives the vectors its torch backend gives. The
+    backend (optimum-onnx) requires transformers < 4.58, raydistill 5, so it runs in the side environment
+    bench/export_speed.py times it in (built by pip once, then reused): a subprocess loads the directory with
+    ``backend="onnx"`` for each file and saves its vectors. Skipped only when pip cannot reach the package index to
+    build that environment."""
+    from common import PackageIndexUnreachable, side_environment
+    from export_speed import ST_ONNX_ENV, ST_ONNX_PINS, sentence_transformers_encode
     from sentence_transformers import SentenceTransformer
 
     directory, rows = exported
+    try:
+        python = side_environment(ST_ONNX_ENV, ST_ONNX_PINS)
+    except PackageIndexUnreachable as error:
+        pytest.skip(f"sentence-transformers' ONNX backend cannot be installed: {error}")
+    backends = {"fp32": rows[0]["file"], "int8": rows[1]["file"]}
+    run = sentence_transformers_encode(python, directory, backends, SENTENCES, batch=4, threads=1, rounds=0,
+                                       work=tmp_path)
+    assert run["versions"]["optimum-onnx"] == "0.1.0" and run["versions"]["transformers"].startswith("4.57.")
+    for name, file in backends.items():  # optimum's ONNX Runtime model, on this export's file, not one it made
+        assert run["runs"][name]["class"] == "ORTModelForFeatureExtraction"
+        assert Path(run["runs"][name]["file"]).resolve() == (directory / file).resolve()
     reference = SentenceTransformer(str(directory), device="cpu").encode(SENTENCES)
-    for row, bound in zip(rows, (FP32_MIN_COSINE, INT8_MIN_COSINE)):
-        model = SentenceTransformer(str(directory), backend="onnx", device="cpu",
-                                    model_kwargs={"file_name": row["file"]})
-        assert cosines(reference, model.encode(SENTENCES)).min() >= bound
+    for name, bound in zip(backends, (FP32_MIN_COSINE, INT8_MIN_COSINE)):
+        assert run["embeddings"][name].shape == reference.shape == (len(SENTENCES), 48)
+        assert cosines(reference, run["embeddings"][name]).min() >= bound, name
 
 
 @pytest.mark.parametrize(("flags", "machine", "expected"), [

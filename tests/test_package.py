@@ -16,13 +16,17 @@ import yaml
 from raydistill.data import DATA_ENV, DataError, load_dataset
 from raydistill.models import BiEncoder
 from raydistill.models.export import load_onnx
+from raydistill.ship.card import render_card
 from raydistill.ship.package import (
     MANIFEST_FILE,
+    NOT_FASTER,
     TEACHER_BASELINES,
     PackageError,
     check_out_dir,
+    cpu_instruction_set,
     format_table,
     mark_rows,
+    mark_speed,
     package_student,
     read_eval_pairs,
     teacher_baseline,
@@ -177,6 +181,70 @@ def test_table_has_every_row_and_marks_an_export_below_the_margin(packaged):
     table = format_table(rows, margin=0.5, speed=report.manifest["speed"])
     bad_line = next(line for line in table.splitlines() if line.startswith(bad.name))
     assert f"{bad.scores['avg']:.2f} *" in bad_line and bad_line.count("*") == 1
+
+
+def test_speed_says_what_it_timed_and_labels_an_export_no_faster_than_the_student(packaged):
+    """The footer and the card name the pipeline (raydistill's runner, load_onnx), the sentences, batch and threads,
+    and the CPU's instruction set; an export with no more sentences per CPU second than the student is "not faster
+    here" in the table, the card and the manifest, and one just above it is not."""
+    out, report, _ = packaged
+    speed = report.manifest["speed"]
+    assert "load_onnx" in speed["pipeline"] and speed["instruction_set"] == cpu_instruction_set()
+    footer = report.table.split("\n-")[-1]
+    assert "load_onnx" in footer and speed["instruction_set"]["summary"] in footer
+    assert f"{speed['sentences']} STS sentences, batch {speed['batch_size']}" in footer
+    card = report.card_path.read_text()
+    assert "load_onnx" in card and speed["instruction_set"]["summary"] in card
+    manifest_rows = json.loads((out / MANIFEST_FILE).read_text())["rows"]
+    assert [row["faster_here"] is None for row in manifest_rows] == [row.kind != "export" for row in report.rows]
+
+    rows = [dataclasses.replace(row) for row in report.rows]
+    student = next(row for row in rows if row.kind == "student")
+    fp32, int8 = (row for row in rows if row.kind == "export")
+    fp32.sentences_per_cpu_s = student.sentences_per_cpu_s  # the same work: not faster
+    int8.sentences_per_cpu_s = round(student.sentences_per_cpu_s + 0.1, 1)
+    mark_speed(rows)
+    assert (fp32.faster_here, int8.faster_here, student.faster_here) == (False, True, None)
+    lines = format_table(rows, margin=0.5, speed=speed).splitlines()
+    assert "vs student" in lines[0]
+    assert next(line for line in lines if line.startswith(fp32.name)).endswith(f"1.00x {NOT_FASTER}")
+    assert NOT_FASTER not in next(line for line in lines if line.startswith(int8.name))
+
+    manifest = {**report.manifest, "rows": [row.to_dict() for row in rows]}
+    card_lines = render_card(manifest).splitlines()
+    assert next(line for line in card_lines if line.startswith(f"| {fp32.name} |")).endswith(f"{NOT_FASTER} |")
+    assert NOT_FASTER not in next(line for line in card_lines if line.startswith(f"| {int8.name} |"))
+    assert f"Not faster here: {fp32.name}." in "\n".join(card_lines)
+
+
+def test_a_card_from_a_manifest_without_the_speed_verdicts_still_renders(packaged):
+    """A manifest written before the pipeline, the instruction set and ``faster_here`` were recorded: the card
+    renders, and an export's label follows from its recorded rates."""
+    _, report, _ = packaged
+    old = json.loads(json.dumps(report.manifest))
+    for key in ("pipeline", "instruction_set", "runner"):
+        del old["speed"][key]
+    student = next(row for row in old["rows"] if row["kind"] == "student")
+    for row in old["rows"]:
+        del row["faster_here"]
+        if row["kind"] == "export":
+            row["sentences_per_cpu_s"] = student["sentences_per_cpu_s"] / 2
+    card = render_card(old)
+    assert "## Exports and speed" in card and "load_onnx(" in card
+    assert sum(line.endswith(f"{NOT_FASTER} |") for line in card.splitlines()) == 2
+
+
+@pytest.mark.parametrize(("flags", "machine", "summary", "preset"), [
+    ({"avx", "avx2", "fma"}, "x86_64", "AVX2, no AVX-512, no VNNI, no bf16", "avx2"),
+    ({"avx2", "avx_vnni"}, "x86_64", "AVX2, no AVX-512, VNNI, no bf16", "avx2"),
+    ({"avx2", "avx512f", "avx512bw", "avx512_vnni", "avx512_bf16"}, "x86_64", "AVX2, AVX-512, VNNI, bf16",
+     "avx512_vnni"),
+    ({"asimd", "asimddp"}, "aarch64", "NEON, dot product, no i8mm, no bf16", "arm64"),
+    (set(), "x86_64", "x86_64: instruction set unknown (no CPU flags readable)", "avx2"),
+])
+def test_the_instruction_set_is_named_from_the_cpu_flags(flags, machine, summary, preset):
+    facts = cpu_instruction_set(flags, machine)
+    assert (facts["summary"], facts["int8_preset"]) == (summary, preset)
 
 
 def test_a_teachers_scores_are_kept_by_its_files_and_reused_set_by_set(tiny_teacher, tmp_path, monkeypatch,

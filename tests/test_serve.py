@@ -80,6 +80,34 @@ def test_the_fastest_recorded_export_that_kept_quality_is_served(tmp_path):
     assert choose_runtime(directory).file is None  # the torch model is the fastest that kept quality
 
 
+def test_an_export_not_faster_here_is_not_served_by_default_and_the_reason_says_so(tmp_path):
+    """The package records, per export, whether it beat the torch model per CPU second where it was measured
+    (``faster_here``); one that did not is skipped by name, also when its wall rate was higher. A manifest from
+    before that field gets the same verdict from its rates."""
+    directory = _model_dir(tmp_path, "onnx/model.onnx", "onnx/model_quint8_avx2.onnx")
+    rows = [_row("teacher", "mpnet-base", 50.0, 30.0), _row("student", "model.safetensors", 400.0, 200.0),
+            {**_row("export", "onnx/model.onnx", 420.0, 194.0), "faster_here": False},
+            {**_row("export", "onnx/model_quint8_avx2.onnx", 380.0, 208.0), "faster_here": True}]
+    manifest = directory / SPEEDS_FILE
+    manifest.write_text(json.dumps({"rows": rows}))
+    runtime = choose_runtime(directory)
+    assert runtime.file == "onnx/model_quint8_avx2.onnx"
+    assert "skipped onnx/model.onnx not faster here (194.0 vs the torch model's 200.0 sentences per CPU s)" \
+        in runtime.reason
+
+    rows[3] = {**rows[3], "faster_here": False, "sentences_per_cpu_s": 200.0}
+    manifest.write_text(json.dumps({"rows": rows}))
+    runtime = choose_runtime(directory)
+    assert runtime.file is None and runtime.reason.count("not faster here") == 2
+    assert choose_runtime(directory, "onnx/model.onnx").file == "onnx/model.onnx"  # --export still serves it
+
+    for row in rows:  # a manifest written before the verdict was recorded
+        row.pop("faster_here", None)
+    manifest.write_text(json.dumps({"rows": rows}))
+    runtime = choose_runtime(directory)
+    assert runtime.file is None and runtime.reason.count("not faster here") == 2
+
+
 def test_without_recorded_speeds_the_torch_model_unless_an_export_is_named(tmp_path):
     directory = _model_dir(tmp_path, "onnx/model.onnx")
     runtime = choose_runtime(directory)

@@ -6,7 +6,10 @@ sentence-transformers``, ``pipeline_tag: sentence-similarity``, ``tags``, ``base
 and a ``model-index`` with each evaluation set's Spearman of cosine similarity, as a fraction, as sentence-transformers
 records it), then the body: how the student was made (recipe, the exact command, teacher, corpus and its size), the
 7-STS (per set and average) and STS-B dev of teacher and student, each export's quality and encode speed on the
-machine that packaged it (the CPU named), how to load each, and the BibTeX of the papers behind the recipe's methods.
+machine that packaged it (the CPU and its instruction set named, the pipeline that was timed said, an export no faster
+than the student per CPU second labelled "not faster here"), how to load each, and the BibTeX of the papers behind
+the recipe's methods. A manifest written before the pipeline, instruction set and ``faster_here`` were recorded
+renders without them (an export's label then follows from its recorded rates).
 Scores in the body are Spearman x 100, as everywhere else in raydistill. Pure: it reads nothing but its arguments.
 
 A static student's card (the manifest's ``model.static``) names it a static embedding model: its width, its
@@ -155,6 +158,18 @@ def _static_intro(static: dict[str, Any], teacher_name: str) -> list[str]:
             "(`model2vec.StaticModel`).", ""]
 
 
+def _faster_here(row: dict[str, Any], student: dict[str, Any]) -> bool:
+    """The export's recorded ``faster_here``; from its rates where the manifest predates it (the same rule:
+    raydistill.ship.package.mark_speed)."""
+    recorded = row.get("faster_here")
+    if isinstance(recorded, bool):
+        return recorded
+    mine, reference = row.get("sentences_per_cpu_s"), student.get("sentences_per_cpu_s")
+    if not mine or not reference:
+        return True  # nothing recorded to compare: no label rather than a guessed one
+    return round(mine, 1) > round(reference, 1)
+
+
 def _stage_line(stage: Any) -> str:
     if isinstance(stage, dict):
         head = stage.get("method") or stage.get("name") or "stage"
@@ -255,25 +270,40 @@ def render_card(manifest: dict[str, Any], out_name: str = "DIR") -> str:
         out += [f"Own pairs: {pairs_info.get('pairs', '?')} labelled pairs from `{pairs_info.get('path', '?')}`, "
                 f"scored with {metric}.", ""]
 
+    instructions = (speed.get("instruction_set") or {}).get("summary")
     out += ["## Exports and speed", "",
-            f"Encode speed on the machine that packaged the model: **{speed['cpu']}**, {speed['sentences']} STS "
+            f"Encode speed on the machine that packaged the model: **{speed['cpu']}**"
+            + (f" ({instructions})" if instructions else "") + f", {speed['sentences']} STS "
             f"sentences, batch {speed['batch_size']}, median of {speed['rounds']} round(s) taken in one run, every "
             f"model in turn (load average {speed['load_before']} when it began; other processes shared the cores, "
             "so compare the rates with each other, not with another machine's). sentences/CPU-s counts this "
-            "process's CPU time, the steadier figure on shared cores.", ""]
+            "process's CPU time, the steadier figure on shared cores."
+            + (f" Timed through {speed['pipeline']}." if speed.get("pipeline") else ""), ""]
     quality_keys = ["avg", DEV_SET, *(["eval_pairs"] if has_pairs else [])]
     out += ["| model | file | size (MB) | " + " | ".join("7-STS" if k == "avg" else SET_NAMES[k] for k in quality_keys)
-            + " | sentences/s | sentences/CPU-s |",
-            "|---|---|---:|" + "---:|" * len(quality_keys) + "---:|---:|"]
+            + " | sentences/s | sentences/CPU-s | vs student (CPU-s) |",
+            "|---|---|---:|" + "---:|" * len(quality_keys) + "---:|---:|---:|"]
+    slower = []
     for row in (teacher, student, *exports):
         size = f"{row['bytes'] / 1e6:.1f}" if row.get("bytes") else "–"
         cells = [_score(row["scores"], k) + (" \\*" if k in row["marked"] else "") for k in quality_keys]
+        ratio = (f"{row['sentences_per_cpu_s'] / student['sentences_per_cpu_s']:.2f}x"
+                 if student.get("sentences_per_cpu_s") else "–")
+        if row["kind"] == "export" and not _faster_here(row, student):
+            ratio += " not faster here"
+            slower.append(row["name"])
         out.append(f"| {row['name']} | `{row['file']}` | {size} | " + " | ".join(cells)
-                   + f" | {row['sentences_per_s']:,.1f} | {row['sentences_per_cpu_s']:,.1f} |")
+                   + f" | {row['sentences_per_s']:,.1f} | {row['sentences_per_cpu_s']:,.1f} | {ratio} |")
     marked = [row["name"] for row in exports if row["marked"]]
     out += ["", f"\\* more than {margin:g} points (Spearman x 100) below the student on that column, the margin "
             "this package was built with. "
             + (f"Marked: {', '.join(marked)}." if marked else "No export is below it."), ""]
+    if exports:
+        out += ["\"not faster here\": no more sentences per CPU second than the torch student on this CPU; "
+                "`raydistill serve` does not choose such an export unless `--export` names it. "
+                + (f"Not faster here: {', '.join(slower)}." if slower else "Every export is faster here.")
+                + " The speed of an export, int8 above all, depends on the CPU's instruction set (VNNI, AVX-512) "
+                "and on the pipeline that runs it: measure on the machine that will serve it.", ""]
     onnx = manifest.get("onnx") or {}
     if onnx.get("exported") is False and onnx.get("reason"):
         out += [f"No ONNX export: {onnx['reason']}.", ""]
@@ -298,6 +328,9 @@ def render_card(manifest: dict[str, Any], out_name: str = "DIR") -> str:
         out += [f"{row['name']} through sentence-transformers' ONNX backend "
                 "(`pip install sentence-transformers[onnx]`; its optimum-onnx needs transformers < 4.58):", "",
                 "```python", row["load"], "```", ""]
+    if exports and speed.get("pipeline"):
+        out += ["The speeds above were not taken through that backend: it tokenizes, pools and moves tensors its own "
+                "way, so an export's gain over the torch model can differ there.", ""]
     if exports:
         example = exports[-1]["file"]
         out += ["Beside transformers 5, where that backend does not install, raydistill runs the same files with "

@@ -16,7 +16,9 @@ its ``model.static`` records the table's width, vocabulary and tokenizer.
 It returns a `PackageReport` whose ``table`` is what the command prints last: the teacher, the student and each
 export with its quality (7-STS average, STS-B dev and, with ``eval_pairs``, the user's own labelled pairs; Spearman
 x 100) and encode speed, all measured in this process on the same sentences at the same thread count. An export more
-than ``quality_margin`` points below the student on any quality column is marked there and in the card.
+than ``quality_margin`` points below the student on any quality column is marked there and in the card; one whose
+sentences per CPU second are not above the torch student's is labelled "not faster here" (``Row.faster_here``
+False), and ``raydistill serve`` does not choose it by default.
 
 ``out_dir`` is built in a staging sibling and swapped in whole (``fileio.staged_directory``): a rerun replaces an
 earlier package at once, and a failure at any point leaves the earlier one (or nothing), never a half-written export.
@@ -29,9 +31,14 @@ any other teacher, or data under ``$RAYDISTILL_DATA``, is evaluated once per set
 (`score_teacher`). Likewise the student's 7-STS and STS-B dev come from ``student_scores`` when the caller passes
 the training job's evaluation of this very directory.
 
-Speed: ``speed_sentences`` distinct STS sentences, batch ``speed_batch``, ``speed_rounds`` interleaved rounds after
-one untimed warm-up each (`measure_speed`), medians: sentences per wall second, what a user sees, and per CPU second
-of this process, the steadier one on shared cores. Each ONNX session gets torch's thread count.
+Speed is that of raydistill's own runner, the one ``raydistill serve`` runs (`SPEED_PIPELINE`): the torch rows
+through ``BiEncoder.encode``, each export through ``raydistill.models.export.load_onnx`` (an ONNX Runtime session
+behind the same tokenizer, pooling and projection in Python). sentence-transformers' ONNX backend is another
+pipeline, which can be slower or faster on the same files (bench/export_speed.py times both; docs/benchmarks.md).
+``speed_sentences`` distinct STS sentences, batch ``speed_batch``, ``speed_rounds`` interleaved rounds after one
+untimed warm-up each (`measure_speed`), medians: sentences per wall second, what a user sees, and per CPU second of
+this process, the steadier one on shared cores. Each ONNX session gets torch's thread count. The manifest's
+``speed`` names the pipeline and the CPU's instruction set (`cpu_instruction_set`), on which int8's gain depends.
 """
 
 from __future__ import annotations
@@ -41,6 +48,7 @@ import json
 import math
 import os
 import platform
+import textwrap
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -64,8 +72,8 @@ from raydistill.evaluation import (
 )
 
 __all__ = ["PackageError", "PackageReport", "Row", "TEACHER_BASELINES", "QUALITY_COLUMNS", "DEFAULT_MARGIN",
-           "MANIFEST_FILE", "STATIC_NO_ONNX", "check_out_dir", "read_eval_pairs", "package_student", "mark_rows",
-           "format_table"]
+           "MANIFEST_FILE", "STATIC_NO_ONNX", "SPEED_PIPELINE", "NOT_FASTER", "check_out_dir", "read_eval_pairs",
+           "package_student", "mark_rows", "mark_speed", "format_table", "cpu_instruction_set"]
 
 MANIFEST_FILE = "raydistill_package.json"
 CARD_FILE = "README.md"
@@ -96,6 +104,12 @@ SPEED_SETS = ("sts12", "sts13", "sts14", "sts15", "sts16", "stsb")
 # in torch under every backend (StaticEmbedding.load takes no backend), and Model2Vec reads model.safetensors.
 STATIC_NO_ONNX = ("a static model is a table lookup: ONNX adds nothing here (sentence-transformers runs "
                   "StaticEmbedding in torch under every backend, and Model2Vec reads model.safetensors)")
+# What the speed columns time, for the table's footer, the card and the manifest.
+SPEED_PIPELINE = ("raydistill's own runner, as raydistill serve runs it: the torch rows through BiEncoder.encode, "
+                  "each export through raydistill.models.export.load_onnx (an ONNX Runtime session behind the same "
+                  "tokenizer, pooling and projection in Python); sentence-transformers' ONNX backend is another "
+                  "pipeline and can be slower or faster on the same files")
+NOT_FASTER = "not faster here"
 
 
 class PackageError(ValueError):
@@ -108,6 +122,8 @@ class Row:
 
     ``scores``: Spearman x 100 per STS set, ``avg``, ``stsb_dev`` and, when given, ``eval_pairs``.
     ``marked``: the quality columns where an export falls more than the margin below the student.
+    ``faster_here``: for an export, whether its sentences per CPU second are above the student's on this CPU
+    (`mark_speed`); None for the teacher and the student.
     """
 
     name: str
@@ -120,6 +136,7 @@ class Row:
     sentences_per_cpu_s: float
     load: str  # how a user loads it (Python)
     marked: list[str] = field(default_factory=list)
+    faster_here: bool | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -279,12 +296,51 @@ def mark_rows(rows: list[Row], margin: float) -> list[Row]:
     return rows
 
 
+def mark_speed(rows: list[Row]) -> list[Row]:
+    """Set each export's ``faster_here``: its sentences per CPU second above the student's, on the rates shown (one
+    decimal), so the table never calls faster a difference it does not show. CPU seconds, not wall: the rate other
+    processes on shared cores disturb least."""
+    student = next(row for row in rows if row.kind == "student")
+    for row in rows:
+        row.faster_here = (round(row.sentences_per_cpu_s, 1) > round(student.sentences_per_cpu_s, 1)
+                           if row.kind == "export" else None)
+    return rows
+
+
+# (label, /proc/cpuinfo flags any of which show it). What dynamic int8 and bf16 run on: VNNI has the int8 dot
+# product in one instruction (without it, ONNX Runtime's u8 x s8 kernels take three), AVX-512 twice AVX2's width.
+_X86_FEATURES = (("AVX2", ("avx2",)), ("AVX-512", ("avx512bw",)), ("VNNI", ("avx512_vnni", "avx512vnni", "avx_vnni")),
+                 ("bf16", ("avx512_bf16", "amx_bf16")))
+_ARM_FEATURES = (("NEON", ("asimd",)), ("dot product", ("asimddp",)), ("i8mm", ("i8mm",)), ("bf16", ("bf16",)))
+
+
+def cpu_instruction_set(flags: set[str] | None = None, machine: str | None = None) -> dict[str, Any]:
+    """What this CPU's int8 and bf16 speed depends on: ``{feature: bool}`` for AVX2, AVX-512, VNNI and bf16 (on Arm:
+    NEON, dot product, i8mm, bf16), ``vnni`` (the flags that show it), ``int8_preset`` (the quantisation preset
+    export_onnx picks: raydistill.models.export.quantization_target) and ``summary``, e.g. "AVX2, no AVX-512, no
+    VNNI, no bf16". An int8 export that is faster on one CPU can be slower on another of the same model name."""
+    from raydistill.models.export import cpu_flags, quantization_target
+
+    machine = (machine or platform.machine()).lower()
+    flags = cpu_flags() if flags is None else set(flags)
+    arm = machine in ("aarch64", "arm64")
+    features = {label: any(flag in flags for flag in names) for label, names in (_ARM_FEATURES if arm
+                                                                                else _X86_FEATURES)}
+    summary = ", ".join(label if present else f"no {label}" for label, present in features.items())
+    if not flags:
+        summary = f"{machine}: instruction set unknown (no CPU flags readable)"
+    return {**features, "vnni": sorted(flag for flag in flags if "vnni" in flag), "machine": machine,
+            "int8_preset": quantization_target(flags, machine)[0], "summary": summary}
+
+
 def format_table(rows: list[Row], *, margin: float, speed: dict[str, Any], own_metric: str | None = None) -> str:
-    """The terminal table: one line per row, marks as ``*``, the margin and how speed was taken in the footer.
+    """The terminal table: one line per row, marks as ``*``, speed per CPU second against the student's with
+    "not faster here" where an export is not above it, and the margin and how speed was taken in the footer.
     ``own_metric``: the own pairs' metric (``pair_metric``; "roc_auc" heads their column "own pairs AUC")."""
     columns = [key for key, _ in QUALITY_COLUMNS if any(key in row.scores for row in rows)]
     labels = {**dict(QUALITY_COLUMNS), **({EVAL_PAIRS: "own pairs AUC"} if own_metric == "roc_auc" else {})}
-    headers = ["model", "file", "MB", *(labels[key] for key in columns), "sent/s", "sent/CPU-s"]
+    headers = ["model", "file", "MB", *(labels[key] for key in columns), "sent/s", "sent/CPU-s", "vs student"]
+    student = next((row for row in rows if row.kind == "student"), None)
     lines = []
     for row in rows:
         cells = [row.name, row.file or "", f"{row.bytes / 1e6:.1f}" if row.bytes else ""]
@@ -292,6 +348,9 @@ def format_table(rows: list[Row], *, margin: float, speed: dict[str, Any], own_m
             value = row.scores.get(key)
             cells.append("" if value is None else f"{value:.2f}" + (" *" if key in row.marked else ""))
         cells += [f"{row.sentences_per_s:,.1f}", f"{row.sentences_per_cpu_s:,.1f}"]
+        ratio = (f"{row.sentences_per_cpu_s / student.sentences_per_cpu_s:.2f}x"
+                 if student is not None and student.sentences_per_cpu_s else "")
+        cells.append(ratio + (f" {NOT_FASTER}" if row.faster_here is False else ""))
         lines.append(cells)
     widths = [max(len(str(cells[i])) for cells in [headers, *lines]) for i in range(len(headers))]
 
@@ -308,6 +367,13 @@ def format_table(rows: list[Row], *, margin: float, speed: dict[str, Any], own_m
                if row.scores_source != "evaluated")
     out.append(f"speed: {speed['sentences']} STS sentences, batch {speed['batch_size']}, {speed['cpu']}, "
                f"median of {speed['rounds']} round(s), load average {speed['load_before']} before")
+    notes = [f"CPU instruction set: {speed['instruction_set']['summary']}" if speed.get("instruction_set") else "",
+             f"timed through {speed['pipeline']}" if speed.get("pipeline") else "",
+             f"vs student: sentences per CPU second over the torch student's; {NOT_FASTER}: an export no faster than "
+             "the student on this CPU, which raydistill serve does not choose by default"]
+    width = max(len(rule), 100)
+    out.extend(textwrap.fill(note, width=width, initial_indent="  ", subsequent_indent="    ")
+               for note in notes if note)
     return "\n".join(out)
 
 
@@ -458,9 +524,11 @@ def package_student(
                     load=places[key][2])
                 for key in models]
         mark_rows(rows, quality_margin)
+        mark_speed(rows)
         speed = {"sentences": len(sentences), "batch_size": speed_batch, "rounds": speed_rounds, "threads": threads,
                  "cpu": f"{cpu_name() or platform.machine()}, {threads} thread{'s' if threads != 1 else ''}",
-                 "load_before": load_before,
+                 "instruction_set": cpu_instruction_set(), "pipeline": SPEED_PIPELINE,
+                 "runner": "raydistill.models.export.load_onnx", "load_before": load_before,
                  "source": "STS12-16 + STS-B test sentences, seed 0"}
         table = format_table(rows, margin=quality_margin, speed=speed,
                              own_metric=pair_metric([pair.score for pair in user_pairs]) if user_pairs else None)

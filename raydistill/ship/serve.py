@@ -8,9 +8,12 @@ distill`` write), optionally with ONNX exports under ``DIR/onnx/`` (``raydistill
                      model
     otherwise        the fastest of the torch model and the exports present, by the speeds ``raydistill distill``
                      measured and recorded in ``DIR/SPEEDS_FILE`` (`recorded_speeds`), leaving out an export that
-                     lost quality there (its ``marked`` columns); without that file, the torch model. Never a guess:
-                     the startup line says what was chosen and why. A static student's package has no exports
-                     (its manifest's ``onnx.reason`` says why, and ``--export FILE`` repeats it): the torch model.
+                     lost quality there (its ``marked`` columns) and one that was "not faster here" (its
+                     ``faster_here`` false: no more sentences per CPU second than the torch model on the machine that
+                     packaged it; from the rates where the file predates that field); without that file, the torch
+                     model. Never a guess: the startup line says what was chosen and why, and what was skipped.
+                     A static student's package has no exports (its manifest's ``onnx.reason`` says why, and
+                     ``--export FILE`` repeats it): the torch model.
 
 HTTP API (JSON; every path of the app, so ``/`` and ``/v1/embeddings`` alike):
 
@@ -101,7 +104,9 @@ class Runtime:
 def recorded_speeds(model_dir: str | Path) -> list[dict[str, Any]] | None:
     """The servable rows of ``DIR/SPEEDS_FILE`` (the packaging manifest: raydistill.ship.package), each
     ``{"file": str | None (the torch model), "sentences_per_s", "sentences_per_cpu_s" (None when not recorded),
-    "marked": [quality columns where it lost more than the package's margin]}``; None when the file is missing.
+    "marked": [quality columns where it lost more than the package's margin], "faster_here": bool | None (an
+    export's recorded verdict; None for the torch model and in a file that predates it)}``; None when the file is
+    missing.
     The teacher's row is left out. A file in another format raises ServeError."""
     path = Path(model_dir) / SPEEDS_FILE
     if not path.is_file():
@@ -126,7 +131,8 @@ def recorded_speeds(model_dir: str | Path) -> list[dict[str, Any]] | None:
             raise ServeError(f"{path}: rows[{index}] is an export without a \"file\"")
         speeds.append({"file": row["file"] if row["kind"] == "export" else None, "sentences_per_s": float(rates[0]),
                        "sentences_per_cpu_s": None if rates[1] is None else float(rates[1]),
-                       "marked": list(row.get("marked") or [])})
+                       "marked": list(row.get("marked") or []),
+                       "faster_here": row.get("faster_here") if isinstance(row.get("faster_here"), bool) else None})
     return speeds
 
 
@@ -146,8 +152,8 @@ def _positive(value: Any) -> bool:
 
 def choose_runtime(model_dir: str | Path, export: str | None = None) -> Runtime:
     """The torch model or one ONNX file of ``model_dir``: ``export`` when given, else the fastest recorded one that
-    kept the student's quality; see the module doc. Raises ServeError naming the directory or file when there is
-    nothing to serve."""
+    kept the student's quality and was faster than the torch model where it was measured; see the module doc.
+    Raises ServeError naming the directory or file when there is nothing to serve."""
     directory = Path(model_dir)
     if not directory.is_dir():
         raise ServeError(f"{directory}: no such directory (give the directory `raydistill distill` wrote)")
@@ -169,19 +175,34 @@ def choose_runtime(model_dir: str | Path, export: str | None = None) -> Runtime:
     name = {id(row): TORCH if row["file"] is None else row["file"] for row in speeds}
     missing = [row for row in speeds if row["file"] is not None and not (directory / row["file"]).is_file()]
     lossy = [row for row in speeds if row["marked"] and row not in missing]
-    candidates = [row for row in speeds if row not in missing and row not in lossy]
+    present = [row for row in speeds if row not in missing and row not in lossy]
+    # Per CPU second where every candidate has it: the rate that other processes on shared cores disturb least.
+    key = "sentences_per_cpu_s" if all(row["sentences_per_cpu_s"] for row in present) else "sentences_per_s"
+    unit = "sentences per CPU s" if key == "sentences_per_cpu_s" else "sentences/s"
+    torch_row = next((row for row in speeds if row["file"] is None), None)
+    slower = [row for row in present if row["file"] is not None and not _faster_here(row, torch_row, key)]
+    candidates = [row for row in present if row not in slower]
     if not candidates:  # the student's own row is never marked; only a hand-edited file lacks it
         raise ServeError(f"{directory / SPEEDS_FILE}: no recorded model to serve in {directory}; pass --export")
-    # Per CPU second where every candidate has it: the rate that other processes on shared cores disturb least.
-    key = "sentences_per_cpu_s" if all(row["sentences_per_cpu_s"] for row in candidates) else "sentences_per_s"
-    unit = "sentences per CPU s" if key == "sentences_per_cpu_s" else "sentences/s"
     best = max(candidates, key=lambda row: row[key])
     others = ", ".join(f"{name[id(row)]} {row[key]:.0f}" for row in candidates if row is not best)
     notes = [f"{name[id(row)]} lost quality ({', '.join(row['marked'])})" for row in lossy]
+    notes += [f"{name[id(row)]} not faster here ({row[key]:.1f} vs the {TORCH} model's {torch_row[key]:.1f} {unit})"
+              if torch_row else f"{name[id(row)]} not faster here" for row in slower]
     notes += [f"{name[id(row)]} recorded but missing" for row in missing]
     reason = (f"fastest recorded in {SPEEDS_FILE}: {best[key]:.0f} {unit}" + (f" vs {others}" if others else "")
               + "".join(f"; skipped {note}" for note in notes))
     return Runtime(best["file"], reason)
+
+
+def _faster_here(row: dict[str, Any], torch_row: dict[str, Any] | None, key: str) -> bool:
+    """An export's recorded verdict (raydistill.ship.package.mark_speed); where the file predates it, the same rule
+    on its rates: above the torch model's, to the one decimal recorded."""
+    if row["faster_here"] is not None:
+        return row["faster_here"]
+    if torch_row is None:
+        return True  # nothing to compare with: speed alone decides, as before the verdict was recorded
+    return round(row[key], 1) > round(torch_row[key], 1)
 
 
 def check_loads(model_dir: str | Path, runtime: Runtime) -> None:
