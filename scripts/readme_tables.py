@@ -660,43 +660,46 @@ def margin_verdict(value: float, bar: float, spread: float | None) -> str:
     return f"{margin:+.2f} ({'met' if margin >= 0 else 'missed'})"
 
 
-DOMAIN_FILE = ROOT / "results" / "bench-domain.json"
-
-
-def domain_table(records: list[dict] | None = None, path: Path = DOMAIN_FILE) -> str:
-    """bench/domain.py's run: per domain, the start (the cut), the student and the teacher on the held-out test
-    pairs, and the share of what the cut lost that the student won back, against the 60 % target."""
-    if not path.is_file():
+def domain_table(records: list[dict] | None = None, results_dir: Path = ROOT / "results") -> str:
+    """bench/domain.py's runs (results/bench-domain*.json): per domain, the start (the cut), the student and the
+    teacher on the held-out test pairs, and the share of what the cut lost that the student won back, against the
+    60 % target, with the training it took and the machine."""
+    files = sorted(results_dir.glob("bench-domain*.json"))
+    if not files:
         return "Not run yet: `python bench/domain.py --write results/bench-domain.json`."
-    record = json.loads(path.read_text())
-    target = record.get("target_recovered", 0.6)
     lines = ["| domain | corpus / dev / test | start (cut) | student | teacher | recovered | target | training "
-             "| CPU |", "|" + "---|" * 9]
-    for name, domain in record["domains"].items():
-        split, runs = domain["split"], domain["runs"]
-        recovered = domain["recovered_mean"]
-        spread = domain.get("recovered_spread")
-        seeds = f", {len(runs)} seeds, spread {100 * spread:.0f} pts" if spread is not None else ""
-        verdict = "–" if recovered is None else (
-            f"≥ {100 * target:.0f} %: {'met' if recovered >= target else 'missed'}")
-        run = runs[0]
-        curve = run.get("dev_curve") or []
-        training = (f"{run['method']}, {run['steps']} of {run['planned_steps']} steps"
-                    f"{' (stopped early)' if run['steps'] < run['planned_steps'] else ''}, best at "
-                    f"{run['best_step']}, {run['train_seconds'] / 60:.0f} min, {len(curve)} dev evaluations")
-        lines.append("| " + " | ".join([
-            f"{name} ({', '.join(split['source'])})",
-            f"{split['corpus_sentences']:,} sentences / {split['dev_pairs']:,} / {split['test_pairs']:,} pairs",
-            f"{domain['start']:.2f}", f"**{domain['student_mean']:.2f}**", f"{domain['teacher']:.2f}",
-            f"**{100 * recovered:.0f} %**{seeds}" if recovered is not None else "–", verdict, training,
-            _cpu_cell(record)]) + " |")
+             "| machine | result file |", "|" + "---|" * 10]
+    for path in files:
+        record = json.loads(path.read_text())
+        target = record.get("target_recovered", 0.6)
+        for name, domain in record["domains"].items():
+            split, runs = domain["split"], domain["runs"]
+            recovered, spread = domain["recovered_mean"], domain.get("recovered_spread")
+            seeds = f", {len(runs)} seeds, spread {100 * spread:.0f} pts" if spread is not None else ", 1 seed"
+            verdict = "–" if recovered is None else (
+                f"≥ {100 * target:.0f} %: {'met' if recovered >= target else 'missed'}")
+            run = runs[0]
+            curve = run.get("dev_curve") or []
+            stopped = " (stopped early)" if run["steps"] < run["planned_steps"] else ""
+            training = (f"{run['method']}, {run.get('precision') or 'fp32'}, budget {run['budget']}: "
+                        f"{run['steps']} of {run['planned_steps']} steps{stopped}, best at {run['best_step']}, "
+                        f"{len(curve)} dev evaluations, {run['train_seconds'] / 60:.0f} min")
+            lines.append("| " + " | ".join([
+                f"{name} ({', '.join(split['source'])})",
+                f"{split['corpus_sentences']:,} sentences / {split['dev_pairs']:,} / {split['test_pairs']:,} pairs",
+                f"{domain['start']:.2f}", f"**{domain['student_mean']:.2f}**", f"{domain['teacher']:.2f}",
+                f"**{100 * recovered:.0f} %**{seeds}" if recovered is not None else "–", verdict, training,
+                _cpu_cell(record), f"[{path.name}](results/{path.name})"]) + " |")
     return "\n".join(lines)
 
 
 def _cpu_cell(record: dict) -> str:
     machine = record.get("machine") or {}
     bf16 = {True: ", bf16 units", False: ", no bf16 units"}.get(machine.get("bf16_native"), "")
-    return f"{machine.get('cpu', '?')}{bf16}, {machine.get('threads', '?')} threads, {record.get('date', '?')[:10]}"
+    load = (f", load {record['load_before']:g} → {record['load_after']:g}"
+            if record.get("load_before") is not None and record.get("load_after") is not None else "")
+    return (f"{machine.get('cpu', '?')}{bf16}, {machine.get('threads', '?')} threads{load}, "
+            f"{record.get('date', '?')[:10]}")
 
 
 def seeds_table(records: list[dict] | None = None, path: Path = SEEDS_FILE) -> str:
