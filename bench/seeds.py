@@ -18,7 +18,7 @@ A recipe lever is screened the same way, one change at a time against that sprea
 any job config field, as `raydistill distill --set`) changes the recipe, and the run dirs and record say so:
 
     python bench/seeds.py --sizes minilm-l3 --seeds 1000 --set loss.queue_size=65536 \
-        --write results/levers/minilm-l3-queue65536.json
+        --write results/levers/bench-lever-minilm-l3-queue65536.json
 
 Runs live in ``--work`` (default ``~/.cache/raydistill/bench-seeds``): the same command again resumes each
 training from its checkpoints and reuses finished ones.

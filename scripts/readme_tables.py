@@ -713,7 +713,7 @@ def seeds_table(records: list[dict] | None = None, path: Path = SEEDS_FILE) -> s
     for size, entry in record["sizes"].items():
         runs, published = entry["runs"], entry["published"]
         lines.append("| " + " | ".join([
-            f"`{size}` ({runs[0]['method']}, {runs[0]['epochs']} epochs)",
+            f"`{size}` ({runs[0]['method']}, {runs[0]['epochs']} epoch{'s' if runs[0]['epochs'] != 1 else ''})",
             " / ".join(f"{run['sts7']:.2f}" for run in runs), f"{entry['sts7']['mean']:.2f}",
             f"**{entry['sts7']['spread']:.2f}**", " / ".join(f"{run['stsb_dev']:.2f}" for run in runs),
             f"{entry['stsb_dev']['spread']:.2f}",
@@ -734,7 +734,7 @@ def recipe_levers_table(records: list[dict] | None = None, levers_dir: Path = RE
     files = sorted(levers_dir.glob("*.json")) if levers_dir.is_dir() else []
     if not files:
         return "No lever screened yet: `python bench/seeds.py --sizes SIZE --seeds 1000 --set KEY=VALUE --write " \
-               "results/levers/NAME.json`."
+               "results/levers/bench-lever-NAME.json`."
     baseline = json.loads(seeds_path.read_text())["sizes"] if seeds_path.is_file() else {}
     lines = ["| student | change to its recipe | STS-B dev | vs the recipe's seed mean (dev spread) | 7-STS "
              "| verdict on dev | result file |", "|" + "---|" * 7]
