@@ -28,3 +28,8 @@ def test_the_corpus_dev_and_test_share_no_sentence():
 def test_a_small_set_splits_its_other_half_sixty_forty():
     corpus, dev, test = domain.split_domain(_pairs(100), seed=1, test_pairs=2000, dev_pairs=2000)
     assert len(test) == 30 and 0 < len(dev) <= 20
+
+
+def test_an_nli_pair_is_labelled_by_entailment_and_a_neutral_one_is_left_out():
+    assert [domain.binary_label(label) for label in ("entailment", "contradiction", "neutral", 1, 0)] == [
+        1.0, 0.0, None, 1.0, 0.0]
