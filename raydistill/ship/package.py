@@ -109,6 +109,8 @@ SPEED_PIPELINE = ("raydistill's own runner, as raydistill serve runs it: the tor
                   "each export through raydistill.models.export.load_onnx (an ONNX Runtime session behind the same "
                   "tokenizer, pooling and projection in Python); sentence-transformers' ONNX backend is another "
                   "pipeline and can be slower or faster on the same files")
+# ... and when there is no export to time (a static student): the torch models alone.
+TORCH_PIPELINE = "raydistill's own runner, as raydistill serve runs it: BiEncoder.encode in torch"
 NOT_FASTER = "not faster here"
 
 
@@ -527,8 +529,10 @@ def package_student(
         mark_speed(rows)
         speed = {"sentences": len(sentences), "batch_size": speed_batch, "rounds": speed_rounds, "threads": threads,
                  "cpu": f"{cpu_name() or platform.machine()}, {threads} thread{'s' if threads != 1 else ''}",
-                 "instruction_set": cpu_instruction_set(), "pipeline": SPEED_PIPELINE,
-                 "runner": "raydistill.models.export.load_onnx", "load_before": load_before,
+                 "instruction_set": cpu_instruction_set(), "load_before": load_before,
+                 **({"pipeline": SPEED_PIPELINE, "runner": "raydistill.models.export.load_onnx"}
+                    if any(row.kind == "export" for row in rows) else
+                    {"pipeline": TORCH_PIPELINE, "runner": "raydistill.models.BiEncoder.encode"}),
                  "source": "STS12-16 + STS-B test sentences, seed 0"}
         table = format_table(rows, margin=quality_margin, speed=speed,
                              own_metric=pair_metric([pair.score for pair in user_pairs]) if user_pairs else None)
