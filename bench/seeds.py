@@ -8,8 +8,8 @@ published runs on the whole corpus do; the seeds change initialisation, shufflin
 recipe's epochs (``--budget epochs``), once per seed of ``--seeds``. Each run's 7-STS average and STS-B dev are
 recorded, with per size their mean, standard deviation and spread (max - min). The published runs train on the
 whole corpus (269k sentences, 13 times this sample); the spread here stands in for theirs, which three seeds at
-that scale would take days of this machine to measure. ``--precision`` defaults to bf16 where the CPU multiplies
-bf16 in hardware (the published runs' precision) and fp32 elsewhere.
+that scale would take days of this machine to measure. ``--precision auto`` (the default) leaves it to `raydistill
+distill`'s own rule: bf16 where the CPU multiplies bf16 in hardware (the published runs' precision), fp32 elsewhere.
 
     python bench/seeds.py --write results/bench-seeds.json
     python bench/seeds.py --sizes bert-tiny --seeds 1000,1001,1002,1003,1004
@@ -54,16 +54,18 @@ def write_sample(work: Path, sentences: int) -> Path:
 
 
 def train_seed(size: str, corpus: Path, out: Path, *, seed: int, precision: str, changes: list[str] = ()) -> dict:
+    """One seed of the size's recipe; ``precision`` auto: the command's choice for this CPU."""
     from raydistill.ship.command import plan_distill, train_student
 
     plan = plan_distill(teacher=TEACHER, student=size, corpus=str(corpus), out=str(out), seed=seed, budget="epochs",
-                        overrides=[f"train.precision={precision}", *changes])
+                        overrides=[*([f"train.precision={precision}"] if precision != "auto" else []), *changes])
     started = time.perf_counter()
     record = train_student(plan)
     scores = record.get("scores") or {}
     training = record.get("training") or {}
     return {"seed": seed, "sts7": scores.get("avg"), "stsb_dev": scores.get("stsb_dev"),
             "method": plan.recipe.method, "epochs": plan.cfg.train.epochs, "steps": training.get("steps"),
+            "precision": plan.cfg.train.precision,
             "best_step": training.get("best_step"), "seconds_this_run": round(time.perf_counter() - started, 1),
             "published": {"file": plan.recipe.source, "stsb_dev": plan.recipe.stsb_dev, "sts7": plan.recipe.sts7}}
 
@@ -86,24 +88,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--write", help="result file (e.g. results/bench-seeds.json)")
     args = parser.parse_args(argv)
     sizes, seeds = args.sizes, args.seeds
-    precision = args.precision
-    if precision == "auto":
-        from raydistill.runtime.teachers.teacher import bf16_support
-
-        precision = "bf16" if bf16_support()[0] else "fp32"
     load_before = load_average()
     work = Path(args.work)
     corpus = write_sample(work, args.sentences)
     results = {}
     for size in sizes:
         label = "".join(f"-{change.replace('=', '').replace('.', '_')}" for change in args.changes)
-        runs = [train_seed(size, corpus, work / f"{size}{label}-s{seed}", seed=seed, precision=precision,
-                           changes=args.changes) for seed in seeds]
+        runs = [train_seed(size, corpus, work / f"{size}{label}-s{seed}", seed=seed,
+                           precision=args.precision, changes=args.changes) for seed in seeds]
         results[size] = {"runs": runs, "sts7": spread([run["sts7"] for run in runs]),
                          "stsb_dev": spread([run["stsb_dev"] for run in runs]), "published": runs[0]["published"]}
         print(f"{size}: 7-STS {results[size]['sts7']}, STS-B dev {results[size]['stsb_dev']}", flush=True)
     record = {"teacher": TEACHER, "corpus": f"mixed, a fixed sample of {args.sentences:,} sentences (seed 0)",
-              "precision": precision, "seeds": seeds, "changes": args.changes, "sizes": results}
+              "precision": ", ".join(sorted({run["precision"] for entry in results.values()
+                                              for run in entry["runs"]})), "seeds": seeds, "changes": args.changes, "sizes": results}
     write_record(args.write, record, threads=2, load_before=load_before)
     return 0
 

@@ -38,8 +38,8 @@ from typing import Any, Callable
 
 from raydistill.ship.recipe import DEFAULT_BUDGET, LABELS, Recipe, labels_for, layer_params, recipe_for
 
-__all__ = ["DistillError", "DistillPlan", "StudentSpec", "parse_student_spec", "plan_distill", "run_distill", "train_student",
-           "REGISTER_KNOB", "MANIFEST", "training_dir"]
+__all__ = ["DistillError", "DistillPlan", "StudentSpec", "parse_student_spec", "plan_distill", "run_distill",
+           "train_student", "REGISTER_KNOB", "MANIFEST", "training_dir"]
 
 TRAINING_SUFFIX = ".training"  # the run dir: <out>.training, beside --out
 RESULT_FILE = "result.json"  # the job's result record, inside the run dir
@@ -360,11 +360,16 @@ def _thread_overrides() -> list[str]:
     return [f"resources.num_cpus={cores}", f"resources.teacher.threads={cores}", f"resources.learner.threads={cores}"]
 
 
+def _sets_any(overrides: list[str] | tuple[str, ...], fields: tuple[str, ...]) -> bool:
+    """Whether a ``--set KEY=VALUE`` of ``overrides`` sets one of ``fields``."""
+    return any(item.split("=", 1)[0].strip() in fields for item in overrides)
+
+
 def _precision_overrides(overrides: list[str] | tuple[str, ...]) -> list[str]:
     """bf16 training where this CPU multiplies bf16 in hardware (AVX512-BF16, AMX): about 3 times the steps of fp32
     in a time budget at the same 7-STS (the committed bf16/fp32 ConGen pairs, docs/benchmarks.md); fp32 elsewhere,
     where bf16 is emulated and many times slower. A ``--set train.precision`` wins."""
-    if any(item.split("=", 1)[0].strip() == "train.precision" for item in overrides):
+    if _sets_any(overrides, ("train.precision",)):
         return []
     from raydistill.runtime.teachers.teacher import bf16_support
 
@@ -380,8 +385,7 @@ def _budget(budget: str | int | None, overrides: list[str] | tuple[str, ...] = (
     ``--set`` sets the run's length; ``epochs``: the recipe's epochs. DistillError naming the option when it is
     neither steps nor a wall time."""
     if budget is None:
-        sets_length = any(item.split("=", 1)[0].strip() in _LENGTH_FIELDS for item in overrides)
-        return None if sets_length else DEFAULT_BUDGET
+        return None if _sets_any(overrides, _LENGTH_FIELDS) else DEFAULT_BUDGET
     if str(budget).strip().lower() == "epochs":
         return None
     from raydistill.config.sections import parse_budget
