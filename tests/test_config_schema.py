@@ -123,6 +123,16 @@ def test_extra_settings_are_the_methods(tmp_path):
     assert extra.teacher_training.folds == 3 and dict(extra) == {"teacher_training": {"folds": 3}}
 
 
+def test_the_run_summary_and_the_teacher_read_the_settings_in_use_defaults_included():
+    from raydistill.runtime.jobs.distill import _summary_params
+    from raydistill.runtime.teachers.teacher import TeacherSpec
+
+    params = _summary_params(_congen())  # the config sets the queue size, not the temperatures
+    assert (params["tau_teacher"], params["tau_student"], params["K"]) == (0.05, 0.07, 1024)
+    assert TeacherSpec.from_config(_congen()).encoder == "bi"
+    assert TeacherSpec.from_config(_congen(extra={"teacher_encoder": "cross"})).encoder == "cross"
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # The runtime section
 

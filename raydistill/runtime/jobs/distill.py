@@ -73,11 +73,13 @@ def result_path_for(cfg: JobConfig, results_dir: str | os.PathLike = "results") 
 
 
 def _summary_params(cfg: JobConfig) -> dict[str, Any]:
-    loss = cfg.loss
+    # The validated values the loss is built with, its defaults included: the columns runs are compared by in
+    # MLflow, named alike across methods whose settings call the temperature differently.
+    loss = cfg.loss.in_use()
     return {
         "method": cfg.method, "student": cfg.student, "teacher": teacher_label(cfg) or "none", "seed": cfg.seed,
         "lr": cfg.train.lr, "batch_size": cfg.train.batch_size, "epochs": cfg.train.epochs,
-        "tau_teacher": loss.get("tau_teacher", loss.get("tau", loss.get("temperature"))),
+        "tau_teacher": next((loss[key] for key in ("tau_teacher", "tau", "temperature") if key in loss), None),
         "tau_student": loss.get("tau_student"), "K": loss.get("queue_size"),
         "config_hash": cfg.config_hash(),
     }

@@ -114,7 +114,7 @@ class TeacherSpec:
     def from_config(cls, cfg: JobConfig) -> "TeacherSpec":
         if cfg.teacher is None:
             raise ValueError(f"method {cfg.method!r} asks for teacher embeddings but the config has no 'teacher'")
-        return cls(model=cfg.teacher, encoder=str(cfg.extra.get("teacher_encoder", "bi")), pooling=cfg.teacher_pooling,
+        return cls(model=cfg.teacher, encoder=cfg.extra.teacher_encoder, pooling=cfg.teacher_pooling,
                    max_length=cfg.data.teacher_max_length, resources=cfg.resources.teacher)
 
     @classmethod
