@@ -213,6 +213,41 @@ def test_each_stage_starts_from_the_checkpoint_its_init_names_in_every_cycle(tin
 
 @pytest.mark.ray
 @pytest.mark.usefixtures("ray_session")
+def test_cycle_two_learns_from_the_labels_of_cycle_ones_models(tiny_models, tmp_path):
+    """Two cycles of the mutual job (the shipped job runs three; the shared runs, one): each label set was made by
+    the models the cycle before trained, told by the weight fingerprint of the model that labelled it, and each stage
+    trained on that set. cycle 2's cross-encoders learn from cycle 1's bi-encoders, its bi-encoders from cycle 2's
+    cross-encoders."""
+    from raydistill.runtime.tenc import run_trans_encoder
+
+    steps = {"batch_size": 8, "lr": 1e-3, "epochs": 1, "max_steps": 2, "max_length": 32, "eval_every": 1}
+    run_trans_encoder(tiny_config(tiny_models, tmp_path, cycles=2, pairs={"source": "inductive", "max_pairs": 24,
+                                                                           "seed": 7},
+                                  bi={**steps, "warmup_ratio": 0.0}, cross=steps))
+    state = read_state(tmp_path / "run")
+    stages, label_sets = state["stages"], state["labels"]
+    assert set(stages) == set(label_sets) == {stage_key(c, s) for c in (1, 2) for s in ("bi2cross", "cross2bi")}
+
+    def trained(cycle, stage, family):
+        return stages[stage_key(cycle, stage)]["families"][family]["fingerprint"]
+
+    for family in ("bert", "mpnet"):
+        labellers = {key: label_set["labellers"][family] for key, label_set in label_sets.items()}
+        assert labellers[stage_key(1, "bi2cross")] == fingerprint_of(tiny_models[family], "bi")  # the start
+        assert labellers[stage_key(1, "cross2bi")] == trained(1, "bi2cross", family)
+        assert labellers[stage_key(2, "bi2cross")] == trained(1, "cross2bi", family) != labellers[
+            stage_key(1, "bi2cross")]
+        assert labellers[stage_key(2, "cross2bi")] == trained(2, "bi2cross", family) != trained(1, "bi2cross", family)
+        for key, label_set in label_sets.items():  # mutual: every family trains on the mean of all labellers
+            info = stages[key]["families"][family]
+            table = read_label_set(label_set["path"])
+            assert info["target_column"] == "score"
+            assert info["labels_sha"] == labels_digest(table["score"].to_numpy()), key
+
+
+
+@pytest.mark.ray
+@pytest.mark.usefixtures("ray_session")
 def test_a_learner_reads_its_stage_rows_from_the_label_set_through_ray_data(tiny_bert, tmp_path, monkeypatch):
     """A learner trains on the rows of the label set's Parquet, which it reads itself through Ray Data, visited in
     the order its stage seed gives: the same in every run of the stage, so a rerun trains on the same batches (that it

@@ -284,6 +284,8 @@ class TransEncoderJob(JobEvaluation):
         # labels as soon as its own training ends; the exchange (average, Parquet) waits for all of them.
         label_next = next_cycle <= self.cfg.cycles
         label_refs = [actors.actor(f, kind).predict_pairs.remote() for f in self.families] if label_next else []
+        # Asked after predict_pairs, so each is the fingerprint of the model that labelled (an actor runs in order).
+        labeller_refs = [actors.actor(f, kind).fingerprint.remote() for f in self.families] if label_next else []
         summaries = self._wait_for_fits(cycle, stage, fit_refs)
         for f in self.families:
             summaries[f]["init"] = inits[f]
@@ -306,7 +308,8 @@ class TransEncoderJob(JobEvaluation):
             weights = (self._label_weights(next_cycle, next_stage, {f: float(summaries[f]["best_dev"])
                                                                      for f in self.families})
                        if self._weights_by_dev() else None)
-            self._record_labels(next_cycle, next_stage, dict(zip(self.families, ray.get(label_refs))), weights)
+            self._record_labels(next_cycle, next_stage, dict(zip(self.families, ray.get(label_refs))), weights,
+                                labellers=dict(zip(self.families, ray.get(labeller_refs))))
 
     def _stage_record(self) -> dict[str, Any]:
         """What each stage's model directory records besides its summary: which run it belongs to (a damaged
@@ -352,9 +355,11 @@ class TransEncoderJob(JobEvaluation):
         ray.get([r for r in refs if r is not None])
         say(f"[{stage_key(cycle, stage)}] labelling the pairs with the {kind}-encoders of cycle {labeller_cycle}")
         labels = ray.get([self.actors.actor(f, kind).predict_pairs.remote() for f in self.families])
+        labellers = ray.get([self.actors.actor(f, kind).fingerprint.remote() for f in self.families])
         weights = (self._label_weights(cycle, stage, self._labeller_dev(labeller_cycle, kind))
                    if self._weights_by_dev() else None)
-        self._record_labels(cycle, stage, dict(zip(self.families, labels)), weights)
+        self._record_labels(cycle, stage, dict(zip(self.families, labels)), weights,
+                            labellers=dict(zip(self.families, labellers)))
 
     def _weights_by_dev(self) -> bool:
         return self.cfg.mode == "mutual" and self.cfg.label_weighting == "dev"
@@ -376,9 +381,10 @@ class TransEncoderJob(JobEvaluation):
         return {f: float(trained_in["families"][f]["best_dev"]) for f in self.families}
 
     def _record_labels(self, cycle: int, stage: str, per_family: dict[str, np.ndarray],
-                       weights: dict[str, float] | None = None) -> None:
+                       weights: dict[str, float] | None = None, *, labellers: dict[str, str]) -> None:
         """Write a stage's label set: each family's labels and their mean (weighted by ``weights`` when given),
-        which mutual mode trains every family on."""
+        which mutual mode trains every family on; the state records the weight fingerprint of each family's
+        labelling model (``labellers``), so a run shows which models taught each stage."""
         per_family = {f: per_family[f] for f in self.families}
         averaged = combine_labels(per_family, weights)
         directory = self.layout.labels_dir(cycle, stage)
@@ -387,6 +393,7 @@ class TransEncoderJob(JobEvaluation):
         key = stage_key(cycle, stage)
         stats = label_stats(per_family, averaged)
         self.state.labels[key] = {"path": str(directory), "rows": rows, "written": now(), **stats,
+                                  "labellers": {f: labellers[f] for f in self.families},
                                   **({"weights": weights} if weights is not None else {})}
         self.state.save()
         say(f"[{key}] wrote {rows:,} labels to {directory} in {time.perf_counter() - started:.1f} s "
