@@ -213,20 +213,24 @@ def test_each_stage_starts_from_the_checkpoint_its_init_names_in_every_cycle(tin
 
 @pytest.mark.ray
 @pytest.mark.usefixtures("ray_session")
-def test_cycle_two_learns_from_the_labels_of_cycle_ones_models(tiny_models, tmp_path):
-    """Two cycles of the mutual job (the shipped job runs three; the shared runs, one): each label set was made by
-    the models the cycle before trained, told by the weight fingerprint of the model that labelled it, and each stage
-    trained on that set. cycle 2's cross-encoders learn from cycle 1's bi-encoders, its bi-encoders from cycle 2's
-    cross-encoders."""
+def test_cycle_two_learns_from_the_labels_of_cycle_ones_models_and_the_teacher(tiny_models, tiny_teacher, tmp_path):
+    """Two cycles of the mutual job with a teacher labeller (the shipped job runs three cycles; the shared runs,
+    one): each label set was made by the models the cycle before trained, told by the weight fingerprint of each
+    model that labelled it, and each stage trained on that set. cycle 2's cross-encoders learn from cycle 1's
+    bi-encoders, its bi-encoders from cycle 2's cross-encoders; the frozen teacher's cosine, computed once, joins
+    every set, weighed by its dev score like the families' labellers."""
     from raydistill.runtime.tenc import run_trans_encoder
 
     steps = {"batch_size": 8, "lr": 1e-3, "epochs": 1, "max_steps": 2, "max_length": 32, "eval_every": 1}
-    run_trans_encoder(tiny_config(tiny_models, tmp_path, cycles=2, pairs={"source": "inductive", "max_pairs": 24,
-                                                                           "seed": 7},
+    pairs = [(a, b) for a, b in build_pair_set("inductive", max_pairs=24, seed=7).pairs()]
+    run_trans_encoder(tiny_config(tiny_models, tmp_path, cycles=2, teacher=str(tiny_teacher), label_weighting="dev",
+                                  pairs={"source": "inductive", "max_pairs": 24, "seed": 7},
                                   bi={**steps, "warmup_ratio": 0.0}, cross=steps))
     state = read_state(tmp_path / "run")
-    stages, label_sets = state["stages"], state["labels"]
+    stages, label_sets, teacher = state["stages"], state["labels"], state["teacher"]
     assert set(stages) == set(label_sets) == {stage_key(c, s) for c in (1, 2) for s in ("bi2cross", "cross2bi")}
+    assert teacher["fingerprint"] == fingerprint_of(tiny_teacher, "bi")
+    teacher_cosines = bi_cosines(tiny_teacher, pairs)
 
     def trained(cycle, stage, family):
         return stages[stage_key(cycle, stage)]["families"][family]["fingerprint"]
@@ -238,11 +242,31 @@ def test_cycle_two_learns_from_the_labels_of_cycle_ones_models(tiny_models, tmp_
         assert labellers[stage_key(2, "bi2cross")] == trained(1, "cross2bi", family) != labellers[
             stage_key(1, "bi2cross")]
         assert labellers[stage_key(2, "cross2bi")] == trained(2, "bi2cross", family) != trained(1, "bi2cross", family)
-        for key, label_set in label_sets.items():  # mutual: every family trains on the mean of all labellers
+    for key, label_set in label_sets.items():
+        table = read_label_set(label_set["path"])
+        assert label_set["labellers"]["teacher"] == teacher["fingerprint"]
+        np.testing.assert_allclose(table["score_teacher"], teacher_cosines, atol=1e-4)
+        weights = label_set["weights"]
+        assert set(weights) == {"bert", "mpnet", "teacher"} and sum(weights.values()) == pytest.approx(1.0)
+        np.testing.assert_allclose(table["score"], sum(weights[name] * table[f"score_{name}"] for name in weights),
+                                   atol=1e-5)
+        for family in ("bert", "mpnet"):  # mutual: every family trains on the weighted mean of all labellers
             info = stages[key]["families"][family]
-            table = read_label_set(label_set["path"])
             assert info["target_column"] == "score"
             assert info["labels_sha"] == labels_digest(table["score"].to_numpy()), key
+
+
+def test_a_teacher_labeller_is_checked_before_the_run(tiny_models, tmp_path):
+    with pytest.raises(ConfigError, match=r"field 'teacher': .*only mode mutual"):
+        tiny_config(tiny_models, tmp_path, mode="self", teacher=str(tiny_models["bert"])).validate()
+    with pytest.raises(ConfigError, match=r"field 'teacher': model directory not found"):
+        tiny_config(tiny_models, tmp_path, teacher=str(tmp_path / "nowhere")).validate()
+    teacher_family = [{"name": "teacher", "bi": str(tiny_models["bert"])}, {"name": "mpnet",
+                                                                              "bi": str(tiny_models["mpnet"])}]
+    with pytest.raises(ConfigError, match=r"field 'families\[0\]\.name': 'teacher' names the teacher's labels"):
+        tiny_config(tiny_models, tmp_path, families=teacher_family, teacher=str(tiny_models["bert"])).validate()
+    assert tiny_config(tiny_models, tmp_path).config_hash() == tiny_config(tiny_models, tmp_path,
+                                                                           teacher=None).config_hash()
 
 
 

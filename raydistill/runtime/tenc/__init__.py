@@ -40,7 +40,9 @@ Run directory (everything a resume or an inspection needs):
 
     <run_dir>/state.json                                  completed stages, label sets, evaluations, config hash
     <run_dir>/labels/cycle=<k>/stage=<bi2cross|cross2bi>/ Parquet: pair_id, sentence1, sentence2,
-                                                          score_<family> per family, score (the average)
+                                                          score_<family> per family (and score_teacher with a
+                                                          ``teacher``), score (the average)
+    <run_dir>/teacher/pair-labels.npy                     the teacher's cosine of every pair, computed once
     <run_dir>/models/cycle=<k>/<bi|cross>/<family>/       the stage's best-dev model (cycle 0 = start checkpoints)
     <run_dir>/training/cycle=<k>/<bi|cross>/<family>/     the engine's run dir of a stage in progress or stopped
                                                           (checkpoints/, best/; removed once the stage finishes)

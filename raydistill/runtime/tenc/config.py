@@ -44,6 +44,7 @@ from raydistill.runtime.tenc.sections import (
     STAGE_TRAINS,
     STAGES,
     STS7,
+    TEACHER_LABELLER,
     FamilyConfig,
     PairsConfig,
     StageConfig,
@@ -58,6 +59,7 @@ __all__ = [
     "STAGE_TRAINED_IN",
     "STAGE_TRAINS",
     "STS7",
+    "TEACHER_LABELLER",
     "TENC_HASH_EXCLUDE",
     "FamilyConfig",
     "PairsConfig",
@@ -116,6 +118,10 @@ class TencConfig:
                                                      "label_weight_temperature) from each labeller's dev score)")
     # at 2, 4 points better on dev weighs e^2 (7.4x) more
     label_weight_temperature: Float = Field(2.0, gt=0, description="temperature of the dev weighting, in dev points")
+    teacher: str | None = Field(None, description="mutual mode: a frozen bi-encoder (a preset or a local directory) "
+                                                 "whose cosine joins every label set as one more labeller "
+                                                 f"(score_{TEACHER_LABELLER}), weighed as label_weighting weighs the "
+                                                 "families' labellers; computed once per run (null: none)")
     seed: Int = Field(1000, description="seed of sampling, shuffling and initialisation")
     pairs: Annotated[PairsConfig, _DEFAULTS_IF_NULL] = Field(default_factory=PairsConfig,
                                                              description="the unlabeled pairs")
@@ -232,6 +238,15 @@ class TencConfig:
                     raise err(f"families[{i}].cross", "init: sequential starts every cross-encoder from the "
                                                       "preceding bi-encoder's weights, so a separate cross "
                                                       "checkpoint would be unused; remove it or use init: refresh")
+        if self.teacher is not None:
+            if self.mode != "mutual":
+                raise err("teacher", "a teacher labels the pairs every family learns from, which only mode mutual "
+                                     "shares; remove it or use mode: mutual")
+            if TEACHER_LABELLER in names:
+                raise err(f"families[{names.index(TEACHER_LABELLER)}].name",
+                          f"{TEACHER_LABELLER!r} names the teacher's labels (score_{TEACHER_LABELLER}); rename the "
+                          "family")
+            self._check_model("teacher", self.teacher)
         if self.label_weighting == "dev" and self.mode != "mutual":
             raise err("label_weighting", "'dev' weighs the families' labels against each other, which only mode "
                                          "mutual combines; use mean with mode self")
@@ -339,7 +354,7 @@ TENC_HASH_EXCLUDE = ("cycles", "eval", "run_dir", "run_name", "results_dir", "re
 # classifier, so runs from before ``head`` existed keep their directories.
 TENC_HASHED_ONLY_WHEN_SET = {"bi.head": (None, "classifier"), "cross.head": (None, "classifier"),
                              "bi.precision": ("fp32",), "cross.precision": ("fp32",),
-                             "label_weighting": ("mean",), "label_weight_temperature": (2.0,)}
+                             "label_weighting": ("mean",), "label_weight_temperature": (2.0,), "teacher": (None,)}
 
 
 def _hashed(plain: dict[str, Any]) -> dict[str, Any]:

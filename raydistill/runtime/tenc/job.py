@@ -42,6 +42,7 @@ from raydistill.runtime.tenc.config import (
     STAGE_TRAINED_IN,
     STAGE_TRAINS,
     STAGES,
+    TEACHER_LABELLER,
     TencConfig,
     stage_key,
 )
@@ -52,7 +53,7 @@ from raydistill.runtime.tenc.labels import (
     write_label_set,
 )
 from raydistill.runtime.engine.stopping import raise_if_stop_requested
-from raydistill.runtime.tenc.actors import FamilyActors, say
+from raydistill.runtime.tenc.actors import FamilyActors, frozen_labels, say
 from raydistill.runtime.tenc.evaluation import JobEvaluation
 from raydistill.runtime.tenc.state import RunLayout, RunState, now
 
@@ -78,6 +79,8 @@ class TransEncoderJob(JobEvaluation):
         self.state: RunState | None = None
         self.tracker = None
         self.actors: FamilyActors | None = None
+        self.pair_set_ref = None  # the pair set in Ray's object store, for the actors and the teacher's task
+        self.teacher: dict[str, Any] | None = None  # teacher's labels, dev and fingerprint, once computed
         self.children: dict[tuple[str, str], Any] = {}
         self.step_offsets: dict[tuple[str, str], int] = {}
         self.dev_points_logged: set[tuple[str, str, int]] = set()  # (family, kind, cycle) on the parent run
@@ -156,7 +159,8 @@ class TransEncoderJob(JobEvaluation):
             self.tracker.log_params(self._params())
             cluster.warn_if_outputs_are_ephemeral({"run dir": self.run_dir, "results dir": self.results_dir,
                                                    "MLflow store": self.tracker.tracking_uri or ""})
-            self.actors = FamilyActors(cfg, ray.put(pair_set), poolings)
+            self.pair_set_ref = ray.put(pair_set)
+            self.actors = FamilyActors(cfg, self.pair_set_ref, poolings)
             yield self
             status = "FINISHED"
         except JobStopped as exc:
@@ -305,11 +309,9 @@ class TransEncoderJob(JobEvaluation):
         raise_if_stop_requested(f"after [{key}] finished")  # a stop that came as the learners finished
         if label_refs:
             self.activity = f"while labelling the pairs of [{stage_key(next_cycle, next_stage)}]"
-            weights = (self._label_weights(next_cycle, next_stage, {f: float(summaries[f]["best_dev"])
-                                                                     for f in self.families})
-                       if self._weights_by_dev() else None)
-            self._record_labels(next_cycle, next_stage, dict(zip(self.families, ray.get(label_refs))), weights,
-                                labellers=dict(zip(self.families, ray.get(labeller_refs))))
+            self._record_labels(next_cycle, next_stage, dict(zip(self.families, ray.get(label_refs))),
+                                labellers=dict(zip(self.families, ray.get(labeller_refs))),
+                                dev={f: float(summaries[f]["best_dev"]) for f in self.families})
 
     def _stage_record(self) -> dict[str, Any]:
         """What each stage's model directory records besides its summary: which run it belongs to (a damaged
@@ -356,20 +358,44 @@ class TransEncoderJob(JobEvaluation):
         say(f"[{stage_key(cycle, stage)}] labelling the pairs with the {kind}-encoders of cycle {labeller_cycle}")
         labels = ray.get([self.actors.actor(f, kind).predict_pairs.remote() for f in self.families])
         labellers = ray.get([self.actors.actor(f, kind).fingerprint.remote() for f in self.families])
-        weights = (self._label_weights(cycle, stage, self._labeller_dev(labeller_cycle, kind))
-                   if self._weights_by_dev() else None)
-        self._record_labels(cycle, stage, dict(zip(self.families, labels)), weights,
-                            labellers=dict(zip(self.families, labellers)))
+        self._record_labels(cycle, stage, dict(zip(self.families, labels)),
+                            labellers=dict(zip(self.families, labellers)),
+                            dev=self._labeller_dev(labeller_cycle, kind) if self._weights_by_dev() else None)
 
     def _weights_by_dev(self) -> bool:
         return self.cfg.mode == "mutual" and self.cfg.label_weighting == "dev"
 
     def _label_weights(self, cycle: int, stage: str, dev: dict[str, float]) -> dict[str, float]:
-        """Each family's weight in the stage's mean label, from its labelling model's dev score."""
-        weights = dev_label_weights({f: dev[f] for f in self.families}, self.cfg.label_weight_temperature)
+        """Each labeller's weight in the stage's mean label, from its labelling model's dev score."""
+        weights = dev_label_weights(dev, self.cfg.label_weight_temperature)
         say(f"[{stage_key(cycle, stage)}] label weights from {self.cfg.eval.dev_set}: " + ", ".join(
-            f"{f} {weights[f]:.3f} (dev {dev[f]:.2f})" for f in self.families))
+            f"{name} {weights[name]:.3f} (dev {dev[name]:.2f})" for name in dev))
         return weights
+
+    def _teacher_labels(self) -> dict[str, Any] | None:
+        """``teacher``'s labels of the pairs, its dev score and weight fingerprint (None without a teacher):
+        computed once per run by ``frozen_labels`` and kept in the run dir, so a resumed run reads them back."""
+        if self.cfg.teacher is None:
+            return None
+        if self.teacher is None:
+            from raydistill.fileio import atomic_writer
+            from raydistill.models import resolve_model
+
+            path, recorded = self.layout.teacher_labels_file(), self.state.data.get(TEACHER_LABELLER)
+            if recorded is not None and path.is_file():
+                self.teacher = {**recorded, "scores": np.load(path)}
+            else:
+                say(f"the teacher {self.cfg.teacher} labels the {len(self.pair_set):,} pairs (once per run)")
+                computed = frozen_labels(self.cfg, self.pair_set_ref, str(resolve_model(self.cfg.teacher)))
+                path.parent.mkdir(parents=True, exist_ok=True)
+                with atomic_writer(path) as out:
+                    np.save(out, np.asarray(computed["scores"], dtype=np.float32))
+                recorded = {"model": self.cfg.teacher, "dev": computed["dev"], "fingerprint": computed["fingerprint"]}
+                self.state.data[TEACHER_LABELLER] = recorded
+                self.state.save()
+                say(f"the teacher's {self.cfg.eval.dev_set}: {computed['dev']:.2f}")
+                self.teacher = {**recorded, "scores": computed["scores"]}
+        return self.teacher
 
     def _labeller_dev(self, labeller_cycle: int, kind: str) -> dict[str, float]:
         """Each family's dev score of its ``kind`` model of ``labeller_cycle``: the starting bi-encoder's at cycle 0,
@@ -380,12 +406,20 @@ class TransEncoderJob(JobEvaluation):
         trained_in = self.state.stages[stage_key(labeller_cycle, STAGE_TRAINED_IN[kind])]
         return {f: float(trained_in["families"][f]["best_dev"]) for f in self.families}
 
-    def _record_labels(self, cycle: int, stage: str, per_family: dict[str, np.ndarray],
-                       weights: dict[str, float] | None = None, *, labellers: dict[str, str]) -> None:
-        """Write a stage's label set: each family's labels and their mean (weighted by ``weights`` when given),
-        which mutual mode trains every family on; the state records the weight fingerprint of each family's
-        labelling model (``labellers``), so a run shows which models taught each stage."""
+    def _record_labels(self, cycle: int, stage: str, per_family: dict[str, np.ndarray], *,
+                       labellers: dict[str, str], dev: dict[str, float] | None) -> None:
+        """Write a stage's label set: each family's labels, the teacher's when the config has one, and their mean,
+        which mutual mode trains every family on: weighted by the labellers' ``dev`` scores with label_weighting
+        dev, else plain. The state records the weight fingerprint of each labelling model (``labellers``), so a
+        run shows which models taught each stage."""
         per_family = {f: per_family[f] for f in self.families}
+        labellers = {f: labellers[f] for f in self.families}
+        teacher = self._teacher_labels()
+        if teacher is not None:
+            per_family[TEACHER_LABELLER] = teacher["scores"]
+            labellers[TEACHER_LABELLER] = teacher["fingerprint"]
+            dev = None if dev is None else {**dev, TEACHER_LABELLER: teacher["dev"]}
+        weights = self._label_weights(cycle, stage, dev) if self._weights_by_dev() else None
         averaged = combine_labels(per_family, weights)
         directory = self.layout.labels_dir(cycle, stage)
         started = time.perf_counter()
@@ -393,7 +427,7 @@ class TransEncoderJob(JobEvaluation):
         key = stage_key(cycle, stage)
         stats = label_stats(per_family, averaged)
         self.state.labels[key] = {"path": str(directory), "rows": rows, "written": now(), **stats,
-                                  "labellers": {f: labellers[f] for f in self.families},
+                                  "labellers": labellers,
                                   **({"weights": weights} if weights is not None else {})}
         self.state.save()
         say(f"[{key}] wrote {rows:,} labels to {directory} in {time.perf_counter() - started:.1f} s "

@@ -25,6 +25,7 @@ STAGES = ("bi2cross", "cross2bi")  # bi labels -> cross learns; cross labels -> 
 STAGE_TRAINS = {"bi2cross": "cross", "cross2bi": "bi"}  # which encoder a stage trains
 STAGE_LABELS = {"bi2cross": "bi", "cross2bi": "cross"}  # which encoder labels a stage's pairs
 STAGE_TRAINED_IN = {"cross": "bi2cross", "bi": "cross2bi"}
+TEACHER_LABELLER = "teacher"  # the name of ``teacher:``'s labels beside the families' (score_teacher, weights)
 
 
 def stage_key(cycle: int, stage: str) -> str:

@@ -64,6 +64,10 @@ class RunLayout:
     def best_dir(self, family: str, kind: str) -> Path:
         return self.root / "best" / family / kind
 
+    def teacher_labels_file(self) -> Path:
+        # Outside labels/, which Ray Data reads whole as the stages' label sets.
+        return self.root / "teacher" / "pair-labels.npy"
+
     def eval_file(self, cycle: int, kind: str, family: str) -> Path:
         return self.root / "eval" / f"cycle={cycle}" / kind / f"{family}.npz"
 
