@@ -10,7 +10,7 @@ or a later one, and stopping it (Ctrl-C, SIGTERM, ``timeout``) loses at most the
 
     python bench/curves.py train --size bert-tiny --epochs 10
     timeout -s TERM 40m python bench/curves.py train --size minilm-l3 --epochs 5     # a slice; run again to go on
-    python bench/curves.py score --write results/bench-curves.json --plot docs/curves.svg
+    python bench/curves.py score --write results/bench-curves.json --plot docs/curves.png
 
 CPU-hours: every ``train`` process records the CPU seconds it used (user + system, training in the driver process
 as the recipe's ``num_learners: 0`` runs it) and the checkpoint steps it advanced, once a minute, in
@@ -193,7 +193,7 @@ def main(argv: list[str] | None = None) -> int:
     scoring = commands.add_parser("score", help="score every kept checkpoint; write the curves and their plot")
     scoring.add_argument("--sizes", type=comma_names(SIZES), default=list(SIZES), help="comma-separated")
     scoring.add_argument("--write", help="result file (e.g. results/bench-curves.json)")
-    scoring.add_argument("--plot", help="the plot (e.g. docs/curves.svg)")
+    scoring.add_argument("--plot", help="the plot (e.g. docs/curves.png)")
     args = parser.parse_args(argv)
     if args.command == "train":
         epochs_file = Path(args.work) / args.size / "epochs.json"

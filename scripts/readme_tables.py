@@ -19,6 +19,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 SEEDS_FILE = ROOT / "results" / "bench-seeds.json"  # bench/seeds.py: the seed noise of each published recipe
+CURVES_FILE = ROOT / "results" / "bench-curves.json"  # bench/curves.py: what more epochs buy each published recipe
 sys.path.insert(0, str(ROOT))  # this checkout's package, installed or not
 
 from raydistill.nested import flatten  # noqa: E402
@@ -726,6 +727,46 @@ def seeds_table(records: list[dict] | None = None, path: Path = SEEDS_FILE) -> s
     return "\n".join(lines)
 
 
+def curves_table(records: list[dict] | None = None, path: Path = CURVES_FILE) -> str:
+    """bench/curves.py's runs: per size, how far it has trained, its best-dev point and its last point, beside the
+    published run of the same recipe (fewer epochs, its own LR schedule)."""
+    if not path.is_file():
+        return "Not run yet: `python bench/curves.py train --size bert-tiny --epochs 10`, then `score`."
+    record = json.loads(path.read_text())
+    published = {row["student"]: row for row in _published_label_free(records or [])}
+    lines = ["| student (recipe) | trained: epochs of planned (CPU-hours) | best STS-B dev: epoch, dev / 7-STS | "
+             "last point: epoch, dev / 7-STS | dev still rising | published run: epochs, dev / 7-STS |",
+             "|" + "---|" * 6]
+    for size, curve in record["curves"].items():
+        points = curve["points"]
+        if not points:
+            continue
+        best, last = curve["best_dev"], points[-1]
+        row = published.get(size)
+        lines.append("| " + " | ".join([
+            f"`{size}` ({curve['method']}, batch {curve['batch_size']}, lr {curve['lr']:g}, {curve['precision']})",
+            f"{last['epoch']:g} of {curve['epochs_planned']} ({last['cpu_hours']:.1f})",
+            f"{best['epoch']:g}: {best['stsb_dev']:.2f} / {best['sts7']:.2f}",
+            f"{last['epoch']:g}: {last['stsb_dev']:.2f} / {last['sts7']:.2f}",
+            "yes" if best["step"] == last["step"] else "no",
+            f"{row['epochs']}: {row['stsb_dev']:.2f} / {row['sts7']:.2f}" if row else "–"]) + " |")
+    lines.append(f"\nOne run per size on all of `mixed`, seed {record['seed']}, its LR schedule spanning the planned "
+                 f"epochs; a point per quarter epoch. {_cpu_cell(record)}.")
+    return "\n".join(lines)
+
+
+def _published_label_free(records: list[dict]) -> list[dict]:
+    """The best label-free student of each size on the front page: its epochs, STS-B dev and 7-STS."""
+    rows = []
+    for student in ("minilm-l3", "bert-mini", "bert-tiny"):
+        found = _label_free_students(scale_records(records), student)
+        if found:
+            _, scores, record = max(found, key=lambda item: _dev(item[1]))
+            rows.append({"student": student, "epochs": (record.get("training") or {}).get("epochs", "?"),
+                         "stsb_dev": scores["stsb_dev"], "sts7": scores["avg"]})
+    return rows
+
+
 RECIPE_LEVERS_DIR = ROOT / "results" / "levers"
 
 
@@ -1024,7 +1065,7 @@ _NOT_A_CHANGE = ("run_dir", "run_name", "results_dir", "eval.", "resources.", "t
 
 
 def _lever_change(config: dict, reference: dict) -> str:
-    """The config fields in which a screen differs from the reference screen, as ``key: value``."""
+    """The config fields in which a screen differs from its reference, as ``key: value``."""
     flat, base = flatten(config), flatten(reference)
     changed = []
     for key in sorted(set(flat) | set(base)):
@@ -1038,31 +1079,55 @@ def _lever_change(config: dict, reference: dict) -> str:
     return "; ".join(changed) or "(the reference)"
 
 
+def _lever_differences(config: dict, reference: dict) -> int:
+    flat, base = flatten(config), flatten(reference)
+    return sum(1 for key in set(flat) | set(base) if not key.startswith(_NOT_A_CHANGE) and flat.get(key) != base.get(key))
+
+
 def tenc_levers_table(records: list[dict] | None = None, levers_dir: Path = LEVERS_DIR) -> str:
-    """One row per screen and family: the Trans-Encoder levers, one change at a time against the bf16 screen, from
-    each screen's summary.json (1 cycle, STS-B dev only)."""
+    """One row per screen and family: the Trans-Encoder levers, one change at a time, from each screen's
+    summary.json (1 cycle, STS-B dev only). A screen is set against its nearest reference: the bf16 screen, or a
+    committed run of the main job (its cycle 1), whichever config differs from the screen's in fewest fields."""
     summaries = {p.parent.name: json.loads(p.read_text(encoding="utf-8"))
                  for p in sorted(levers_dir.glob("*/summary.json"))}
-    reference = summaries.get(LEVERS_REFERENCE, {}).get("config")
-    if reference is None:
+    if summaries.get(LEVERS_REFERENCE, {}).get("config") is None:
         raise SystemExit(f"{levers_dir / LEVERS_REFERENCE / 'summary.json'}: the reference screen, or its config, is "
                          "missing; rerun its command")
-    lines = ["| screen | change against the bf16 screen | family | start bi dev | trained bi dev, cycle 1 | "
-             "best bi dev (cycle) | Δ best − start | cross dev, cycle 1 | stage wall (s) |",
+    main_runs = {p.parent.name: json.loads(p.read_text(encoding="utf-8"))
+                 for p in sorted(levers_dir.parent.glob("tenc-*/summary.json"))}
+    main_runs = {name: run for name, run in main_runs.items() if run.get("config")}
+    lines = ["| screen | change against its reference | family | start bi dev | trained bi dev, cycle 1 | "
+             "best bi dev (cycle) | Δ best − start | cross dev, cycle 1 | stage wall, cycle 1 (s) |",
              "|---|---|---|---|---|---|---|---|---|"]
+
+    def rows(link: str, change: str, summary: dict, cycles: int) -> None:
+        wall = sum(v for k, v in summary["stage_wall_s"].items() if int(k.split("/")[0].split("=")[1]) <= cycles)
+        for family, row in summary["by_family"].items():
+            start = row["start_bi_stsb_dev"]
+            by_cycle = summary["stsb_dev_by_cycle"][family]
+            best_cycle = max(range(cycles + 1), key=lambda c: (by_cycle["bi"][str(c)], -c))
+            best = by_cycle["bi"][str(best_cycle)]
+            lines.append(f"| {link} | {change} | {family} | {start:.2f} | {by_cycle['bi']['1']:.2f} | "
+                         f"{best:.2f} ({best_cycle}) | {best - start:+.2f} | {by_cycle['cross']['1']:.2f} | "
+                         f"{wall:.0f} |")
+
+    shown_references = set()
     for name, summary in sorted(summaries.items(), key=lambda item: (item[0] != LEVERS_REFERENCE, item[0])):
         if "stsb_dev_by_cycle" not in summary:
             raise SystemExit(f"{levers_dir / name / 'summary.json'}: no per-cycle dev recorded; rerun its command")
-        change = "bf16 autocast (bi.precision, cross.precision) over the shipped fp32 config" if (
-            name == LEVERS_REFERENCE) else _lever_change(summary["config"], reference)
-        wall = sum(summary["stage_wall_s"].values())
         link = f"[{name}](../results/mutual_tenc/levers/{name}/summary.json)"
-        for family, row in summary["by_family"].items():
-            start, best = row["start_bi_stsb_dev"], row["best_bi_stsb_dev"]
-            by_cycle = summary["stsb_dev_by_cycle"][family]
-            lines.append(f"| {link} | {change} | {family} | {start:.2f} | {by_cycle['bi']['1']:.2f} | "
-                         f"{best:.2f} ({row['best_bi_cycle']}) | {best - start:+.2f} | {by_cycle['cross']['1']:.2f} | "
-                         f"{wall:.0f} |")
+        if name == LEVERS_REFERENCE:
+            rows(link, "bf16 autocast (bi.precision, cross.precision) over the shipped fp32 config", summary, 1)
+            continue
+        candidates = {LEVERS_REFERENCE: summaries[LEVERS_REFERENCE], **main_runs}
+        reference = min(candidates, key=lambda ref: (_lever_differences(summary["config"], candidates[ref]["config"]),
+                                                     ref != LEVERS_REFERENCE))
+        if reference != LEVERS_REFERENCE and reference not in shown_references:
+            shown_references.add(reference)
+            rows(f"[main job, cycle 1](../results/mutual_tenc/{reference}/summary.json)",
+                 "(the reference: the shipped default's committed run)", main_runs[reference], 1)
+        against = "" if reference == LEVERS_REFERENCE else " (against the main job's run)"
+        rows(link, _lever_change(summary["config"], candidates[reference]["config"]) + against, summary, 1)
     return "\n".join(lines)
 
 
@@ -1195,6 +1260,7 @@ PAGES = {
                                                                          + superseded_starts()),
                         "distill_superseded": lambda records: superseded_table(),
                         "targets": targets_table, "seeds": seeds_table, "recipe_levers": recipe_levers_table,
+                        "curves": curves_table,
                         "tune": tune_table, "tune_trials": tune_trials_table},
     "docs/trans-encoder.md": {"tenc": tenc_table, "tenc_compare": tenc_compare_table,
                               "tenc_inductive": tenc_inductive_table,

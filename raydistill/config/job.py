@@ -324,7 +324,7 @@ class JobConfig:
                                                 f"views: {', '.join(d.views)}")
         if d.teacher_views and self.teacher is None:
             raise err("teacher", f"data.teacher_views={d.teacher_views} needs a teacher model")
-        queue_size = self.loss.get("queue_size")
+        queue_size = getattr(self.loss, "queue_size", None)  # the method's setting in use, when it has a queue
         if isinstance(queue_size, int) and queue_size and 0 < queue_size < self.train.batch_size:
             raise err("loss.queue_size", f"K={queue_size} is smaller than train.batch_size={self.train.batch_size}: "
                                          "the FIFO queue must hold at least one batch (use 0 for no queue)")
