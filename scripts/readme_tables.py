@@ -1061,7 +1061,7 @@ def tenc_inductive_table(records: list[dict]) -> str:
 
 LEVERS_DIR = ROOT / "results" / "mutual_tenc" / "levers"
 LEVERS_REFERENCE = "bf16"  # the screen every other one changes one thing of
-_NOT_A_CHANGE = ("run_dir", "run_name", "results_dir", "eval.", "resources.", "tracking.", "stop_after_stage")
+_NOT_A_CHANGE = ("cycles", "run_dir", "run_name", "results_dir", "eval.", "resources.", "tracking.", "stop_after_stage")
 
 
 def _lever_change(config: dict, reference: dict) -> str:

@@ -20,6 +20,7 @@ from raydistill.config.job import ConfigError
 from raydistill.runtime.tenc.pairs import PAIR_SOURCES, build_pair_set, gold_pair_labels
 from raydistill.evaluation.plots import plot_dev_by_cycle
 from raydistill.runtime.tenc import TencConfig, read_label_set, run_trans_encoder, stage_key
+from raydistill.cli import main as cli_main
 import tests.tenc_runs as tenc_runs
 from tests.tenc_runs import QQP_PAIRS, QQP_SEED, WEIGHT_TEMPERATURE, self_qqp_config
 from tests.test_mutual_tenc import (
@@ -202,6 +203,16 @@ def test_qqp_run_reports_transductive_auc_selection_with_the_start_and_dev_curve
     assert set(bi_labels.columns) == {"pair_id", "sentence1", "sentence2", "score_bert", "score_mpnet", "score"}
     for family in ("bert", "mpnet"):
         np.testing.assert_allclose(bi_labels[f"score_{family}"], bi_cosines(tiny_models[family], pairs), atol=2e-4)
+
+    # A start scores here what `raydistill eval` gives it (its checkpoint's own max length, fp32), not what it
+    # scores at the stage's max length
+    for family in ("bert", "mpnet"):
+        eval_file = tmp_path / f"eval-{family}.json"
+        assert cli_main(["eval", "--model", str(tiny_models[family]), "--no-extra", "--quiet",
+                         "--out", str(eval_file)]) == 0
+        evaluated = json.loads(eval_file.read_text())["scores"]
+        in_job = state["evaluations"][f"cycle=0/bi/{family}"]["scores"]
+        assert {name: round(in_job[name], 2) for name in evaluated} == pytest.approx(evaluated, abs=0.011), family
 
     # Selection by dev: the bi-encoder's candidates are the start (cycle 0, its dev measured at cycle 0) and every
     # cycle; the cross-encoder's, the cycles (no cross-encoder before cycle 1). Ties go to the earlier cycle.

@@ -30,6 +30,8 @@ checkpoint of other stage settings, e.g. other labels, is set aside and the stag
 
 from __future__ import annotations
 
+import contextlib
+
 import datetime as dt
 import json
 import shutil
@@ -124,6 +126,7 @@ class StageLearner:
         self.spec = get_method(self.method)  # the stage as a method of the engine: rows, student, loss, dev score
         self.model: nn.Module | None = None
         self.loaded_from: str | None = None
+        self.model_source: str | None = None
         self.cycle = 0
 
     def _resolve_precision(self) -> tuple[str, str]:
@@ -150,6 +153,7 @@ class StageLearner:
         torch.manual_seed(stage_seed(self.seed, cycle, self.kind, self.family))
         self.model = self._new_model(str(checkpoint)).to(self.device)
         self.loaded_from, self.cycle = str(checkpoint), int(cycle)
+        self.model_source = self.loaded_from  # the directory the held model was read from
         return {"init_from": self.loaded_from, "init_fingerprint": encoder_fingerprint(self.model),
                 "pooling": getattr(self.model, "pooling", None), "params_m": self.params_m()}
 
@@ -183,6 +187,10 @@ class StageLearner:
         """What ``raydistill.evaluation`` evaluates: the bi-encoder itself, or the symmetrised cross-encoder."""
         return self.spec.scorer(self._require_model())
 
+    def evaluated_scorer(self) -> tuple[Any, bool]:
+        """What the test evaluations score, and whether in the stage's precision: the held model, in it."""
+        return self.scorer(), True
+
     def dev_score(self) -> float:
         """The held model's dev score, computed as the engine scores the stage's model selection."""
         from raydistill.methods.tenc_bi import stage_dev_score
@@ -191,14 +199,16 @@ class StageLearner:
                                bf16=self.precision == "bf16")
 
     def test_predictions(self, sets: list[str] | tuple[str, ...]) -> dict[str, np.ndarray]:
-        """The model's similarity for every pair of each evaluation set (cosine, or symmetrised cross score)."""
+        """The model's similarity for every pair of each evaluation set (cosine, or symmetrised cross score), as
+        ``evaluated_scorer`` gives it."""
         from raydistill.data import load_dataset
         from raydistill.evaluation import STS_SETS, pair_similarities
 
         started = time.perf_counter()
         pairs_by_set = {name: load_dataset(STS_SETS.get(name, name)) for name in sets}
-        with self.autocast():
-            predictions = pair_similarities(self.scorer(), pairs_by_set, encoder=self.kind,
+        scorer, in_training_precision = self.evaluated_scorer()
+        with self.autocast() if in_training_precision else contextlib.nullcontext():
+            predictions = pair_similarities(scorer, pairs_by_set, encoder=self.kind,
                                             batch_size=self.inference_batch_size, progress=False)
         self._say(f"test predictions on {', '.join(sets)} in {time.perf_counter() - started:.0f} s")
         return {name: np.asarray(values, dtype=np.float32) for name, values in predictions.items()}
@@ -311,6 +321,7 @@ class StageLearner:
         stage_record = {**{k: v for k, v in summary.items() if k != "history"}, **(record or {}),
                         "completed": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")}
         save_model_atomically(model, out_dir, stage_record=stage_record)
+        self.model_source = str(out_dir)
         shutil.rmtree(train_dir, ignore_errors=True)  # the stage is whole now; its model directory says so
         self._say(f"[{tag}] done: {summary['steps']} steps in {summary['wall_s']:.0f} s, best dev "
                   f"{summary['best_dev']:.2f} at step {summary['best_step']}")
@@ -359,6 +370,15 @@ class BiEncoderLearner(StageLearner):
         from raydistill.methods.tenc_bi import new_bi_encoder
 
         return new_bi_encoder(checkpoint, self.pooling, self.stage.max_length)
+
+    def evaluated_scorer(self) -> tuple[Any, bool]:
+        """The held model's checkpoint as `raydistill eval` scores it: loaded with the checkpoint's own max length
+        (a start checkpoint's, not the stage's; a trained one was saved with the stage's), in fp32, so a family's
+        start scores here what it scores there."""
+        from raydistill.models import BiEncoder
+
+        self._require_model()
+        return BiEncoder.from_pretrained(self.model_source, pooling=self.pooling).to(self.device).eval(), False
 
     def predict_pairs(self) -> np.ndarray:
         model = self._require_model()
