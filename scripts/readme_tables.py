@@ -979,20 +979,26 @@ def dev_curves_table(records: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def _main_job_runs(records: list[dict]) -> tuple[list[str], dict[str, dict[tuple[str, str], dict]]]:
-    """The runs of the shipped main-job config (its mode, families and cycles; any pair source but the paraphrase
-    ones): the families' names, and per run name its ``(family, start|bi|cross)`` slots, each the best STS-B dev."""
+# The main job's default before its teacher labeller: the inductive-against-transductive comparison was run on it.
+BEFORE_TEACHER = ["teacher=null", "cycles=3"]
+
+
+def _main_job_runs(records: list[dict], changes: list[str] = ()) -> tuple[list[str],
+                                                                          dict[str, dict[tuple[str, str], dict]]]:
+    """The runs of the shipped main-job config, with ``changes`` (its mode, families, teacher and cycles; any pair
+    source but the paraphrase ones): the families' names, and per run name its ``(family, start|bi|cross)`` slots,
+    each the best STS-B dev."""
     from raydistill.runtime.tenc import TencConfig
     from raydistill.runtime.tenc.pairs import PAIR_CLASSIFICATION_SOURCES
 
-    shipped = TencConfig.from_yaml(ROOT / "raydistill" / "configs" / "mutual_tenc.yaml")
+    shipped = TencConfig.from_yaml(ROOT / "raydistill" / "configs" / "mutual_tenc.yaml", list(changes))
     families = {family.name: family.recorded() for family in shipped.families}
     runs: dict[str, dict[tuple[str, str], dict]] = {}
     for r in sorted(records, key=lambda r: (r.get("training") or {}).get("cycle") or 0):  # ties: the earlier cycle
         training = r.get("training") or {}
         if (r["kind"] != "mutual_tenc" or r.get("extra", {}).get("family") == "ensemble"
                 or training.get("mode") != shipped.mode or training.get("families") != families
-                or training.get("cycles") != shipped.cycles
+                or training.get("cycles") != shipped.cycles or training.get("teacher") != shipped.teacher
                 or training.get("pairs_source") in PAIR_CLASSIFICATION_SOURCES):
             continue
         _keep_best_by_dev(runs.setdefault(r["extra"]["run_name"], {}), r)
@@ -1009,9 +1015,10 @@ def tenc_main_table(records: list[dict]) -> str:
     sets never choose), each as 7-STS with its STS-B dev and cycle. Self against mutual and the runs of earlier
     defaults: docs/trans-encoder.md."""
     families, runs = _main_job_runs(records)
+    bars = _main_job_bars(records, families)
     # No link to the run: its directory name carries a config hash, which the front page never shows.
-    lines = ["| pairs | family | start bi | best bi (cycle) | best cross (cycle) | STS-B dev: start / bi / cross |",
-             "|---|---|---|---|---|---|"]
+    lines = ["| pairs | family | start bi | best bi (cycle) | best cross (cycle) | STS-B dev: start / bi / cross | "
+             "bar: the best student of its size | best bi − bar |", "|---|---|---|---|---|---|---|---|"]
 
     def score(record: dict) -> str:
         return f"{record['scores']['avg']:.2f}"
@@ -1027,17 +1034,43 @@ def tenc_main_table(records: list[dict]) -> str:
             if start is None or bi is None or cross is None:
                 continue
             dev = " / ".join(f"{r['scores']['stsb_dev']:.2f}" for r in (start, bi, cross))
+            bar, what = bars[family]
             lines.append(f"| {_pairs_label(start['training'])} | {family} | {score(start)} | "
                          f"**{score(bi)}** ({bi['training'].get('cycle') or 0}) | "
-                         f"**{score(cross)}** ({cross['training'].get('cycle')}) | {dev} |")
+                         f"**{score(cross)}** ({cross['training'].get('cycle')}) | {dev} | {bar:.2f} ({what}) | "
+                         f"{bi['scores']['avg'] - bar:+.2f} |")
     return "\n".join(lines)
+
+
+# What a family of a size no committed student has must beat: the 3-layer cut of all-MiniLM-L6-v2, untrained.
+UNTRAINED_CUT = "minilm-l3"
+
+
+def _main_job_bars(records: list[dict], families: list[str]) -> dict[str, tuple[float, str]]:
+    """Per main-job family, the 7-STS its kept bi-encoder is set against: the best label-free student of its size
+    (by STS-B dev, as README's students table), or, for a size with none, the untrained 3-layer cut."""
+    from raydistill.runtime.tenc import TencConfig
+
+    shipped = TencConfig.from_yaml(ROOT / "raydistill" / "configs" / "mutual_tenc.yaml")
+    baselines = {r["model"]: r for r in scale_records(records) if r["kind"] == "baseline"}
+    bars = {}
+    for family in shipped.families:
+        found = _label_free_students(scale_records(records), family.bi)
+        if found:
+            method, scores, _ = max(found, key=lambda item: _dev(item[1]))
+            bars[family.name] = (scores["avg"], f"{family.bi}, {method.split(' ')[0]}")
+        else:
+            bars[family.name] = (baselines[UNTRAINED_CUT]["scores"]["avg"], f"no {family.bi} student: the untrained "
+                                                                             f"{UNTRAINED_CUT} cut")
+    return bars
 
 
 def tenc_inductive_table(records: list[dict]) -> str:
     """What training on the test pairs buys the main job: per family and kept model (best STS-B dev), the 7-STS of
     the transductive and the inductive run of the shipped config and their difference, with each one's STS-B dev.
-    Where more than one run of a source is committed, the latest."""
-    families, runs = _main_job_runs(records)
+    Where more than one run of a source is committed, the latest. Measured on the default before its teacher
+    labeller (``BEFORE_TEACHER``)."""
+    families, runs = _main_job_runs(records, BEFORE_TEACHER)
     latest: dict[str, dict[tuple[str, str], dict]] = {}
     for name, slots in runs.items():
         source = _pairs_source(slots)

@@ -104,8 +104,8 @@ def test_pair_classification_sources_validate_by_name(tiny_models, tmp_path):
     assert shipped.pairs.source == "qqp" and shipped.eval.dev_set == "stsb_dev"
     assert shipped.eval.test_cycles != "none"  # its result files need the 7-STS scores beside the AUC
     default = TencConfig.from_yaml(resolve_config("mutual_tenc"))  # the QQP run is the default job on other pairs
-    assert (shipped.families, shipped.bi, shipped.cross, shipped.cycles, shipped.label_weighting) == \
-        (default.families, default.bi, default.cross, default.cycles, default.label_weighting)
+    assert (shipped.families, shipped.bi, shipped.cross, shipped.cycles, shipped.label_weighting, shipped.teacher) == \
+        (default.families, default.bi, default.cross, default.cycles, default.label_weighting, default.teacher)
     # a sample of one class has no AUC: refused before Ray starts or anything is written
     with pytest.raises(ConfigError, match="one class only"):
         run_trans_encoder(tiny_config(tiny_models, tmp_path, pairs={"source": "qqp", "max_pairs": 1}))
@@ -383,11 +383,14 @@ def test_mode_self_on_the_shipped_default_runs_with_mean_labels():
     from raydistill.shipped import shipped_config
 
     default = TencConfig.from_yaml(shipped_config("mutual_tenc"))
-    assert default.label_weighting == "dev"
+    assert (default.label_weighting, default.teacher) == ("dev", "mpnet-base")
     twin = TencConfig.from_yaml(shipped_config("mutual_tenc"), ["mode=self", *self_mode_overrides("self", [])])
-    assert twin.validate().label_weighting == "mean"
+    assert (twin.validate().label_weighting, twin.teacher) == ("mean", None)
     assert self_mode_overrides("mutual", []) == []
     # an explicit choice is the user's, and validation still names the field
-    assert self_mode_overrides("self", ["label_weighting=dev"]) == []
+    assert self_mode_overrides("self", ["label_weighting=dev"]) == ["teacher=null"]
     with pytest.raises(ConfigError, match="label_weighting"):
-        TencConfig.from_yaml(shipped_config("mutual_tenc"), ["mode=self", "label_weighting=dev"]).validate()
+        TencConfig.from_yaml(shipped_config("mutual_tenc"), ["mode=self", "label_weighting=dev",
+                                                              "teacher=null"]).validate()
+    with pytest.raises(ConfigError, match="field 'teacher'"):
+        TencConfig.from_yaml(shipped_config("mutual_tenc"), ["mode=self", "label_weighting=mean"]).validate()

@@ -197,12 +197,14 @@ def _max_length_overrides(text: str) -> list[str]:
 
 
 def self_mode_overrides(mode: str | None, user_overrides: list[str]) -> list[str]:
-    """What ``--mode self`` adds: plain mean label weighting, since in self mode each family learns only its own
-    labels and there is nothing to weigh (a config with ``label_weighting: dev``, as the shipped default, would
-    otherwise be refused); an explicit ``--set label_weighting=...`` is left to validation."""
-    if mode != "self" or any(o.split("=", 1)[0].strip() == "label_weighting" for o in user_overrides):
+    """What ``--mode self`` adds: plain mean label weighting and no teacher, since in self mode each family learns
+    only its own labels, so there is nothing to weigh and no shared label set for a teacher to join (a config with
+    ``label_weighting: dev`` or a ``teacher``, as the shipped default, would otherwise be refused); an explicit
+    ``--set`` of either is left to validation."""
+    if mode != "self":
         return []
-    return ["label_weighting=mean"]
+    given = {o.split("=", 1)[0].strip() for o in user_overrides}
+    return [setting for setting in ("label_weighting=mean", "teacher=null") if setting.split("=")[0] not in given]
 
 
 def tenc_job_main(doc: str | None, argv: list[str] | None = None, prog: str | None = None) -> dict:

@@ -15,7 +15,7 @@ from typing import Any
 
 from raydistill.evaluation.results import code_provenance, default_command
 from raydistill.runtime.tenc.pairs import pair_sets_of
-from raydistill.runtime.tenc.config import STAGE_TRAINED_IN, stage_key
+from raydistill.runtime.tenc.config import STAGE_TRAINED_IN, TEACHER_LABELLER, stage_key
 from raydistill.runtime.tenc.actors import say
 from raydistill.runtime.tenc.job import TransEncoderJob
 from raydistill.runtime.tenc.state import json_default, now
@@ -72,6 +72,7 @@ class TencReport:
             "init": cfg.init,
             "label_scaling": cfg.label_scaling,
             "label_weighting": cfg.label_weighting,
+            "teacher": cfg.teacher,
             "cycles": cfg.cycles,
             "families": {f.name: f.recorded() for f in cfg.families},
             "bi": dataclasses.asdict(cfg.bi),
@@ -172,6 +173,7 @@ class TencReport:
             "mode": cfg.mode, "families": job.families, "pairs": len(job.pair_set),
             "pairs_source": cfg.pairs.source,
             "transductive": job.pair_set.transductive, "cycles": cfg.cycles, "init": cfg.init,
+            "teacher": job.state.data.get(TEACHER_LABELLER),  # model, dev, fingerprint (null: no teacher)
             "best": best,
             "by_family": by_family,
             "score_unit": "7-STS average: Spearman x 100 of the model's similarity against gold on STS12-16, STS-B "
