@@ -42,16 +42,13 @@ class JobEvaluation:
     """Evaluation and model selection of a ``TransEncoderJob`` (its mix-in; see the module docstring)."""
 
     def _measure_start_dev(self) -> None:
-        """The dev score of each starting bi-encoder: the cycle-0 candidate of model selection. Taken from its
-        cycle-0 evaluation when there is one, else measured by its actor (as every stage measures its models)."""
+        """The dev score of each starting bi-encoder: the cycle-0 candidate of model selection, measured by its
+        actor as every stage measures its models (the stage's length and precision), so that selection compares
+        like with like; the cycle-0 evaluation scores the start as `raydistill eval` does, for the report."""
         import ray
 
         start_dev = self.state.data.setdefault("start_dev", {})
         dev_set = self.cfg.eval.dev_set
-        for f in self.families:
-            scores = self.state.evaluations.get(f"cycle=0/bi/{f}", {}).get("scores", {})
-            if f not in start_dev and dev_set in scores:
-                start_dev[f] = scores[dev_set]
         todo = [f for f in self.families if f not in start_dev]
         if todo:
             refs = [self.actors.ensure_loaded(f, "bi", self.trained_model(0, "bi", f), 0) for f in todo]
