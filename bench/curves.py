@@ -106,19 +106,32 @@ def train(args) -> int:
     made, steps_per_epoch = plan(args.size, args.epochs, Path(args.work))
     print(f"[curves] {args.size}: {made.recipe.method}, {args.epochs} epochs of {steps_per_epoch:,} steps, "
           f"{made.cfg.train.precision}, run {made.run_dir}", flush=True)
+    from raydistill.runtime.engine.learner_group import PreemptedError
+    from raydistill.runtime.engine.stopping import JobStopped
+
     with CpuLedger(Path(args.work) / args.size / "cpu.json", made.run_dir):
-        train_student(made)
+        try:
+            train_student(made)
+        except (PreemptedError, JobStopped) as stop:  # SIGTERM / Ctrl-C: the checkpoint is written
+            print(f"[curves] {args.size}: {stop}; the same command resumes", flush=True)
+            return 0
     return 0
 
 
-def score_checkpoint(made, path: Path, check_config: bool = True) -> dict:
-    """STS-B dev and the 7 STS sets of the student a checkpoint holds."""
+def score_checkpoint(made, path: Path) -> dict:
+    """STS-B dev and the 7 STS sets of the student a checkpoint holds (verified against its manifest's sha256s; a
+    checkpoint of another method or student is refused). The run's own stage config hashes the loss settings in use,
+    defaults included, so the plan's hash is not the checkpoint's: method and student are compared instead."""
     from raydistill.evaluation import evaluate_sts
     from raydistill.methods import get_method
     from raydistill.runtime.engine.checkpoint import load_checkpoint
 
     cfg = made.cfg
-    manifest, state = load_checkpoint(path, config=cfg if check_config else None)
+    manifest, state = load_checkpoint(path)
+    written_by = manifest["config"]
+    if (written_by["method"], written_by["student"]) != (cfg.method, cfg.student):
+        raise SystemExit(f"{path}: a checkpoint of {written_by['method']} / {written_by['student']}, not of this "
+                         f"curve's {cfg.method} / {cfg.student}")
     student = get_method(cfg.method).build_student(cfg, teacher_dim=made.teacher_shape.hidden)
     student.load_state_dict(state["student"])
     scores = evaluate_sts(student.eval(), progress=False)
