@@ -735,7 +735,7 @@ def curves_table(records: list[dict] | None = None, path: Path = CURVES_FILE) ->
     record = json.loads(path.read_text())
     published = {row["student"]: row for row in _published_label_free(records or [])}
     lines = ["| student (recipe) | trained: epochs of planned (CPU-hours) | best STS-B dev: epoch, dev / 7-STS | "
-             "last point: epoch, dev / 7-STS | dev still rising | published run: epochs, dev / 7-STS |",
+             "last point: epoch, dev / 7-STS | epochs since the best dev | published run: epochs, dev / 7-STS |",
              "|" + "---|" * 6]
     for size, curve in record["curves"].items():
         points = curve["points"]
@@ -748,7 +748,7 @@ def curves_table(records: list[dict] | None = None, path: Path = CURVES_FILE) ->
             f"{last['epoch']:g} of {curve['epochs_planned']} ({last['cpu_hours']:.1f})",
             f"{best['epoch']:g}: {best['stsb_dev']:.2f} / {best['sts7']:.2f}",
             f"{last['epoch']:g}: {last['stsb_dev']:.2f} / {last['sts7']:.2f}",
-            "yes" if best["step"] == last["step"] else "no",
+            f"{last['epoch'] - best['epoch']:.2f}",
             f"{row['epochs']}: {row['stsb_dev']:.2f} / {row['sts7']:.2f}" if row else "–"]) + " |")
     lines.append(f"\nOne run per size on all of `mixed`, seed {record['seed']}, its LR schedule spanning the planned "
                  f"epochs; a point per quarter epoch. {_cpu_cell(record)}.")
@@ -1016,6 +1016,9 @@ def tenc_main_table(records: list[dict]) -> str:
     defaults: docs/trans-encoder.md."""
     families, runs = _main_job_runs(records)
     bars = _main_job_bars(records, families)
+    # What a seed moves the main job's kept models by (bench/engine_parity.py: two seeds, 2 cycles)
+    parity = ROOT / "results" / "bench-engine_parity.json"
+    spread = json.loads(parity.read_text())["main_job_new_seed_spread_max"] if parity.is_file() else None
     # No link to the run: its directory name carries a config hash, which the front page never shows.
     lines = ["| pairs | family | start bi | best bi (cycle) | best cross (cycle) | STS-B dev: start / bi / cross | "
              "bar: the best student of its size | best bi − bar |", "|---|---|---|---|---|---|---|---|"]
@@ -1038,7 +1041,7 @@ def tenc_main_table(records: list[dict]) -> str:
             lines.append(f"| {_pairs_label(start['training'])} | {family} | {score(start)} | "
                          f"**{score(bi)}** ({bi['training'].get('cycle') or 0}) | "
                          f"**{score(cross)}** ({cross['training'].get('cycle')}) | {dev} | {bar:.2f} ({what}) | "
-                         f"{bi['scores']['avg'] - bar:+.2f} |")
+                         f"{margin_verdict(bi['scores']['avg'], bar, spread)} |")
     return "\n".join(lines)
 
 

@@ -122,14 +122,16 @@ def test_the_quick_start_shows_a_committed_run_of_its_command_from_a_clean_tree(
 
 def test_the_main_job_table_shows_the_transductive_and_the_inductive_run():
     """The front page reports the main job both ways, each labelled: trained on the unlabeled test pairs (the
-    paper's setting), and on pairs with no evaluation sentence in them, so a reader sees what transduction buys."""
+    paper's setting), and on pairs with no evaluation sentence in them, so a reader sees what transduction buys; a
+    default whose inductive run is not committed yet says so."""
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
     table = re.search(r"<!-- table:tenc_main -->\n(.*?)<!-- /table:tenc_main -->", readme, re.S).group(1)
     rows = [[cell.strip() for cell in line.strip("|").split("|")] for line in table.splitlines()[2:]]
     for family in ("bert-tiny", "bert-small"):
         sources = {row[0].split(" ", 1)[1] for row in rows if row[1] == family}
-        assert sources == {"transductive (trained on the unlabeled test pairs)",
-                           "inductive (no evaluation sentence)"}, (family, sources)
+        assert "transductive (trained on the unlabeled test pairs)" in sources, (family, sources)
+        if "inductive (no evaluation sentence)" not in sources:  # then the page says so, and where the last one is
+            assert "its inductive run is not committed yet" in readme.replace("\n", " "), (family, sources)
 
 
 def test_the_inductive_run_is_described_by_its_table():
