@@ -81,7 +81,12 @@ class StMseLossSettings(LossSettings):
 
 @section
 class StMseExtraSettings(MethodSettings):
-    """``extra:`` of st-mse: none (``runtime.log_every`` sets the steps between loss logs)."""
+    """``extra:`` of st-mse (``runtime.log_every`` sets the steps between loss logs)."""
+
+    # The teacher pass reads it, as every method's: sentence-transformers' MSE recipe regresses sentence vectors,
+    # which only a bi-encoder teacher has.
+    teacher_encoder: Literal["bi"] = Field("bi", description="bi: the teacher embeds sentences (the only kind the "
+                                                             "MSE recipe regresses)")
 
 
 register_method(METHOD, "sentence-transformers' MSE example (run by its own command)", StMseLossSettings,
