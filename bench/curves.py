@@ -38,18 +38,18 @@ SEED = 1000
 
 def plan(size: str, epochs: int, work: Path):
     """distill's label-free plan for ``size`` on the whole ``mixed``, ``epochs`` long, a checkpoint every quarter."""
+    import dataclasses
+
     from raydistill.ship.command import plan_distill
 
-    steps_per_epoch = None
-    for attempt in range(2):  # the first plan tells the rows, the second places the checkpoints by them
-        every = [] if steps_per_epoch is None else [
-            f"train.checkpoint_every={max(1, steps_per_epoch // POINTS_PER_EPOCH)}",
-            f"train.eval_every={max(1, steps_per_epoch // POINTS_PER_EPOCH)}",
-            f"train.keep_last={epochs * POINTS_PER_EPOCH + 2}"]
-        made = plan_distill(teacher=TEACHER, student=size, corpus="mixed", out=str(work / size / "out"), seed=SEED,
-                            budget="epochs", overrides=[f"train.epochs={epochs}", *every])
-        steps_per_epoch = made.corpus_sentences // made.cfg.train.batch_size
-    return made, steps_per_epoch
+    made = plan_distill(teacher=TEACHER, student=size, corpus="mixed", out=str(work / size / "out"), seed=SEED,
+                        budget="epochs", overrides=[f"train.epochs={epochs}"])
+    steps_per_epoch = made.corpus_sentences // made.cfg.train.batch_size
+    every = max(1, steps_per_epoch // POINTS_PER_EPOCH)
+    # Evaluation and checkpoint cadence are runtime-only fields: the plan's config hash stays what it checked.
+    cadence = made.cfg.with_overrides([f"train.checkpoint_every={every}", f"train.eval_every={every}",
+                                       f"train.keep_last={epochs * POINTS_PER_EPOCH + 2}"])
+    return dataclasses.replace(made, cfg=cadence), steps_per_epoch
 
 
 class CpuLedger:

@@ -758,10 +758,10 @@ def curves_table(records: list[dict] | None = None, path: Path = CURVES_FILE) ->
 def _published_label_free(records: list[dict]) -> list[dict]:
     """The best label-free student of each size on the front page: its epochs, STS-B dev and 7-STS."""
     rows = []
-    for student in ("minilm-l3", "bert-mini", "bert-tiny"):
-        found = _label_free_students(scale_records(records), student)
+    for student in FRONT_PAGE_SIZES:
+        found = _best_label_free(scale_records(records), student)
         if found:
-            _, scores, record = max(found, key=lambda item: _dev(item[1]))
+            _, scores, record = found
             rows.append({"student": student, "epochs": (record.get("training") or {}).get("epochs", "?"),
                          "stsb_dev": scores["stsb_dev"], "sts7": scores["avg"]})
     return rows
@@ -902,6 +902,12 @@ def _label_free_students(records: list[dict], student: str) -> list[tuple[str, d
     return found
 
 
+def _best_label_free(records: list[dict], student: str) -> tuple[str, dict, dict] | None:
+    """``(method, scores, record)`` of the label-free student of ``student`` with the best STS-B dev, else None."""
+    found = _label_free_students(records, student)
+    return max(found, key=lambda item: _dev(item[1])) if found else None
+
+
 def scale_targets_table(records: list[dict], spreads: dict[str, dict] | None = None) -> str:
     """Per student size, trained on the whole mixed corpus from mpnet-base: the best label-free student against its
     target, its start, SimCSE on the same corpus and sentence-transformers' MSE recipe; DistilCSE beside it. A
@@ -927,10 +933,10 @@ def scale_targets_table(records: list[dict], spreads: dict[str, dict] | None = N
              "| st-mse | vs st-mse + 0.5 | DistilCSE (+ NLI) vs target | result file |", "|" + "---|" * 11]
     for student, target in SCALE_TARGETS.items():
         start = baselines.get(student, {}).get("scores", {}).get("avg")
-        label_free = _label_free_students(records, student)
+        label_free = _best_label_free(records, student)
         simcse, st_mse, distilcse = (best_of(m, student) for m in ("simcse", "st-mse", "distilcse"))
         if label_free:
-            method, scores, record = max(label_free, key=lambda found: _dev(found[1]))
+            method, scores, record = label_free
             avg = scores["avg"]
             best_cell, target_cell = f"**{avg:.2f}** ({method})", f"≥ {target:g}: {check(avg, target)}"
             link = _file_cell(record)
@@ -1015,7 +1021,7 @@ def tenc_main_table(records: list[dict]) -> str:
     sets never choose), each as 7-STS with its STS-B dev and cycle. Self against mutual and the runs of earlier
     defaults: docs/trans-encoder.md."""
     families, runs = _main_job_runs(records)
-    bars = _main_job_bars(records, families)
+    bars = _main_job_bars(records)
     # What a seed moves the main job's kept models by (bench/engine_parity.py: two seeds, 2 cycles)
     parity = ROOT / "results" / "bench-engine_parity.json"
     spread = json.loads(parity.read_text())["main_job_new_seed_spread_max"] if parity.is_file() else None
@@ -1049,7 +1055,7 @@ def tenc_main_table(records: list[dict]) -> str:
 UNTRAINED_CUT = "minilm-l3"
 
 
-def _main_job_bars(records: list[dict], families: list[str]) -> dict[str, tuple[float, str]]:
+def _main_job_bars(records: list[dict]) -> dict[str, tuple[float, str]]:
     """Per main-job family, the 7-STS its kept bi-encoder is set against: the best label-free student of its size
     (by STS-B dev, as README's students table), or, for a size with none, the untrained 3-layer cut."""
     from raydistill.runtime.tenc import TencConfig
@@ -1058,9 +1064,9 @@ def _main_job_bars(records: list[dict], families: list[str]) -> dict[str, tuple[
     baselines = {r["model"]: r for r in scale_records(records) if r["kind"] == "baseline"}
     bars = {}
     for family in shipped.families:
-        found = _label_free_students(scale_records(records), family.bi)
+        found = _best_label_free(scale_records(records), family.bi)
         if found:
-            method, scores, _ = max(found, key=lambda item: _dev(item[1]))
+            method, scores, _ = found
             bars[family.name] = (scores["avg"], f"{family.bi}, {method.split(' ')[0]}")
         else:
             bars[family.name] = (baselines[UNTRAINED_CUT]["scores"]["avg"], f"no {family.bi} student: the untrained "

@@ -31,7 +31,6 @@ checkpoint of other stage settings, e.g. other labels, is set aside and the stag
 from __future__ import annotations
 
 import contextlib
-
 import datetime as dt
 import json
 import shutil
