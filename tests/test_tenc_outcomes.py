@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from raydistill.config.job import ConfigError
-from raydistill.runtime.tenc.pairs import PAIR_SOURCES, build_pair_set, gold_pair_labels
+from raydistill.runtime.tenc.pairs import PAIR_SOURCES, build_pair_set, gold_pair_labels, split_held_out
 from raydistill.evaluation.plots import plot_dev_by_cycle
 from raydistill.runtime.tenc import TencConfig, read_label_set, run_trans_encoder, stage_key
 from raydistill.cli import main as cli_main
@@ -68,7 +68,7 @@ def test_qqp_and_mrpc_sources_are_the_bundled_pairs_without_their_labels(tmp_pat
     assert {frozenset(p) for p in mrpc.pairs()} == listed and mrpc.pool_size == len(listed)
     # What the learners get holds sentences and ids only: no field for a label or a score
     assert {f.name for f in fields(qqp)} == {"pair_id", "sentence1", "sentence2", "source", "pool_size",
-                                             "fingerprint"}
+                                             "fingerprint", "held_out"}
 
     # The gold labels are each pair's own, in pair-set order (a subsample keeps its pairs' labels)
     sample = build_pair_set("qqp", max_pairs=300, seed=QQP_SEED)
@@ -110,6 +110,33 @@ def test_pair_classification_sources_validate_by_name(tiny_models, tmp_path):
     with pytest.raises(ConfigError, match="one class only"):
         run_trans_encoder(tiny_config(tiny_models, tmp_path, pairs={"source": "qqp", "max_pairs": 1}))
     assert not (tmp_path / "run").exists()
+
+
+def test_a_held_out_split_learns_from_one_half_and_scores_pairs_of_the_other_that_share_no_sentence(tiny_models,
+                                                                                                       tmp_path):
+    pool = build_pair_set("qqp")
+    learned, scored = split_held_out("qqp", 2000, seed=1000)
+    assert len(scored) == 2000 and 0 < len(learned) <= pool.pool_size // 2
+    # no sentence in both, and the pair ids are the pool's: the two sets are disjoint pairs of the same pool
+    assert not ({*learned.sentence1, *learned.sentence2} & {*scored.sentence1, *scored.sentence2})
+    assert not set(learned.pair_id.tolist()) & set(scored.pair_id.tolist())
+    assert [(pool.sentence1[i], pool.sentence2[i]) for i in scored.pair_id] == scored.pairs()
+    assert 0 < gold_pair_labels(scored).sum() < len(scored)
+    # inductive: neither the STS sets nor the scored pairs are in what the job learns from
+    assert learned.transductive is False and build_pair_set("qqp", 100).transductive is True
+    # seeded: the same split again, another with another seed; max_pairs subsamples the learned half only
+    again, _ = split_held_out("qqp", 2000, seed=1000)
+    assert again.fingerprint == learned.fingerprint
+    assert split_held_out("qqp", 2000, seed=1001)[0].fingerprint != learned.fingerprint
+    fewer, scored_again = split_held_out("qqp", 2000, max_pairs=500, seed=1000)
+    assert len(fewer) == 500 and set(fewer.pair_id.tolist()) <= set(learned.pair_id.tolist())
+    assert scored_again.fingerprint == scored.fingerprint
+    # only the pair-classification sources have labels to score held-out pairs by; hashed only when set
+    with pytest.raises(ConfigError, match=r"pairs\.held_out.*gold 0/1 labels"):
+        tiny_config(tiny_models, tmp_path, pairs={"source": "inductive", "held_out": 100}).validate()
+    plain = tiny_config(tiny_models, tmp_path, pairs={"source": "qqp"})
+    assert tiny_config(tiny_models, tmp_path, pairs={"source": "qqp", "held_out": None}).config_hash() == \
+        plain.config_hash() != tiny_config(tiny_models, tmp_path, pairs={"source": "qqp", "held_out": 9}).config_hash()
 
 
 def test_a_second_job_on_a_run_dir_in_use_is_refused_before_it_reads_or_writes_anything(tiny_models, tmp_path,
@@ -278,7 +305,9 @@ def test_qqp_run_reports_transductive_auc_selection_with_the_start_and_dev_curve
         assert start_record["extra"]["pair_auc"]["pairs"] == QQP_PAIRS
         assert start_record["training"]["transductive"] is True and start_record["training"]["pairs_source"] == "qqp"
         assert records[f"{family}-cross-cycle{best_cross}.json"]["extra"]["pair_auc"]["auc"] == row["best_cross_auc"]
-        assert f"{family} qqp ROC AUC (transductive" in printed
+        assert f"{family} qqp ROC AUC (on the {QQP_PAIRS} pairs the job learned from, unlabeled (transductive))" \
+            in printed
+        assert start_record["extra"]["pair_auc"]["held_out"] is False
     mean_cross = np.mean([best_cross_scores[family] for family in ("bert", "mpnet")], axis=0)
     assert records["ensemble-cross-best.json"]["extra"]["pair_auc"]["auc"] == pytest.approx(
         auc_x100(mean_cross, gold), abs=0.006)
@@ -323,6 +352,38 @@ def test_qqp_run_reports_transductive_auc_selection_with_the_start_and_dev_curve
         assert json.loads((best_dir / "sentence_bert_config.json").read_text())["max_seq_length"] == 32
     assert (tmp_path / "results" / "ensemble-bi-best.json").is_file()
     assert json.loads((tmp_path / "results" / "summary.json").read_text())["by_family"] == again["by_family"]
+
+
+def test_a_held_out_run_learns_from_one_half_and_reports_the_auc_of_the_other_half(tiny_models, tmp_path,
+                                                                                      ray_session, capsys):
+    pairs = {"source": "qqp", "max_pairs": 24, "held_out": 30, "seed": QQP_SEED}
+    config = tiny_config(tiny_models, tmp_path, mode="self", families=[{"name": "bert", "bi": str(tiny_models["bert"])}],
+                         pairs=pairs)
+    summary = run_trans_encoder(config)
+    printed = capsys.readouterr().out
+    run_dir = tmp_path / "run"
+    learned, scored = split_held_out("qqp", 30, max_pairs=24, seed=QQP_SEED)
+    gold = gold_pair_labels(scored)
+
+    # The models learned from the first half's pairs only: every label set holds exactly those
+    for stage in ("bi2cross", "cross2bi"):
+        labels = read_label_set(run_dir / "labels" / "cycle=1" / f"stage={stage}")
+        assert labels["pair_id"].tolist() == learned.pair_id.tolist()
+        assert not set(labels["sentence1"]) & {*scored.sentence1, *scored.sentence2}
+    # ...and the AUC is of the held-out pairs: the saved models' own scores of them, scikit-learn's AUC
+    on_disk = json.loads((run_dir / "summary.json").read_text())
+    row = on_disk["by_family"]["bert"]
+    start_scores = np.load(run_dir / "eval" / "cycle=0" / "bi" / "bert-pairs.npy")
+    np.testing.assert_allclose(start_scores, bi_cosines(tiny_models["bert"], scored.pairs()), atol=2e-4)
+    assert row["start_bi_auc"] == pytest.approx(auc_x100(start_scores, gold), abs=0.006)
+    cross_cycle = row["best_cross_cycle"]
+    cross_scores_held_out = np.load(run_dir / "eval" / f"cycle={cross_cycle}" / "cross" / "bert-pairs.npy")
+    np.testing.assert_allclose(cross_scores_held_out, cross_scores(run_dir / "models" / f"cycle={cross_cycle}" /
+                                                                   "cross" / "bert", scored.pairs()), atol=2e-4)
+    note = on_disk["pair_classification"]
+    assert (note["held_out"], note["transductive"], note["pairs"], on_disk["transductive"]) == (True, False, 30, False)
+    assert summary["by_family"]["bert"]["start_bi_auc"] == row["start_bi_auc"]
+    assert "qqp ROC AUC (on 30 held-out pairs of the other half" in printed
 
 
 def test_stage_precision_is_validated_and_bf16_labels_track_fp32(tiny_models, tmp_path):

@@ -36,7 +36,7 @@ from raydistill.config.job import (
 )
 from raydistill.config.schema import Float, Int, error_text, section, states
 from raydistill.objectives.trans_encoder import LABEL_SCALINGS, LABEL_WEIGHTINGS
-from raydistill.runtime.tenc.pairs import PAIR_SOURCES
+from raydistill.runtime.tenc.pairs import PAIR_CLASSIFICATION_SOURCES, PAIR_SOURCES
 from raydistill.runtime.tenc.sections import (
     _DEFAULTS_IF_NULL,
     STAGE_LABELS,
@@ -257,6 +257,10 @@ class TencConfig:
         elif source not in PAIR_SOURCES:
             raise err("pairs.source", f"{source!r}{_suggest(source, PAIR_SOURCES)} is not one of "
                                       f"{', '.join(PAIR_SOURCES)} or file:<path>")
+        if self.pairs.held_out is not None and source not in PAIR_CLASSIFICATION_SOURCES:
+            raise err("pairs.held_out", f"held-out pairs are scored against their gold 0/1 labels, which only "
+                                        f"{' and '.join(PAIR_CLASSIFICATION_SOURCES)} pairs carry; remove it or use "
+                                        f"one of those sources")
         self._check_family_stages()
         if self.bi.head is not None:
             raise err("bi.head", "the head is a cross-encoder setting (bi-encoders pool: families[i].pooling); "
@@ -354,7 +358,8 @@ TENC_HASH_EXCLUDE = ("cycles", "eval", "run_dir", "run_name", "results_dir", "re
 # classifier, so runs from before ``head`` existed keep their directories.
 TENC_HASHED_ONLY_WHEN_SET = {"bi.head": (None, "classifier"), "cross.head": (None, "classifier"),
                              "bi.precision": ("fp32",), "cross.precision": ("fp32",),
-                             "label_weighting": ("mean",), "label_weight_temperature": (2.0,), "teacher": (None,)}
+                             "label_weighting": ("mean",), "label_weight_temperature": (2.0,), "teacher": (None,),
+                             "pairs.held_out": (None,)}
 
 
 def _hashed(plain: dict[str, Any]) -> dict[str, Any]:

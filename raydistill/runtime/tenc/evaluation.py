@@ -6,7 +6,7 @@ ROC AUC of the pair scores for qqp / mrpc (``evaluate_pair_auc``), the dev score
 cycle-0 candidate), and ``select_best``, which copies each family's best bi- and cross-encoder by the dev set to
 ``best/<family>/<kind>``. Every result goes into the run state as it is made, so a resumed job skips what is
 recorded; ``report`` turns each record into a result file. It uses the job's ``cfg``, ``state``, ``actors``,
-``layout``, ``families``, ``pair_set``, ``gold_labels``, ``tracker``, ``activity`` and ``trained_model``.
+``layout``, ``families``, ``pair_set``, ``auc_pairs``, ``gold_labels``, ``tracker``, ``activity`` and ``trained_model``.
 """
 
 from __future__ import annotations
@@ -113,8 +113,9 @@ class JobEvaluation:
 
     def evaluate_pair_auc(self, kind: str, cycles: dict[str, int], name: str) -> None:
         """qqp / mrpc sources: ROC AUC x 100 of each family's ``kind`` model of ``cycles[family]`` (and of their
-        ensemble, the mean of their scores) on the job's own pairs against the gold labels. A model's pair scores
-        are the labels it handed on when it made some (read from the Parquet), else its actor scores the pairs."""
+        ensemble, the mean of their scores) on ``auc_pairs`` (the job's own pairs, or the held-out half's) against
+        the gold labels. On the job's own pairs a model's scores are the labels it handed on when it made some (read
+        from the Parquet); otherwise its actor scores the pairs."""
         import ray
 
         from raydistill.evaluation import roc_auc
@@ -122,15 +123,18 @@ class JobEvaluation:
 
         if self.gold_labels is None:
             return
+        held_out = self.auc_pairs is not self.pair_set
         records = self.state.data.setdefault("pair_auc", {})
         todo = [f for f, c in cycles.items() if f"cycle={c}/{kind}/{f}" not in records]
-        scores = {f: self._handed_on_scores(kind, cycles[f], f) for f in todo}
+        scores = {f: None if held_out else self._handed_on_scores(kind, cycles[f], f) for f in todo}
         ask = [f for f in todo if scores[f] is None]
         if ask:
             refs = [self.actors.ensure_loaded(f, kind, self.trained_model(cycles[f], kind, f), cycles[f])
                     for f in ask]
             ray.get([r for r in refs if r is not None])
-            scores.update(zip(ask, ray.get([self.actors.actor(f, kind).predict_pairs.remote() for f in ask])))
+            pairs_ref = ray.put(self.auc_pairs) if held_out else None
+            scores.update(zip(ask, ray.get([self.actors.actor(f, kind).predict_pairs.remote(pairs_ref)
+                                            for f in ask])))
         for f in todo:
             cycle = cycles[f]
             path = self.layout.pair_scores_file(cycle, kind, f)
@@ -139,8 +143,9 @@ class JobEvaluation:
             auc = roc_auc(scores[f], self.gold_labels) * 100.0
             records[f"cycle={cycle}/{kind}/{f}"] = {"auc": auc, "pair_scores": str(path)}
             self.state.save()
-            say(f"[cycle {cycle}] {f}/{kind}: {self.cfg.pairs.source} ROC AUC {auc:.2f} on the "
-                f"{len(self.pair_set):,} pairs it learned from (transductive)")
+            on = (f"{len(self.auc_pairs):,} held-out pairs it never saw (inductive)" if held_out
+                  else f"{len(self.pair_set):,} pairs it learned from (transductive)")
+            say(f"[cycle {cycle}] {f}/{kind}: {self.cfg.pairs.source} ROC AUC {auc:.2f} on the {on}")
             if self.tracker is not None:
                 self.tracker.log_metrics({f"pair_auc/{f}/{kind}": auc}, step=cycle)
         ensemble_key = f"{name}/{kind}/ensemble"

@@ -36,6 +36,7 @@ from raydistill.runtime.tenc.pairs import (
     PairSet,
     build_pair_set,
     gold_pair_labels,
+    split_held_out,
 )
 from raydistill.runtime.tenc.config import (
     STAGE_LABELS,
@@ -75,7 +76,8 @@ class TransEncoderJob(JobEvaluation):
         self.family_cfg = {f.name: f for f in cfg.families}
         self.started = time.perf_counter()
         self.pair_set: PairSet | None = None
-        self.gold_labels: np.ndarray | None = None  # qqp / mrpc: each pair's 0/1 label, for the AUC only
+        self.auc_pairs: PairSet | None = None  # qqp / mrpc: the pairs the AUC is measured on
+        self.gold_labels: np.ndarray | None = None  # their 0/1 labels, for the AUC only
         self.state: RunState | None = None
         self.tracker = None
         self.actors: FamilyActors | None = None
@@ -193,14 +195,23 @@ class TransEncoderJob(JobEvaluation):
         return JobStopped(message, where=exc.where or self.activity, kept=kept)
 
     def _build_pair_set(self) -> PairSet:
+        """The pairs the job learns from; with qqp / mrpc also the pairs the AUC is measured on (``auc_pairs``: the
+        same pairs, or the held-out half's) and their gold labels, kept in the driver: the actors get the label-free
+        pair set only."""
         cfg = self.cfg
-        pair_set = build_pair_set(cfg.pairs.source, cfg.pairs.max_pairs, cfg.pairs_seed())
-        if pair_set.source in PAIR_CLASSIFICATION_SOURCES:
-            # Kept in the driver for the AUC; the actors get the label-free pair set only.
-            self.gold_labels = gold_pair_labels(pair_set)
+        if cfg.pairs.held_out is not None:
+            pair_set, self.auc_pairs = split_held_out(cfg.pairs.source, cfg.pairs.held_out, cfg.pairs.max_pairs,
+                                                      cfg.pairs_seed())
+        else:
+            pair_set = build_pair_set(cfg.pairs.source, cfg.pairs.max_pairs, cfg.pairs_seed())
+            if pair_set.source in PAIR_CLASSIFICATION_SOURCES:
+                self.auc_pairs = pair_set
+        if self.auc_pairs is not None:
+            self.gold_labels = gold_pair_labels(self.auc_pairs)
             if len(np.unique(self.gold_labels)) < 2:  # found now, before anything is written
-                raise ConfigError(f"pairs: the {len(pair_set)} {pair_set.source} pairs sampled hold one class "
-                                  "only, and the ROC AUC needs both; raise pairs.max_pairs or change pairs.seed")
+                raise ConfigError(f"pairs: the {len(self.auc_pairs)} {pair_set.source} pairs sampled for the AUC "
+                                  "hold one class only, and the ROC AUC needs both; raise pairs.max_pairs (or "
+                                  "pairs.held_out) or change pairs.seed")
         return pair_set
 
     def _poolings(self) -> dict[str, str | None]:

@@ -178,8 +178,8 @@ class StageLearner:
     # ------------------------------------------------------------------------------------------------------------
     # Labelling and evaluation
 
-    def predict_pairs(self) -> np.ndarray:
-        """This model's label for every pair of the pair set, [N] float32 in pair-set order."""
+    def predict_pairs(self, pair_set: PairSet | None = None) -> np.ndarray:
+        """This model's label for every pair of ``pair_set`` (default: the job's), [N] float32 in pair-set order."""
         raise NotImplementedError
 
     def scorer(self):
@@ -379,14 +379,15 @@ class BiEncoderLearner(StageLearner):
         self._require_model()
         return BiEncoder.from_pretrained(self.model_source, pooling=self.pooling).to(self.device).eval(), False
 
-    def predict_pairs(self) -> np.ndarray:
+    def predict_pairs(self, pair_set: PairSet | None = None) -> np.ndarray:
         model = self._require_model()
-        texts = list(dict.fromkeys(self.pair_set.sentence1 + self.pair_set.sentence2))
+        pair_set = self.pair_set if pair_set is None else pair_set
+        texts = list(dict.fromkeys(pair_set.sentence1 + pair_set.sentence2))
         row = {text: i for i, text in enumerate(texts)}
         with self.autocast():
             embeddings = model.encode(texts, batch_size=self.inference_batch_size, normalize=True)  # [U, D], unit rows
-        first = embeddings[[row[t] for t in self.pair_set.sentence1]]  # [N, D]
-        second = embeddings[[row[t] for t in self.pair_set.sentence2]]  # [N, D]
+        first = embeddings[[row[t] for t in pair_set.sentence1]]  # [N, D]
+        second = embeddings[[row[t] for t in pair_set.sentence2]]  # [N, D]
         cosines = np.einsum("nd,nd->n", first.astype(np.float64), second.astype(np.float64))  # [N]
         return np.clip(cosines, -1.0, 1.0).astype(np.float32)
 
@@ -404,6 +405,7 @@ class CrossEncoderLearner(StageLearner):
         # The configured head, not a saved one: a sequential-init stage starts from the previous model's weights.
         return new_cross_encoder(checkpoint, self.stage.max_length, self.stage.head)
 
-    def predict_pairs(self) -> np.ndarray:
+    def predict_pairs(self, pair_set: PairSet | None = None) -> np.ndarray:
         with self.autocast():
-            return self.scorer().score(self.pair_set.pairs(), batch_size=self.inference_batch_size)
+            pairs = (self.pair_set if pair_set is None else pair_set).pairs()
+            return self.scorer().score(pairs, batch_size=self.inference_batch_size)

@@ -16,6 +16,9 @@ unlabeled *pairs* with a bi-encoder and a cross-encoder. Which pairs is a choice
 * ``qqp`` / ``mrpc`` (the paper's pair-classification tasks): the pairs of QQP dev, or of MRPC train + validation,
   without their 0/1 paraphrase labels. Transductive by design: the models learn on exactly the pairs they are then
   scored on, and the labels come back only in `gold_pair_labels`, for the job's ROC AUC, never for training.
+  With ``held_out`` set, the same sources are inductive instead (`split_held_out`): the pool is split in two halves
+  (seeded); the job learns from the pairs of one half less every pair that shares a sentence with the other, and
+  the AUC is measured on ``held_out`` pairs of the other half, which no model sees and nothing chooses on.
 
 Pairs are deduplicated as unordered pairs: the authors dedupe by the concatenation ``s1 + s2`` (order-sensitive),
 but every label here is symmetric (the bi-encoder's cosine is, and the cross-encoder's is averaged over both
@@ -38,6 +41,7 @@ __all__ = [
     "build_pair_set",
     "gold_pair_labels",
     "pair_sets_of",
+    "split_held_out",
 ]
 
 # source name -> data sets of raydistill.data's registry whose pairs (never scores) form the pool.
@@ -66,6 +70,7 @@ class PairSet:
     source: str
     pool_size: int  # pairs in the deduplicated pool before subsampling
     fingerprint: str = field(default="")
+    held_out: bool = False  # the learned-from half of a held-out split: no evaluation pair or sentence in it
 
     def __post_init__(self):
         if not (len(self.pair_id) == len(self.sentence1) == len(self.sentence2)):
@@ -81,8 +86,8 @@ class PairSet:
     def transductive(self) -> bool:
         """True when evaluation pairs or sentences may be in the pool: STS12-16, STS-B dev/test, SICK trial/test
         (``transductive``, and any ``file:``, which may hold anything), or the very pairs the AUC is measured on
-        (``qqp``, ``mrpc``)."""
-        return self.source != "inductive"
+        (``qqp``, ``mrpc``), unless those are split with a held-out half."""
+        return self.source != "inductive" and not self.held_out
 
     def pairs(self) -> list[tuple[str, str]]:
         return list(zip(self.sentence1, self.sentence2))
@@ -111,8 +116,48 @@ def build_pair_set(source: str = "transductive", max_pairs: int | None = None, s
     Gold scores and labels are dropped here, at the only place pairs enter the job, so no later stage can train on
     them.
     """
-    from raydistill.data import load_dataset, read_pairs
     from raydistill.data.arrays import seeded_subset
+
+    first, second = _pool(source)
+    if max_pairs is not None and max_pairs <= 0:
+        raise ValueError(f"max_pairs must be > 0, got {max_pairs}")
+    pair_id = seeded_subset(len(first), max_pairs, seed).astype(np.int64)
+    return PairSet(pair_id=pair_id, sentence1=tuple(first[i] for i in pair_id),
+                   sentence2=tuple(second[i] for i in pair_id), source=source, pool_size=len(first))
+
+
+def split_held_out(source: str, held_out: int, max_pairs: int | None = None, seed: int = 1000
+                   ) -> tuple[PairSet, PairSet]:
+    """``(learned, evaluated)`` of a pair-classification source split in two halves (a seeded shuffle of the pool):
+    ``learned``, the first half's pairs less every pair that shares a sentence with the second half, subsampled
+    to ``max_pairs``; ``evaluated``, the first ``held_out`` pairs of the second half. No sentence is in both.
+    ``pair_id`` is the position in the pool, in both."""
+    from raydistill.data.arrays import seeded_subset
+
+    if source not in PAIR_CLASSIFICATION_SOURCES:
+        raise ValueError(f"a held-out split needs gold labels to score it; pair source {source!r} has none (use "
+                         f"{' or '.join(PAIR_CLASSIFICATION_SOURCES)})")
+    first, second = _pool(source)
+    order = np.random.default_rng(seed).permutation(len(first))  # [P] pool positions
+    half_a, half_b = np.sort(order[:len(order) // 2]), order[len(order) // 2:]
+    if held_out > len(half_b):
+        raise ValueError(f"held_out asks for {held_out:,} pairs; half of the {len(first):,} {source} pairs is "
+                         f"{len(half_b):,}")
+    evaluated_id = np.sort(half_b[:held_out]).astype(np.int64)
+    in_b = {text for i in half_b for text in (first[i], second[i])}
+    clean_a = np.array([i for i in half_a if first[i] not in in_b and second[i] not in in_b], dtype=np.int64)
+    learned_id = clean_a[seeded_subset(len(clean_a), max_pairs, seed)]
+
+    def pair_set(ids: np.ndarray, held: bool) -> PairSet:
+        return PairSet(pair_id=ids, sentence1=tuple(first[i] for i in ids), sentence2=tuple(second[i] for i in ids),
+                       source=source, pool_size=len(first), held_out=held)
+
+    return pair_set(learned_id, True), pair_set(evaluated_id, False)
+
+
+def _pool(source: str) -> tuple[list[str], list[str]]:
+    """The first and second sentences of every distinct (unordered) pair of ``source``, in reading order."""
+    from raydistill.data import load_dataset, read_pairs
 
     if source.startswith("file:"):
         path = Path(source[len("file:"):]).expanduser()
@@ -135,20 +180,9 @@ def build_pair_set(source: str = "transductive", max_pairs: int | None = None, s
             seen.add(key)
             first.append(pair.sentence1)
             second.append(pair.sentence2)
-    pool_size = len(first)
-    if pool_size == 0:
+    if not first:
         raise ValueError(f"pair source {source!r} holds no pairs")
-
-    if max_pairs is not None and max_pairs <= 0:
-        raise ValueError(f"max_pairs must be > 0, got {max_pairs}")
-    pair_id = seeded_subset(pool_size, max_pairs, seed).astype(np.int64)
-    return PairSet(
-        pair_id=pair_id,
-        sentence1=tuple(first[i] for i in pair_id),
-        sentence2=tuple(second[i] for i in pair_id),
-        source=source,
-        pool_size=pool_size,
-    )
+    return first, second
 
 
 def gold_pair_labels(pair_set: PairSet) -> np.ndarray:

@@ -120,11 +120,23 @@ class TencReport:
         record = self.job.state.data.get("pair_auc", {}).get(key)
         if record is None:
             return None
-        return {"auc": round(float(record["auc"]), 2), "source": self.cfg.pairs.source,
-                "sets": list(pair_sets_of(self.cfg.pairs.source)), "pairs": len(self.job.pair_set),
-                "transductive": True, "labels_used_for_training": False,
+        return {"auc": round(float(record["auc"]), 2), **self._auc_pairs_record(),
                 "metric": "ROC AUC x 100 of the pair scores (bi: cosine; cross: mean sigmoid over both orders) "
-                          "against the gold 0/1 labels of the pairs the job learned from"}
+                          f"against the gold 0/1 labels of {self._auc_pairs_words()}"}
+
+    def _auc_pairs_record(self) -> dict[str, Any]:
+        """What the AUCs were measured on: the source, its sets, how many pairs, and whether the models learned
+        from them (transductive) or never saw them (``held_out``: the other half of a split)."""
+        held_out = self.job.auc_pairs is not self.job.pair_set
+        return {"source": self.cfg.pairs.source, "sets": list(pair_sets_of(self.cfg.pairs.source)),
+                "pairs": len(self.job.auc_pairs), "transductive": not held_out, "held_out": held_out,
+                "labels_used_for_training": False}
+
+    def _auc_pairs_words(self) -> str:
+        if self.job.auc_pairs is self.job.pair_set:
+            return f"the {len(self.job.pair_set):,} pairs the job learned from, unlabeled (transductive)"
+        return (f"{len(self.job.auc_pairs):,} held-out pairs of the other half of the split, which share no sentence "
+                f"with the {len(self.job.pair_set):,} pairs learned from (inductive)")
 
     def _track_eval(self, family: str, kind: str, step: int, scores: dict[str, float], name: str | None) -> None:
         tracker = self.job.tracker
@@ -305,11 +317,9 @@ class TencReport:
         gold = self.job.gold_labels
         if gold is None:
             return None
-        return {"source": self.cfg.pairs.source, "sets": list(pair_sets_of(self.cfg.pairs.source)),
-                "pairs": len(self.job.pair_set), "positives": int(gold.sum()), "transductive": True,
-                "labels_used_for_training": False,
+        return {**self._auc_pairs_record(), "positives": int(gold.sum()),
                 "metric": "ROC AUC x 100 of each model's pair scores (bi: cosine; cross: mean sigmoid over both "
-                          "orders) against the gold 0/1 labels of the very pairs the job learned from, unlabeled",
+                          f"orders) against the gold 0/1 labels of {self._auc_pairs_words()}",
                 "selection": f"{self.cfg.eval.dev_set}, apart from these pairs and their labels"}
 
     def verdict_lines(self, by_family: dict[str, dict[str, Any]]) -> list[str]:
@@ -336,8 +346,8 @@ class TencReport:
             lines.append(f"{f} cross{unit}: start bi {start:.2f}, best {best_cross:.2f} "
                          f"(cycle {row['best_cross_cycle']}) — the best cross-encoder {beats} the start bi-encoder")
             if "start_bi_auc" in row:
-                lines.append(f"{f} {self.cfg.pairs.source} ROC AUC (transductive, on the {len(self.job.pair_set):,} "
-                             f"pairs learned from): start bi {_fmt(row['start_bi_auc'])}, best bi "
+                lines.append(f"{f} {self.cfg.pairs.source} ROC AUC (on {self._auc_pairs_words()}): start bi "
+                             f"{_fmt(row['start_bi_auc'])}, best bi "
                              f"{_fmt(row['best_bi_auc'])} (cycle {row['best_bi_cycle']}), best cross "
                              f"{_fmt(row['best_cross_auc'])} (cycle {row['best_cross_cycle']})")
         return lines

@@ -108,6 +108,11 @@ class PairsConfig:
                                                     "inductive, qqp, mrpc or file:<path.jsonl> (pairs.py)")
     max_pairs: Int | None = Field(None, gt=0, description="seeded subsample of the deduplicated pool (null: all)")
     seed: Int | None = Field(None, description="seed of the subsample (null: the job's seed)")
+    held_out: Int | None = Field(None, gt=0, description="qqp / mrpc: split the pairs in two halves and learn from one "
+                                                         "(less every pair sharing a sentence with the other); "
+                                                         "the ROC AUC is then measured on this many pairs of the "
+                                                         "other half, never seen (inductive). null: the AUC is on "
+                                                         "the pairs learned from (transductive)")
 
 
 @section
