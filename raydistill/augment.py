@@ -46,24 +46,9 @@ from pathlib import Path
 from raydistill.wordnet import WordNet, find_wordnet_dir
 
 __all__ = [
-    "SPEC_KINDS",
-    "WORDNET_INSTALL",
-    "AugmentSpec",
-    "AugmentationError",
-    "WordNetUnavailableError",
-    "caption_views",
-    "crop_span",
-    "delete_words",
-    "join_words",
-    "load_paraphrases",
-    "load_wordnet",
-    "make_views",
-    "pair_captions",
-    "parse_spec",
-    "replace_synonyms",
-    "split_words",
-    "swap_adjacent",
-    "text_rng",
+    "SPEC_KINDS", "WORDNET_INSTALL", "AugmentSpec", "AugmentationError", "WordNetUnavailableError", "caption_views",
+    "crop_span", "delete_words", "join_words", "load_paraphrases", "load_wordnet", "make_views", "pair_captions",
+    "parse_spec", "replace_synonyms", "split_words", "swap_adjacent", "text_rng",
 ]
 
 SPEC_KINDS = ("none", "dropout", "delete", "crop", "swap", "synonym", "paired", "caption")

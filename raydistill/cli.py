@@ -21,10 +21,8 @@ import sys
 import time
 
 from raydistill.cputime import cpu_seconds
-from raydistill.argtypes import non_negative_float as _non_negative_float
-from raydistill.argtypes import non_negative_int as _non_negative_int
-from raydistill.argtypes import positive_float as _positive_float
-from raydistill.argtypes import positive_int as _positive_int
+from raydistill.argtypes import non_negative_float as _non_negative_float, non_negative_int as _non_negative_int
+from raydistill.argtypes import positive_float as _positive_float, positive_int as _positive_int
 
 
 def _cmd_models(args: argparse.Namespace) -> int:
@@ -36,10 +34,8 @@ def _cmd_models(args: argparse.Namespace) -> int:
         return 0
     header = ("name", "family", "layers", "hidden", "heads", "params_m", "status")
     widths = {h: max(len(h), *(len(str(r.get(h, ""))) for r in rows)) for h in header[:-1]}
-    print("  ".join(h.ljust(widths.get(h, 0)) for h in header))
-    for row in rows:
-        cells = [str(row.get(h, "")).ljust(widths[h]) for h in header[:-1]]
-        print("  ".join(cells + [str(row.get("status", ""))]))
+    for row in [dict(zip(header, header)), *rows]:  # the status column last, unpadded
+        print("  ".join(str(row.get(h, "")).ljust(widths.get(h, 0)) for h in header))
     return 0
 
 
@@ -58,29 +54,18 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     params_m = sum(p.numel() for p in model.parameters()) / 1e6
 
     scores = evaluate_sts(model, batch_size=args.batch_size, encoder=args.encoder, progress=not args.quiet)
-    extra = {}
-    if not args.no_extra:
-        extra["mrpc_val_auc"] = evaluate_pair_auc(model, "mrpc_val", encoder=args.encoder)
+    extra = {} if args.no_extra else {"mrpc_val_auc": evaluate_pair_auc(model, "mrpc_val", encoder=args.encoder)}
     row = {"model": args.model, "encoder": args.encoder, "params_m": round(params_m, 2), "scores": scores}
     print(format_scores_table([row]))
     for name, value in extra.items():
         print(f"{name}: {value:.2f}")
     if args.out:
-        write_result(
-            args.out,
-            kind="baseline",
-            method="none",
-            model=args.model,
-            encoder=args.encoder,
-            teacher=None,
-            params_m=round(params_m, 3),
-            scores={k: round(v, 2) for k, v in scores.items()},
-            extra={k: round(v, 2) for k, v in extra.items()}
-            | {"pooling": getattr(model, "pooling", None), "max_length": model.max_length},
-            wall_s=round(time.time() - started, 1),
-            cpu_s=round(cpu_seconds(children=True) - cpu_started, 1),
-            model_dir=str(model_dir),
-        )
+        write_result(args.out, kind="baseline", method="none", model=args.model, encoder=args.encoder, teacher=None,
+                     params_m=round(params_m, 3), scores={k: round(v, 2) for k, v in scores.items()},
+                     extra={k: round(v, 2) for k, v in extra.items()}
+                     | {"pooling": getattr(model, "pooling", None), "max_length": model.max_length},
+                     wall_s=round(time.time() - started, 1), cpu_s=round(cpu_seconds(children=True) - cpu_started, 1),
+                     model_dir=str(model_dir))
         print(f"wrote {args.out}")
     return 0
 
@@ -243,11 +228,9 @@ def _add_tune_parser(sub) -> None:
 def _cmd_distill(args: argparse.Namespace) -> int:
     from raydistill.ship.command import run_command
 
-    options = {"teacher": args.teacher, "student": args.student, "corpus": args.corpus, "out": args.out,
-               "labels": args.labels, "max_sentences": args.max_sentences, "eval_pairs": args.eval_pairs,
-               "dev_pairs": args.dev_pairs, "budget": args.budget, "register": args.register, "seed": args.seed,
-               "overrides": args.overrides}
-    return run_command(options, argv=args.argv)
+    keys = ("teacher", "student", "corpus", "out", "labels", "max_sentences", "eval_pairs", "dev_pairs", "budget",
+            "register", "seed", "overrides")
+    return run_command({key: getattr(args, key) for key in keys}, argv=args.argv)
 
 
 def _add_distill_parser(sub) -> None:
@@ -359,8 +342,7 @@ def build_parser() -> argparse.ArgumentParser:
                          description="Serve DIR (what raydistill distill wrote) over HTTP on the Ray cluster in "
                                      "RAY_ADDRESS, else on a local Ray, until Ctrl-C. Request format, replicas and "
                                      "the measured cost: docs/cluster.md, Serving a student.")
-    add_serve_arguments(srv)
-    srv.set_defaults(func=run_serve)
+    add_serve_arguments(srv).set_defaults(func=run_serve)
     return parser
 
 
@@ -426,22 +408,17 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "distill":  # the command line as given, for the model card and the result record
         given = list(sys.argv[1:] if argv is None else argv)
         args.argv = given[given.index("distill") + 1:] if "distill" in given else given
-    logging.basicConfig(
-        level=logging.INFO if args.verbose else logging.WARNING,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from raydistill.models.registry import ModelNotAvailableError
 
     try:
         return args.func(args)
-    except ModelNotAvailableError as err:
+    except (ModelNotAvailableError, ValueError) as err:  # DataError and config errors carry file/line/field already
+        if isinstance(err, ValueError) and type(err).__name__ not in ("DataError", "ConfigError"):
+            raise
         print(f"raydistill: {err}", file=sys.stderr)
         return 2
-    except ValueError as err:  # DataError and config errors carry file/line/field already
-        if type(err).__name__ in ("DataError", "ConfigError"):
-            print(f"raydistill: {err}", file=sys.stderr)
-            return 2
-        raise
 
 
 if __name__ == "__main__":

@@ -2,10 +2,9 @@
 
 Every row comes from a field of the config's sections (``raydistill.config.schema.fields_of``): its dotted path,
 the value in the job's default config, its type and range, its default where the config differs from it, and its
-``Field(description=...)``. ``loss:`` and ``extra:`` list the settings the config's method declares
-(``MethodSpec.loss_settings`` / ``extra_settings``), and ``method`` lists the registered methods. This module sits
-below ``raydistill.methods``, so the methods register themselves here (``register_method``) when that package is
-imported; until then ``method`` names no list and ``loss``/``extra`` show the keys the config sets.
+``Field(description=...)``. ``loss:`` and ``extra:`` list the settings the config's method declares, and ``method``
+the registered methods. This module sits below ``raydistill.methods``, so the methods register themselves here
+(``register_method``) when that package is imported; until then ``loss``/``extra`` show the keys the config sets.
 
     print(config_fields_help(JobConfig, shipped_values))
 """
@@ -53,8 +52,7 @@ def job_method_names() -> list[str]:
 def config_field_rows(cls: type, prefix: str = "") -> list[tuple[str, str | None]]:
     """``(dotted path, description or None)`` for every field of ``cls`` and its nested sections; a nested
     section has no row of its own, a list of sections has one (``families``, then ``families[].name`` ...)."""
-    return [(doc.path, doc.description) for doc in fields_of(cls, prefix)
-            if doc.section is None or doc.is_list]
+    return [(doc.path, doc.description) for doc in fields_of(cls, prefix) if doc.section is None or doc.is_list]
 
 
 def settings_rows(schema: type, prefix: str) -> list[tuple[str, str, Any, str | None]]:
@@ -68,8 +66,6 @@ def _show(value: Any) -> str:
         return "null"
     if isinstance(value, bool):
         return "true" if value else "false"
-    if isinstance(value, dict) and not value:
-        return "{}"
     if isinstance(value, (list, tuple)):
         return "[" + ", ".join(_show(v) for v in value) + "]"
     if isinstance(value, dict):

@@ -1,31 +1,26 @@
 """Job configuration: the schema of a job (``JobConfig`` and its sections), YAML loading, ``--set a.b=c`` overrides,
 validation and the config hash.
 
-A distillation job is described by one YAML file. Everything that changes *what is trained* lives in
-``method``/``student``/``teacher``/``data``/``train``/``loss``/``extra``; everything that changes only *where and how
-fast* it runs, or how it is watched and kept, lives in ``resources``, ``tracking`` and ``runtime``. That split is
-what ``config_hash()`` relies on: a run checkpointed on a laptop resumes on a GPU cluster when only those sections
-change. The shipped ``*-gpu.yaml`` configs also change scale knobs (data, epochs, batch), so they are other runs,
-not the same one moved.
+A distillation job is one YAML file. What changes *what is trained* lives in ``method``/``student``/``teacher``/
+``data``/``train``/``loss``/``extra``; what changes only *where and how fast* it runs, or how it is watched and kept,
+lives in ``resources``, ``tracking`` and ``runtime``. ``config_hash()`` relies on that split: a run checkpointed on a
+laptop resumes on a GPU cluster when only those sections change (the shipped ``*-gpu.yaml`` configs also change
+data, epochs and batch, so they are other runs).
 
 Every section is a pydantic dataclass (``raydistill.config.schema``): unknown keys, wrong types, values out of range
 and NaN or infinity are refused while the config loads, with the file, the line, the field and the closest valid
 name, because a silently ignored key would train with the default and waste a run. ``loss`` and ``extra`` are the
-method's: their schema is declared by the method (``raydistill.methods``, which registers it in ``config.help``),
-and once the method is known (registered) they are its ``MethodSettings``, checked while the config loads.
-``validate()`` adds the checks across fields (views against teacher views, queue size against batch size, the
-corpus and augmentation specs). It is pure: it reads no file, model or cluster. ``raydistill.runtime.engine.
-preflight.preflight`` adds, explicitly, what touches the machine (models, data files, writable output directories)
-before any Ray actor exists, so a bad config fails in a second instead of after the teacher pass.
+method's ``MethodSettings`` once the method is registered (``raydistill.methods`` registers it in ``config.help``).
+``validate()`` adds the checks across fields; it is pure (no file, model or cluster is read).
+``raydistill.runtime.engine.preflight.preflight`` checks what touches the machine (models, data files, writable
+directories) before any Ray actor exists, so a bad config fails in a second instead of after the teacher pass.
 
-``extra.max_restarts``, ``extra.learner_timeout_s``, ``extra.log_every`` and ``extra.storage_path`` are read from
-``runtime:`` now; a config that still sets them under ``extra`` loads with one ``ConfigDeprecationWarning`` per key
-naming the new field (old configs, run dirs and scripts keep working; the hash is the same either way, since both
-spellings are runtime-only fields), and ``cfg.extra.get(<key>)`` still answers from ``runtime``.
+The runtime knobs ``extra.max_restarts``, ``extra.learner_timeout_s``, ``extra.log_every`` and
+``extra.storage_path`` live under ``runtime:`` now; the old spelling loads with one ``ConfigDeprecationWarning`` per
+key (the hash is the same either way: both are runtime-only fields).
 
-This module assembles ``JobConfig``, validates and hashes it; its parts live beside it and are re-exported from here
-(import them from this module): ``sections.py`` (the sections), ``loading.py`` (YAML with the line of every key,
-``--set`` overrides, building a section) and ``runtime_knobs.py`` (the knobs' old spelling under ``extra``).
+The parts live beside this module and are re-exported from here (import them from this module): ``sections.py``,
+``loading.py`` (YAML with the line of every key, ``--set`` overrides, building a section), ``runtime_knobs.py``.
 
     cfg = JobConfig.from_yaml("configs/congen.yaml", overrides=["train.lr=1e-4", "loss.queue_size=16384"])
     cfg.validate()             # across fields; preflight(cfg) checks the method, models, files and directories
@@ -52,56 +47,25 @@ from pydantic_core import PydanticCustomError
 from raydistill.nested import deep_merge, flatten
 from raydistill.config.help import METHOD_DOCS
 from raydistill.config.loading import _build, apply_overrides, load_yaml_with_overrides, read_yaml
-from raydistill.config.runtime_knobs import (
-    RUNTIME_KNOBS,
-    ConfigDeprecationWarning,
-    _move_runtime_knobs,
-    _warn_moved,
-)
+from raydistill.config.runtime_knobs import RUNTIME_KNOBS, ConfigDeprecationWarning, _move_runtime_knobs, _warn_moved
 from raydistill.config.schema import ConfigError, Int, MethodSettings, finite_everywhere, section, suggest, where
-from raydistill.config.sections import (
-    _DEFAULTS_IF_NULL,
-    DataConfig,
-    LearnerResources,
-    Reservation,
-    ResourcesConfig,
-    RoleResources,
-    RuntimeConfig,
-    TrackingConfig,
-    TrainConfig,
-    _Section,
-)
+from raydistill.config.sections import (_DEFAULTS_IF_NULL, DataConfig, LearnerResources, Reservation, ResourcesConfig,
+                                        RoleResources, RuntimeConfig, TrackingConfig, TrainConfig, _Section)
 
-__all__ = [
-    "ConfigError",
-    "ConfigDeprecationWarning",
-    "RoleResources",
-    "LearnerResources",
-    "ResourcesConfig",
-    "DataConfig",
-    "TrainConfig",
-    "TrackingConfig",
-    "RuntimeConfig",
-    "JobConfig",
-    "model_short_name",
-    "raydistill_home",
-    "DEFAULT_HASH_EXCLUDE",
-    "RUNTIME_ONLY_FIELDS",
-    "RUNTIME_KNOBS",
-    "read_yaml",
-]
+__all__ = ["ConfigError", "ConfigDeprecationWarning", "RoleResources", "LearnerResources", "ResourcesConfig",
+           "DataConfig", "TrainConfig", "TrackingConfig", "RuntimeConfig", "JobConfig", "model_short_name",
+           "raydistill_home", "DEFAULT_HASH_EXCLUDE", "RUNTIME_ONLY_FIELDS", "RUNTIME_KNOBS", "read_yaml"]
 
 
 _CORPORA = ("flickr", "nli", "flickr+nli", "mixed")  # raydistill.data.corpus.NAMED_CORPORA
 _MISSING = object()
 
-# Fields that change how a run is executed, watched or kept, never what it trains: they may change between the
-# invocations of one run, and a checkpoint resumes across them. The config hash leaves out exactly these, and a
-# "written by a different config" refusal names them as the settings that may change. (Where the checkpoints live,
-# runtime.storage_path, is left out too but checked on its own: resume.check_resume refuses to move a started
-# run.) train.checkpoint_every only places the next checkpoints: saving reads the state and draws no random number,
-# and a resume continues from the manifest's step, epoch and batch, so the steps trained are the same at any
-# interval. The extra.* paths are where configs stored before the runtime section existed keep the runtime knobs.
+# Fields that change how a run is executed, watched or kept, never what it trains: a checkpoint resumes across
+# changes of them, the config hash leaves out exactly these, and a "written by a different config" refusal names
+# them as the settings that may change (runtime.storage_path is checked on its own: resume.check_resume refuses to
+# move a started run). train.checkpoint_every only places the next checkpoints: saving draws no random number and a
+# resume continues from the manifest's step, epoch and batch. The extra.* paths: configs stored before the runtime
+# section existed keep the runtime knobs there.
 RUNTIME_ONLY_FIELDS = (
     "resources", "tracking", "runtime", "run_dir", "cache_dir",
     "train.eval_every", "train.checkpoint_every", "train.keep_last",
@@ -149,18 +113,15 @@ class JobConfig:
         None, description="teacher pooling (null: what the teacher checkpoint declares)")
     data: _Section[DataConfig, _DEFAULTS_IF_NULL] = Field(default_factory=DataConfig,
                                                           description="the training text and its views")
-    train: _Section[TrainConfig, _DEFAULTS_IF_NULL] = Field(default_factory=TrainConfig,
-                                                            description="the optimisation")
+    train: _Section[TrainConfig, _DEFAULTS_IF_NULL] = Field(default_factory=TrainConfig, description="the optimisation")
     loss: _MethodSection = Field(default_factory=dict, description="the method's loss settings (their schema: the "
                                                               "method's loss_settings); unset keys take the "
                                                               "method's defaults")
     resources: _Section[ResourcesConfig, _DEFAULTS_IF_NULL] = Field(default_factory=ResourcesConfig,
                                                                     description="what each actor role reserves")
-    tracking: _Section[TrackingConfig, _DEFAULTS_IF_NULL] = Field(default_factory=TrackingConfig,
-                                                                  description="MLflow")
-    runtime: _Section[RuntimeConfig, _DEFAULTS_IF_NULL] = Field(default_factory=RuntimeConfig,
-                                                                description="restarts, timeouts, progress lines, "
-                                                                            "checkpoint storage")
+    tracking: _Section[TrackingConfig, _DEFAULTS_IF_NULL] = Field(default_factory=TrackingConfig, description="MLflow")
+    runtime: _Section[RuntimeConfig, _DEFAULTS_IF_NULL] = Field(
+        default_factory=RuntimeConfig, description="restarts, timeouts, progress lines, checkpoint storage")
     extra: _MethodSection = Field(default_factory=dict, description="the method's other settings (their schema: the "
                                                                "method's extra_settings), e.g. a later stage's")
 
@@ -203,10 +164,10 @@ class JobConfig:
         """The config of a stage that a job trains on its way: ``method`` training ``student`` without a teacher.
 
         With ``parent`` (a method's later stage) the parent's settings carry over, but not what belongs to the
-        parent's method (teacher, views, projection, loss, ``extra`` keys ``method`` does not take); without, the defaults and no MLflow run (the job records
-        its stages itself). ``sections`` (``train=..., data=...``) are merged over them: plain data, a section of
-        another schema (a Trans-Encoder ``StageConfig``: the fields this section has count), or a list of those,
-        merged in order. A problem raises ConfigError naming ``source`` and the field."""
+        parent's method (teacher, views, projection, loss, ``extra`` keys ``method`` does not take); without, the
+        defaults and no MLflow run (the job records its stages itself). ``sections`` (``train=..., data=...``) are
+        merged over them: plain data, a section of another schema (a Trans-Encoder ``StageConfig``: the fields this
+        section has count), or a list of those, in order. A problem raises ConfigError naming ``source``."""
         if parent is not None:
             accepted = getattr(METHOD_DOCS[method].extra_settings, "__pydantic_fields__", {})
             plain = {**parent.to_dict(), "teacher": None, "teacher_pooling": None, "loss": {},
@@ -382,13 +343,11 @@ def _drop_paths(plain: dict, exclude: tuple[str, ...]) -> dict:
     plain = json.loads(json.dumps(plain, default=str))
     for path in exclude:
         node = plain
-        parts = path.split(".")
-        for part in parts[:-1]:
+        *parents, last = path.split(".")
+        for part in parents:
             node = node.get(part) if isinstance(node, dict) else None
-            if node is None:
-                break
         if isinstance(node, dict):
-            node.pop(parts[-1], None)
+            node.pop(last, None)
     return plain
 
 

@@ -3,11 +3,10 @@
 
 ``load_yaml_with_overrides(path, overrides)`` returns the file's mapping with the overrides applied and
 ``{dotted key: line}`` (0 for a key set on the command line), which ``schema.where`` turns into ``<file>:<line>:``
-prefixes. A missing file, a YAML syntax error, a top level that is not a mapping and a malformed override raise the
-given error (``ConfigError`` by default) naming the file, the line or the override. ``_SECTION_ALIASES`` are the
-nested spellings that load into one field (``resources.data.max_cpus`` is ``resources.data_max_cpus``); giving both
-with different values is an error. Shared by the job config (``raydistill.config.job``, which re-exports these
-names) and the Trans-Encoder and Tune configs.
+prefixes; a missing file, bad YAML, a non-mapping top level or a malformed override raise the given error naming
+the file, line or override. ``_SECTION_ALIASES`` are nested spellings of one field (``resources.data.max_cpus`` is
+``resources.data_max_cpus``; both with different values is an error). Shared by the job, Trans-Encoder and Tune
+configs.
 """
 
 from __future__ import annotations
@@ -84,15 +83,9 @@ def _fold_aliases(data: dict[str, Any], prefix: str, source: str | None, lines: 
         return data
     data = dict(data)
     for (section_name, alias_key), (inner, target) in _SECTION_ALIASES.items():
-        parts = section_name.split(".")
-        holder = data
-        for part in parts[:-1]:
-            holder = holder.get(part) if isinstance(holder, dict) else None
-        if not isinstance(holder, dict) or not isinstance(holder.get(parts[-1]), dict):
+        if not isinstance(data.get(section_name), dict) or not isinstance(data[section_name].get(alias_key), dict):
             continue
-        block_owner = dict(holder[parts[-1]])
-        if not isinstance(block_owner.get(alias_key), dict):
-            continue
+        block_owner = dict(data[section_name])
         block = block_owner.pop(alias_key)
         path = f"{prefix}{section_name}."
         for key in block:
@@ -103,7 +96,7 @@ def _fold_aliases(data: dict[str, Any], prefix: str, source: str | None, lines: 
                 raise ConfigError(where(source, lines, f"{path}{target}") + f"given twice, also as "
                                   f"{path}{alias_key}.{inner}; keep one")
             block_owner[target] = block[inner]
-        holder[parts[-1]] = block_owner
+        data[section_name] = block_owner
     return data
 
 

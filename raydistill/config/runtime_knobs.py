@@ -2,10 +2,9 @@
 ``extra.storage_path`` are read from ``runtime:`` now.
 
 A config that still sets them under ``extra`` loads: ``_move_runtime_knobs`` moves each to ``runtime.<key>`` (with
-its line, for error messages) and ``_warn_moved`` shows one ``ConfigDeprecationWarning`` per key, attributed to the
-config file and line. Setting a knob both ways with different values is a ``ConfigError``, unless the ``extra``
-spelling came from ``--set`` or ``runtime`` holds only the default. Code reads them from ``cfg.runtime`` only.
-``raydistill.config.job`` re-exports ``ConfigDeprecationWarning`` and ``RUNTIME_KNOBS``.
+its line) and ``_warn_moved`` shows one ``ConfigDeprecationWarning`` per key, attributed to the config file and line.
+Setting a knob both ways with different values is a ``ConfigError``, unless the ``extra`` spelling came from
+``--set`` or ``runtime`` holds only the default. Code reads them from ``cfg.runtime`` only.
 """
 
 from __future__ import annotations

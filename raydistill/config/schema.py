@@ -1,18 +1,13 @@
 """The schema library under every config: pydantic dataclasses, and pydantic's errors worded for a person.
 
 A config section is a ``@section`` class: a pydantic dataclass that refuses unknown keys (``extra="forbid"``) and
-NaN or infinity (``allow_inf_nan=False``), whose fields carry their meaning (``Field(description=...)``) and their
-range (``gt``, ``ge``, ``Literal``). ``build(cls, data, source=..., lines=...)`` validates plain data into one and
-turns the first problem pydantic finds into a ``ConfigError`` worded
-``<file>:<line>: field '<dotted path>': <what is wrong>`` (``--set field ...`` for a command-line override), with
-"did you mean" for a misspelt key or value. ``fields_of`` lists a section's fields for the generated ``--help``.
-
-A method's ``loss:`` and ``extra:`` are ``MethodSettings`` sections: their fields are the values the method uses
-(unset keys: the method's defaults), and each is also a read-only mapping of the keys the config set, as written
-(what the job writes, hashes and records).
-
-Errors name one problem at a time, the first in field order: a config is fixed a line at a time, and the job
-scripts print the last line of the message.
+NaN or infinity (``allow_inf_nan=False``), whose fields carry their meaning (``Field(description=...)``) and range
+(``gt``, ``ge``, ``Literal``). ``build(cls, data, source=..., lines=...)`` validates plain data into one and turns the
+first problem pydantic finds into a ``ConfigError`` worded ``<file>:<line>: field '<dotted path>': <what is wrong>``
+(``--set field ...`` for a command-line override), with "did you mean" for a misspelt key or value: one problem at a
+time, as a config is fixed a line at a time and the job scripts print the message's last line. ``fields_of`` lists
+a section's fields for the generated ``--help``. A method's ``loss:`` and ``extra:`` are ``MethodSettings``: their
+fields are the values the method uses, and each is also a read-only mapping of the keys the config set, as written.
 """
 
 from __future__ import annotations
@@ -192,23 +187,20 @@ def error_text(cls: Any, exc: ValidationError, prefix: str = "") -> tuple[str, s
 _NUMBER_ERRORS = {"int_type", "int_parsing", "int_from_float", "float_type", "float_parsing", "finite_number"}
 
 
+# What a type error expects, by pydantic error type.
+_EXPECTED = {**dict.fromkeys(("int_type", "int_parsing", "int_from_float", "int_parsing_size"), "an integer"),
+             **dict.fromkeys(("bool_type", "bool_parsing"), "true or false"),
+             **dict.fromkeys(("float_type", "float_parsing", "finite_number"), "a finite number"),
+             **dict.fromkeys(("dict_type", "mapping_type"), "a mapping"), "number_type": "a number",
+             "string_type": "a string",
+             **dict.fromkeys(("dataclass_type", "dataclass_exact_type", "model_type", "model_attributes_type"),
+                             "a mapping of fields"),
+             **dict.fromkeys(("list_type", "tuple_type", "iterable_type"), "a list")}
+
+
 def _message(kind: str, got: Any, ctx: dict, error: dict, owner: Any, name: str | None) -> str:
-    if kind in ("int_type", "int_parsing", "int_from_float", "int_parsing_size"):
-        return f"expected an integer, got {got!r}"
-    if kind in ("bool_type", "bool_parsing"):
-        return f"expected true or false, got {got!r}"
-    if kind in ("float_type", "float_parsing", "finite_number"):
-        return f"expected a finite number, got {got!r}"
-    if kind == "number_type":
-        return f"expected a number, got {got!r}"
-    if kind in ("string_type",):
-        return f"expected a string, got {got!r}"
-    if kind in ("dict_type", "mapping_type"):
-        return f"expected a mapping, got {got!r}"
-    if kind in ("dataclass_type", "dataclass_exact_type", "model_type", "model_attributes_type"):
-        return f"expected a mapping of fields, got {got!r}"
-    if kind in ("list_type", "tuple_type", "iterable_type"):
-        return f"expected a list, got {got!r}"
+    if kind in _EXPECTED:
+        return f"expected {_EXPECTED[kind]}, got {got!r}"
     if kind == "literal_error":
         info = _field_info(owner, name)
         allowed = list(_literals(info.annotation)) if info is not None else []

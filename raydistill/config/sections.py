@@ -1,9 +1,6 @@
-"""The job config's sections other than ``loss``/``extra`` (``RoleResources``, ``LearnerResources``,
-``ResourcesConfig``, ``DataConfig``, ``TrainConfig``, ``TrackingConfig``, ``RuntimeConfig``): their fields, types,
-ranges, defaults and ``--help`` descriptions.
-
-Each is a ``@section`` (a pydantic dataclass of ``raydistill.config.schema``): a wrong type, a value out of range or
-an unknown key is refused while the config is built, naming the field. ``raydistill.config.job`` assembles them into
+"""The job config's sections other than ``loss``/``extra``: their fields, types, ranges, defaults and ``--help``
+descriptions. Each is a ``@section`` (``raydistill.config.schema``): a wrong type, a value out of range or an unknown
+key is refused while the config is built, naming the field. ``raydistill.config.job`` assembles them into
 ``JobConfig`` and re-exports them; import them from there.
 """
 
@@ -48,10 +45,10 @@ def _registered_model_name(value: str | None) -> str | None:
     return value
 
 
-# The evaluations in a row without a new best dev score that end a run trained to a budget, unless train.patience
-# says otherwise. The seed methods' own scripts (ConGen) stop after 7 epochs without a new best, and on the small
-# corpora a budget repeats for many epochs the engine evaluates at every epoch end, so 7 evaluations are their
-# 7 epochs; on a large corpus they are 7 x train.eval_every steps, long enough to sit out a noisy evaluation or two.
+# Evaluations in a row without a new best dev score that end a run trained to a budget (unless train.patience says
+# otherwise): ConGen's scripts stop after 7 epochs without a new best, and on the small corpora the engine evaluates
+# at every epoch end, so 7 evaluations are 7 epochs; on a large corpus 7 x train.eval_every steps sit out a noisy
+# evaluation or two.
 BUDGET_PATIENCE = 7
 
 
@@ -232,9 +229,8 @@ class TrainConfig:
         None, description="a file of scored pairs (sentence1, sentence2, score: TSV, CSV, JSON Lines, Parquet) that "
                           "the dev evaluations score instead of STS-B dev: they choose the best model and drive "
                           "early stopping (ROC AUC x 100 when every score is 0 or 1, else Spearman x 100)")
-    # On a CPU with AVX512-BF16 (or AMX) bf16 matrix products run 2-4x faster than fp32; on a CPU without them (AVX2
-    # only) torch emulates bf16 products, tens of times slower than fp32, and the learner warns. bench/train_step.py
-    # measures the speed; committed ConGen runs the 7-STS cost (docs/benchmarks.md).
+    # bf16 matrix products run 2-4x faster than fp32 with AVX512-BF16 (or AMX), tens of times slower where torch
+    # emulates them (AVX2 only: the learner warns); bench/train_step.py, docs/benchmarks.md.
     precision: Literal["fp32", "bf16"] = Field(
         "fp32", description="fp32, or bf16: the student's forward and backward under torch.autocast(bfloat16) (and "
                             "ConGen's products against the queue); weights, optimiser state, queue and softmax stay "

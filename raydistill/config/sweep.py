@@ -23,12 +23,10 @@ SCHEDULERS = ("asha", "pbt")
 
 
 def pbt_mutable(key: str) -> bool:
-    """Whether PBT may change ``key`` in a running trial: a value the checkpoint it continues from does not hold.
-
-    The learning rate is put back into the optimiser and its schedule after a checkpoint loads, and the loss reads
-    its temperatures at every step. Any other searched key (the queue size: the checkpoint holds the queue) is drawn
-    once per trial and, when a trial continues another trial's checkpoint, taken over from that trial with it.
-    """
+    """Whether PBT may change ``key`` in a running trial: a value the checkpoint it continues from does not hold
+    (the learning rate is put back after a checkpoint loads, the loss reads its temperatures every step). Any other
+    searched key (the queue size: the checkpoint holds the queue) is drawn once per trial and taken over with a
+    checkpoint another trial continues."""
     return key == "train.lr" or (key.startswith("loss.") and key.rsplit(".", 1)[-1].startswith(("tau", "temperature")))
 
 

@@ -10,38 +10,12 @@ JSON Lines (plain or gzip'd), Parquet files and directories of Parquet parts are
 
 from raydistill.data.formats import DataError
 from raydistill.data.readers import (
-    CaptionGroup,
-    LabelledText,
-    Pair,
-    Records,
-    read_captions,
-    read_labelled_texts,
-    read_pairs,
-    read_sentences,
+    CaptionGroup, LabelledText, Pair, Records, read_captions, read_labelled_texts, read_pairs, read_sentences,
 )
-from raydistill.data.registry import (
-    BUNDLED_DIR,
-    DATA_ENV,
-    DATASETS,
-    data_path,
-    dataset_path,
-    load_dataset,
-)
+from raydistill.data.registry import BUNDLED_DIR, DATA_ENV, DATASETS, data_path, dataset_path, load_dataset
 
 __all__ = [
-    "BUNDLED_DIR",
-    "CaptionGroup",
-    "DATA_ENV",
-    "DATASETS",
-    "DataError",
-    "LabelledText",
-    "Pair",
-    "Records",
-    "data_path",
-    "dataset_path",
-    "load_dataset",
-    "read_captions",
-    "read_labelled_texts",
-    "read_pairs",
+    "BUNDLED_DIR", "CaptionGroup", "DATA_ENV", "DATASETS", "DataError", "LabelledText", "Pair", "Records",
+    "data_path", "dataset_path", "load_dataset", "read_captions", "read_labelled_texts", "read_pairs",
     "read_sentences",
 ]

@@ -41,33 +41,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from raydistill.data.evaluation_text import (
-    EVALUATION_DATASETS,
-    dataset_versions,
-    drop_evaluation_pairs,
-    evaluation_key,
-    evaluation_keys,
+    EVALUATION_DATASETS, dataset_versions, drop_evaluation_pairs, evaluation_key, evaluation_keys,
 )
-from raydistill.data.formats import DataError, is_hf_dataset, iter_records
+from raydistill.data.formats import DataError, is_hf_dataset, iter_records, last_suffix
 from raydistill.data.readers import PAIR_TEXT_FIELDS, Pair, read_pairs, read_sentences
 from raydistill.data.registry import DATASETS, load_dataset
 
 __all__ = [
-    "Corpus",
-    "CorpusSpec",
-    "EVALUATION_DATASETS",
-    "MIXED_SOURCES",
-    "NAMED_CORPORA",
-    "NLI_TRAINING_SETS",
-    "MixedSource",
-    "corpus_spec_problem",
-    "evaluation_key",
-    "evaluation_keys",
-    "mixed_corpus_counts",
-    "mixed_corpus_table",
-    "normalize_text",
-    "parse_corpus_spec",
-    "read_corpus",
-    "training_pairs",
+    "Corpus", "CorpusSpec", "EVALUATION_DATASETS", "MIXED_SOURCES", "NAMED_CORPORA", "NLI_TRAINING_SETS",
+    "MixedSource", "corpus_spec_problem", "evaluation_key", "evaluation_keys", "mixed_corpus_counts",
+    "mixed_corpus_table", "normalize_text", "parse_corpus_spec", "read_corpus", "training_pairs",
 ]
 
 FILE_PREFIX = "file:"
@@ -175,10 +158,7 @@ class Corpus:
 def _read_mixed_cached(versions: tuple) -> Corpus:
     """``mixed`` (module docstring); ``versions`` (of its data sets and the evaluation sets) keys the cache."""
     excluded = evaluation_keys()
-    texts: list[str] = []
-    groups: list[tuple[str, ...]] = []
-    caption_groups: list[int] = []
-    sources: list[str] = []
+    texts, groups, caption_groups, sources = [], [], [], []
     group_names: dict[int, str] = {}
     seen: set[str] = set()
     stats = Counter(sentences_read=0, evaluation_sentences_removed=0, duplicates_dropped=0)
@@ -233,10 +213,9 @@ def mixed_corpus_table() -> str:
         lines.append(f"| `{source.name}` | {sets} | {counts[source.name]:,} | {source.description} |")
     lines.append(f"| **total** | | **{counts['total']:,}** | |")
     stats = corpus.stats
-    lines.append("")
-    lines.append(f"Read {stats['sentences_read']:,} sentences; removed {stats['evaluation_sentences_removed']:,} that "
+    lines += ["", f"Read {stats['sentences_read']:,} sentences; removed {stats['evaluation_sentences_removed']:,} that "
                  f"are sentences of an evaluation set and {stats['duplicates_dropped']:,} duplicates; "
-                 f"{len(corpus.group_names):,} caption groups (images).")
+                 f"{len(corpus.group_names):,} caption groups (images)."]
     return "\n".join(lines)
 
 
@@ -332,10 +311,7 @@ def read_corpus(spec: str, split_of: str | None = None) -> Corpus:
 def _read_named(name: str) -> Corpus:
     """``flickr``, ``nli`` or ``flickr+nli`` as they always were: raw texts, unfiltered (evaluation sentences
     included), so that results trained on them stay reproducible."""
-    texts: list[str] = []
-    groups: list[tuple[str, ...]] = []
-    caption_groups: list[int] = []
-    sources: list[str] = []
+    texts, groups, caption_groups, sources = [], [], [], []
     for part in name.split("+"):
         datasets = ("flickr_captions",) if part == "flickr" else ("snli_dev", "mnli_dev")
         for dataset in datasets:
@@ -348,8 +324,7 @@ def _read_named(name: str) -> Corpus:
 
 
 def _is_text_file(path: Path) -> bool:
-    suffixes = [s.lower() for s in path.suffixes if s.lower() != ".gz"]
-    return bool(suffixes) and suffixes[-1] == ".txt"
+    return last_suffix(path) == ".txt"
 
 
 def _pair_fields(path: Path) -> tuple[str, str] | None:

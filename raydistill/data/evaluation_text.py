@@ -11,8 +11,9 @@ The sets differ from training copies of their sentences by a missing final perio
 contractions, spacing around punctuation, full-width or compatibility characters and case; none of those changes
 what a model learns about the sentence, so none of them makes it a different sentence. Symbols go with punctuation
 because tokenised copies write quotes and apostrophes with symbol characters (the backtick and the acute accent are
-Sk, not P). Digits stay: "3 men" and "4 men" are different sentences. The key only removes training text, so a false match (two different sentences with one key) costs one training row,
-while a missed one scores a model on a sentence it trained on: the key errs towards matching.
+Sk, not P). Digits stay: "3 men" and "4 men" are different sentences. The key only removes training text, so a
+false match (two different sentences with one key) costs one training row, while a missed one scores a model on a
+sentence it trained on: the key errs towards matching.
 
     keys = evaluation_keys()                    # frozenset of every evaluation key (cached per data-file version)
     kept, removed = drop_evaluation_pairs(pairs)  # pairs (sentence1/sentence2) with neither text an evaluation one
@@ -100,12 +101,8 @@ def _evaluation_keys(versions: tuple) -> frozenset[str]:
 
 def dataset_versions(names: Iterable[str]) -> tuple:
     """Where each registry set is read from now and its size and mtime: a cache key that sees a changed file."""
-    out = []
-    for name in names:
-        path = dataset_path(name)
-        stat = path.stat()
-        out.append((name, str(path), stat.st_size, stat.st_mtime_ns))
-    return tuple(out)
+    paths = [(name, dataset_path(name)) for name in names]
+    return tuple((name, str(path), (stat := path.stat()).st_size, stat.st_mtime_ns) for name, path in paths)
 
 
 def drop_evaluation_pairs(pairs: Iterable[Any]) -> tuple[list[Any], int]:

@@ -35,11 +35,7 @@ class DataError(ValueError):
 
     def __init__(self, path: str | Path, problem: str, *, line: int | None = None, field: str | None = None,
                  reason: str = "invalid"):
-        self.path = str(path)
-        self.line = line
-        self.field = field
-        self.problem = problem
-        self.reason = reason
+        self.path, self.line, self.field, self.problem, self.reason = str(path), line, field, problem, reason
         location = self.path if line is None else f"{self.path}:{line}"
         where = f"{location}: field '{field}'" if field is not None else location
         super().__init__(f"{where}: {problem}")
@@ -233,10 +229,15 @@ def _iter_parquet_parts(path: Path) -> Iterator[tuple[Path, int, dict[str, Any]]
         raise DataError(path, "file is empty (no records)", reason="empty_file")
 
 
+def last_suffix(path: str | Path) -> str:
+    """The name's last suffix other than ``.gz``, lower case ("" when none): ``a.TSV.gz`` -> ``.tsv``."""
+    suffixes = [s.lower() for s in Path(path).suffixes if s.lower() != ".gz"]
+    return suffixes[-1] if suffixes else ""
+
+
 def is_csv(path: str | Path) -> bool:
     """A ``.csv`` or ``.tsv`` file (optionally gzip'd), by name: CSV has no magic bytes to go by."""
-    suffixes = [s.lower() for s in Path(path).suffixes if s.lower() != ".gz"]
-    return bool(suffixes) and suffixes[-1] in (".csv", ".tsv") and Path(path).is_file()
+    return last_suffix(path) in (".csv", ".tsv") and Path(path).is_file()
 
 
 def is_hf_dataset(path: str | Path) -> bool:
@@ -259,7 +260,7 @@ def iter_csv(path: str | Path) -> Iterator[tuple[int, dict[str, Any] | DataError
     import csv
 
     path = Path(path)
-    delimiter = "\t" if [s.lower() for s in path.suffixes if s.lower() != ".gz"][-1] == ".tsv" else ","
+    delimiter = "\t" if last_suffix(path) == ".tsv" else ","
     try:
         with _open_binary(path) as raw, io.TextIOWrapper(raw, encoding="utf-8-sig", newline="") as stream:
             reader = csv.reader(stream, delimiter=delimiter)
@@ -361,16 +362,8 @@ def _first_line(err: BaseException) -> str:
 def json_type_name(value: Any) -> str:
     if value is None:
         return "null"
-    if isinstance(value, bool):
-        return "a boolean"
-    if isinstance(value, (int, float)):
-        return "a number"
-    if isinstance(value, str):
-        return "a string"
-    if isinstance(value, (list, tuple)):
-        return "an array"
-    if isinstance(value, dict):
-        return "an object"
-    if isinstance(value, (bytes, bytearray)):
-        return "bytes"
+    for types, name in ((bool, "a boolean"), ((int, float), "a number"), (str, "a string"),
+                        ((list, tuple), "an array"), (dict, "an object"), ((bytes, bytearray), "bytes")):
+        if isinstance(value, types):
+            return name
     return type(value).__name__

@@ -43,23 +43,11 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from raydistill.data.formats import (
-    DataError,
-    is_csv,
-    is_hf_dataset,
-    is_parquet,
-    iter_lines,
-    iter_sourced_records,
-    json_type_name,
+    DataError, is_csv, is_hf_dataset, is_parquet, iter_lines, iter_sourced_records, json_type_name, last_suffix,
 )
 
 __all__ = [
-    "Pair",
-    "LabelledText",
-    "CaptionGroup",
-    "Records",
-    "read_pairs",
-    "read_labelled_texts",
-    "read_sentences",
+    "Pair", "LabelledText", "CaptionGroup", "Records", "read_pairs", "read_labelled_texts", "read_sentences",
     "read_captions",
 ]
 
@@ -240,6 +228,10 @@ def _read_records(path: str | Path, parse: Callable[[_Line], T], expected: tuple
             if on_error == "raise":
                 raise
             skipped[err.reason] += 1
+    return _nonempty_records(path, records, skipped, ignored)
+
+
+def _nonempty_records(path: Path, records: list, skipped: Counter, ignored: Counter) -> Records:
     if not records:
         detail = ", ".join(f"{reason}: {count}" for reason, count in sorted(skipped.items()))
         raise DataError(path, f"no valid records (skipped {detail})", reason="empty_file")
@@ -250,14 +242,8 @@ def _read_records(path: str | Path, parse: Callable[[_Line], T], expected: tuple
 # Readers
 
 
-def read_pairs(
-    path: str | Path,
-    *,
-    score_range: tuple[float, float] | None = None,
-    label_set: Collection | None = None,
-    text_fields: tuple[str, str] | None = None,
-    on_error: str = "raise",
-) -> Records:
+def read_pairs(path: str | Path, *, score_range: tuple[float, float] | None = None, label_set: Collection | None = None,
+               text_fields: tuple[str, str] | None = None, on_error: str = "raise") -> Records:
     """Sentence pairs from a JSON Lines file, validated line by line.
 
     Args:
@@ -269,18 +255,14 @@ def read_pairs(
             ``premise`` field, else ``("sentence1", "sentence2")``.
         on_error: ``"raise"`` (default) or ``"skip"`` (count bad lines by reason in ``Records.skipped``).
     """
-    score_required = score_range is not None
-    label_required = label_set is not None
-
     def fields_of(obj: dict) -> tuple[str, ...]:
         first, second = text_fields or (PAIR_TEXT_FIELDS[1] if "premise" in obj else PAIR_TEXT_FIELDS[0])
         return (first, second, "score", "label")
 
     def parse(line: _Line) -> Pair:
         first, second = line.expected[:2]
-        obj = line.obj
-        score = line.numeric("score", score_range) if score_required or "score" in obj else None
-        label = line.label("label", label_set) if label_required or "label" in obj else None
+        score = line.numeric("score", score_range) if score_range is not None or "score" in line.obj else None
+        label = line.label("label", label_set) if label_set is not None or "label" in line.obj else None
         return Pair(line.text(first), line.text(second), score, label)
 
     return _read_records(path, parse, fields_of, on_error)
@@ -289,11 +271,8 @@ def read_pairs(
 def read_labelled_texts(path: str | Path, *, label_set: Collection | None = None,
                         on_error: str = "raise") -> Records:
     """``{"text", "label"}`` lines (SentEval transfer tasks); `label_set` as in `read_pairs`."""
-
-    def parse(line: _Line) -> LabelledText:
-        return LabelledText(line.text("text"), line.label("label", label_set))
-
-    return _read_records(path, parse, ("text", "label"), on_error)
+    return _read_records(path, lambda line: LabelledText(line.text("text"), line.label("label", label_set)),
+                         ("text", "label"), on_error)
 
 
 def read_captions(path: str | Path, *, on_error: str = "raise") -> Records:
@@ -320,27 +299,22 @@ def read_sentences(path: str | Path, *, field: str = "text", on_error: str = "ra
 
     The format is chosen by the content for Parquet, by the directory's files for a Hugging Face dataset, by the
     name otherwise (``.txt`` / ``.txt.gz`` is text, ``.jsonl`` / ``.json`` / ``.ndjson`` is JSON Lines, ``.csv`` /
-    ``.tsv`` is CSV) and, for other names, by whether the first non-blank line starts with ``{``. Text lines keep their inner and leading whitespace; only the line ending is removed.
+    ``.tsv`` is CSV) and, for other names, by whether the first non-blank line starts with ``{``. Text lines keep
+    their inner and leading whitespace; only the line ending is removed.
     """
     _check_on_error(on_error)
     path = Path(path)
     if not _has_records(path):
         return _read_text_lines(path, on_error)
-
-    def parse(line: _Line) -> str:
-        return line.text(field)
-
-    return _read_records(path, parse, (field,), on_error)
+    return _read_records(path, lambda line: line.text(field), (field,), on_error)
 
 
 def _has_records(path: Path) -> bool:
     if is_parquet(path) or is_hf_dataset(path) or is_csv(path):
         return True
-    suffixes = [s.lower() for s in path.suffixes if s.lower() != ".gz"]
-    if suffixes and suffixes[-1] == ".txt":
-        return False
-    if suffixes and suffixes[-1] in (".jsonl", ".json", ".ndjson"):
-        return True
+    suffix = last_suffix(path)
+    if suffix in (".txt", ".jsonl", ".json", ".ndjson"):
+        return suffix != ".txt"
     for _, text in iter_lines(path):
         return isinstance(text, str) and text.lstrip().startswith("{")
     return False
@@ -360,7 +334,4 @@ def _read_text_lines(path: Path, on_error: str) -> Records:
             skipped[text.reason] += 1
             continue
         sentences.append(text)
-    if not sentences:
-        detail = ", ".join(f"{reason}: {count}" for reason, count in sorted(skipped.items()))
-        raise DataError(path, f"no valid records (skipped {detail})", reason="empty_file")
-    return Records(sentences, path=path, skipped=skipped, ignored=ignored)
+    return _nonempty_records(path, sentences, skipped, ignored)

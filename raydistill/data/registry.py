@@ -48,8 +48,7 @@ class DatasetSpec:
     description: str = ""
 
 
-def _specs_of(kind: str, fields: tuple[str, ...], score_range: tuple[float, float] | None,
-              label_set: frozenset | None):
+def _specs_of(kind: str, fields: tuple[str, ...], score_range: tuple[float, float] | None, label_set: frozenset | None):
     """``spec(name, relpath, description)``: a data set of ``kind`` whose lines hold ``fields``."""
     return lambda name, relpath, description: DatasetSpec(name, relpath, kind, fields, score_range, label_set,
                                                           description)
@@ -146,8 +145,7 @@ def load_dataset(name: str) -> tuple:
 def _load_cached(name: str, path: str, size: int, mtime_ns: int) -> tuple:
     spec = DATASETS[name]
     if spec.kind in ("scored_pairs", "labelled_pairs"):
-        text_fields = spec.fields[:2]
-        records = read_pairs(path, score_range=spec.score_range, label_set=spec.label_set, text_fields=text_fields)
+        records = read_pairs(path, score_range=spec.score_range, label_set=spec.label_set, text_fields=spec.fields[:2])
     elif spec.kind == "labelled_texts":
         records = read_labelled_texts(path, label_set=spec.label_set)
     elif spec.kind == "captions":

@@ -13,7 +13,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from raydistill.data.formats import DataError, is_csv, iter_lines, iter_records
+from raydistill.data.formats import DataError, is_csv, iter_lines, iter_records, last_suffix
 from raydistill.data.readers import Pair, _Line
 
 __all__ = ["PAIR_COLUMNS", "read_eval_pairs"]
@@ -64,13 +64,10 @@ def read_eval_pairs(path: str | os.PathLike) -> list[Pair]:
     are graded, scored with Spearman (``raydistill.evaluation.pair_metric``).
     """
     path = Path(path).expanduser()
-    suffixes = [s.lower() for s in path.suffixes if s.lower() != ".gz"]
-    if suffixes and suffixes[-1] == ".tsv" and path.is_file():
-        rows = _tsv_rows(path)
-        text_cells = True
+    if last_suffix(path) == ".tsv" and path.is_file():
+        rows, text_cells = _tsv_rows(path), True
     else:
-        rows = iter_records(path)
-        text_cells = is_csv(path)
+        rows, text_cells = iter_records(path), is_csv(path)
     pairs = []
     for line_number, obj in rows:
         if isinstance(obj, DataError):

@@ -70,9 +70,7 @@ def plot_dev_scatter(gold: Sequence[float], predicted: Sequence[float], path: st
     rho = spearmanr(gold_arr, predicted_arr).statistic * 100
     fig, ax = plt.subplots(figsize=(5, 5), dpi=110)
     ax.scatter(gold_arr, predicted_arr, s=6, alpha=0.4, edgecolors="none")
-    ax.set_xlabel("gold score")
-    ax.set_ylabel("predicted similarity")
-    ax.set_title(f"{title}: Spearman {rho:.2f} (n={len(gold_arr)})")
+    ax.set(xlabel="gold score", ylabel="predicted similarity", title=f"{title}: Spearman {rho:.2f} (n={len(gold_arr)})")
     ax.grid(alpha=0.3)
     return _save(fig, plt, path)
 
@@ -95,10 +93,8 @@ def plot_dev_by_cycle(curves: dict[tuple[str, str], list[tuple[int, float]]], pa
                 ax.plot(cycles, scores, linestyle=style, marker=marker, color=colours[i % len(colours)],
                         label=f"{family} {kind}")
     last = max(cycle for points in curves.values() for cycle, _ in points)
-    ax.set_xticks(range(last + 1))
-    ax.set_xlabel("cycle (0 = the starting checkpoint)")
-    ax.set_ylabel(f"{dev_set} Spearman x 100")
-    ax.set_title(title or f"{dev_set} per cycle")
+    ax.set(xticks=range(last + 1), xlabel="cycle (0 = the starting checkpoint)", ylabel=f"{dev_set} Spearman x 100",
+           title=title or f"{dev_set} per cycle")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     return _save(fig, plt, path)

@@ -30,17 +30,8 @@ from raydistill.fileio import atomic_write_text
 from raydistill.nested import non_finite_numbers
 
 __all__ = [
-    "SCHEMA_PATH",
-    "ResultError",
-    "validate_result",
-    "validate_result_file",
-    "write_result",
-    "result_path_of_run",
-    "run_id",
-    "format_scores_table",
-    "git_sha",
-    "code_provenance",
-    "default_command",
+    "SCHEMA_PATH", "ResultError", "validate_result", "validate_result_file", "write_result", "result_path_of_run",
+    "run_id", "format_scores_table", "git_sha", "code_provenance", "default_command",
 ]
 
 PACKAGE_DIR = Path(__file__).resolve().parents[1]
@@ -52,8 +43,7 @@ class ResultError(ValueError):
     """A result record that does not satisfy the schema; ``str()`` lists ``"<file>: field '<path>': <problem>"``."""
 
     def __init__(self, source: str, problems: list[tuple[str, str]]):
-        self.source = source
-        self.problems = problems
+        self.source, self.problems = source, problems
         lines = [f"{source}: field '{field}': {problem}" if field else f"{source}: {problem}"
                  for field, problem in problems]
         super().__init__("\n".join(lines))
@@ -68,10 +58,8 @@ def _validator() -> jsonschema.Draft202012Validator:
 
 def validate_result(record: dict, source: str = "<result>") -> dict:
     """Check `record` against the result schema; raise ResultError listing every problem, else return it."""
-    problems = []
-    for error in sorted(_validator().iter_errors(record), key=lambda e: list(map(str, e.absolute_path))):
-        field = ".".join(str(part) for part in error.absolute_path)
-        problems.append((field, error.message))
+    problems = [(".".join(str(part) for part in error.absolute_path), error.message)
+                for error in sorted(_validator().iter_errors(record), key=lambda e: list(map(str, e.absolute_path)))]
     # NaN / inf anywhere: the schema's "number" admits them, strict JSON cannot encode them.
     problems.extend((path, f"{number} is not a finite number (JSON cannot hold it; was a score undefined?)")
                     for path, number in non_finite_numbers(record))
@@ -233,13 +221,9 @@ def format_scores_table(results: list[dict]) -> str:
     for record in results:
         scores = record.get("scores", {})
         params = record.get("params_m")
-        cells = [
-            f"`{record.get('model', '?')}`",
-            record.get("encoder", "bi"),
-            f"{params:.1f}" if isinstance(params, (int, float)) else "–",
-            *(_cell(scores.get(name)) for name in STS7),
-            _cell(scores.get("avg"), bold=True),
-        ]
+        cells = [f"`{record.get('model', '?')}`", record.get("encoder", "bi"),
+                 f"{params:.1f}" if isinstance(params, (int, float)) else "–",
+                 *(_cell(scores.get(name)) for name in STS7), _cell(scores.get("avg"), bold=True)]
         if with_dev:
             cells.append(_cell(scores.get("stsb_dev")))
         lines.append("| " + " | ".join(cells) + " |")

@@ -29,13 +29,7 @@ from raydistill.data import DATASETS, Pair, load_dataset
 from raydistill.evaluation.metrics import roc_auc, spearman
 
 __all__ = [
-    "STS7",
-    "DEV_SET",
-    "STS_SETS",
-    "detect_encoder",
-    "evaluate_sts",
-    "evaluate_pair_auc",
-    "sts_predictions",
+    "STS7", "DEV_SET", "STS_SETS", "detect_encoder", "evaluate_sts", "evaluate_pair_auc", "sts_predictions",
     "pair_similarities",
 ]
 
@@ -44,16 +38,8 @@ DEV_SET = "stsb_dev"
 
 # Evaluation name -> data set of the registry. Other scored-pair sets of the registry (e.g. "sick_train") are
 # accepted under their own names.
-STS_SETS: dict[str, str] = {
-    "sts12": "sts12",
-    "sts13": "sts13",
-    "sts14": "sts14",
-    "sts15": "sts15",
-    "sts16": "sts16",
-    "stsb": "stsb_test",
-    "sickr": "sick_test",
-    "stsb_dev": "stsb_dev",
-}
+STS_SETS: dict[str, str] = {"sts12": "sts12", "sts13": "sts13", "sts14": "sts14", "sts15": "sts15", "sts16": "sts16",
+                             "stsb": "stsb_test", "sickr": "sick_test", "stsb_dev": "stsb_dev"}
 ENCODER_KINDS = ("bi", "cross")
 
 
@@ -132,14 +118,8 @@ def _log(message: str, progress: bool) -> None:
         print(f"[raydistill.eval] {message}", file=sys.stderr, flush=True)
 
 
-def pair_similarities(
-    model: Any,
-    pairs_by_set: dict[str, Sequence[Pair]],
-    *,
-    encoder: str | None = None,
-    batch_size: int = 128,
-    progress: bool = False,
-) -> dict[str, np.ndarray]:
+def pair_similarities(model: Any, pairs_by_set: dict[str, Sequence[Pair]], *, encoder: str | None = None,
+                      batch_size: int = 128, progress: bool = False) -> dict[str, np.ndarray]:
     """The model's similarity for every pair of every set: cosine (bi-encoder) or pair score (cross-encoder), all
     sets in one model pass (module docstring)."""
     kind = detect_encoder(model, encoder)
@@ -153,11 +133,9 @@ def pair_similarities(
         _log(f"encoding {len(texts):,} distinct sentences of {total_pairs:,} pairs "
              f"({', '.join(pairs_by_set)}), batch size {batch_size}", progress)
         embeddings = _encode(model, texts, batch_size, progress)  # [U, D]
-        similarities = {}
-        for name, pairs in pairs_by_set.items():
-            first = embeddings[[index[p.sentence1] for p in pairs]]  # [n, D]
-            second = embeddings[[index[p.sentence2] for p in pairs]]  # [n, D]
-            similarities[name] = _row_cosines(first, second)  # [n]
+        similarities = {name: _row_cosines(embeddings[[index[p.sentence1] for p in pairs]],  # [n, D] each
+                                           embeddings[[index[p.sentence2] for p in pairs]])  # [n]
+                        for name, pairs in pairs_by_set.items()}
         unit = f"{len(texts) / max(time.perf_counter() - started, 1e-9):.0f} sentences/s"
     else:
         distinct = list(dict.fromkeys((p.sentence1, p.sentence2) for pairs in pairs_by_set.values() for p in pairs))
@@ -191,14 +169,8 @@ def sts_predictions(model: Any, set_name: str, *, encoder: str | None = None, ba
     return predicted, np.array([p.score for p in pairs], dtype=np.float64)
 
 
-def evaluate_sts(
-    model: Any,
-    *,
-    sets: Iterable[str] = STS7 + (DEV_SET,),
-    batch_size: int = 128,
-    encoder: str | None = None,
-    progress: bool = True,
-) -> dict[str, float]:
+def evaluate_sts(model: Any, *, sets: Iterable[str] = STS7 + (DEV_SET,), batch_size: int = 128,
+                 encoder: str | None = None, progress: bool = True) -> dict[str, float]:
     """Spearman x 100 between the model's similarity and the gold score over each whole set, plus ``"avg"``.
 
     Args:

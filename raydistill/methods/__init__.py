@@ -13,18 +13,17 @@
 | simcse | view a twice (two dropout masks) | — | InfoNCE, τ .05 | |
 
 Defaults follow the authors' code (docs/methods.md says where and why they differ); every one can be overridden in
-``loss:``. Projection (ConGen, ConGen + CKD, SCT-distill, CKD, L2): when the student's width differs from the
-teacher's, the student gets ``Linear(d_s → d_t)`` as a sentence-transformers Dense module, saved with the model.
-Queue losses read the rows' ``group``: rows of one caption group (one image) are not each other's negatives.
+``loss:``. Projecting methods give a student narrower than the teacher ``Linear(d_s → d_t)`` as a
+sentence-transformers Dense module, saved with the model. Queue losses read the rows' ``group``: rows of one caption
+group (one image) are not each other's negatives.
 
 Adding a method is an objective (raydistill/objectives/), a file here that defines its ``SPEC`` (with the schema of
-its ``loss:`` and ``extra:`` settings), and a config: every module of this package with a ``SPEC`` is registered, and
-its settings are listed by ``--help`` (docs/adding-a-method.md).
+its ``loss:`` and ``extra:`` settings) and a config: every module of this package with a ``SPEC`` is registered, and
+``--help`` lists its settings (docs/adding-a-method.md).
 """
 
 from __future__ import annotations
 
-import difflib
 import importlib
 import pkgutil
 from dataclasses import dataclass
@@ -32,12 +31,12 @@ from pathlib import Path
 
 from raydistill.config.help import register_method
 from raydistill.config.job import ConfigError, JobConfig
+from raydistill.config.schema import suggest
 from raydistill.methods.base import CORPUS, MethodSpec, StepContext
 from raydistill.nested import deep_merge as _deep_merge  # also raydistill.runtime.tune.plan's
 
 __all__ = ["MethodSpec", "StepContext", "METHODS", "CORPUS", "get_method", "job_methods", "with_method_defaults",
            "validate_method", "Stage", "stage_plan", "stage_config"]
-
 
 
 def _discover() -> dict[str, MethodSpec]:
@@ -62,9 +61,7 @@ _DEFAULT_VIEWS = {"a": "none"}
 
 def get_method(name: str) -> MethodSpec:
     if name not in METHODS:
-        close = difflib.get_close_matches(name, list(METHODS), n=1)
-        hint = f" (did you mean '{close[0]}'?)" if close else ""
-        raise KeyError(f"unknown method {name!r}{hint}; known: {', '.join(job_methods())}")
+        raise KeyError(f"unknown method {name!r}{suggest(name, METHODS)}; known: {', '.join(job_methods())}")
     return METHODS[name]
 
 
@@ -88,8 +85,7 @@ def with_method_defaults(cfg: JobConfig) -> JobConfig:
         data["data"]["views"] = dict(spec.views)
     if spec.teacher_views and not data["data"]["teacher_views"]:
         data["data"]["teacher_views"] = list(spec.teacher_views)
-    data["loss"] = cfg.loss.in_use() if isinstance(cfg.loss, spec.loss_settings) else {**spec.default_loss,
-                                                                                        **cfg.loss}
+    data["loss"] = cfg.loss.in_use() if isinstance(cfg.loss, spec.loss_settings) else {**spec.default_loss, **cfg.loss}
     if data == cfg.to_dict() and isinstance(cfg.loss, spec.loss_settings):
         return cfg
     return JobConfig.from_dict(data, source=cfg._source, lines=cfg._lines)
@@ -99,9 +95,8 @@ def validate_method(cfg: JobConfig) -> JobConfig:
     """``cfg`` with its method's defaults, schema-checked and checked against the method; raises ConfigError
     naming the field. Pure: no file, model or cluster is touched (``runtime.preflight`` does that)."""
     if cfg.method not in METHODS:
-        close = difflib.get_close_matches(str(cfg.method), job_methods(), n=1)
-        hint = f" (did you mean '{close[0]}'?)" if close else ""
-        raise cfg._error("method", f"unknown method {cfg.method!r}{hint}; known: {', '.join(job_methods())}")
+        raise cfg._error("method", f"unknown method {cfg.method!r}{suggest(cfg.method, job_methods())}; known: "
+                                   f"{', '.join(job_methods())}")
     effective = with_method_defaults(cfg).validate()
     spec = METHODS[cfg.method]
     spec.validate(effective, dict(effective.data.views), spec.teacher_views_of(effective))
@@ -146,7 +141,6 @@ def stage_plan(cfg: JobConfig) -> list[Stage]:
     run_dir = cfg.resolved_run_dir()
     if not spec.stages:
         return [Stage(1, cfg.method, cfg, spec, run_dir)]
-    stages = [Stage(1, cfg.method, cfg, spec, run_dir / f"stage1-{cfg.method}")]
-    for i, name in enumerate(spec.stages, start=1):
-        stages.append(Stage(i + 1, name, stage_config(cfg, i), METHODS[name], run_dir / f"stage{i + 1}-{name}"))
-    return stages
+    return [Stage(1, cfg.method, cfg, spec, run_dir / f"stage1-{cfg.method}")] + [
+        Stage(i + 1, name, stage_config(cfg, i), METHODS[name], run_dir / f"stage{i + 1}-{name}")
+        for i, name in enumerate(spec.stages, start=1)]

@@ -7,24 +7,22 @@ A method turns a batch of training rows into its loss's inputs:
 
 Batches are dicts of numpy columns: ``text_<view>`` (object arrays of str), ``teacher_<view>`` (float32 [B, D],
 the frozen teacher's cached vectors), ``group`` (int64 [B], a caption group id), ``idx`` and, for the labelled
-sets, their label columns. Which rows a method trains on is declared by ``MethodSpec.dataset``; the runtime builds
+sets, their label columns. ``MethodSpec.dataset`` declares which rows a method trains on and the runtime builds
 them, so a method never starts an actor or reads a cache itself.
 
-A method with teachers of its own (DvBERT's NLI cross-encoders, an AugSBERT cross-encoder: models it trains or runs
-before its student learns) builds its rows itself: ``MethodSpec.build_rows(cfg, services)`` returns them, and
-``MethodSpec.own_teachers(cfg)`` names the models (checked before Ray starts, recorded with the run). The runtime
-lends it ``StageServices``: ``fit`` trains a model as a stage of the engine (the same loop, resume, NaN refusal,
-progress lines and checkpoints as every student), ``run_parallel`` runs independent work as Ray tasks, and
-``model_identity`` fingerprints a model's files for a cache key. A method file therefore never imports the Ray layer.
+A method with teachers of its own (DvBERT's NLI cross-encoders, AugSBERT's cross-encoder) builds its rows itself:
+``MethodSpec.build_rows(cfg, services)`` returns them and ``MethodSpec.own_teachers(cfg)`` names the models
+(checked before Ray starts, recorded with the run). The runtime lends it ``StageServices``: ``fit`` trains a model
+as a stage of the engine (the same loop, resume, NaN refusal, progress lines and checkpoints as every student),
+``run_parallel`` runs independent work as Ray tasks, ``model_identity`` fingerprints a model's files for a cache
+key. A method file therefore never imports the Ray layer.
 
-A method declares the schema of its two free-form config sections: ``loss_settings`` (a ``LossSettings`` subclass:
-the keys of ``loss:``, their types, ranges, descriptions and the method's defaults) and ``extra_settings`` (an
-``ExtraSettings`` subclass: the keys of ``extra:``). Both are ``MethodSettings`` of ``raydistill.config.schema``:
-an unknown key is refused with "did you mean", a wrong type or a value out of range names the field, and
-``--help`` lists them. A config naming the method holds them as ``cfg.loss`` and ``cfg.extra``, read by field. A
-loss setting whose default is ``None`` is passed to the loss only when the config sets it (else the objective's own
-default applies, as its description says); the others are the method's defaults, written into the run's config
-(``with_method_defaults``) so the run records what it used.
+A method declares the schema of its ``loss:`` (``loss_settings``, a ``LossSettings``) and ``extra:``
+(``extra_settings``, an ``ExtraSettings``) sections: ``MethodSettings`` of ``raydistill.config.schema``, so an
+unknown key is refused with "did you mean", a wrong type or range names the field, and ``--help`` lists them; a
+config naming the method holds them as ``cfg.loss`` and ``cfg.extra``. A loss setting whose default is ``None`` is
+passed to the loss only when the config sets it (else the objective's own default applies); the others are the
+method's defaults, written into the run's config (``with_method_defaults``) so the run records what it used.
 """
 
 from __future__ import annotations
@@ -52,42 +50,23 @@ __all__ = ["MethodSpec", "StepContext", "Features", "StageServices", "FittedStag
 CORPUS = "corpus"
 
 
-
 # ----------------------------------------------------------------------------------------------------------------
 # The schema of ``loss:`` and ``extra:``
 
 
-@states("> 0")
-def _temperature(value: float | int) -> float | int:
-    if value <= 0:
-        raise ValueError(f"temperature must be a number > 0, got {value!r}")
-    return value
-
-
-@states("> 0")
-def _positive(value: float | int) -> float | int:
-    if value <= 0:
-        raise ValueError(f"must be > 0, got {value!r}")
-    return value
-
-
-@states("in [0, 1]")
-def _fraction(value: float | int) -> float | int:
-    if not 0 <= value <= 1:
-        raise ValueError(f"{value!r} must be in [0, 1]")
-    return value
-
-
-@states(">= 0")
-def _non_negative(value: float | int) -> float | int:
-    if value < 0:
-        raise ValueError(f"{value!r} must be >= 0")
-    return value
+def _bounded(constraint: str, refused: Callable[[float | int], bool], message: str):
+    """An ``AfterValidator`` that refuses what ``refused`` says, with ``message`` (``{value!r}`` filled in)."""
+    @states(constraint)
+    def check(value: float | int) -> float | int:
+        if refused(value):
+            raise ValueError(message.format(value=value))
+        return value
+    return AfterValidator(check)
 
 
 #: A softmax temperature τ: a number > 0 (kept as written, int or float, so the config hash keeps its spelling).
-Temperature = Annotated[Number, AfterValidator(_temperature)]
-NonNegative = Annotated[Number, AfterValidator(_non_negative)]
+Temperature = Annotated[Number, _bounded("> 0", lambda v: v <= 0, "temperature must be a number > 0, got {value!r}")]
+NonNegative = Annotated[Number, _bounded(">= 0", lambda v: v < 0, "{value!r} must be >= 0")]
 #: K, entries of an instance queue (0: no queue).
 QueueSize = Annotated[Int, Field(ge=0)]
 #: How a queue starts (raydistill.objectives.queue.QUEUE_INITS).
@@ -95,9 +74,9 @@ QueueInit = Literal["empty", "random", "teacher"]
 #: A count of at least one (blocks, expansion factors).
 Positive = Annotated[Int, Field(ge=1)]
 #: A number > 0 that is not a temperature (a scale bound).
-PositiveNumber = Annotated[Number, AfterValidator(_positive)]
+PositiveNumber = Annotated[Number, _bounded("> 0", lambda v: v <= 0, "must be > 0, got {value!r}")]
 #: A weight in [0, 1].
-Fraction = Annotated[Number, AfterValidator(_fraction)]
+Fraction = Annotated[Number, _bounded("in [0, 1]", lambda v: not 0 <= v <= 1, "{value!r} must be in [0, 1]")]
 #: ``queue_seed`` of every queue loss.
 QueueSeed = Annotated[Int | None, Field(description="seed of a random queue start (null: 0; queue i of a loss with "
                                                     "several queues uses seed + i)")]
@@ -132,12 +111,8 @@ class StagedExtraSettings(ExtraSettings):
 
 def settings_defaults(schema: type) -> dict[str, Any]:
     """The defaults of a settings schema that are not ``None`` (the ones a method writes into its config)."""
-    defaults = {}
-    for name, info in schema.__pydantic_fields__.items():
-        value = info.get_default(call_default_factory=True)
-        if value is not None and not info.is_required():
-            defaults[name] = value
-    return defaults
+    return {name: value for name, info in schema.__pydantic_fields__.items()
+            if not info.is_required() and (value := info.get_default(call_default_factory=True)) is not None}
 
 
 # A least-squares projection starts from PyTorch's init; the runtime fits it to the teacher once the data exists.
@@ -167,12 +142,9 @@ class StepContext:
         return bucketed_forward(self.student, features, self.bucket_tokens)
 
     def encode_views(self, *views) -> tuple[Tensor, ...]:
-        """``encode`` of several lists of texts in ONE student forward, split back: [B_i, D] per list.
-
-        One call sorts all the views' sentences by length together (tighter sub-batches than per view) and runs
-        fewer, fuller matrix products (bench/train_step.py). Rows do not interact in the encoder, so each view gets
-        what ``encode`` would give it (other dropout masks).
-        """
+        """``encode`` of several lists of texts in ONE student forward, split back: [B_i, D] per list. One call sorts
+        all the sentences by length together (tighter sub-batches) and runs fewer, fuller matrix products
+        (bench/train_step.py); rows do not interact in the encoder, so each view gets what ``encode`` would give it."""
         sizes = [len(texts) for texts in views]
         return tuple(self.encode([text for texts in views for text in texts]).split(sizes))
 
@@ -228,18 +200,17 @@ class StageServices(Protocol):
 class MethodSpec:
     """One method: its rows, views, loss, how a batch becomes the loss's features, checks, later stages.
 
-    ``dataset``: the rows it trains on: ``CORPUS`` (unlabeled text + cached teacher vectors), or the name of a
-    labelled set the runtime builds (``nli_triplets``, ``stsb_train``), or, with ``build_rows``, the name of the rows
-    the method builds itself.
+    ``dataset``: ``CORPUS`` (unlabeled text + cached teacher vectors), a labelled set the runtime builds
+    (``nli_triplets``, ``stsb_train``), or, with ``build_rows``, the name of the rows the method builds itself.
     ``build_rows(cfg, services)``: a method with teachers of its own returns its rows (an ``ArrayData``; its
     ``cache_stats`` go to the result file, and of ``cache_stats["own_teachers"]``, a list of dicts, the keys
-    ``model``, ``heldout_accuracy`` and ``cached`` to MLflow as ``<method>.teacher<i>.<key>``) using ``StageServices`` (module docstring); ``own_teachers(cfg)``: the models it
-    names, by the config field that names each (``{"extra.teachers[0]": "minilm-l6"}``), checked before Ray
-    starts; ``reads``: the registry data sets it reads (their files are checked too).
-    ``loss_settings`` / ``extra_settings``: the schema of the config's ``loss:`` and ``extra:`` (module docstring);
-    ``default_loss`` is what ``loss_settings`` declares.
-    ``stages``: methods run after this one in the same job, each starting from the previous stage's best model
-    (DistilCSE: CKD then supervised SimCSE on NLI; DvBERT: NLI with teacher annealing, then STS-B).
+    ``model``, ``heldout_accuracy`` and ``cached`` to MLflow as ``<method>.teacher<i>.<key>``);
+    ``own_teachers(cfg)``: the models it names, by config field (``{"extra.teachers[0]": "minilm-l6"}``), checked
+    before Ray starts; ``reads``: the registry data sets it reads (their files are checked too).
+    ``loss_settings`` / ``extra_settings``: the schema of ``loss:`` and ``extra:``; ``default_loss`` is what
+    ``loss_settings`` declares.
+    ``stages``: methods run after this one in the same job, each from the previous stage's best model (DistilCSE:
+    CKD then supervised SimCSE on NLI; DvBERT: NLI with teacher annealing, then STS-B).
     ``check(cfg)``: the method's own config checks beyond the common ones (raise ``cfg._error(path, message)``).
     """
 
@@ -382,13 +353,14 @@ class MethodSpec:
             self.check(cfg)
 
 
-def check_learnable_temperature(cfg: JobConfig, effective: dict[str, Any]) -> None:
-    """A learnable logit scale must start strictly inside its clamp bounds (else it can never move)."""
+def check_learnable_temperature(cfg: JobConfig, effective: dict[str, Any], prefix: str = "") -> None:
+    """A learnable logit scale (``<prefix>temperature`` ...) must start strictly inside its clamp bounds (else it can
+    never move)."""
     from raydistill.objectives import LearnableScale
 
-    bounds = {k: effective[k] for k in ("min_scale", "max_scale") if k in effective}
+    bounds = {k: effective[prefix + k] for k in ("min_scale", "max_scale") if prefix + k in effective}
     try:
-        LearnableScale(float(effective["temperature"]), bool(effective["learnable_temperature"]), **bounds)
+        LearnableScale(float(effective[f"{prefix}temperature"]), bool(effective[f"{prefix}learnable_temperature"]),
+                       **bounds)
     except ValueError as exc:
-        raise cfg._error("loss.temperature", str(exc)) from None
-
+        raise cfg._error(f"loss.{prefix}temperature", str(exc)) from None

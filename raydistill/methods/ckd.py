@@ -15,22 +15,9 @@ from pydantic import Field, StrictBool
 
 from raydistill.config.job import JobConfig
 from raydistill.config.schema import section
-from raydistill.methods.base import (
-    Features,
-    LossSettings,
-    MaskSameGroup,
-    MethodSpec,
-    NonNegative,
-    PositiveNumber,
-    QueueInit,
-    QueueSeed,
-    QueueSize,
-    StepContext,
-    Temperature,
-    check_learnable_temperature,
-    teacher_vectors,
-    with_groups,
-)
+from raydistill.methods.base import (Features, LossSettings, MaskSameGroup, MethodSpec, NonNegative, PositiveNumber,
+                                     QueueInit, QueueSeed, QueueSize, StepContext, Temperature,
+                                     check_learnable_temperature, teacher_vectors, with_groups)
 from raydistill.objectives import CKDLoss
 
 

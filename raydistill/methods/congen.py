@@ -12,20 +12,8 @@ vectors of sampled training sentences, as the authors' code does (the paper find
 from pydantic import Field
 
 from raydistill.config.schema import section
-from raydistill.methods.base import (
-    Features,
-    Fraction,
-    LossSettings,
-    MaskSameGroup,
-    MethodSpec,
-    QueueInit,
-    QueueSeed,
-    QueueSize,
-    StepContext,
-    Temperature,
-    teacher_vectors,
-    with_groups,
-)
+from raydistill.methods.base import (Features, Fraction, LossSettings, MaskSameGroup, MethodSpec, QueueInit, QueueSeed,
+                                     QueueSize, StepContext, Temperature, teacher_vectors, with_groups)
 from raydistill.objectives import ConGenLoss
 
 

@@ -4,15 +4,11 @@
 
 A recipe lever to screen, not a method of either paper (ConGen: Limkonchotiwat et al., Findings EMNLP 2022; CKD:
 DistilCSE stage 1, arXiv:2112.05638). It reads what ConGen reads (``congen.yaml`` runs it with
-``--set method=congen-ckd``): the student embeds the control and the generalisation view, the teacher's cached
-vectors of the control view are the targets. Both terms score one queue of teacher vectors, which one
-``TeacherQueues`` hook shares across learners and starts from teacher vectors (``raydistill.objectives.congen_ckd``
-says why one queue serves both).
-
-Defaults: ConGen's for everything ConGen's keys name (K 16384, τ_T 0.05, τ_S 0.07, α 0.5, the queue from teacher
-vectors, the student's Linear + tanh head, its optimiser), CKD's for its logit scale under ``ckd_``-prefixed keys
-(τ = e^-1 learned, clamped to [1, 100]); w 0.5. CKD's own K 65536 and empty start do not apply: the queue is
-ConGen's.
+``--set method=congen-ckd``), and both terms score one queue of teacher vectors, shared across learners and started
+from teacher vectors by one ``TeacherQueues`` hook (``raydistill.objectives.congen_ckd`` says why one queue serves
+both). Defaults: ConGen's for ConGen's keys (K 16384, τ_T 0.05, τ_S 0.07, α 0.5, the queue from teacher vectors, the
+Linear + tanh head, its optimiser), CKD's for its logit scale under ``ckd_`` keys (τ = e^-1 learned, clamped to
+[1, 100]); w 0.5. CKD's own K 65536 and empty start do not apply: the queue is ConGen's.
 """
 
 import math
@@ -21,19 +17,10 @@ from pydantic import Field, StrictBool
 
 from raydistill.config.job import JobConfig
 from raydistill.config.schema import section
-from raydistill.methods.base import (
-    Fraction,
-    LossSettings,
-    MaskSameGroup,
-    MethodSpec,
-    PositiveNumber,
-    QueueInit,
-    QueueSeed,
-    QueueSize,
-    Temperature,
-)
+from raydistill.methods.base import (Fraction, LossSettings, MaskSameGroup, MethodSpec, PositiveNumber, QueueInit,
+                                     QueueSeed, QueueSize, Temperature, check_learnable_temperature)
 from raydistill.methods.congen import SPEC as CONGEN, congen_features
-from raydistill.objectives import ConGenCKDLoss, LearnableScale
+from raydistill.objectives import ConGenCKDLoss
 
 
 @section
@@ -67,12 +54,7 @@ class ConGenCKDLossSettings(LossSettings):
 
 def check_ckd_scale(cfg: JobConfig) -> None:
     """The CKD term's learned scale must start strictly inside its clamp (``LearnableScale`` says why)."""
-    effective = SPEC.loss_kwargs(cfg)
-    bounds = {bound: effective[f"ckd_{bound}"] for bound in ("min_scale", "max_scale") if f"ckd_{bound}" in effective}
-    try:
-        LearnableScale(float(effective["ckd_temperature"]), bool(effective["ckd_learnable_temperature"]), **bounds)
-    except ValueError as exc:
-        raise cfg._error("loss.ckd_temperature", str(exc)) from None
+    check_learnable_temperature(cfg, SPEC.loss_kwargs(cfg), prefix="ckd_")
 
 
 SPEC = MethodSpec(

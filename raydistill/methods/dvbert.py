@@ -66,10 +66,8 @@ def named_teachers(cfg: JobConfig) -> dict[str, str]:
 def teacher_labelled_pairs(cfg: JobConfig, services: StageServices) -> ArrayData:
     """Fine-tune (or reuse) the K NLI cross-encoder teachers in folds, refuse any below
     ``extra.teacher_training.min_accuracy``, and return the student's pairs with the teachers' mean out-of-fold
-    class distribution (every pair labelled only by fold models that never trained on it).
-
-    The teachers use every labelled pair shipped (or ``teacher_training.max_pairs``); the student a seeded subset
-    of ``data.max_sentences`` of those pairs when set, as each pair has its out-of-fold labels either way."""
+    class distribution. The teachers use every labelled pair shipped (or ``teacher_training.max_pairs``); the
+    student a seeded subset of ``data.max_sentences`` of them when set (each has its out-of-fold labels anyway)."""
     from raydistill.methods import dvbert_teachers as dv
 
     training = cfg.extra.teacher_training or TeacherTraining()

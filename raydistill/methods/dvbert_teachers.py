@@ -1,67 +1,48 @@
 """DvBERT's interaction-view teachers: K cross-encoders trained on labelled NLI pairs, and their out-of-fold labels.
 
 DvBERT (Cheng, "Dual-View Distilled BERT for Sentence Embedding", SIGIR 2021, arXiv:2104.08675) distils K
-interaction-view models into a siamese sentence encoder. The paper's interaction view: K pre-trained models each
-read ``[CLS] premise [SEP] hypothesis [SEP]``, map [CLS] through one fully connected layer to a 3-way softmax, are
-first trained on the labelled NLI data with cross-entropy, and then relabel the training set; those predictions
-are held fixed while the student trains (the student side is ``raydistill.objectives.DvBERTLoss``):
+interaction-view models into a siamese sentence encoder: K pre-trained models each read ``[CLS] premise [SEP]
+hypothesis [SEP]``, map [CLS] through one fully connected layer to a 3-way softmax, are trained on the labelled NLI
+data with cross-entropy, then relabel the training set; those predictions stay fixed while the student trains (the
+student side is ``raydistill.objectives.DvBERTLoss``):
 
     q_k(a, b) = softmax(head_k(pool(transformer_k(a, b))))         # [3], teacher k, fixed once computed
     teacher_probs(a, b) = (1/K) · Σ_k q_k(a, b)                     # [3]
 
-What differs here from the paper's recipe, each for a measured reason (results/diag-dvbert-teachers.json):
+What differs from the paper's recipe, each for a measured reason (results/diag-dvbert-teachers.json):
 
-* **Out-of-fold labels.** A classifier that relabels the pairs it was trained on returns near one-hot predictions:
-  little dark knowledge, and a held-out accuracy that says nothing. Here each teacher is trained ``folds`` times:
-  fold model f on every pair outside fold f, and it labels fold f only. Every pair is then labelled by every one
-  of the K teachers (by the fold model that never saw it), so the ensemble mean keeps all K views, and a teacher's
-  accuracy over all pairs is held-out accuracy. Splitting the K teachers across folds instead (teacher k trains on
-  the other folds and labels fold k) would train each teacher once, but leave each pair with a single teacher's
-  label: no ensemble. With a frozen transformer (below) the folds share one encoding pass, so they cost next to
-  nothing; fine-tuned, each fold costs (folds − 1)/folds of one training run on all pairs.
-* **The head** (``head``, ``pool_pair``). ``cls`` is the paper's [CLS] → FC. The teachers here are derived sentence
-  encoders trained with mean pooling; a fresh classifier on [CLS] stays near chance (0.40 held-out accuracy from
-  4,000 pairs on frozen minilm-l6 states; 0.45 after 62 fine-tuning steps at lr 1e-4). ``segments`` reads what such
-  a checkpoint already knows: each sentence's mean word state *inside the joint encoding* (its words still attend
-  to the other sentence), as ``[a; b; |a − b|; a ⊙ b]``. ``aligned`` adds, per hypothesis word, its soft-aligned
-  premise summary (ESIM's local inference, averaged over the hypothesis) and how well the hypothesis's words
-  are covered by the premise's: 0.58 against 0.52 for ``segments``. ``head_hidden`` > 0 puts a hidden layer in.
-* **Frozen transformer** (``finetune: false``, the CPU config). Fine-tuning a 6-layer cross-encoder costs ~3 forward
-  passes per pair per epoch; on 2 shared cores 62 steps took ~12 minutes. Frozen, the transformer encodes each
-  pair once and only the head trains, for several epochs, in seconds. ``finetune: true`` trains the transformer
-  too (the paper's way; the GPU config).
-* **Fewer labelled pairs.** The only labelled NLI data available offline is SNLI dev + MultiNLI dev (29,478 pairs,
-  raydistill/data/bundled/nli/; 29,316 once the 162 with an evaluation sentence are left out), not SNLI + MultiNLI
-  train (≈940k).
+* **Out-of-fold labels.** A classifier relabelling its own training pairs returns near one-hot predictions (little
+  dark knowledge) and a meaningless held-out accuracy. Each teacher is trained ``folds`` times: fold model f on the
+  pairs outside fold f, labelling fold f only. Every pair is then labelled by all K teachers (each by a fold model
+  that never saw it), so the ensemble keeps all K views and a teacher's accuracy over all pairs is held-out
+  accuracy. (Dealing the K teachers over the folds would train each once but leave each pair one teacher's label.)
+  Frozen (below), the folds share one encoding pass; fine-tuned, each costs (folds − 1)/folds of a full run.
+* **The head** (``head``, ``pool_pair``). ``cls`` is the paper's [CLS] → FC, but on these mean-pooling sentence
+  encoders a fresh classifier on [CLS] stays near chance (0.40 held-out accuracy from 4,000 pairs on frozen
+  minilm-l6 states; 0.45 after 62 fine-tuning steps at lr 1e-4). ``segments`` reads each sentence's mean word state
+  *inside the joint encoding*; ``aligned`` adds ESIM-style soft alignment and coverage: 0.58 against 0.52.
+* **Frozen transformer** (``finetune: false``, the CPU config): fine-tuning a 6-layer cross-encoder took ~12 minutes
+  for 62 steps on 2 shared cores; frozen, each pair is encoded once and only the head trains, in seconds.
+* **Fewer labelled pairs.** Offline there is only SNLI dev + MultiNLI dev (29,316 pairs without those holding an
+  evaluation sentence, raydistill/data/bundled/nli/), not SNLI + MultiNLI train (≈940k).
 
-**One training loop.** Each fold model trains as a stage of the engine (``StageServices.fit``: ``LearnerGroup.fit``
-in Train's local mode, ``resources.learner.num_learners: 0``, inside this process or this teacher's Ray task):
-method ``nli-head`` (``raydistill.methods.nli_head``: the head on the cached features, its standardisation fitted
-to the training rows) or ``nli-teacher`` (``raydistill.methods.nli_teacher``: the whole cross-encoder,
-length-bucketed batches, grad clip 1), loss ``objectives.LogitCrossEntropyLoss``, held-out fold accuracy as ``dev``,
-checkpoints in ``.fold-<f>.training/`` beside the fold (a stopped fine-tuning fold continues where it stopped).
-The fold keeps its LAST step's model, read back from the engine's final checkpoint: the held-out fold is what the
-model labels, so the engine's best-dev selection (``best/``, still written) would pick the step by the very labels
-it then predicts. Batches are drawn from ``(seed + fold, epoch)``.
+**One training loop.** Each fold model trains as a stage of the engine (``StageServices.fit``, Train's local mode):
+method ``nli-head`` or ``nli-teacher`` (grad clip 1), held-out fold accuracy as ``dev``, checkpoints in
+``.fold-<f>.training/`` (a stopped fine-tuning fold continues), batches drawn from ``(seed + fold, epoch)``. The fold
+keeps its LAST step's model: best-dev selection would pick the step by the very labels it then predicts.
 
-A teacher below ``min_accuracy`` held-out accuracy is refused before the student trains (``TeacherAccuracyError``,
-naming it and its accuracy): a teacher at chance adds only label smoothing that fades with the annealing. The
-trained teachers stay cached either way, under ``$RAYDISTILL_HOME/dvbert-teachers/<name>-<key>/``: ``fold-<f>/``
-(``nli_head.pt`` and ``nli_head.json``, the transformer itself when fine-tuned, else the shared ``encoder/``;
-``probs.npy``, the predictions of fold f; ``rows.npz``, the rows it trained on and labelled), ``teacher_info.json``
-(per-fold and overall held-out accuracy), ``oof-probs.npy``. The key covers the model weights, the NLI pairs and
-the training settings, not ``min_accuracy``, which only judges them; a frozen transformer's features are kept
-under ``dvbert-teachers/features/`` so other head settings reuse them. With Ray running, the K teachers train in
-parallel as Ray tasks with ``resources.teacher`` CPUs/GPUs each (``StageServices.run_parallel``).
-
-This module is the DvBERT method's own-teacher half (``methods.dvbert`` ``build_rows``): it uses only what the
-runtime lends a method (``StageServices``), so it sits with the method, below the Ray layer.
+A teacher below ``min_accuracy`` held-out accuracy is refused before the student trains (``TeacherAccuracyError``):
+a teacher at chance adds only label smoothing that fades with the annealing. Trained teachers stay cached either
+way, under ``$RAYDISTILL_HOME/dvbert-teachers/<name>-<key>/`` (layout: ``train_nli_teacher``), keyed by the model
+weights, the NLI pairs and the training settings but not ``min_accuracy``, which only judges them; a frozen
+transformer's features are kept under ``dvbert-teachers/features/``. With Ray running, the K teachers train in
+parallel as Ray tasks with ``resources.teacher`` each. This module is the DvBERT method's own-teacher half
+(``methods.dvbert`` ``build_rows``): it uses only what the runtime lends a method, so it sits below the Ray layer.
 """
 from __future__ import annotations
 
 import hashlib
 import json
-import logging
 import os
 import shutil
 import time
@@ -81,22 +62,9 @@ from raydistill.methods.base import StageServices
 from raydistill.methods.nli_teacher import (NLI_LABELS, TeacherTraining, build_head, build_teacher, load_teacher,
                                             save_head)
 
-__all__ = [
-    "NLI_LABELS",
-    "TeacherAccuracyError",
-    "TeacherTraining",
-    "build_teacher",
-    "check_teacher_accuracy",
-    "ensure_nli_teachers",
-    "fold_assignment",
-    "load_teacher",
-    "nli_pairs",
-    "out_of_fold_soft_labels",
-    "train_nli_teacher",
-]
-
-log = logging.getLogger(__name__)
-
+__all__ = ["NLI_LABELS", "TeacherAccuracyError", "TeacherTraining", "build_teacher", "check_teacher_accuracy",
+           "ensure_nli_teachers", "fold_assignment", "load_teacher", "nli_pairs", "out_of_fold_soft_labels",
+           "train_nli_teacher"]
 
 class TeacherAccuracyError(ConfigError):
     """A DvBERT teacher's held-out NLI accuracy is below ``extra.teacher_training.min_accuracy``.
@@ -137,11 +105,10 @@ def _fingerprint(columns: dict[str, np.ndarray]) -> str:
     return digest.hexdigest()[:16]
 
 
-def _teacher_key(model: str, training: TeacherTraining, data_fp: str, services: StageServices) -> str:
-    identity = services.model_identity(model, encoder="cross", max_length=training.max_length)
-    payload = json.dumps({"model": identity, "training": training.shaping(), "data": data_fp,
-                          "format": "nli-teacher-oof-2"}, sort_keys=True)
-    return hashlib.sha256(payload.encode()).hexdigest()[:16]
+def _cache_key(model: str, max_length: int, services: StageServices, **fields: Any) -> str:
+    """16 hex digits of sha256 over ``model``'s identity (read as a cross-encoder) and ``fields``."""
+    identity = services.model_identity(model, encoder="cross", max_length=max_length)
+    return hashlib.sha256(json.dumps({"model": identity, **fields}, sort_keys=True).encode()).hexdigest()[:16]
 
 
 def teachers_root() -> Path:
@@ -201,9 +168,8 @@ def _encode_rows(teacher, columns: dict[str, np.ndarray], rows: np.ndarray, devi
 # ----------------------------------------------------------------------------------------------------------------
 # Training (plain functions: one teacher runs in-process or as one Ray task)
 
-# A step count no fold reaches. A head fold takes seconds: a checkpoint only where it stops and where it ends, and
-# an evaluation only at epoch ends and the end. A fine-tuned fold writes a checkpoint every
-# ``_FINETUNE_CHECKPOINT_EVERY`` steps too (a model + AdamW write; a fold runs for hours on a CPU).
+# A step count no fold reaches: a head fold (seconds) checkpoints only where it stops and ends and evaluates only at
+# epoch ends; a fine-tuned fold (hours on a CPU) also checkpoints every ``_FINETUNE_CHECKPOINT_EVERY`` steps.
 _PAST_THE_END = 1_000_000_000
 _FINETUNE_CHECKPOINT_EVERY = 500
 # Progress lines of a fine-tuned fold every this many steps (and every 30 s); a head fold's steps take
@@ -237,12 +203,10 @@ def _stage_config(cfg: TeacherTraining, fold: int, weights: Path, train_dir: Pat
 def _fit_fold(columns: dict[str, np.ndarray], train_rows: np.ndarray, label_rows: np.ndarray, cfg: TeacherTraining,
               fold: int, weights: Path, train_dir: Path, device: str, name: str, services: StageServices,
               threads: int = 1, pooled: np.ndarray | None = None):
-    """Train fold model ``fold`` on ``train_rows`` through the engine; ``(model, probs of label_rows, stats)``.
-
-    Frozen (``pooled`` [N, D], the transformer's features): a head (``methods.nli_head``) drawn from the fold's seed
-    and standardised by the training rows' mean and spread. Fine-tuned: the whole teacher (``methods.nli_teacher``).
-    Either way ``services.fit`` trains it in this process (module docstring), checkpoints in ``train_dir``.
-    """
+    """Train fold model ``fold`` on ``train_rows`` through the engine (``services.fit``, checkpoints in
+    ``train_dir``); ``(model, probs of label_rows, stats)``. Frozen (``pooled`` [N, D], the transformer's features):
+    a head (``methods.nli_head``) drawn from the fold's seed and standardised by the training rows' mean and spread.
+    Fine-tuned: the whole teacher (``methods.nli_teacher``)."""
     import torch
 
     from raydistill.data.arrays import ArrayData, LengthBucketedArrayData
@@ -298,9 +262,8 @@ def _fit_fold(columns: dict[str, np.ndarray], train_rows: np.ndarray, label_rows
 
 def _frozen_features(weights: Path, columns: dict[str, np.ndarray], cfg: TeacherTraining, device: str, name: str,
                      out: Path, features_path: str | None):
-    """The frozen teacher (seeded) and its pooled features of every pair [N, D], read from ``features_path`` when a
-    run with the same weights, pooling and truncation wrote them, else encoded once and written there; the
-    transformer is saved as ``out/encoder`` once, for the fold heads to point at."""
+    """The frozen teacher (seeded) and its pooled features of every pair [N, D] (read from ``features_path``, else
+    encoded and written there); the transformer is saved once as ``out/encoder``, for the fold heads to point at."""
     import torch
 
     started = time.perf_counter()
@@ -329,12 +292,11 @@ def train_nli_teacher(model: str, columns: dict[str, np.ndarray], fold: np.ndarr
                       features_path: str | None = None) -> dict[str, Any]:
     """Train teacher ``model``'s fold models into ``out_dir``: model f on the pairs outside fold f, labelling fold f.
 
-    ``finetune``: each fold model fine-tunes its own copy of the transformer with the head (a fold already on disk
-    is kept). Frozen: the transformer encodes every pair once (features shared by the folds) and only each fold's
-    head trains on them; the transformer is saved once, as ``encoder/``, and the features at ``features_path``
-    (when given), so head settings can change without encoding the pairs again. Writes per fold ``fold-<f>/``
-    (``nli_head.pt``, ``nli_head.json``, ``probs.npy`` = the predictions of fold f's pairs, ``rows.npz`` = the rows it
-    trained on and the rows it labelled, ``fold_info.json``), then ``teacher_info.json``. Returns that info.
+    ``finetune``: each fold model fine-tunes its own copy of the transformer (a fold already on disk is kept).
+    Frozen: the transformer encodes every pair once and only each fold's head trains; the transformer is saved once
+    as ``encoder/`` and the features at ``features_path`` (when given), so other head settings reuse them. Writes per
+    fold ``fold-<f>/`` (``nli_head.pt``, ``nli_head.json``, ``probs.npy`` = the predictions of fold f's pairs,
+    ``rows.npz`` = the rows it trained on and labelled, ``fold_info.json``), then ``teacher_info.json``, returned.
     """
     import torch
 
@@ -410,10 +372,8 @@ def train_nli_teacher(model: str, columns: dict[str, np.ndarray], fold: np.ndarr
 def _features_path(model: str, training: TeacherTraining, data_fp: str, services: StageServices) -> Path:
     """Where the frozen transformer's pooled features of these pairs are kept: they depend on the weights, the
     pooling, the truncation and the precision, not on anything the head's training does."""
-    identity = services.model_identity(model, encoder="cross", max_length=training.max_length)
-    payload = json.dumps({"model": identity, "head": training.head, "precision": training.precision,
-                          "data": data_fp, "format": "nli-pooled-1"}, sort_keys=True)
-    key = hashlib.sha256(payload.encode()).hexdigest()[:16]
+    key = _cache_key(model, training.max_length, services, head=training.head, precision=training.precision,
+                     data=data_fp, format="nli-pooled-1")
     return teachers_root() / "features" / f"{Path(model.rstrip('/')).name}-{key}.npy"
 
 
@@ -430,8 +390,9 @@ def ensure_nli_teachers(models: list[str], columns: dict[str, np.ndarray], train
     resources = resources or RoleResources()
     data_fp = _fingerprint(columns)
     fold = fold_assignment(len(columns["label"]), training.folds, training.seed)
-    dirs = [teachers_root() / f"{Path(m.rstrip('/')).name}-{_teacher_key(m, training, data_fp, services)}"
-            for m in models]
+    keys = [_cache_key(m, training.max_length, services, training=training.shaping(), data=data_fp,
+                       format="nli-teacher-oof-2") for m in models]
+    dirs = [teachers_root() / f"{Path(m.rstrip('/')).name}-{key}" for m, key in zip(models, keys)]
     missing = [(m, d) for m, d in zip(models, dirs) if not (d / "teacher_info.json").is_file()]
     if missing:
         print(f"[dvbert] training {len(missing)} NLI cross-encoder teacher(s) ({', '.join(m for m, _ in missing)}) "

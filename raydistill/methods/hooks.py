@@ -2,24 +2,20 @@
 
 A ``MethodHook`` has four entry points, each a no-op by default:
 
-    shared_actors(spec, cfg, teacher_dim) -> list     driver, N > 1 learners: actors every learner shares. The engine
-                                                      keeps them for the whole fit (a restarted worker group gets the
-                                                      same ones) and makes new ones when any fails its ``ping``.
+    shared_actors(spec, cfg, teacher_dim) -> list     driver, N > 1 learners: actors every learner shares, kept for
+                                                      the whole fit (a restarted worker group gets the same ones;
+                                                      new ones when any fails its ``ping``)
     loss_context(spec, cfg, actors, teacher_dim)      each worker: keyword arguments of ``spec.build_loss`` made from
                                                       this hook's actors ([] with one learner)
     fresh_start_sample(spec, cfg, data, init_model)   driver, a fresh start only: what every worker starts from
                                                       (picklable; drawn with the job seed, so every worker gets the same)
     at_fresh_start(learner, sample) -> str | None     each worker, a fresh start only: apply the sample; the line to log
 
-State a hook changes lives in the student or the loss module, which every checkpoint saves and a resume restores:
-no hook runs on a resume.
-
-The two hooks:
-    LeastSquaresProjection  ``student_projection_init: least_squares``: the projecting student's new Linear(d_s → d_t)
-                            fitted to the teacher vectors of a seeded sample of training rows
-    TeacherQueues           the loss's queues of teacher vectors (``spec.shared_queues``): shared by N learners through
-                            one ``SharedQueueActor`` each, and with ``loss.queue_init: teacher`` started from the cached
-                            teacher vectors of K training rows, as ConGen's authors start theirs
+State a hook changes lives in the student or the loss module, which every checkpoint saves: no hook runs on a resume.
+``LeastSquaresProjection`` fits the projecting student's new Linear(d_s → d_t) to the teacher vectors of a seeded
+sample of training rows (``student_projection_init: least_squares``); ``TeacherQueues`` shares the loss's queues of
+teacher vectors (``spec.shared_queues``) across N learners through one ``SharedQueueActor`` each and, with
+``loss.queue_init: teacher``, starts them from the cached teacher vectors of K training rows, as ConGen's authors do.
 """
 
 from __future__ import annotations
@@ -96,8 +92,7 @@ class LeastSquaresProjection(MethodHook):
 
 class TeacherQueues(MethodHook):
     """The loss's ``count`` queues of teacher vectors: 1 is ``queue`` (ConGen, CKD), 2 are ``queue_a``, ``queue_b``
-    (SCT-distillation, one per teacher view). Queues of a learner's own vectors (SCT) are not among them: they stay
-    local to each learner."""
+    (SCT-distillation, one per teacher view). Queues of a learner's own vectors (SCT) stay local to each learner."""
 
     name = "teacher_queues"
 
@@ -105,8 +100,8 @@ class TeacherQueues(MethodHook):
         self.count = count
 
     def _settings(self, spec, cfg) -> tuple[int, list[dict[str, Any]]]:
-        """K, and each queue's init by the loss's own rule (seed + index, as the losses seed their queues). Every
-        method with shared queues declares queue_size, queue_init and queue_seed in its loss settings."""
+        """K, and each queue's init by the loss's own rule (seed + index), from the loss settings' queue_size,
+        queue_init and queue_seed (which every method with shared queues declares)."""
         loss = cfg.loss
         init = loss.queue_init if loss.queue_init is not None else spec.queue_init
         seed = loss.queue_seed or 0
@@ -116,9 +111,7 @@ class TeacherQueues(MethodHook):
         from raydistill.methods.shared_queue import create_shared_queue
 
         size, inits = self._settings(spec, cfg)
-        if not size:
-            return []
-        return [create_shared_queue(cfg, size=size, dim=int(teacher_dim), **init) for init in inits]
+        return [create_shared_queue(cfg, size=size, dim=int(teacher_dim), **init) for init in inits] if size else []
 
     def loss_context(self, spec, cfg, actors, teacher_dim):
         """Mirrors of the shared queues (``QueueClient``): the loss reads and writes the shared queue through them."""

@@ -8,13 +8,11 @@
     loss      L = mean_i CE(y_i, softmax(teacher(a_i, b_i)))       (objectives.LogitCrossEntropyLoss)
     dev       accuracy x 100 on the fold's held-out pairs (``extra.heldout``); reported, not used for selection
 
-``methods.nli_head`` is the frozen-transformer variant (only the head trains, on cached features). DvBERT
-(``methods.dvbert_teachers``) runs each fold as a stage through ``StageServices.fit`` and keeps the model of the
-LAST step, read back from the stage's final checkpoint: the held-out fold is what the fold model labels, so choosing
-a step by its accuracy there would leak the labels into the labelling. Each evaluation also writes its predictions
-beside the stage's checkpoints (``HELDOUT_PROBS``, with a digest of the head they came from), so the final
-evaluation doubles as the labelling pass. The model code lives here because a method builds its student and may not
-import the runtime:
+``methods.nli_head`` is the frozen-transformer variant. DvBERT (``methods.dvbert_teachers``) runs each fold through
+``StageServices.fit`` and keeps the LAST step's model: the held-out fold is what it labels, so choosing a step by
+its accuracy there would leak the labels into the labelling. Each evaluation writes its predictions beside the
+stage's checkpoints (``HELDOUT_PROBS``, with a digest of the head), so the final one doubles as the labelling pass.
+The model code lives here because a method builds its student and may not import the runtime:
 
     teacher = build_teacher(weights_dir, training)   # teacher(features) -> [B, 3] logits
     teacher = load_teacher(fold_dir)                 # a saved fold model, eval mode
@@ -55,10 +53,9 @@ _JUDGING_FIELDS = ("min_accuracy",)
 class TeacherTraining:
     """How each cross-encoder teacher is fine-tuned and judged (``extra.teacher_training`` of a DvBERT config).
 
-    The defaults are the paper's schedule (1 epoch, Adam lr 2e-5, 10 % warm-up, dropout 0.1) on its [CLS] head;
-    raydistill/configs/dvbert.yaml sets what trains on a CPU (see its comments and raydistill.methods.dvbert_teachers).
-    Numbers keep the kind they were written in (int or float): the shaping settings name the teachers' cache entry.
-    """
+    Defaults: the paper's schedule (1 epoch, Adam lr 2e-5, 10 % warm-up, dropout 0.1) on its [CLS] head
+    (raydistill/configs/dvbert.yaml sets what trains on a CPU). Numbers keep the kind they were written in (int or
+    float): the shaping settings name the teachers' cache entry."""
 
     epochs: Int = Field(1, ge=1, description="passes over the teacher's folds")
     lr: Number = Field(2e-5, gt=0, description="peak learning rate (Adam)")
@@ -66,8 +63,7 @@ class TeacherTraining:
     max_length: Int = Field(64, ge=1, description="tokens per pair")
     warmup_ratio: Number = Field(0.1, ge=0, lt=1, description="share of the steps spent warming up")
     weight_decay: Number = Field(0.01, ge=0, description="weight decay")
-    dropout: Number = Field(0.1, ge=0, lt=1, description="dropout in the head (the transformer keeps its own "
-                                                         "config's)")
+    dropout: Number = Field(0.1, ge=0, lt=1, description="dropout in the head (the transformer keeps its own config's)")
     finetune: StrictBool = Field(True, description="false: the transformer stays frozen, encodes each pair once, "
                                                    "only the head trains")
     head: Literal[HEADS] = Field(
@@ -79,8 +75,7 @@ class TeacherTraining:
                                                     "MultiNLI dev); at least 2 x folds")
     precision: Literal[PRECISIONS] = Field("fp32", description="bf16: forward and backward under "
                                                                    "torch.autocast(bfloat16); weights stay fp32")
-    min_accuracy: Number = Field(0.6, ge=0, le=1, description="refuse a teacher whose held-out accuracy is below "
-                                                              "this")
+    min_accuracy: Number = Field(0.6, ge=0, le=1, description="refuse a teacher whose held-out accuracy is below this")
     seed: Int = Field(1000, description="seed of the folds and the teachers' initialisation")
 
     def __post_init__(self) -> None:

@@ -12,19 +12,8 @@ import torch
 from pydantic import Field, StrictBool
 
 from raydistill.config.schema import section
-from raydistill.methods.base import (
-    Features,
-    LossSettings,
-    MaskSameGroup,
-    MethodSpec,
-    Positive,
-    QueueInit,
-    QueueSeed,
-    QueueSize,
-    StepContext,
-    Temperature,
-    with_groups,
-)
+from raydistill.methods.base import (Features, LossSettings, MaskSameGroup, MethodSpec, Positive, QueueInit, QueueSeed,
+                                     QueueSize, StepContext, Temperature, with_groups)
 from raydistill.objectives import SCTLoss
 
 
@@ -36,8 +25,7 @@ class SCTLossSettings(LossSettings):
     tau_teacher: Temperature = Field(0.02, description="temperature of the reference's similarity distribution")
     tau_student: Temperature = Field(0.03, description="temperature of the online view's similarity distribution")
     faithful: StrictBool | None = Field(None, description="the authors' projector on the online side (null: false)")
-    projector_expansion: Positive | None = Field(None, description="width factor of the faithful projector (null: "
-                                                                   "10)")
+    projector_expansion: Positive | None = Field(None, description="width factor of the faithful projector (null: 10)")
     projector_blocks: Positive | None = Field(None, description="blocks of the faithful projector (null: 3)")
     queue_init: QueueInit | None = Field(None, description="how the queues start: random or empty (null: random)")
     queue_seed: QueueSeed = None

@@ -15,20 +15,8 @@ import torch
 from pydantic import Field, StrictBool
 
 from raydistill.config.schema import section
-from raydistill.methods.base import (
-    Features,
-    LossSettings,
-    MaskSameGroup,
-    MethodSpec,
-    Positive,
-    QueueInit,
-    QueueSeed,
-    QueueSize,
-    StepContext,
-    Temperature,
-    teacher_vectors,
-    with_groups,
-)
+from raydistill.methods.base import (Features, LossSettings, MaskSameGroup, MethodSpec, Positive, QueueInit, QueueSeed,
+                                     QueueSize, StepContext, Temperature, teacher_vectors, with_groups)
 from raydistill.objectives import SCTDistillLoss
 
 
@@ -47,8 +35,7 @@ class SCTDistillLossSettings(LossSettings):
     sct_tau_teacher: Temperature | None = Field(None, description="L_SCT's reference temperature (null: 0.02)")
     sct_tau_student: Temperature | None = Field(None, description="L_SCT's online temperature (null: 0.03)")
     sct_queue_size: QueueSize | None = Field(None, description="L_SCT's queue size (null: queue_size)")
-    projector_expansion: Positive | None = Field(None, description="width factor of the faithful projector (null: "
-                                                                   "10)")
+    projector_expansion: Positive | None = Field(None, description="width factor of the faithful projector (null: 10)")
     projector_blocks: Positive | None = Field(None, description="blocks of the faithful projector (null: 3)")
     queue_seed: QueueSeed = None
     mask_same_group: MaskSameGroup = None

@@ -1,24 +1,19 @@
 """One FIFO instance queue shared by several learners: an authoritative actor and a local mirror per learner.
 
-Queue-based distillation (ConGen, SCT-distillation, CKD) compares each batch with the K most recent teacher vectors.
-With N data-parallel learners, each should see the teacher vectors of *every* learner's batches, as one learner
-with an N-times larger batch would. Pulling the whole queue from an actor every step costs a K x d copy (201 ms for
+Queue-based distillation (ConGen, SCT-distillation, CKD) compares each batch with the K most recent teacher vectors;
+with N data-parallel learners each should see the teacher vectors of *every* learner's batches, as one learner with
+an N-times larger batch would. Pulling the whole queue from an actor every step costs a K x d copy (201 ms for
 32768 x 768, docs/runtime.md, Ray behaviour); sending only what changed costs 8 ms. So:
 
-- ``SharedInstanceQueue`` (plain) holds the authoritative ``objectives.InstanceQueue``, a ``version`` (pushes so
-  far) and a log of the recent pushes, enough to replay the newest K rows.
+- ``SharedInstanceQueue`` holds the authoritative ``objectives.InstanceQueue``, a ``version`` (pushes so far) and a
+  log of the recent pushes, enough to replay the newest K rows (a client further behind gets a full snapshot).
 - ``SharedQueueActor`` is it behind Ray, with concurrency groups: ``since``/``snapshot`` (group "read") never wait
   behind a ``push`` (group "write", one thread); a lock keeps each read consistent.
-- ``QueueClient`` is an ``InstanceQueue`` on the learner side. Its ``enqueue`` sends the rows to the actor (not
-  applied locally) and asks, in the same call, for every push since the client's version; the answer is collected,
-  pipelined, at the next read of the queue, usually long arrived by then. The mirror replays the pushes of all
-  learners in the actor's order, so every mirror holds exactly the authoritative content, in FIFO order.
-
-Replaying pushes (rather than copying rows into a ring) makes the mirror's content equal the authoritative one for
-any enqueue rule of ``InstanceQueue`` (append-last for ConGen/SCT, prepend for CKD, growing from empty or starting
-from random rows). A client further behind than the log gets a full snapshot instead.
-
-With no actor (``QueueClient(None, ...)``, one learner) the client is a plain local queue.
+- ``QueueClient`` is an ``InstanceQueue`` on the learner side: ``enqueue`` sends the rows to the actor and asks, in
+  the same call, for every push since the client's version; the answer is collected, pipelined, at the next read of
+  the queue. The mirror replays all learners' pushes in the actor's order, so it holds exactly the authoritative
+  content, in FIFO order, for any enqueue rule of ``InstanceQueue``. With no actor (one learner) it is a plain
+  local queue.
 """
 
 from __future__ import annotations
@@ -34,10 +29,6 @@ import torch
 from raydistill.objectives.queue import InstanceQueue
 
 __all__ = ["SharedInstanceQueue", "SharedQueueActor", "QueueClient", "create_shared_queue", "queue_client_class"]
-
-
-def _default_queue_cls() -> type:
-    return InstanceQueue
 
 
 def _to_numpy_state(state: dict[str, torch.Tensor]) -> dict[str, np.ndarray]:
@@ -58,8 +49,7 @@ class SharedInstanceQueue:
 
     def __init__(self, size: int, dim: int, queue_cls: type | None = None, **queue_kwargs):
         self.size, self.dim = int(size), int(dim)
-        self.queue_kwargs = dict(queue_kwargs)
-        self.queue = (queue_cls or _default_queue_cls())(self.size, self.dim, **queue_kwargs)
+        self.queue = (queue_cls or InstanceQueue)(self.size, self.dim, **queue_kwargs)
         self.version = 0
         self._log: deque[tuple[int, np.ndarray, np.ndarray | None]] = deque()  # (version after the push, rows, groups)
         self._log_rows = 0
@@ -188,8 +178,6 @@ class _QueueClientMixin:
         return super().__getattr__(name)
 
     def _get(self, ref):
-        import ray
-
         return ray.get(ref, timeout=self.timeout_s)
 
     def _apply(self, delta: dict[str, Any]) -> None:
@@ -208,9 +196,7 @@ class _QueueClientMixin:
         self.version = int(delta["version"])
 
     def _device(self) -> torch.device:
-        for tensor in list(self.buffers()) + list(self.parameters()):
-            return tensor.device
-        return torch.device("cpu")
+        return next((tensor.device for tensor in [*self.buffers(), *self.parameters()]), torch.device("cpu"))
 
     def _drain(self) -> None:
         pending = self.__dict__.get("_pending")

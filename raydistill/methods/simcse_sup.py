@@ -27,8 +27,7 @@ class SupervisedSimCSELossSettings(LossSettings):
 
 def triplet_features(ctx: StepContext, batch) -> Features:
     """Anchor, entailed hypothesis (positive), contradicted hypothesis (hard negative)."""
-    anchor, positive, negative = ctx.encode_views(batch["text_anchor"], batch["text_positive"],
-                                                  batch["text_negative"])
+    anchor, positive, negative = ctx.encode_views(batch["text_anchor"], batch["text_positive"], batch["text_negative"])
     return {"anchor": anchor, "positive": positive, "negative": negative}, None
 
 

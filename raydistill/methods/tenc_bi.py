@@ -8,9 +8,8 @@
     dev       ``extra.dev_set`` Spearman x 100 of the cosine, under bf16 autocast when ``train.precision`` is bf16
 
 The Trans-Encoder job (``runtime.tenc``) builds the rows from a label set and runs the stage through
-``LearnerGroup.fit``; ``tenc_cross`` is the other stage, and ``TransEncoderStageSpec`` what the two share. The
-stage's identity (labels, start, cycle) rides in ``extra.stage`` so a stage's checkpoints are resumed only by the
-same stage (the config hash covers it).
+``LearnerGroup.fit``; ``tenc_cross`` is the other stage. The stage's identity (labels, start, cycle) rides in
+``extra.stage``, which the config hash covers, so only the same stage resumes its checkpoints.
 """
 
 from __future__ import annotations

@@ -29,10 +29,8 @@ __all__ = ["SPEC", "SymmetricCrossScorer", "new_cross_encoder"]
 
 class SymmetricCrossScorer:
     """A cross-encoder seen as an order-free pair scorer: the mean of sigmoid(cross(a, b)) and sigmoid(cross(b, a)).
-
-    It has a ``score(pairs, batch_size)`` method, so ``raydistill.evaluation`` treats it as a cross-encoder; the
-    evaluation numbers are then of the same symmetrised score the cross-encoder hands the bi-encoders as labels.
-    """
+    ``raydistill.evaluation`` treats it as a cross-encoder (it has ``score(pairs, batch_size)``), so the evaluation
+    scores what the cross-encoder hands the bi-encoders as labels."""
 
     def __init__(self, cross_encoder):
         self.cross_encoder = cross_encoder

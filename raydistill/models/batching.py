@@ -9,9 +9,6 @@ live here so the two encoders cannot drift apart.
 from __future__ import annotations
 
 import inspect
-import json
-import sys
-import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -21,14 +18,14 @@ import torch
 from torch import nn
 
 from raydistill.fileio import atomic_write_json
+from raydistill.models.model_cache import read_json
 
 METADATA_FILE = "raydistill_model.json"
 
 # Families whose position ids start at `pad_token_id + 1` (fairseq heritage): a checkpoint with 514 position
 # rows takes 512 tokens, and feeding 514 raises an index error deep inside the embedding layer.
-POSITIONS_AFTER_PADDING = {
-    "roberta", "xlm-roberta", "xlm-roberta-xl", "camembert", "mpnet", "longformer", "data2vec-text",
-}
+POSITIONS_AFTER_PADDING = {"roberta", "xlm-roberta", "xlm-roberta-xl", "camembert", "mpnet", "longformer",
+                           "data2vec-text"}
 
 # `model_max_length` of a tokenizer saved without one (transformers' VERY_LARGE_INTEGER is ~1e30).
 UNSET_TOKENIZER_LENGTH = 1_000_000
@@ -51,8 +48,7 @@ def resolve_checkpoint(name_or_path: str | Path) -> Path:
             return path
         raise FileNotFoundError(
             f"model {str(name_or_path)!r}: no such directory, and raydistill.models.registry (which resolves "
-            "preset names) is not available; pass a local checkpoint directory"
-        ) from None
+            "preset names) is not available; pass a local checkpoint directory") from None
     return Path(resolve_model(str(name_or_path)))
 
 
@@ -61,22 +57,12 @@ def config_error(path: Path, field: str, message: str) -> ValueError:
 
     The line is where the key first appears in the file (1 when it is absent), so an editor jumps to it.
     """
-    line = 1
     try:
-        for number, text in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
-            if f'"{field}"' in text:
-                line = number
-                break
+        lines = path.read_text(encoding="utf-8").splitlines()
     except OSError:
-        pass
+        lines = []
+    line = next((number for number, text in enumerate(lines, start=1) if f'"{field}"' in text), 1)
     return ValueError(f"{path}:{line}: field '{field}': {message}")
-
-
-def read_json(path: Path) -> Any:
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as error:
-        raise ValueError(f"{path}:{error.lineno}: invalid JSON: {error.msg}") from None
 
 
 def read_metadata(directory: Path) -> dict[str, Any]:
@@ -99,8 +85,8 @@ def write_metadata(directory: Path, inherited: dict[str, Any], encoder: dict[str
     from raydistill import __version__
 
     kept = {key: value for key, value in inherited.items() if key != "files"}
-    metadata = {**kept, "encoder": encoder, "raydistill_version": __version__}
-    atomic_write_json(directory / METADATA_FILE, metadata, sort_keys=True)
+    atomic_write_json(directory / METADATA_FILE, {**kept, "encoder": encoder, "raydistill_version": __version__},
+                      sort_keys=True)
 
 
 def usable_max_length(config, tokenizer, requested: int | None, source: Path) -> int:
@@ -115,11 +101,9 @@ def usable_max_length(config, tokenizer, requested: int | None, source: Path) ->
         if requested < 2:
             raise ValueError(f"max_length must be >= 2 (room for the special tokens), got {requested}")
         if position_limit is not None and requested > position_limit:
-            raise config_error(
-                source / "config.json",
-                "max_position_embeddings",
-                f"max_length={requested} exceeds the {position_limit} positions this {config.model_type} model has",
-            )
+            raise config_error(source / "config.json", "max_position_embeddings",
+                               f"max_length={requested} exceeds the {position_limit} positions this "
+                               f"{config.model_type} model has")
         return requested
     candidates = [position_limit] if position_limit is not None else []
     if 0 < tokenizer.model_max_length < UNSET_TOKENIZER_LENGTH:
@@ -273,39 +257,3 @@ def inference(module: nn.Module) -> Iterator[None]:
     finally:
         for submodule, was_training in previous_modes:
             submodule.training = was_training
-
-
-class Progress:
-    """A batch counter: tqdm when installed, else a single self-overwriting stderr line; silent when disabled."""
-
-    def __init__(self, total: int, description: str, enabled: bool):
-        self.total = total
-        self.description = description
-        self.enabled = enabled and total > 0
-        self.done = 0
-        self.started = time.perf_counter()
-        self.bar = None
-        if self.enabled:
-            try:
-                from tqdm.auto import tqdm
-            except ImportError:
-                tqdm = None
-            if tqdm is not None:
-                self.bar = tqdm(total=total, desc=description, unit="batch", leave=False)
-
-    def update(self) -> None:
-        self.done += 1
-        if not self.enabled:
-            return
-        if self.bar is not None:
-            self.bar.update(1)
-            return
-        elapsed = time.perf_counter() - self.started
-        sys.stderr.write(f"\r{self.description}: {self.done}/{self.total} batches, {elapsed:.1f}s")
-        if self.done == self.total:
-            sys.stderr.write("\n")
-        sys.stderr.flush()
-
-    def close(self) -> None:
-        if self.bar is not None:
-            self.bar.close()

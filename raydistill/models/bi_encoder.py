@@ -34,34 +34,19 @@ from safetensors.torch import save_file as save_safetensors
 from torch import Tensor, nn
 from transformers import AutoModel, AutoTokenizer
 
+from raydistill.fileio import atomic_write_json
 from raydistill.models.batching import (
-    Progress,
-    check_texts,
-    config_error,
-    forward_input_names,
-    inference,
-    length_sorted_batches,
-    masked_mean,
-    read_metadata,
-    resolve_checkpoint,
-    torch_threads,
-    usable_max_length,
-    write_metadata,
+    check_texts, config_error, forward_input_names, inference, length_sorted_batches, masked_mean,
+    read_metadata, resolve_checkpoint, torch_threads, usable_max_length, write_metadata,
 )
 from raydistill.models import st_layout
+from raydistill.models.progress import Progress
 from raydistill.models.static_embedding import (
-    StaticEmbeddingModel,
-    is_static_directory,
-    read_static_directory,
-    write_static_directory,
+    StaticEmbeddingModel, is_static_directory, read_static_directory, write_static_directory,
 )
 from raydistill.models.st_layout import (
-    POOLING_MODES,
-    PROJECTION_ACTIVATIONS,
-    activation_import_path,
-    read_sentence_transformers_layout,
+    POOLING_MODES, PROJECTION_ACTIVATIONS, activation_import_path, read_sentence_transformers_layout,
     sentence_transformers_config,
-    write_json,
 )
 
 # Re-exported: the cross-encoder, the jobs and the scripts find a checkpoint's weights through this module.
@@ -100,27 +85,16 @@ class BiEncoder(nn.Module):
     """
 
     def __init__(
-        self,
-        transformer: nn.Module,
-        tokenizer,
-        pooling: str = "mean",
-        projection_dim: int | None = None,
-        projection_activation: str | None = "tanh",
-        projection_bias: bool = True,
-        max_length: int | None = None,
-        do_lower_case: bool = False,
-        projection_init: str = "default",
-        normalize_in_sentence_transformers: bool = False,
-        metadata: dict[str, Any] | None = None,
+        self, transformer: nn.Module, tokenizer, pooling: str = "mean", projection_dim: int | None = None,
+        projection_activation: str | None = "tanh", projection_bias: bool = True, max_length: int | None = None,
+        do_lower_case: bool = False, projection_init: str = "default",
+        normalize_in_sentence_transformers: bool = False, metadata: dict[str, Any] | None = None,
         source: str | None = None,
     ):
         super().__init__()
         if pooling not in POOLING_MODES:
             raise ValueError(f"pooling must be one of {POOLING_MODES}, got {pooling!r}")
-        self.transformer = transformer
-        self.tokenizer = tokenizer
-        self.pooling = pooling
-        self.source = source
+        self.transformer, self.tokenizer, self.pooling, self.source = transformer, tokenizer, pooling, source
         self.do_lower_case = do_lower_case
         self.normalize_in_sentence_transformers = normalize_in_sentence_transformers
         self.metadata = dict(metadata or {})
@@ -135,20 +109,14 @@ class BiEncoder(nn.Module):
             raise ValueError(f"projection_activation {self.projection_activation!r} is not one of "
                              f"{sorted(PROJECTION_ACTIVATIONS)}")
         self.activation = PROJECTION_ACTIVATIONS[self.projection_activation]()
-        self.projection = None
-        if projection_dim is not None:
-            self.projection = nn.Linear(hidden, projection_dim, bias=projection_bias)
+        self.projection = None if projection_dim is None else nn.Linear(hidden, projection_dim, bias=projection_bias)
+        if self.projection is not None:
             init_projection(self.projection, projection_init)
 
     @classmethod
     def from_pretrained(
-        cls,
-        name_or_path: str | Path,
-        pooling: str | None = None,
-        projection_dim: int | None = None,
-        max_length: int | None = None,
-        projection_activation: str | None = None,
-        projection_init: str = "default",
+        cls, name_or_path: str | Path, pooling: str | None = None, projection_dim: int | None = None,
+        max_length: int | None = None, projection_activation: str | None = None, projection_init: str = "default",
     ) -> BiEncoder:
         """Load a local checkpoint (plain Hugging Face or sentence-transformers directory) or a registry name.
 
@@ -172,33 +140,24 @@ class BiEncoder(nn.Module):
                 raise ValueError(
                     f"{directory}: the checkpoint's Dense layer outputs {dense.out_features} dimensions but "
                     f"projection_dim={projection_dim} was requested; "
-                    "load without projection_dim, or from the bare transformer"
-                )
+                    "load without projection_dim, or from the bare transformer")
             if projection_activation is not None and projection_activation.lower() != dense.activation:
-                raise ValueError(
-                    f"{directory}: the checkpoint's Dense layer uses {dense.activation!r}, "
-                    f"not {projection_activation!r}"
-                )
-            if dense.in_features != transformer.config.hidden_size:
-                raise config_error(
-                    layout.transformer_dir / "config.json",
-                    "hidden_size",
-                    f"{transformer.config.hidden_size}, but the Dense layer expects {dense.in_features} inputs",
-                )
+                raise ValueError(f"{directory}: the checkpoint's Dense layer uses {dense.activation!r}, "
+                                 f"not {projection_activation!r}")
+            hidden = transformer.config.hidden_size
+            if dense.in_features != hidden:
+                raise config_error(layout.transformer_dir / "config.json", "hidden_size",
+                                   f"{hidden}, but the Dense layer expects {dense.in_features} inputs")
 
         model = cls(
-            transformer,
-            tokenizer,
-            pooling=pooling or (layout.pooling if layout is not None else "mean"),
+            transformer, tokenizer, pooling=pooling or (layout.pooling if layout is not None else "mean"),
             projection_dim=dense.out_features if dense is not None else projection_dim,
             projection_activation=dense.activation if dense is not None else (projection_activation or "tanh"),
             projection_bias=dense.bias if dense is not None else True,
             max_length=max_length if max_length is not None else (layout.max_seq_length if layout else None),
             do_lower_case=layout.do_lower_case if layout is not None else False,
             normalize_in_sentence_transformers=layout.normalize if layout is not None else False,
-            projection_init=projection_init,
-            metadata=read_metadata(directory),
-            source=str(directory),
+            projection_init=projection_init, metadata=read_metadata(directory), source=str(directory),
         )
         if dense is not None:
             weights = {key.removeprefix("linear."): value for key, value in dense.weights.items()}
@@ -213,19 +172,13 @@ class BiEncoder(nn.Module):
             raise ValueError(f"{directory}: a static model is the mean of its token vectors; pooling={pooling!r} "
                              "is not available for it")
         transformer, tokenizer, saved_max_length, normalize = read_static_directory(directory)
-        model = cls(
-            transformer,
-            tokenizer,
-            pooling="mean",
-            projection_dim=projection_dim,
+        return cls(
+            transformer, tokenizer, pooling="mean", projection_dim=projection_dim,
             projection_activation=projection_activation or "tanh",
             max_length=max_length if max_length is not None else saved_max_length,
-            normalize_in_sentence_transformers=normalize,
-            projection_init=projection_init,
-            metadata=read_metadata(directory),
-            source=str(directory),
-        )
-        return model.eval()
+            normalize_in_sentence_transformers=normalize, projection_init=projection_init,
+            metadata=read_metadata(directory), source=str(directory),
+        ).eval()
 
     @property
     def is_static(self) -> bool:
@@ -246,10 +199,8 @@ class BiEncoder(nn.Module):
         if self.do_lower_case:
             texts = [text.lower() for text in texts]
         # A static model averages its token rows: [CLS]/[SEP] would add the same two rows to every sentence.
-        return dict(
-            self.tokenizer(texts, padding=True, truncation=True, max_length=self.max_length, return_tensors="pt",
-                           add_special_tokens=not self.is_static)
-        )
+        return dict(self.tokenizer(texts, padding=True, truncation=True, max_length=self.max_length,
+                                   return_tensors="pt", add_special_tokens=not self.is_static))
 
     def forward(self, features: dict[str, Tensor]) -> Tensor:
         """Sentence embeddings [B, D] with gradients; keys other than the model's inputs are ignored."""
@@ -267,12 +218,10 @@ class BiEncoder(nn.Module):
         token_states = self.transformer(**inputs).last_hidden_state  # [B, T, H]
         attention_mask = features["attention_mask"]  # [B, T], 1 = real token
         if self.pooling == "mean":
-            sentence_embeddings = masked_mean(token_states, attention_mask)  # [B, H]
-        else:
-            # First attended token, not index 0: the same answer with right padding, the right one with left padding.
-            first = attention_mask.to(torch.int64).argmax(dim=1)  # [B]
-            sentence_embeddings = token_states[torch.arange(token_states.size(0), device=first.device), first]
-        return sentence_embeddings
+            return masked_mean(token_states, attention_mask)  # [B, H]
+        # First attended token, not index 0: the same answer with right padding, the right one with left padding.
+        first = attention_mask.to(torch.int64).argmax(dim=1)  # [B]
+        return token_states[torch.arange(token_states.size(0), device=first.device), first]
 
     @torch.no_grad()
     def fit_projection(self, texts: list[str], targets: np.ndarray, batch_size: int = 128, ridge: float = 1e-3,
@@ -296,8 +245,7 @@ class BiEncoder(nn.Module):
         targets = np.asarray(targets, dtype=np.float64)
         if targets.shape != (len(texts), self.projection.out_features):
             raise ValueError(f"targets must be [{len(texts)}, {self.projection.out_features}], got {targets.shape}")
-        pooled = self.encode(texts, batch_size=batch_size, num_threads=num_threads, projected=False)  # [N, H]
-        pooled = pooled.astype(np.float64)
+        pooled = self.encode(texts, batch_size=batch_size, num_threads=num_threads, projected=False).astype(np.float64)
         goal = inverse[self.projection_activation](targets)  # [N, P], pre-activation targets
         with_bias = self.projection.bias is not None
         design = np.hstack([pooled, np.ones((len(texts), 1))]) if with_bias else pooled  # [N, H(+1)]
@@ -310,15 +258,8 @@ class BiEncoder(nn.Module):
         projected = self.activation(torch.as_tensor(design @ solution))  # [N, P]
         return float(F.cosine_similarity(projected, torch.as_tensor(targets), dim=1).mean())
 
-    def encode(
-        self,
-        texts: list[str],
-        batch_size: int = 128,
-        normalize: bool = False,
-        num_threads: int | None = None,
-        progress: bool = False,
-        projected: bool = True,
-    ) -> np.ndarray:
+    def encode(self, texts: list[str], batch_size: int = 128, normalize: bool = False, num_threads: int | None = None,
+               progress: bool = False, projected: bool = True) -> np.ndarray:
         """Embeddings [N, D] float32 in input order; `normalize` L2-normalises each row (cosine = dot product).
 
         `projected=False`: the pooled transformer vectors [N, H], before the projection (what it is fitted on).
@@ -386,68 +327,46 @@ class BiEncoder(nn.Module):
             return
         self.transformer.save_pretrained(directory)
         self.tokenizer.save_pretrained(directory)
-        write_json(
-            directory / "sentence_bert_config.json",
-            {"max_seq_length": self.max_length, "do_lower_case": self.do_lower_case},
-        )
+        atomic_write_json(directory / "sentence_bert_config.json",
+                          {"max_seq_length": self.max_length, "do_lower_case": self.do_lower_case})
 
-        hidden = self.transformer.config.hidden_size
         pooling_config = {
-            "word_embedding_dimension": hidden,
-            "pooling_mode_cls_token": self.pooling == "cls",
-            "pooling_mode_mean_tokens": self.pooling == "mean",
-            "pooling_mode_max_tokens": False,
-            "pooling_mode_mean_sqrt_len_tokens": False,
+            "word_embedding_dimension": self.transformer.config.hidden_size,
+            "pooling_mode_cls_token": self.pooling == "cls", "pooling_mode_mean_tokens": self.pooling == "mean",
+            "pooling_mode_max_tokens": False, "pooling_mode_mean_sqrt_len_tokens": False,
         }
         (directory / "1_Pooling").mkdir(exist_ok=True)
-        write_json(directory / "1_Pooling" / "config.json", pooling_config)
+        atomic_write_json(directory / "1_Pooling" / "config.json", pooling_config)
 
         modules = [("", "Transformer"), ("1_Pooling", "Pooling")]
         if self.projection is not None:
             dense_dir = directory / f"{len(modules)}_Dense"
             dense_dir.mkdir(exist_ok=True)
-            write_json(
-                dense_dir / "config.json",
-                {
-                    "in_features": self.projection.in_features,
-                    "out_features": self.projection.out_features,
-                    "bias": self.projection.bias is not None,
-                    "activation_function": activation_import_path(self.projection_activation),
-                },
-            )
-            tensors = {
-                f"linear.{key}": value.detach().cpu().contiguous()
-                for key, value in self.projection.state_dict().items()
-            }
+            atomic_write_json(dense_dir / "config.json", {
+                "in_features": self.projection.in_features, "out_features": self.projection.out_features,
+                "bias": self.projection.bias is not None,
+                "activation_function": activation_import_path(self.projection_activation),
+            })
+            tensors = {f"linear.{key}": value.detach().cpu().contiguous()
+                       for key, value in self.projection.state_dict().items()}
             save_safetensors(tensors, str(dense_dir / "model.safetensors"))
             modules.append((dense_dir.name, "Dense"))
         if self.normalize_in_sentence_transformers:
             normalize_dir = directory / f"{len(modules)}_Normalize"
             normalize_dir.mkdir(exist_ok=True)
             modules.append((normalize_dir.name, "Normalize"))
-        write_json(
-            directory / "modules.json",
-            [
-                {"idx": index, "name": str(index), "path": subdir, "type": f"sentence_transformers.models.{kind}"}
-                for index, (subdir, kind) in enumerate(modules)
-            ],
-        )
-        write_json(directory / "config_sentence_transformers.json", sentence_transformers_config())
-        write_metadata(
-            directory,
-            self.metadata,
-            {
-                "kind": "bi_encoder",
-                "pooling": self.pooling,
-                "dim": self.dim,
-                "projection_dim": self.projection.out_features if self.projection is not None else None,
-                "projection_activation": self.projection_activation if self.projection is not None else None,
-                "max_length": self.max_length,
-                "model_type": self.transformer.config.model_type,
-                "parameters": sum(p.numel() for p in self.parameters()),
-                "source": self.source,
-            },
-        )
+        atomic_write_json(directory / "modules.json", [
+            {"idx": index, "name": str(index), "path": subdir, "type": f"sentence_transformers.models.{kind}"}
+            for index, (subdir, kind) in enumerate(modules)
+        ])
+        atomic_write_json(directory / "config_sentence_transformers.json", sentence_transformers_config())
+        write_metadata(directory, self.metadata, {
+            "kind": "bi_encoder", "pooling": self.pooling, "dim": self.dim,
+            "projection_dim": self.projection.out_features if self.projection is not None else None,
+            "projection_activation": self.projection_activation if self.projection is not None else None,
+            "max_length": self.max_length, "model_type": self.transformer.config.model_type,
+            "parameters": sum(p.numel() for p in self.parameters()), "source": self.source,
+        })
 
     def _save_static(self, directory: Path) -> None:
         """The static directory (static_embedding.py's format), the projection folded into the table."""
@@ -458,8 +377,7 @@ class BiEncoder(nn.Module):
                 raise ValueError(
                     f"a static model with a {self.projection_activation} projection cannot be saved as a static "
                     "model: only a linear projection folds into the token table (build it with "
-                    "projection_activation='identity')"
-                )
+                    "projection_activation='identity')")
             weight = self.projection.weight.detach().cpu().float()  # [P, D]
             # mean_t(E[x_t]) Wᵀ + b = mean_t(E[x_t] Wᵀ + b): the mean's weights sum to 1, so the bias folds too
             table = table @ weight.T  # [V, P]
@@ -469,19 +387,9 @@ class BiEncoder(nn.Module):
         write_static_directory(directory, table, self.tokenizer, max_length=self.max_length,
                                normalize=self.normalize_in_sentence_transformers,
                                config={"tokenizer_name": self.metadata.get("derived_from") or self.source})
-        write_json(directory / "config_sentence_transformers.json", sentence_transformers_config())
-        write_metadata(
-            directory,
-            self.metadata,
-            {
-                "kind": "bi_encoder",
-                "pooling": "mean",
-                "dim": int(table.shape[1]),
-                "projection_dim": None,
-                "folded_projection": folded,
-                "max_length": self.max_length,
-                "model_type": "static",
-                "parameters": int(table.numel()),
-                "source": self.source,
-            },
-        )
+        atomic_write_json(directory / "config_sentence_transformers.json", sentence_transformers_config())
+        write_metadata(directory, self.metadata, {
+            "kind": "bi_encoder", "pooling": "mean", "dim": int(table.shape[1]), "projection_dim": None,
+            "folded_projection": folded, "max_length": self.max_length, "model_type": "static",
+            "parameters": int(table.numel()), "source": self.source,
+        })

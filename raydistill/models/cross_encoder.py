@@ -38,20 +38,11 @@ from torch import Tensor, nn
 from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer
 
 from raydistill.models.batching import (
-    Progress,
-    check_texts,
-    config_error,
-    forward_input_names,
-    inference,
-    length_sorted_batches,
-    masked_mean,
-    read_metadata,
-    resolve_checkpoint,
-    torch_threads,
-    usable_max_length,
-    write_metadata,
+    check_texts, config_error, forward_input_names, inference, length_sorted_batches, masked_mean,
+    read_metadata, resolve_checkpoint, torch_threads, usable_max_length, write_metadata,
 )
 from raydistill.models.bi_encoder import transformer_directory
+from raydistill.models.progress import Progress
 
 SCORE_ACTIVATIONS = ("sigmoid", "softmax", None)
 HEADS = ("classifier", "segment_cosine")
@@ -99,22 +90,13 @@ class SegmentCosineHead(nn.Module):
 class CrossEncoder(nn.Module):
     """Pair scorer over `AutoModelForSequenceClassification`; `forward` gives logits [B] (1 label) or [B, C]."""
 
-    def __init__(
-        self,
-        model: nn.Module,
-        tokenizer,
-        max_length: int | None = None,
-        metadata: dict[str, Any] | None = None,
-        source: str | None = None,
-        head: str = "classifier",
-        head_state: dict[str, float] | None = None,
-    ):
+    def __init__(self, model: nn.Module, tokenizer, max_length: int | None = None,
+                 metadata: dict[str, Any] | None = None, source: str | None = None, head: str = "classifier",
+                 head_state: dict[str, float] | None = None):
         super().__init__()
         if head not in HEADS:
             raise ValueError(f"head must be one of {HEADS}, got {head!r}")
-        self.model = model
-        self.tokenizer = tokenizer
-        self.source = source
+        self.model, self.tokenizer, self.source = model, tokenizer, source
         self.metadata = dict(metadata or {})
         self.max_length = usable_max_length(model.config, tokenizer, max_length, Path(source or "."))
         self.tokenizer.model_max_length = self.max_length
@@ -149,15 +131,11 @@ class CrossEncoder(nn.Module):
         config = AutoConfig.from_pretrained(weights_dir, local_files_only=True)
         has_head = any(name.endswith("ForSequenceClassification") for name in (config.architectures or []))
         if has_head and config.num_labels != num_labels:
-            raise config_error(
-                weights_dir / "config.json",
-                "id2label",
-                f"the classification head has {config.num_labels} labels but num_labels={num_labels} was requested",
-            )
+            raise config_error(weights_dir / "config.json", "id2label", f"the classification head has "
+                               f"{config.num_labels} labels but num_labels={num_labels} was requested")
         with _quiet_load_report(not has_head):
-            model = AutoModelForSequenceClassification.from_pretrained(
-                weights_dir, num_labels=num_labels, local_files_only=True, dtype=torch.float32
-            )
+            model = AutoModelForSequenceClassification.from_pretrained(weights_dir, num_labels=num_labels,
+                                                                       local_files_only=True, dtype=torch.float32)
         tokenizer = AutoTokenizer.from_pretrained(weights_dir, local_files_only=True)
         metadata = read_metadata(directory)
         saved = metadata.get("encoder", {})
@@ -181,16 +159,8 @@ class CrossEncoder(nn.Module):
     def tokenize(self, pairs: list[tuple[str, str]]) -> dict[str, Tensor]:
         """Both sentences in one sequence, padded to the longest pair; truncation trims the longer sentence first."""
         first, second = check_pairs(pairs)
-        return dict(
-            self.tokenizer(
-                first,
-                second,
-                padding=True,
-                truncation="longest_first",
-                max_length=self.max_length,
-                return_tensors="pt",
-            )
-        )
+        return dict(self.tokenizer(first, second, padding=True, truncation="longest_first", max_length=self.max_length,
+                                   return_tensors="pt"))
 
     def forward(self, features: dict[str, Tensor]) -> Tensor:
         """Logits with gradients: [B] when num_labels == 1 (a score), else [B, C]."""
@@ -201,14 +171,8 @@ class CrossEncoder(nn.Module):
         logits = self.model(**inputs).logits  # [B, C]
         return logits.squeeze(-1) if self.num_labels == 1 else logits
 
-    def score(
-        self,
-        pairs: list[tuple[str, str]],
-        batch_size: int = 64,
-        activation: str | None = "sigmoid",
-        num_threads: int | None = None,
-        progress: bool = False,
-    ) -> np.ndarray:
+    def score(self, pairs: list[tuple[str, str]], batch_size: int = 64, activation: str | None = "sigmoid",
+              num_threads: int | None = None, progress: bool = False) -> np.ndarray:
         """Scores in input order: [N] (num_labels == 1) or [N, C], float32.
 
         `activation`: "sigmoid" (a score in (0, 1), per label), "softmax" (a distribution over C >= 2 labels),
@@ -246,21 +210,13 @@ class CrossEncoder(nn.Module):
         directory.mkdir(parents=True, exist_ok=True)
         self.model.save_pretrained(directory)
         self.tokenizer.save_pretrained(directory)
-        write_metadata(
-            directory,
-            self.metadata,
-            {
-                "kind": "cross_encoder",
-                "num_labels": self.num_labels,
-                "head": self.head,
-                **({"head_state": {"scale": self.segment_head.scale.item(), "bias": self.segment_head.bias.item()}}
-                   if self.segment_head is not None else {}),
-                "max_length": self.max_length,
-                "model_type": self.model.config.model_type,
-                "parameters": sum(p.numel() for p in self.parameters()),
-                "source": self.source,
-            },
-        )
+        write_metadata(directory, self.metadata, {
+            "kind": "cross_encoder", "num_labels": self.num_labels, "head": self.head,
+            **({"head_state": {"scale": self.segment_head.scale.item(), "bias": self.segment_head.bias.item()}}
+               if self.segment_head is not None else {}),
+            "max_length": self.max_length, "model_type": self.model.config.model_type,
+            "parameters": sum(p.numel() for p in self.parameters()), "source": self.source,
+        })
 
 
 @contextmanager

@@ -81,15 +81,11 @@ class _Layout:
     shared_head_table: str | None = None  # a [buckets, heads] parameter shared by all layers
 
 
-_BERT_LAYOUT = _Layout(
-    "attention.self.query", "attention.self.key", "attention.self.value", "attention.output.dense",
-    "attention.output.LayerNorm", "intermediate.dense", "output.dense", "output.LayerNorm",
-)
+_BERT_LAYOUT = _Layout("attention.self.query", "attention.self.key", "attention.self.value", "attention.output.dense",
+                       "attention.output.LayerNorm", "intermediate.dense", "output.dense", "output.LayerNorm",)
 #: Architectures (``config.model_type``) ``derive_student`` can cut, and where each keeps its layer weights.
 DERIVABLE_LAYOUTS = {
-    "bert": _BERT_LAYOUT,
-    "roberta": _BERT_LAYOUT,
-    "xlm-roberta": _BERT_LAYOUT,
+    "bert": _BERT_LAYOUT, "roberta": _BERT_LAYOUT, "xlm-roberta": _BERT_LAYOUT,
     "mpnet": _Layout(
         "attention.attn.q", "attention.attn.k", "attention.attn.v", "attention.attn.o", "attention.LayerNorm",
         "intermediate.dense", "output.dense", "output.LayerNorm", shared_head_table="encoder.relative_attention_bias",
@@ -143,12 +139,9 @@ def _activation_statistics(model, layout: _Layout, tokenizer, sentences: Sequenc
     config = model.config
     n_layers, hidden, n_heads = config.num_hidden_layers, config.hidden_size, config.num_attention_heads
     d_head = hidden // n_heads
-    stats = _Statistics(
-        0,
-        torch.zeros(1 + 2 * n_layers, hidden, dtype=torch.float64),
-        torch.zeros(n_layers, n_heads, d_head, d_head, dtype=torch.float64),
-        torch.zeros(n_layers, config.intermediate_size, dtype=torch.float64),
-    )
+    stats = _Statistics(0, torch.zeros(1 + 2 * n_layers, hidden, dtype=torch.float64),
+                        torch.zeros(n_layers, n_heads, d_head, d_head, dtype=torch.float64),
+                        torch.zeros(n_layers, config.intermediate_size, dtype=torch.float64))
     token_mask: dict[str, torch.Tensor] = {}
 
     def real_tokens(x: torch.Tensor) -> torch.Tensor:  # [B, T, D] -> [N, D] without padding, float64
@@ -173,20 +166,16 @@ def _activation_statistics(model, layout: _Layout, tokenizer, sentences: Sequenc
 
     handles = [model.embeddings.LayerNorm.register_forward_hook(on_residual(0))]
     for i, layer in enumerate(model.encoder.layer):
-        handles += [
-            layer.get_submodule(layout.attention_norm).register_forward_hook(on_residual(1 + 2 * i)),
-            layer.get_submodule(layout.ffn_norm).register_forward_hook(on_residual(2 + 2 * i)),
-            layer.get_submodule(layout.attention_output).register_forward_pre_hook(on_context(i)),
-            layer.get_submodule(layout.ffn_output).register_forward_pre_hook(on_ffn(i)),
-        ]
+        handles += [layer.get_submodule(layout.attention_norm).register_forward_hook(on_residual(1 + 2 * i)),
+                    layer.get_submodule(layout.ffn_norm).register_forward_hook(on_residual(2 + 2 * i)),
+                    layer.get_submodule(layout.attention_output).register_forward_pre_hook(on_context(i)),
+                    layer.get_submodule(layout.ffn_output).register_forward_pre_hook(on_ffn(i))]
     was_training = model.training
     model.eval()
     try:
         for start in range(0, len(sentences), batch_size):
-            features = tokenizer(
-                list(sentences[start:start + batch_size]), padding=True, truncation=True, max_length=128,
-                return_tensors="pt",
-            )
+            features = tokenizer(list(sentences[start:start + batch_size]), padding=True, truncation=True,
+                                 max_length=128, return_tensors="pt")
             token_mask["mask"] = features["attention_mask"].bool()
             stats.n_tokens += int(token_mask["mask"].sum())
             model(**features)
@@ -231,17 +220,9 @@ class _Kept:
 
 
 def derive_student(
-    source: str | Path,
-    target: str | Path,
-    *,
-    layers: Sequence[int] | int,
-    hidden: int | None = None,
-    intermediate: int | None = None,
-    selection: Selection = "activation",
-    ffn_selection: Selection | None = None,
-    calibration_sentences: Sequence[str] | None = None,
-    preset: str | None = None,
-    derived_from: str | None = None,
+    source: str | Path, target: str | Path, *, layers: Sequence[int] | int, hidden: int | None = None,
+    intermediate: int | None = None, selection: Selection = "activation", ffn_selection: Selection | None = None,
+    calibration_sentences: Sequence[str] | None = None, preset: str | None = None, derived_from: str | None = None,
 ) -> dict[str, Any]:
     """Write to `target` a student cut out of the checkpoint at `source`; return its metadata.
 
@@ -258,10 +239,8 @@ def derive_student(
     config = AutoConfig.from_pretrained(source, local_files_only=True)
     layout = DERIVABLE_LAYOUTS.get(config.model_type)
     if layout is None:
-        raise ValueError(
-            f"{source}/config.json: field 'model_type': {config.model_type!r} cannot be derived from "
-            f"(supported: {', '.join(DERIVABLE_LAYOUTS)})"
-        )
+        raise ValueError(f"{source}/config.json: field 'model_type': {config.model_type!r} cannot be derived from "
+                         f"(supported: {', '.join(DERIVABLE_LAYOUTS)})")
     shape = _target_shape(config, source, layers, hidden, intermediate)
     ffn_selection = selection if ffn_selection is None else ffn_selection
     for what, value in (("selection", selection), ("ffn_selection", ffn_selection)):
@@ -291,21 +270,17 @@ def derive_student(
     metadata = _metadata(config, type(model).__name__, layout, shape, kept, source, preset, derived_from, method,
                          ffn_selection if prunes_width else "none (all kept)", has_pooler, started)
     atomic_write_json(target / "raydistill_model.json", metadata)
-    logger.info(
-        "Derived %s from %s (%s): layers %s, hidden %d/%d (score share %.3f), %d/%d heads of %d (%s), "
-        "FFN %d/%d by %s, in %.1f s",
-        preset or target.name, derived_from or source, source, shape.layers, shape.hidden, config.hidden_size,
-        metadata["hidden_indices"]["score_share_kept"], shape.heads, config.num_attention_heads, shape.d_head,
-        metadata["heads"]["per_source_layer"], shape.intermediate, config.intermediate_size, ffn_selection,
-        metadata["seconds"],
-    )
+    logger.info("Derived %s from %s (%s): layers %s, hidden %d/%d (score share %.3f), %d/%d heads of %d (%s), "
+                "FFN %d/%d by %s, in %.1f s", preset or target.name, derived_from or source, source, shape.layers,
+                shape.hidden, config.hidden_size, metadata["hidden_indices"]["score_share_kept"], shape.heads,
+                config.num_attention_heads, shape.d_head, metadata["heads"]["per_source_layer"], shape.intermediate,
+                config.intermediate_size, ffn_selection, metadata["seconds"])
     return metadata
 
 
 def _target_shape(config, source: Path, layers: Sequence[int] | int, hidden: int | None,
                   intermediate: int | None) -> _Shape:
-    n_source_layers, source_hidden = config.num_hidden_layers, config.hidden_size
-    source_ffn = config.intermediate_size
+    n_source_layers, source_hidden, source_ffn = config.num_hidden_layers, config.hidden_size, config.intermediate_size
     d_head = source_hidden // config.num_attention_heads
     layers = evenly_spaced_layers(n_source_layers, layers) if isinstance(layers, int) else [int(i) for i in layers]
     hidden = source_hidden if hidden is None else hidden
@@ -325,15 +300,13 @@ def _load_source(source: Path):
 
     # Load with a pooler, then drop it if the checkpoint has none: a pooler the loader had to invent is random.
     with quiet_progress_bars():
-        model, loading_info = AutoModel.from_pretrained(
-            source, local_files_only=True, dtype=torch.float32, output_loading_info=True
-        )
+        model, loading_info = AutoModel.from_pretrained(source, local_files_only=True, dtype=torch.float32,
+                                                        output_loading_info=True)
     missing = [k for k in loading_info["missing_keys"] if not k.startswith("pooler.")]
     if missing:
         raise ValueError(f"{source}: the checkpoint lacks weights {missing[:5]}; refusing to derive from random ones")
-    has_pooler = getattr(model, "pooler", None) is not None and not any(
-        k.startswith("pooler.") for k in loading_info["missing_keys"]
-    )
+    has_pooler = (getattr(model, "pooler", None) is not None
+                  and not any(k.startswith("pooler.") for k in loading_info["missing_keys"]))
     return model, has_pooler
 
 
@@ -342,8 +315,7 @@ def _select_units(model, layout: _Layout, shape: _Shape, source: Path, selection
     """Score hidden units, then heads and FFN units by what they contribute to the kept hidden units; keep the top."""
     from transformers import AutoTokenizer
 
-    config, layers, d_head = model.config, shape.layers, shape.d_head
-    source_heads = config.num_attention_heads
+    layers, d_head, source_heads = shape.layers, shape.d_head, model.config.num_attention_heads
     encoder_layers = model.encoder.layer
     sentences: list[str] = []
     stats = None
@@ -400,10 +372,8 @@ def _select_units(model, layout: _Layout, shape: _Shape, source: Path, selection
 def _cut_weights(model, config, layout: _Layout, shape: _Shape, kept: _Kept, has_pooler: bool):
     """A model of the source's class and the student's shape, every weight a slice of a source weight."""
     student_config = copy.deepcopy(config)
-    student_config.num_hidden_layers = len(shape.layers)
-    student_config.hidden_size = shape.hidden
-    student_config.num_attention_heads = shape.heads
-    student_config.intermediate_size = shape.intermediate
+    student_config.num_hidden_layers, student_config.hidden_size = len(shape.layers), shape.hidden
+    student_config.num_attention_heads, student_config.intermediate_size = shape.heads, shape.intermediate
     student_config.architectures = [type(model).__name__]
     student = type(model)(student_config, add_pooling_layer=has_pooler)
 
@@ -438,13 +408,9 @@ def _cut_weights(model, config, layout: _Layout, shape: _Shape, kept: _Kept, has
             axes = global_axes.get(key.rsplit(".", 1)[0])
         tensor = source_state[source_key]
         if axes is not None:
-            index = {
-                "hidden": kept.hidden,
-                "heads": head_units(kept.heads[source_layer]) if source_layer is not None else None,
-                "ffn": kept.ffn.get(source_layer),
-                "table_heads": kept.heads[shape.layers[0]],
-                None: None,
-            }
+            index = {"hidden": kept.hidden,
+                     "heads": head_units(kept.heads[source_layer]) if source_layer is not None else None,
+                     "ffn": kept.ffn.get(source_layer), "table_heads": kept.heads[shape.layers[0]], None: None}
             rows, cols = index[axes[0]], index[axes[1]]
             if rows is not None:
                 tensor = tensor.index_select(0, rows)
@@ -462,17 +428,12 @@ def _metadata(config, architecture: str, layout: _Layout, shape: _Shape, kept: _
               started: float) -> dict[str, Any]:
     """``raydistill_model.json``: how the student was cut, enough to cut it again."""
     return {
-        "preset": preset,
-        "derived_from": derived_from,
-        "source_path": str(source),
-        "architecture": f"{config.model_type} ({architecture})",
-        "layers": shape.layers,
+        "preset": preset, "derived_from": derived_from, "source_path": str(source),
+        "architecture": f"{config.model_type} ({architecture})", "layers": shape.layers,
         "shape": {"layers": len(shape.layers), "hidden": shape.hidden, "heads": shape.heads,
                   "head_dim": shape.d_head, "intermediate": shape.intermediate},
-        "hidden_indices": {
-            "kept": shape.hidden, "of": config.hidden_size, "score_share_kept": round(kept.hidden_share, 4),
-            "indices": kept.hidden.tolist(),
-        },
+        "hidden_indices": {"kept": shape.hidden, "of": config.hidden_size,
+                           "score_share_kept": round(kept.hidden_share, 4), "indices": kept.hidden.tolist()},
         "heads": {
             "count": shape.heads, "of": config.num_attention_heads, "head_dim": shape.d_head,
             "per_source_layer": {str(i): kept.heads[i].tolist() for i in shape.layers},
@@ -482,9 +443,6 @@ def _metadata(config, architecture: str, layout: _Layout, shape: _Shape, kept: _
             "method": ffn_method, "kept": shape.intermediate, "of": config.intermediate_size,
             "score_share_kept_per_source_layer": {str(i): round(s, 4) for i, s in kept.ffn_share.items()},
         },
-        "method": method,
-        "calibration_sentences": kept.calibration_sentences,
-        "pooler": has_pooler,
-        "seconds": round(time.perf_counter() - started, 2),
-        "raydistill_version": __version__,
+        "method": method, "calibration_sentences": kept.calibration_sentences, "pooler": has_pooler,
+        "seconds": round(time.perf_counter() - started, 2), "raydistill_version": __version__,
     }

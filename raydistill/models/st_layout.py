@@ -5,9 +5,8 @@
 transformer's weights are, the pooling mode, ``max_seq_length``, ``do_lower_case``, the Dense layer and whether a
 Normalize module ends the chain), or None for a plain Hugging Face checkpoint (no ``modules.json``); a chain, pooling
 mode or activation raydistill cannot reproduce is an error naming the file and the field. ``write_json`` and
-``sentence_transformers_config`` write the files ``BiEncoder.save`` adds. ``raydistill.models.bi_encoder``
-re-exports the names other modules import (``transformer_directory``, ``read_sentence_transformers_layout``,
-``write_json``).
+``sentence_transformers_config`` gives the file ``BiEncoder.save`` adds. ``raydistill.models.bi_encoder``
+re-exports the names other modules import (``transformer_directory``, ``read_sentence_transformers_layout``).
 """
 
 from __future__ import annotations
@@ -21,18 +20,15 @@ import torch
 from safetensors.torch import load_file as load_safetensors
 from torch import Tensor, nn
 
-from raydistill.models.batching import config_error, read_json
+from raydistill.models.batching import config_error
+from raydistill.models.model_cache import read_json
 
 POOLING_MODES = ("mean", "cls")
 
 # Activation names we accept -> torch class. sentence-transformers stores the class's import path
 # ("torch.nn.modules.activation.Tanh") in 2_Dense/config.json and imports it on load.
-PROJECTION_ACTIVATIONS: dict[str, type[nn.Module]] = {
-    "tanh": nn.Tanh,
-    "identity": nn.Identity,
-    "relu": nn.ReLU,
-    "gelu": nn.GELU,
-}
+PROJECTION_ACTIVATIONS: dict[str, type[nn.Module]] = {"tanh": nn.Tanh, "identity": nn.Identity, "relu": nn.ReLU,
+                                                      "gelu": nn.GELU}
 
 # sentence-transformers' legacy pooling flags (every release up to 6.x reads them) -> our mode name.
 LEGACY_POOLING_FLAGS = {
@@ -90,9 +86,8 @@ def read_pooling_mode(config_path: Path) -> str:
         mode = active[0] if active else "mean"
         field = next((key for key in LEGACY_POOLING_FLAGS if config.get(key)), "pooling_mode_mean_tokens")
     if mode not in POOLING_MODES:
-        raise config_error(
-            config_path, field, f"pooling mode {mode!r} is not supported; raydistill reads {POOLING_MODES}"
-        )
+        raise config_error(config_path, field,
+                           f"pooling mode {mode!r} is not supported; raydistill reads {POOLING_MODES}")
     return mode
 
 
@@ -106,22 +101,16 @@ def read_dense_layer(dense_dir: Path) -> DenseLayer:
     activation_path = config.get("activation_function", "torch.nn.modules.activation.Tanh")
     activation = "identity" if activation_path is None else str(activation_path).rsplit(".", 1)[-1].lower()
     if activation not in PROJECTION_ACTIVATIONS:
-        raise config_error(
-            config_path, "activation_function", f"{activation_path!r} is not one of {sorted(PROJECTION_ACTIVATIONS)}"
-        )
+        raise config_error(config_path, "activation_function",
+                           f"{activation_path!r} is not one of {sorted(PROJECTION_ACTIVATIONS)}")
     if (dense_dir / "model.safetensors").is_file():
         weights = load_safetensors(str(dense_dir / "model.safetensors"))
     elif (dense_dir / "pytorch_model.bin").is_file():
         weights = torch.load(dense_dir / "pytorch_model.bin", map_location="cpu", weights_only=True)
     else:
         raise FileNotFoundError(f"{dense_dir}: Dense layer without model.safetensors or pytorch_model.bin")
-    return DenseLayer(
-        in_features=config["in_features"],
-        out_features=config["out_features"],
-        bias=bool(config.get("bias", True)),
-        activation=activation,
-        weights=weights,
-    )
+    return DenseLayer(in_features=config["in_features"], out_features=config["out_features"],
+                      bias=bool(config.get("bias", True)), activation=activation, weights=weights)
 
 
 def read_sentence_transformers_layout(directory: Path) -> SentenceTransformersLayout | None:
@@ -133,17 +122,10 @@ def read_sentence_transformers_layout(directory: Path) -> SentenceTransformersLa
     if not isinstance(modules, list):
         raise ValueError(f"{modules_path}:1: expected a JSON list of modules, got {type(modules).__name__}")
     kinds = [str(entry.get("type", "")).rsplit(".", 1)[-1] for entry in modules]
-    supported = (
-        len(kinds) >= 2
-        and kinds[:2] == ["Transformer", "Pooling"]
-        and kinds[2:] in ([], ["Dense"], ["Normalize"], ["Dense", "Normalize"])
-    )
-    if not supported:
-        raise config_error(
-            modules_path,
-            "type",
-            f"module chain {kinds} is not supported; raydistill reads Transformer, Pooling [, Dense] [, Normalize]",
-        )
+    if kinds[:2] != ["Transformer", "Pooling"] or kinds[2:] not in ([], ["Dense"], ["Normalize"],
+                                                                     ["Dense", "Normalize"]):
+        raise config_error(modules_path, "type", f"module chain {kinds} is not supported; raydistill reads "
+                                                 "Transformer, Pooling [, Dense] [, Normalize]")
     paths = [directory / str(entry.get("path", "")) for entry in modules]
     transformer_dir, pooling_dir = paths[0], paths[1]
 
@@ -157,12 +139,9 @@ def read_sentence_transformers_layout(directory: Path) -> SentenceTransformersLa
         do_lower_case = bool(st_config.get("do_lower_case", False))
 
     return SentenceTransformersLayout(
-        transformer_dir=transformer_dir,
-        pooling=read_pooling_mode(pooling_dir / "config.json"),
-        max_seq_length=max_seq_length,
-        do_lower_case=do_lower_case,
-        dense=read_dense_layer(paths[2]) if "Dense" in kinds else None,
-        normalize="Normalize" in kinds,
+        transformer_dir=transformer_dir, pooling=read_pooling_mode(pooling_dir / "config.json"),
+        max_seq_length=max_seq_length, do_lower_case=do_lower_case,
+        dense=read_dense_layer(paths[2]) if "Dense" in kinds else None, normalize="Normalize" in kinds,
     )
 
 
@@ -170,12 +149,6 @@ def transformer_directory(directory: Path) -> Path:
     """Where the Hugging Face weights of a checkpoint live (an ST directory may keep them in a subfolder)."""
     layout = read_sentence_transformers_layout(directory)
     return layout.transformer_dir if layout is not None else directory
-
-
-def write_json(path: Path, content: Any) -> None:
-    from raydistill.fileio import atomic_write_json
-
-    atomic_write_json(path, content)
 
 
 def sentence_transformers_config() -> dict[str, Any]:

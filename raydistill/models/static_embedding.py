@@ -48,10 +48,8 @@ from __future__ import annotations
 import copy
 import hashlib
 import inspect
-import json
 import logging
 import re
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -65,6 +63,8 @@ from torch import Tensor, nn
 
 from raydistill import __version__
 from raydistill.fileio import atomic_write_json, file_sha256
+from raydistill.models.model_cache import _transformer_dir, read_json
+from raydistill.models.progress import Progress
 
 logger = logging.getLogger(__name__)
 
@@ -114,8 +114,7 @@ class StaticConfig:
     max_position_embeddings = None  # no positions: the length limit is the tokenizer's truncation
 
     def __init__(self, vocab_size: int, hidden_size: int):
-        self.vocab_size = vocab_size
-        self.hidden_size = hidden_size
+        self.vocab_size, self.hidden_size = vocab_size, hidden_size
 
 
 @dataclass
@@ -147,18 +146,11 @@ class StaticEmbeddingModel(nn.Module):
 # Directory format
 
 
-def _read_json(path: Path) -> Any:
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as error:
-        raise ValueError(f"{path}:{error.lineno}: invalid JSON: {error.msg}") from None
-
-
 def _modules(directory: Path) -> list[dict[str, Any]] | None:
     path = Path(directory) / "modules.json"
     if not path.is_file():
         return None
-    modules = _read_json(path)
+    modules = read_json(path)
     return modules if isinstance(modules, list) and modules and isinstance(modules[0], dict) else None
 
 
@@ -243,7 +235,7 @@ def read_static_directory(directory: str | Path) -> tuple[StaticEmbeddingModel, 
     if weight.shape[0] != len(tokenizer):
         raise ValueError(f"{weights_path}: the table has {weight.shape[0]} rows but the tokenizer in {module_dir} "
                          f"has {len(tokenizer)} tokens")
-    truncation = (_read_json(module_dir / "tokenizer.json").get("truncation") or {}) \
+    truncation = (read_json(module_dir / "tokenizer.json").get("truncation") or {}) \
         if (module_dir / "tokenizer.json").is_file() else {}
     max_length = truncation.get("max_length") if isinstance(truncation, dict) else None
     return StaticEmbeddingModel(weight.float()), tokenizer, max_length, "Normalize" in kinds
@@ -267,47 +259,6 @@ def directory_fingerprint(directory: str | Path) -> str:
     return digest.hexdigest()
 
 
-def _transformer_dir(directory: Path) -> Path:
-    """Where a sentence-transformers teacher keeps its Hugging Face weights (its first module's folder)."""
-    modules = _modules(directory)
-    if modules and str(modules[0].get("type", "")).endswith("Transformer") and modules[0].get("path"):
-        return directory / modules[0]["path"]
-    return directory
-
-
-class _ProgressLine:
-    """tqdm when installed, else one self-overwriting stderr line: a minutes-long init must show it is alive."""
-
-    def __init__(self, total: int, description: str, enabled: bool):
-        self.total, self.done, self.description, self.enabled = total, 0, description, enabled
-        self.started = time.perf_counter()
-        self.bar = None
-        if enabled:
-            try:
-                from tqdm.auto import tqdm
-
-                self.bar = tqdm(total=total, desc=description, unit="batch")
-            except ImportError:
-                pass
-
-    def update(self) -> None:
-        self.done += 1
-        if not self.enabled:
-            return
-        if self.bar is not None:
-            self.bar.update(1)
-            return
-        elapsed = time.perf_counter() - self.started
-        sys.stderr.write(f"\r{self.description}: {self.done}/{self.total} batches, {elapsed:.0f}s")
-        if self.done == self.total:
-            sys.stderr.write("\n")
-        sys.stderr.flush()
-
-    def close(self) -> None:
-        if self.bar is not None:
-            self.bar.close()
-
-
 @torch.inference_mode()
 def teacher_token_vectors(transformer, tokenizer, *, batch_size: int = INIT_BATCH_SIZE,
                           progress: bool = True) -> np.ndarray:
@@ -324,7 +275,8 @@ def teacher_token_vectors(transformer, tokenizer, *, batch_size: int = INIT_BATC
     device = next(transformer.parameters()).device
     out = np.zeros((vocab_size, transformer.config.hidden_size), dtype=np.float64)
     starts = range(0, vocab_size, batch_size)
-    bar = _ProgressLine(len(starts), "static init: teacher tokens", progress)
+    # a minutes-long init must show it is alive: its bar stays, its seconds are whole
+    bar = Progress(len(starts), "static init: teacher tokens", progress, leave=True, decimals=0)
     try:
         for start in starts:
             batch = inputs[start:start + batch_size].to(device)  # [b, 3]
@@ -381,7 +333,7 @@ def build_static_student(teacher_dir: str | Path, target: str | Path, dim: int, 
     if is_static_directory(teacher_dir):
         raise ValueError(f"{teacher_dir} is a static model: a static student is initialised from a transformer "
                          "teacher's outputs")
-    transformer_dir = _transformer_dir(teacher_dir)
+    transformer_dir = _transformer_dir(teacher_dir)  # a sentence-transformers teacher's first module's folder
     started = time.perf_counter()
     model = AutoModel.from_pretrained(transformer_dir, local_files_only=True, dtype=torch.float32).eval()
     tokenizer = AutoTokenizer.from_pretrained(transformer_dir, local_files_only=True)
@@ -399,9 +351,7 @@ def build_static_student(teacher_dir: str | Path, target: str | Path, dim: int, 
     seconds = time.perf_counter() - started
     logger.info("Static student %d wide from %s: %d token vectors in %.0f s", dim, teacher_dir, len(table), seconds)
     return {
-        "preset": f"{STATIC_NAME}:{dim}",
-        "derived_from": teacher or str(teacher_dir),
-        "source_path": str(teacher_dir),
+        "preset": f"{STATIC_NAME}:{dim}", "derived_from": teacher or str(teacher_dir), "source_path": str(teacher_dir),
         "method": STATIC_RECIPE,
         "static": {"dim": dim, "vocab_size": len(table), "teacher_width": int(model.config.hidden_size),
                    "sif_coefficient": SIF_COEFFICIENT, "init_seconds": round(seconds, 1)},

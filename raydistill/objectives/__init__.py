@@ -1,8 +1,8 @@
 """Distillation objectives, the instance queue and their shared math: pure torch, no Ray.
 
-Every loss is an ``nn.Module``: ``loss_module(features: dict[str, Tensor], labels=None) -> LossOutput``.
-Inputs are embeddings or logits under the keys each loss documents; teacher and reference inputs are detached
-inside the loss. Queue-based losses update their queue inside ``forward``, after the logits, before backward.
+Every loss is an ``nn.Module``, ``loss_module(features: dict[str, Tensor], labels=None) -> LossOutput``, over
+embeddings or logits under the keys it documents (teacher and reference inputs detached inside); queue losses
+update their queue inside ``forward``, after the logits, before backward.
 
 | module | losses | paper |
 |---|---|---|
@@ -29,33 +29,9 @@ from raydistill.objectives.pairs import CosineMSELoss
 from raydistill.objectives.queue import InstanceQueue
 from raydistill.objectives.sct import SCTDistillLoss, SCTLoss
 from raydistill.objectives.simcse import SimCSELoss
-from raydistill.objectives.trans_encoder import (
-    SoftBCELoss,
-    average_pseudo_labels,
-    cosine_to_target,
-)
+from raydistill.objectives.trans_encoder import SoftBCELoss, average_pseudo_labels, cosine_to_target
 
-__all__ = [
-    "CKDLoss",
-    "ConGenCKDLoss",
-    "ConGenLoss",
-    "CosineMSELoss",
-    "DvBERTLoss",
-    "InstanceQueue",
-    "L2DistillLoss",
-    "LearnableScale",
-    "LogitCrossEntropyLoss",
-    "LossOutput",
-    "SCTDistillLoss",
-    "SCTLoss",
-    "SimCSELoss",
-    "SoftBCELoss",
-    "SoftmaxClassifierLoss",
-    "SupervisedSimCSELoss",
-    "TeacherAnnealing",
-    "annealed_target",
-    "average_pseudo_labels",
-    "build_nli_triplets",
-    "cosine_to_target",
-    "load_nli_triplets",
-]
+__all__ = ["CKDLoss", "ConGenCKDLoss", "ConGenLoss", "CosineMSELoss", "DvBERTLoss", "InstanceQueue", "L2DistillLoss",
+           "LearnableScale", "LogitCrossEntropyLoss", "LossOutput", "SCTDistillLoss", "SCTLoss", "SimCSELoss",
+           "SoftBCELoss", "SoftmaxClassifierLoss", "SupervisedSimCSELoss", "TeacherAnnealing", "annealed_target",
+           "average_pseudo_labels", "build_nli_triplets", "cosine_to_target", "load_nli_triplets"]

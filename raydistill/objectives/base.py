@@ -50,12 +50,8 @@ def take_optional(features: dict[str, Tensor], key: str, owner: str, *, ndim: in
 
 
 def frozen(tensor: Tensor) -> Tensor:
-    """A teacher / reference input with no path back to any graph.
-
-    Teacher vectors normally arrive as constants and reference vectors are computed under ``no_grad``, but a
-    caller that forgets would silently train the teacher side too (the target would chase the prediction), so
-    every such input goes through here: detached, whatever the caller did.
-    """
+    """A teacher / reference input, detached whatever the caller did: a caller that forgot ``no_grad`` would
+    silently train the teacher side too (the target would chase the prediction)."""
     return tensor.detach()
 
 

@@ -24,14 +24,11 @@ __all__ = ["CKDLoss", "LearnableScale"]
 class LearnableScale(nn.Module):
     """The logit scale s = 1/τ of an InfoNCE, fixed or learned as ``log s`` (as CLIP and DistilCSE do).
 
-    Learned, it is clamped to ``[min_scale, max_scale]`` in the forward pass (default [1, 100], i.e.
-    τ ∈ [0.01, 1]; 100 is CLIP's cap). DistilCSE learns it without any bound, and a scale that keeps growing
-    turns the softmax into an argmax and the loss into a spike (docs/methods.md, DistilCSE); with the clamp the
-    gradient is zero beyond a bound, so the parameter stops there.
-
-    A learned scale must START strictly inside the bounds: at a bound the clamp's gradient is zero, so a scale
-    started there never moves (a ``temperature: 1.0`` meant as "log-scale 1" started CKD at s = 1, the floor, a
-    near-uniform softmax for the whole run). Such a start is refused.
+    Learned, it is clamped to ``[min_scale, max_scale]`` in the forward pass (default [1, 100], i.e. τ ∈ [0.01, 1];
+    100 is CLIP's cap): DistilCSE's unbounded scale keeps growing, turning the softmax into an argmax and the loss
+    into a spike (docs/methods.md, DistilCSE); beyond a bound the clamp's gradient is zero, so the parameter stops.
+    Hence a learned scale must START strictly inside the bounds, or it never moves (a ``temperature: 1.0`` meant as
+    "log-scale 1" started CKD at s = 1, the floor: a near-uniform softmax for the whole run). Such a start is refused.
     """
 
     def __init__(self, temperature: float, learnable: bool, min_scale: float = 1.0, max_scale: float = 100.0):
@@ -81,32 +78,23 @@ class CKDLoss(nn.Module):
     labels: unused (the positive of row i is key i).
     parts: ``infonce``, ``scale`` (s), ``mse`` when ``mse_weight > 0``, ``queue_fill``.
 
-    The student must output D: a narrower encoder is built with ``projection_dim=D`` (the authors' trainable
-    ``Linear(768 → 1024)``, a plain Linear: the runtime builds CKD's projection without an activation). The
-    authors do not save that layer and evaluate the backbone's own output; the runtime's student keeps it as a
-    Dense module (as ConGen/SCT do) — a difference of the runtime, not of this loss.
+    The student must output D: a narrower encoder gets ``projection_dim=D`` (the authors' plain trainable
+    ``Linear(768 → 1024)``, which they do not save; the runtime's student keeps it as a Dense module).
 
-    Deliberate deviations from the authors' code (docs/methods.md, DistilCSE):
-    - ``temperature`` is τ (logits = cos/τ). The authors' script learns ``log s`` from ``--temp 1`` with
-      ``--temp_exp 1``, i.e. s = e at start: pass ``temperature=math.exp(-1)`` (≈ 0.3679, the default here) to
-      match it.
-    - The learned scale is clamped (authors: unbounded).
-    - The queue is an in-place ring buffer on the training device and part of state_dict (authors: rebuilt on the
-      CPU and copied to the GPU every step; not checkpointed). It starts empty as theirs does.
-    - The teacher side is a constant here (the authors' teacher runs in train mode, dropout on, because of a
-      ``require_grad`` typo; a faithful noisy teacher is the caller's choice of teacher vectors).
-    - One queue for all learners when the runtime shares it (authors: a different queue per GPU).
-    - Same-group keys are not negatives (``mask_same_group``; rows without a group are unaffected). On captions,
-      another caption of the same image, or the sentence's own teacher vector from an earlier epoch, would
-      otherwise be a negative the student must push away from its positive.
+    Deliberate deviations from the authors' code (docs/methods.md, DistilCSE, says why):
+    - ``temperature`` is τ (logits = cos/τ); the authors learn ``log s`` from ``--temp 1 --temp_exp 1``, s = e at
+      start, which the default ``temperature=math.exp(-1)`` matches. A learned scale is clamped (theirs: unbounded).
+    - The queue is an in-place ring buffer in state_dict (theirs: rebuilt on the CPU and copied to the GPU every
+      step; not checkpointed), starting empty as theirs, and one queue for all learners (theirs: one per GPU).
+    - The teacher side is a constant (theirs runs with dropout on, because of a ``require_grad`` typo).
+    - Same-group keys are not negatives (``mask_same_group``): on captions, another caption of the same image or
+      the sentence's own teacher vector from an earlier epoch would be a negative to push away from the positive.
 
     Args:
         queue_size: K (script 65536; code default 50000). 0 = no queue (in-batch negatives only).
-        temperature: initial τ. learnable_temperature: learn s (authors) or keep τ fixed.
-        min_scale, max_scale: clamp of a learned s.
-        mse_weight: weight of the optional MSE term (authors' ``--mse 1``; off in their script).
-        mask_same_group: drop same-group keys when the features carry ``"group"``.
-        dim: D, the teacher dim. queue: an existing InstanceQueue (e.g. a shared-queue client).
+        temperature: initial τ. learnable_temperature: learn s (authors) or keep τ fixed. min_scale, max_scale:
+            clamp of a learned s. mse_weight: weight of the optional MSE term (authors' ``--mse 1``; off in their
+            script). dim: D, the teacher dim. queue: an existing InstanceQueue (e.g. a shared-queue client).
     """
 
     def __init__(self, queue_size: int = 65536, temperature: float = math.exp(-1.0), learnable_temperature: bool = True,
@@ -141,8 +129,11 @@ class CKDLoss(nn.Module):
         if self.queue is not None and len(self.queue) > 0:
             logits.append(self.queue.scores(queries))  # [B, K_filled], negatives only
             targets.append(None)
-        if groups is not None:
-            logits = [self._masked(z, self._same_group_mask(groups, block)) for block, z in enumerate(logits)]
+        if groups is not None:  # [B, C] bool per block: key j shares row i's group
+            masks = [same_group_in_batch(groups)] + ([self.queue.same_group(groups)] if len(logits) > 1 else [])
+            # Out of place: these logits carry the graph to the student (and the learned scale).
+            logits = [z.masked_fill(m.to(z.device), MASKED_LOGIT) if bool(m.any()) else z
+                      for z, m in zip(logits, masks)]
         infonce = soft_cross_entropy(logits, targets).mean()
         loss = infonce
         parts = {"infonce": float(infonce.detach()), "scale": float(scale.detach())}
@@ -154,12 +145,3 @@ class CKDLoss(nn.Module):
             parts["queue_fill"] = min(self.queue.size, len(self.queue) + batch) / self.queue.size
             self.queue.enqueue(keys, row_groups)  # after the logits, before backward; no queue read after this
         return LossOutput(loss, parts)
-
-    def _same_group_mask(self, groups: Tensor, block: int) -> Tensor:
-        """[B, C] bool: key j of logit block ``block`` (0: the batch, 1: the queue) shares row i's group."""
-        return self.queue.same_group(groups) if block == 1 else same_group_in_batch(groups)
-
-    @staticmethod
-    def _masked(logits: Tensor, mask: Tensor) -> Tensor:
-        # Out of place: these logits carry the graph to the student (and the learned scale).
-        return logits.masked_fill(mask.to(logits.device), MASKED_LOGIT) if bool(mask.any()) else logits

@@ -22,69 +22,54 @@ __all__ = ["ConGenLoss"]
 class ConGenLoss(nn.Module):
     r"""ConGen (Limkonchotiwat et al., Findings of EMNLP 2022, ACL Anthology 2022.findings-emnlp.483).
 
-    The teacher embeds the control view x₁ of each sentence; the student embeds both views x₁ (control) and x₂
-    (generalisation, another augmentation of the same sentence). Over the candidates Q = queue ++ current
-    teacher batch (the batch appended LAST), the student's similarity distributions must match the teacher's:
+    The teacher embeds the control view x₁ of each sentence; the student embeds x₁ (control) and x₂
+    (generalisation, another augmentation of the same sentence). Over the candidates Q = queue ++ current teacher
+    batch (appended LAST), the student's similarity distributions must match the teacher's:
 
         t   = norm(teacher(x₁))                      [B, D]   constant
         c   = norm(student(x₁)),  g = norm(student(x₂))       [B, D]   with grad
         P_T = softmax(t·Qᵀ / τ_T)                    [B, K+B]
         L   = α · CE(P_T, softmax(c·Qᵀ / τ_S)) + (1 − α) · CE(P_T, softmax(g·Qᵀ / τ_S))
 
-    CE is summed over the K+B candidates and averaged over the batch. After the logits, the teacher batch is
-    enqueued (FIFO, the oldest B rows drop out), before ``backward``.
+    CE is summed over the K+B candidates and averaged over the batch. After the logits, before ``backward``, the
+    teacher batch is enqueued (FIFO, the oldest B rows drop out).
 
     features:
         ``"student_control"``    [B, D]  student(x₁), with grad (not necessarily normalised)
         ``"student_generalize"`` [B, D]  student(x₂), with grad
         ``"teacher"``            [B, D]  teacher(x₁); detached here whatever the caller passed
-        ``"group"``              [B]     optional int64 group ids of the sentences (the image of a caption);
-                                         with ``mask_same_group``, candidates of a row's own group other than its
-                                         positive are dropped from its softmax, for the teacher and both views
+        ``"group"``              [B]     optional int64 group ids (the image of a caption): with
+                                         ``mask_same_group``, a row's own-group candidates other than its positive
+                                         leave its softmax, for the teacher and both views
     labels: unused.
     parts: ``con``, ``gen`` (the two CE terms), ``queue_fill`` (rows in the queue, as a fraction of K).
 
-    Dimensions: the student must output the teacher's dim D. When its encoder is narrower, the projection
-    ``Linear(d_s → D) + tanh`` belongs to the student model (``BiEncoder.from_pretrained(path,
-    projection_dim=D)``, saved with it, as the authors' ``Dense`` module), not to this loss; the runtime builds
-    the student that way (``MethodSpec.build_student``). A mismatch raises an error that says so.
+    The student must output the teacher's dim D: a narrower encoder's ``Linear(d_s → D) + tanh`` belongs to the
+    student model (``projection_dim=D``, saved with it, as the authors' ``Dense``; ``MethodSpec.build_student``).
 
-    Deliberate deviations from the authors' code (docs/methods.md, ConGen):
+    Deliberate deviations from the authors' code (docs/methods.md, ConGen, says why at length):
     - α is a parameter (default 0.5 = the paper's best and the code's hard-coded value).
-    - Same-group candidates are masked (``mask_same_group``, on by default). The authors' generalisation view is a
-      back-translation, which is never a training row itself. Here it can be another caption of the same image,
-      c_j, which IS a training row; when t(c_j) sits among row i's candidates, the generalisation term asks
-      student(c_j) to rank t(c_i) far above t(c_j), against c_j's own control term. The queue rows carry their
-      sentence's group id, and a row's same-group candidates (its own earlier copy included) leave its softmax.
-      Rows without a group (id < 0) are never masked, so the authors' loss is unchanged for them.
-    - The queue is a ring buffer written in place, scored as [queue | batch] column blocks; no (K+B)×d concat
-      per step. Identical values (candidate order does not change a softmax). The teacher's and both student
-      views' logits come from one stacked GEMM, and the student gradient from ``query_soft_cross_entropy``
-      (bench/objectives.py: the loss is GEMM-bound, three B×K×D products per step).
-    - ``precision="bf16"`` computes the products against the queue in bfloat16 (see Args).
+    - Same-group candidates are masked (``mask_same_group``): the authors' generalisation view is a back-translation,
+      never a training row; here it can be a sibling caption c_j, which IS one, and t(c_j) among row i's candidates
+      would make the generalisation term fight c_j's own control term. Rows without a group (id < 0) are unmasked.
+    - The queue is a registered ring buffer (checkpointed), written in place and scored as [queue | batch] blocks;
+      the teacher's and both views' logits come from one stacked GEMM (bench/objectives.py: GEMM-bound).
     - Queue init: the runtime's default ``queue_init="teacher"`` is the authors' (teacher vectors of sampled
-      training sentences, put in by ``queue.init_from`` before step 1; here an empty queue until then); "random"
-      unit vectors otherwise. The authors also drop the sampled sentences from the training set; here they stay
-      (with a corpus smaller than K that would drop all of it), and the group mask keeps a row's own queued copy
-      out of its candidates instead.
-    - The queue is a registered buffer: checkpointed and resumable (the authors' is a plain attribute).
+      training sentences, filled by ``queue.init_from`` before step 1). The authors also drop the sampled sentences
+      from the training set; here they stay (a corpus smaller than K would lose all of it), and the group mask
+      keeps a row's own queued copy out of its candidates instead.
 
     Args:
         queue_size: K (paper Table 7: 1024–65536; authors' default 16534 is a typo for 16384).
         tau_teacher, tau_student: τ_T, τ_S (paper: 0.05/0.07 for most students, 0.05/0.05 for the tiniest).
-        dim: D, the teacher dim (= queue dim).
-        alpha: weight of the control term.
-        queue: an existing InstanceQueue (e.g. a shared-queue client); else one is created.
-        queue_init, queue_seed: init of the queue created here (see InstanceQueue).
-        mask_same_group: drop same-group candidates when the features carry ``"group"`` (see above).
-        precision: "fp32", or "bf16": the [3B, K] logits of the teacher and both student views against the queue
-            (and the student's gradient through them) come from bfloat16 products against a bf16 copy of the queue
-            that ``InstanceQueue`` keeps in step (no K×D cast per step); the products accumulate in fp32 and round
-            their output to bf16, and every softmax, P_T included, is computed in fp32 from them. The runtime passes
-            ``train.precision``. At K = 65536 those products are a third of an fp32 ConGen step on this CPU and
-            bf16 runs them ~4x faster on AVX512-BF16 (bench/train_step.py). What rounding does to the targets
-            (bench/precision.py, mpnet-base vectors of the job's captions, τ_T = 0.05): logits move by 0.003 on
-            average (0.036 at most), KL(P_T fp32 ‖ P_T bf16) = 1.1e-4 nats per row against an entropy of 3.7.
+        dim: D, the teacher dim (= queue dim). alpha: weight of the control term.
+        queue: an existing InstanceQueue (e.g. a shared-queue client), else one is created with ``queue_init``,
+            ``queue_seed``. mask_same_group: drop same-group candidates when the features carry ``"group"``.
+        precision: "fp32", or "bf16" (the runtime passes ``train.precision``): the [3B, K] logits against the queue
+            (and the student's gradient through them) come from bf16 products against ``InstanceQueue``'s bf16 copy
+            (fp32 accumulation, output rounded to bf16); every softmax is fp32. At K = 65536 those products are a
+            third of an fp32 step, ~4x faster in bf16 on AVX512-BF16 (bench/train_step.py); rounding moves logits
+            by 0.003 on average (bench/precision.py: KL(P_T fp32 ‖ P_T bf16) = 1.1e-4 nats per row, entropy 3.7).
     """
 
     def __init__(self, queue_size: int = 16384, tau_teacher: float = 0.05, tau_student: float = 0.07,

@@ -1,12 +1,9 @@
-"""ConGen + CKD: a weighted mix of the two queue distillation losses over ONE queue of teacher vectors.
+"""ConGen + CKD: a weighted mix of the two queue distillation losses over ONE queue of teacher vectors,
+``L = w · CKD + (1 − w) · ConGen`` (``ConGenCKDLoss`` gives the terms).
 
 A recipe lever of this package, not a method of any paper: the student learns ConGen's target (match the teacher's
 similarity distribution over the queue, for the control and the generalisation view) and CKD's (pick its own
 sentence's teacher vector out of the same candidates by InfoNCE) at once.
-
-    t = norm(teacher(x₁))                                  [B, D]   constant
-    c = student(x₁),  g = student(x₂)                      [B, D]   with grad
-    L = w · CKD(c, t; queue) + (1 − w) · ConGen(c, g, t; queue)
 
 Papers: ConGen, Limkonchotiwat et al., "ConGen: Unsupervised Control and Generalization Distillation For Sentence
 Representation", Findings of EMNLP 2022 (``congen.py``); CKD, stage 1 of Gao, Wu et al., "DistilCSE: Effective
@@ -32,9 +29,9 @@ __all__ = ["ConGenCKDLoss"]
 class _ScoredQueue:
     """A queue as one term of ``ConGenCKDLoss`` sees it: every read goes to the queue, ``enqueue`` does nothing.
 
-    Each parent loss enqueues the teacher batch itself. Two of them on one queue would enqueue it twice, and the
-    second term would score a queue that already holds the current batch (its positives as negatives): the write
-    of the first enqueue happens at the next read. ``ConGenCKDLoss`` enqueues once, after both terms' logits.
+    Two parent losses enqueueing on one queue would enqueue the batch twice, and the second term would score a
+    queue already holding the current batch (its positives as negatives: the first write happens at the next read).
+    ``ConGenCKDLoss`` enqueues once, after both terms' logits.
     """
 
     def __init__(self, queue: InstanceQueue):
@@ -67,10 +64,11 @@ class ConGenCKDLoss(nn.Module):
         queue ← newest K of (Q ++ t), after both terms' logits, before backward
 
     Both terms score the current teacher batch plus the same earlier teacher vectors, and both parents advance
-    their queue by the same normalised teacher batch, so one queue serves both: two private queues of equal K and
-    start would hold the same rows at every step. The terms are a ``ConGenLoss`` (``self.congen``) and a
-    ``CKDLoss`` (``self.ckd``, which holds the learnable scale) reading that queue; this module enqueues the batch
-    once. The CKD term sees the control view only, as CKD's student does.
+    their queue by the same normalised teacher batch, so one queue serves both (two private queues of equal K and
+    start would hold the same rows at every step). The terms are a ``ConGenLoss`` (``self.congen``) and a
+    ``CKDLoss`` (``self.ckd``, holding the learnable scale) reading that queue; this module enqueues the batch once.
+    The CKD term sees the control view only, as CKD's student does. At ``ckd_weight`` 0 the loss is
+    ``ConGenLoss``'s, at 1 ``CKDLoss``'s on the same queue; both terms are computed at every weight.
 
     features:
         ``"student_control"``    [B, D]  student(x₁), with grad
@@ -81,18 +79,11 @@ class ConGenCKDLoss(nn.Module):
     labels: unused.
     parts: ``ckd``, ``congen`` (the two terms), ``con``, ``gen`` (ConGen's), ``scale`` (CKD's s), ``queue_fill``.
 
-    At ``ckd_weight`` 0 the loss is ``ConGenLoss``'s, at 1 ``CKDLoss``'s on the same queue; both terms are computed
-    at every weight (the learned scale then gets a zero gradient at 0).
-
-    Args:
-        queue_size, tau_teacher, tau_student, alpha, precision: ConGen's (``ConGenLoss``); ``precision`` applies to
-            the ConGen term's products against the queue (CKD's are fp32).
-        ckd_weight: w, in [0, 1].
-        ckd_temperature, ckd_learnable_temperature, ckd_min_scale, ckd_max_scale: CKD's ``temperature`` (τ, the
-            start of s = 1/τ; default e^-1, DistilCSE's), ``learnable_temperature``, ``min_scale``, ``max_scale``.
-        dim: D, the teacher dim. queue: an existing InstanceQueue (e.g. a shared-queue client); else one is created
-            from ``queue_size``, ``queue_init``, ``queue_seed``.
-        mask_same_group: for both terms.
+    Args: ``queue_size``, ``tau_teacher``, ``tau_student``, ``alpha``, ``precision`` are ConGen's (``precision``:
+    the ConGen term's products against the queue; CKD's are fp32); ``ckd_temperature`` (τ, the start of s = 1/τ;
+    default e^-1, DistilCSE's), ``ckd_learnable_temperature``, ``ckd_min_scale``, ``ckd_max_scale`` are CKD's;
+    ``ckd_weight`` is w in [0, 1]; ``dim`` D; ``queue`` an existing InstanceQueue (e.g. a shared-queue client), else
+    one is created from ``queue_size``, ``queue_init``, ``queue_seed``; ``mask_same_group`` applies to both terms.
     """
 
     def __init__(self, queue_size: int = 16384, tau_teacher: float = 0.05, tau_student: float = 0.07,

@@ -24,11 +24,9 @@ NLI_LABELS = ("entailment", "neutral", "contradiction")
 
 
 class SupervisedSimCSELoss(nn.Module):
-    r"""Supervised SimCSE (Gao, Yao & Chen, EMNLP 2021, arXiv:2104.08821, Eq. 5), with hard negatives.
-
-    For anchors a, entailed hypotheses p (positives) and contradicted hypotheses n (hard negatives), all
-    L2-normalised, each anchor classifies its own positive among every positive and every hard negative of the
-    batch:
+    r"""Supervised SimCSE (Gao, Yao & Chen, EMNLP 2021, arXiv:2104.08821, Eq. 5), with hard negatives: for anchors
+    a, entailed hypotheses p (positives) and contradicted hypotheses n (hard negatives), all L2-normalised, each
+    anchor classifies its own positive among every positive and hard negative of the batch:
 
         L = −1/B Σ_i log( e^{s·a_i·p_i} / Σ_j (e^{s·a_i·p_j} + e^{s·a_i·n_j}) ),    s = 1/τ
 
@@ -39,9 +37,9 @@ class SupervisedSimCSELoss(nn.Module):
     labels: unused (the positive of anchor i is positive i).
     parts: ``infonce``, ``scale``.
 
-    Deviations: DistilCSE learns s (init 20, unbounded; ``learnable_temperature=True`` here learns it clamped to
+    Deviations: DistilCSE learns s (init 20, unbounded; ``learnable_temperature=True`` learns it clamped to
     [1, 100]); SimCSE keeps τ = 0.05 fixed, the default. DistilCSE all-gathers across GPUs; the runtime's learners
-    use their own batch (a batch of B per learner, as SimCSE on one GPU).
+    use their own batch (B per learner, as SimCSE on one GPU).
     """
 
     def __init__(self, tau: float = 0.05, learnable_temperature: bool = False, max_scale: float = 100.0):

@@ -107,17 +107,14 @@ class DvBERTLoss(SoftmaxClassifierLoss):
         y_i = λ(step) · onehot(gold_i) + (1 − λ(step)) · mean_k softmax(teacher_k(a_i, b_i))
         L   = mean_i CE(y_i, softmax(W [u_i; v_i; |u_i − v_i|]))
 
-    λ comes from ``TeacherAnnealing(total_steps)`` at the number of training-mode forward passes so far, kept in
-    the buffer ``steps_done`` (checkpointed with the loss, so a resumed run continues the schedule).
+    λ is ``TeacherAnnealing(total_steps)`` at the number of training-mode forward passes so far, kept in the buffer
+    ``steps_done`` (checkpointed with the loss, so a resumed run continues the schedule). The paper's loss,
+    Σ_k KL(λ·y + (1 − λ)·q_k ‖ p), has the same gradients times K (module docstring).
 
     features: ``"u"``, ``"v"`` [B, d] with grad; ``"teacher_logits"`` [B, T, C] (T cross-encoder teachers) or
         ``"teacher_probs"`` [B, C] (already averaged probabilities). Teacher inputs are detached here.
     labels: [B] gold class indices.
     parts: ``ce``, ``accuracy``, ``lambda``.
-
-    The paper's loss is Σ_k KL(λ·y + (1 − λ)·q_k ‖ p) over the K teachers; this CE against the mean target has the
-    same gradients divided by K (module docstring). The STS stage that follows is ``CosineMSELoss`` on gold
-    scores / 5.
     """
 
     def __init__(self, dim: int, total_steps: int, num_labels: int = 3):

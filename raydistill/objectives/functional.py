@@ -1,26 +1,23 @@
 """Softmax and cross-entropy over a candidate list given as column blocks, without concatenating anything.
 
-The queue-based objectives compare every row of a batch with C = K + B candidates: the K rows of an instance
-queue and the B rows of the current batch. Building ``concat(queue, batch)`` costs a (K+B)×d copy per step,
-and concatenating the two logit matrices a B×(K+B) copy; at K = 65536 either is as slow as the matmul it
-feeds. Here the logits stay as blocks ``[z¹ | z²]`` (``z¹ = q·queueᵀ`` [N, K], ``z² = q·batchᵀ`` [N, B]) and
-the row-wise reductions are combined exactly:
+The queue-based objectives compare every row of a batch with C = K + B candidates (an instance queue's K rows and
+the current batch's B). Concatenating the keys costs a (K+B)×d copy per step, the two logit matrices a B×(K+B) one:
+at K = 65536 either is as slow as the matmul it feeds. Here the logits stay blocks ``[z¹ | z²]`` (``z¹ = q·queueᵀ``
+[N, K], ``z² = q·batchᵀ`` [N, B]) and the row-wise reductions are combined exactly:
 
     logsumexp_j [z¹ | z²]_j      = logaddexp(logsumexp z¹, logsumexp z²)
     CE(p, log_softmax z)         = logsumexp_j z_j − Σ_j p_j z_j          (Σ_j p_j = 1)
     ∂CE/∂z_j                     = softmax(z)_j − p_j
 
-Temperatures are applied to the (small) query matrix before the matmul, ``(q / τ) · keysᵀ``, so no pass over
-the N×C logits is spent on scaling; a learnable scale gets its gradient through that product.
+Temperatures scale the (small) query matrix before the matmul, ``(q / τ) · keysᵀ``: no pass over the N×C logits
+is spent on scaling, and a learnable scale gets its gradient through that product.
 
-``soft_cross_entropy`` is a custom autograd function: its backward computes ``softmax − p`` in one buffer per
-block, where the composite ``log_softmax → mul → sum`` would allocate and traverse the N×C matrix several times.
-
-``query_soft_cross_entropy`` goes one step further for the queue losses, whose cost is three GEMMs of the batch
-against the K×d queue (teacher logits, student logits, student gradient) — 90 % of the loss's time on CPU
-(bench/objectives.py). The caller computes the teacher's and the student's logits in ONE stacked GEMM without a
-graph; this function then back-propagates to the student queries itself, ``∂L/∂q = (softmax − p)·keys``, writing
-``softmax − p`` over the saved logits in place (no N×C allocation in the backward).
+``soft_cross_entropy``'s backward computes ``softmax − p`` in one buffer per block, where the composite
+``log_softmax → mul → sum`` would allocate and traverse the N×C matrix several times. ``query_soft_cross_entropy``
+goes further for the queue losses, whose cost is three GEMMs of the batch against the K×d queue (teacher logits,
+student logits, student gradient: 90 % of the loss's time on CPU, bench/objectives.py): the caller computes the
+teacher's and the student's logits in ONE stacked GEMM without a graph, and this function back-propagates to the
+student queries itself, ``∂L/∂q = (softmax − p)·keys``, writing ``softmax − p`` over the saved logits in place.
 """
 
 from __future__ import annotations
@@ -47,14 +44,12 @@ def same_group_in_batch(row_groups: Tensor) -> Tensor:
 
 def mask_same_group_(queue_logits: Tensor | None, batch_logits: Tensor | None, queue_same: Tensor | None,
                      row_groups: Tensor) -> None:
-    """Drop, in place, the candidates of a row that come from its own group, except its own positive.
+    """Drop, in place, the candidates of a row that come from its own group, except its own positive (the diagonal
+    of the batch block). Why: with two captions of one image as two views, the sibling's own teacher vector among the
+    negatives asks the student to push apart what that sibling's own row (also a training row) pulls together.
 
-    ``queue_logits`` [V·B, K] and ``batch_logits`` [V·B, B] hold V stacked views of the same B rows (e.g. the teacher's
-    and the student's logits); ``queue_same`` [B, K] is ``InstanceQueue.same_group(row_groups)``; ``row_groups`` [B]
-    the rows' group ids (< 0: none). In the batch block the diagonal (the row's own teacher vector, the positive) is
-    kept and every other row of the same group is dropped. Why: with two captions of one image as two views, the
-    sibling's own teacher vector among the negatives asks the student to push apart what that sibling's own row
-    pulls together (the sibling is also a training row).
+    ``queue_logits`` [V·B, K] and ``batch_logits`` [V·B, B] hold V stacked views of the same B rows (e.g. teacher and
+    student logits); ``queue_same`` [B, K] is ``InstanceQueue.same_group(row_groups)``; ``row_groups`` [B] (< 0: none).
     """
     rows = row_groups.shape[0]
     if queue_logits is not None and queue_same is not None and queue_logits.shape[1] > 0 and bool(queue_same.any()):
@@ -70,12 +65,12 @@ def mask_same_group_(queue_logits: Tensor | None, batch_logits: Tensor | None, q
 class Workspace:
     """Large per-step tensors kept from one step to the next, by name.
 
-    A queue loss needs the same [N, K] buffers every step (96 MiB of logits at N = 384, K = 65536). A fresh
-    allocation of that size is new memory to the kernel, and on CPU its page faults cost more than the arithmetic
-    done in it (a bf16 → fp32 copy of those logits takes 6x as long into new memory as into a reused buffer:
-    results/bench-step_costs.json). GPUs have a caching allocator; here the loss keeps its buffers. A buffer is handed out again at the
-    next ``get`` of its name, so what was written in it must be consumed by then (queue losses are: the backward
-    runs before the next forward); autograd's version check would catch a saved buffer overwritten too early.
+    A queue loss needs the same [N, K] buffers every step (96 MiB of logits at N = 384, K = 65536). On CPU the page
+    faults of a fresh allocation that size cost more than the arithmetic done in it (a bf16 → fp32 copy of those
+    logits takes 6x as long into new memory as into a reused buffer: results/bench-step_costs.json); GPUs have a
+    caching allocator. A buffer is handed out again at the next ``get`` of its name, so what was written in it must
+    be consumed by then (the backward runs before the next forward); autograd's version check catches a saved buffer
+    overwritten too early.
     """
 
     def __init__(self) -> None:
@@ -141,11 +136,9 @@ def softmax_blocks_(blocks: list[Tensor], *, with_neg_entropy: bool = False) -> 
     """Softmax over the concatenated ``blocks`` (target / teacher side, no gradient), computed IN PLACE.
 
     Returns (probability blocks, Σ_j p_j log p_j per row or None). The blocks must be fresh tensors the caller
-    owns (the outputs of a matmul under ``no_grad``); they are overwritten and returned as the probabilities. With
-    ``with_neg_entropy`` Σ p log p is accumulated on the way (needed to report a KL rather than a CE).
-
-    One exp per element: per row chunk, ``e = exp(z − max)`` is written over the logits and divided by ``Σ e``
-    while the chunk is in cache (a logsumexp first and then ``exp(z − lse)`` would take two).
+    owns (a matmul's output under ``no_grad``): they are overwritten with the probabilities. ``with_neg_entropy``
+    accumulates Σ p log p on the way (to report a KL rather than a CE). One exp per element: per row chunk,
+    ``e = exp(z − max)`` is written over the logits and divided by ``Σ e`` while the chunk is in cache.
     """
     if any(block.requires_grad for block in blocks):
         raise ValueError("softmax_blocks_ is for the target side: compute its logits under torch.no_grad()")
@@ -231,11 +224,10 @@ class _BlockSoftCrossEntropy(torch.autograd.Function):
 def soft_cross_entropy(logits: Sequence[Tensor], targets: Sequence[Tensor | None]) -> Tensor:
     """Per-row cross-entropy ``−Σ_j p_j log softmax(z)_j`` over the concatenated column blocks → [N].
 
-    ``logits``: blocks [N, C_b] (temperature already applied), with gradients.
-    ``targets``: one per block, [N, C_b] or [R, C_b] with R dividing N (shared by the stacked views), or None
-    for a block that carries no target mass. Each row of the concatenated target must sum to 1 (a softmax
-    output, or a one-hot index expressed as an identity block); this is the caller's invariant and not checked
-    per step (it would cost a pass over N×C).
+    ``logits``: blocks [N, C_b] (temperature already applied), with gradients. ``targets``: one per block, [N, C_b]
+    or [R, C_b] with R dividing N (shared by the stacked views), or None for a block without target mass. Each row of
+    the concatenated target must sum to 1 (a softmax, or a one-hot as an identity block): the caller's invariant,
+    not checked per step (it would cost a pass over N×C).
     """
     if len(logits) != len(targets):
         raise ValueError(f"soft_cross_entropy: {len(logits)} logit blocks but {len(targets)} target blocks")
@@ -258,18 +250,15 @@ class _QuerySoftCrossEntropy(torch.autograd.Function):
 
     Inputs: the queries q [N, d] (with grad), then per block the keys kᵇ [C_b, d], the logits zᵇ = q·kᵇᵀ [N, C_b]
     computed by the caller without a graph (overwritten here) and the targets pᵇ (or None; fewer rows than N =
-    shared by stacked views, as in ``_BlockSoftCrossEntropy``).
-
-    One pass over the logits in the forward, chunk by chunk while a chunk is in cache: Σ p·z, then
-    ``e = exp(z − m)`` written over z and ``s = Σ e`` (CE = m + log s − Σ p·z). The backward reuses those
-    exponentials, ``softmax − p = e / s − p``, so every logit goes through one exp per step, not two.
+    shared by stacked views). The forward makes one pass over the logits, chunk by chunk while in cache: Σ p·z, then
+    ``e = exp(z − m)`` written over z and ``s = Σ e`` (CE = m + log s − Σ p·z); the backward reuses those
+    exponentials, ``softmax − p = e / s − p``: one exp per logit per step, not two.
     """
 
     @staticmethod
     def forward(ctx, queries: Tensor, workspace: Workspace | None, num_blocks: int, *tensors):
-        keys = tensors[:num_blocks]
-        logits = [z for z in tensors[num_blocks: 2 * num_blocks] if z.shape[1] > 0]
-        targets = [p for z, p in zip(tensors[num_blocks: 2 * num_blocks], tensors[2 * num_blocks:]) if z.shape[1] > 0]
+        kept = [i for i in range(num_blocks) if tensors[num_blocks + i].shape[1] > 0]  # blocks with candidates
+        keys, logits, targets = ([tensors[part * num_blocks + i] for i in kept] for part in range(3))
         if not logits:
             raise ValueError("query_soft_cross_entropy: every block is empty (no candidates)")
         rows = logits[0].shape[0]
@@ -284,7 +273,7 @@ class _QuerySoftCrossEntropy(torch.autograd.Function):
                     cross[start:stop] += rowwise_dot(z, p[start % p.shape[0]:start % p.shape[0] + stop - start])
             row_max, exp_sum[start:stop], _ = _exp_shifted_(chunks)
             lse[start:stop] = row_max + exp_sum[start:stop].log()
-        ctx.keys = [k for k, z in zip(keys, tensors[num_blocks: 2 * num_blocks]) if z.shape[1] > 0]
+        ctx.keys = keys
         ctx.workspace = workspace
         ctx.has_target = [p is not None for p in targets]
         ctx.save_for_backward(exp_sum, *logits, *[p for p in targets if p is not None])

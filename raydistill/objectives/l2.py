@@ -21,19 +21,16 @@ class L2DistillLoss(nn.Module):
     ``normalize=False``.
 
     features:
-        ``"student"``  [B, D]  student(x) with grad (projected to D by the student when its width differs:
-                               ``BiEncoder.from_pretrained(path, projection_dim=D)``)
+        ``"student"``  [B, D]  student(x) with grad (projected to D by the student when its width differs)
         ``"teacher"``  [B, D]  teacher(x), detached here
     labels: unused.
     parts: ``mse``, ``cosine`` (mean student–teacher cosine, for monitoring).
 
-    Args:
-        normalize: compare L2-normalised vectors (default) or the raw ones (Reimers & Gurevych; DistilCSE's
-            ``--mse`` term). Deliberate deviation: the runtime delivers teacher vectors L2-normalised (its
-            embedding cache), and a student with a tanh projection has a norm of several units; raw MSE against
-            unit vectors is then dominated by shrinking the student towards the mean teacher vector. Measured
-            (tests/test_objectives_training.py setup, 96 steps, MiniLM-L6 teacher): held-out student–teacher
-            Spearman went 0.095 → 0.005 with raw vectors and 0.095 → 0.28 with normalised ones.
+    ``normalize`` (default) is a deliberate deviation from the raw MSE (Reimers & Gurevych; DistilCSE's ``--mse``):
+    the runtime's teacher vectors are L2-normalised (its embedding cache) and a student with a tanh projection has a
+    norm of several units, so raw MSE is dominated by shrinking the student towards the mean teacher vector.
+    Measured (tests/test_objectives_training.py setup, 96 steps, MiniLM-L6 teacher): held-out student–teacher
+    Spearman went 0.095 → 0.005 with raw vectors and 0.095 → 0.28 with normalised ones.
     """
 
     def __init__(self, normalize: bool = True):
@@ -44,8 +41,7 @@ class L2DistillLoss(nn.Module):
         student = take(features, "student", "L2DistillLoss")
         teacher = frozen(take(features, "teacher", "L2DistillLoss"))
         check_same_rows("L2DistillLoss", student=student, teacher=teacher)
-        check_dim("L2DistillLoss", teacher.shape[1], " (give the student projection_dim=teacher dim)",
-                  student=student)
+        check_dim("L2DistillLoss", teacher.shape[1], " (give the student projection_dim=teacher dim)", student=student)
         if self.normalize:
             student, teacher = F.normalize(student, dim=1), F.normalize(teacher, dim=1)
         loss = F.mse_loss(student, teacher.to(student.dtype))

@@ -17,9 +17,8 @@ __all__ = ["CosineMSELoss"]
 class CosineMSELoss(nn.Module):
     r"""``L = mean_i (cos(u_i, v_i) − y_i)²`` (sentence-transformers' CosineSimilarityLoss, MSE form).
 
-    features:
-        ``"u"``, ``"v"``  [B, d]  the two sentences' embeddings, with grad (aliases ``"embeddings_a"``,
-                                  ``"embeddings_b"``, the names Trans-Encoder's learner uses)
+    features: ``"u"``, ``"v"`` [B, d], the two sentences' embeddings, with grad (aliases ``"embeddings_a"``,
+        ``"embeddings_b"``, the names Trans-Encoder's learner uses).
     labels: [B] float targets (detached here), e.g. STS-B gold / 5 in [0, 1], or sigmoid scores in (0, 1).
     parts: ``mse``.
     """

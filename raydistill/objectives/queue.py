@@ -2,53 +2,34 @@
 
 Queue-based distillation compares each batch with many more candidates than one batch holds (He et al., MoCo,
 CVPR 2020; used by CKD, ConGen and SCT with K up to 131072). The authors' code rebuilds the queue every step
-(``queue = concat(queue, batch)[B:]``, or a CPU → GPU copy of the whole queue in DistilCSE); at K = 131072,
-d = 1024 that is a 512 MiB copy per step. Here the rows live in one registered buffer that is written in place:
+(``queue = concat(queue, batch)[B:]``, or a CPU → GPU copy of the whole queue in DistilCSE): at K = 131072,
+d = 1024 a 512 MiB copy per step. Here the rows live in one registered buffer that is written in place:
 
     embeddings  [K, d]   buffer, checkpointed by state_dict; never reallocated (its data_ptr stays fixed)
     pointer     []       next row to overwrite = the oldest row once the queue is full
     filled      []       rows written so far (≤ K); before the queue is full they are rows [0, filled)
+    groups      [K]      int64 group id of each row's sentence (a caption's image; -1 = none), for ``same_group``
 
-``scores(x)`` is ONE matmul of ``x`` against the filled rows, in buffer (ring) order. That order is not the FIFO
-order, and it does not need to be: a softmax, a cross-entropy or a KL over the candidates is invariant to a
-permutation of the candidates, as long as teacher and student logits use the same one (they do: both come from
-``scores`` of the same buffer). ``ordered()`` gives the FIFO view (oldest → newest) for tests and inspection.
+``scores(x)`` is ONE matmul against the filled rows in ring order: a softmax / CE / KL over the candidates does not
+depend on their order as long as teacher and student use the same one, so "current batch appended last" (ConGen,
+SCT) and "first" (CKD) are the same loss, and ``ordered()`` (FIFO order) is for tests. The ring buffer keeps the
+newest K rows for any K and B, as both authors' update rules do when they keep the newest K (docs/objectives.md;
+tests/test_queue.py checks it against both rules step by step).
 
-Where the current batch sits among the candidates — appended last (ConGen, SCT: ``concat(queue, batch)``) or
-first (CKD: ``concat(batch, queue)``) — likewise changes nothing but the index of the positive. The losses
-therefore score the queue and the current batch as two column blocks (``functional.soft_cross_entropy``) and
-never build the concatenation. What the order DOES fix is which rows survive the update. Both of the authors'
-rules keep the newest rows: ``concat(batch, queue)[:K]`` (CKD: newest first, truncate) keeps the newest K for any
-K and B; ``concat(queue, batch)[B:]`` (ConGen, SCT: append last, drop the oldest B) keeps the queue's length, so
-it keeps the newest K only when the queue starts with exactly K rows (a random init, or ConGen's teacher init when
-its sample has no duplicate sentence: the authors' queue can then start longer than K and stays that long). The
-ring buffer keeps the newest K rows for any K and B, multiple of each other or not; tests/test_queue.py checks it
-against both rules step by step. ``enqueue`` is that update.
-
-Groups (``groups``, [K] int64, -1 = none): each row may carry the id of the group its sentence belongs to (the
-image of a Flickr30k caption, or the sentence itself). ``same_group(row_groups)`` tells, per query row, which
-queue rows share its group, so a loss can drop a sibling caption's teacher vector from the negatives of a row
-whose other view is that sibling (``functional.mask_same_group_``).
-
-The losses call ``enqueue`` after their logits are computed and before ``backward`` (as the authors do), so the
-current batch is never a candidate twice. The write itself is deferred to the next read of the queue (the next
-step's ``scores``, ``len``, ``state_dict``, ...): the step's graph still holds the buffer for its backward (the
-gradient of ``x·rowsᵀ`` with respect to ``x`` is ``G·rows``), and writing it in place before ``backward`` would make
-autograd refuse ("modified by an inplace operation") or, worse, use the new rows. Nothing reads the queue
-between the enqueue and the backward, so every observer sees exactly the authors' FIFO content. One batch at
-most is pending: a second ``enqueue`` first writes the previous one. Consequence: with a queue loss, call
-``backward`` before the next forward (no gradient accumulation over several forwards; autograd raises if one
-tries).
+The losses call ``enqueue`` after their logits and before ``backward`` (as the authors do). The write is deferred
+to the next read of the queue (``scores``, ``len``, ``state_dict``, ...): the step's graph still holds the buffer
+for its backward (the gradient of ``x·rowsᵀ`` with respect to ``x`` is ``G·rows``), and an in-place write before
+``backward`` would make autograd refuse or, worse, use the new rows. Nothing reads the queue in between, so every
+observer sees the authors' FIFO content. One batch at most is pending. Consequence: with a queue loss, call
+``backward`` before the next forward (no gradient accumulation over several forwards; autograd raises).
 
 ``rows(dtype)`` / ``scores(x, dtype)`` read the queue in another dtype (bfloat16 products on CPUs with AVX512-BF16)
-from a copy kept in step with the buffer: ``flush`` writes the new rows into it too, so a step costs a B×d cast, not
-a K×d one (the cast of a 65536×768 queue took 50 ms of a 0.9 s ConGen step). The copy is not state (checkpoints
-hold the fp32 buffer); it is rebuilt whenever the buffer changed by any other path (tracked by the buffer's
-in-place version counter: ``init_random``, ``load_state_dict``, a write from outside).
+from a copy that ``flush`` keeps in step, so a step casts B×d, not K×d (the cast of a 65536×768 queue took 50 ms of
+a 0.9 s ConGen step). The copy is not state: it is rebuilt when the buffer changed by any other path (tracked by
+the buffer's in-place version counter).
 
-State is read through the buffers (``self.embeddings``, ``self.pointer``, ``self.filled``) in every method; a
-subclass can therefore apply pending remote updates on attribute access (``methods.shared_queue.QueueClient``),
-which arrive through ``enqueue`` and are written by the same deferred path.
+State is read through the buffers (``self.embeddings``, ``self.pointer``, ``self.filled``) in every method, so a
+subclass can apply pending remote updates on attribute access (``methods.shared_queue.QueueClient``).
 """
 
 from __future__ import annotations
@@ -59,8 +40,6 @@ from torch import Tensor, nn
 
 __all__ = ["QUEUE_INITS", "NO_GROUP", "InstanceQueue"]
 
-# "teacher": starts empty; the runtime fills it with teacher vectors of sampled training sentences (``init_from``)
-# before the first step, as ConGen's authors initialise their queue.
 QUEUE_INITS = ("empty", "random", "teacher")
 NO_GROUP = -1
 
@@ -69,13 +48,10 @@ class InstanceQueue(nn.Module):
     """FIFO ring buffer of K L2-normalised d-dim vectors.
 
     Args:
-        size: K, the number of rows kept.
-        dim: d.
-        init: ``"empty"`` (no rows; CKD's queue starts empty and grows), ``"random"`` (K random unit vectors,
-            as SCT's ``randn(K, d)`` normalised; full from the first step) or ``"teacher"`` (empty here, to be
-            filled by ``init_from`` with teacher vectors of sampled training sentences: ConGen's init).
-        seed: seed of the ``"random"`` init, so that every copy of a queue (e.g. each learner's mirror of a
-            shared queue) starts identical.
+        size: K, the number of rows kept. dim: d.
+        init: ``"empty"`` (CKD's: no rows, grows), ``"random"`` (K random unit vectors, SCT's normalised
+            ``randn(K, d)``) or ``"teacher"`` (empty until ``init_from`` fills it with teacher vectors: ConGen's).
+        seed: seed of the ``"random"`` init, so every copy of a queue (e.g. each learner's mirror) starts identical.
         dtype: storage dtype. Under CUDA autocast use torch.float16/bfloat16: ``scores`` runs outside autocast
             in the storage dtype, so the K×d buffer is never cast (= copied) per step.
     """
@@ -148,11 +124,8 @@ class InstanceQueue(nn.Module):
 
     @torch.no_grad()
     def init_from(self, embeddings: Tensor, groups: Tensor | None = None) -> InstanceQueue:
-        """Start from real vectors (e.g. teacher embeddings of K sampled training sentences), oldest first.
-
-        Fewer than K rows leave the queue partly filled (it grows from there); more keep the last K. ``groups``
-        [n]: their group ids (see ``enqueue``).
-        """
+        """Start from real vectors (e.g. teacher embeddings of K sampled training sentences), oldest first, with
+        their group ids ``groups`` [n]. Fewer than K rows leave the queue partly filled; more keep the last K."""
         self.reset()
         self.enqueue(embeddings, groups)
         return self
@@ -170,12 +143,9 @@ class InstanceQueue(nn.Module):
 
     @torch.no_grad()
     def enqueue(self, batch: Tensor, groups: Tensor | None = None) -> None:
-        """Append ``batch`` [B, d] (L2-normalised here) as the newest rows, overwriting the oldest.
-
-        ``groups`` [B] int: the group id of each row's sentence (None: no group, -1). Takes effect at the next read
-        (module docstring); the write is in place, at most two slice writes (when the batch wraps past the end of
-        the buffer); a batch larger than K keeps its last K rows. Never builds a graph: the queue holds constants.
-        """
+        """Append ``batch`` [B, d] (L2-normalised here) as the newest rows, overwriting the oldest, with ``groups``
+        [B] (None: no group, -1). Takes effect at the next read (module docstring), in place (at most two slice
+        writes); a batch larger than K keeps its last K rows. Never builds a graph: the queue holds constants."""
         if batch.dim() != 2 or batch.shape[1] != self.dim:
             raise ValueError(f"InstanceQueue.enqueue: expected [B, {self.dim}], got {tuple(batch.shape)}")
         if groups is not None and tuple(groups.shape) != (batch.shape[0],):
@@ -255,10 +225,9 @@ class InstanceQueue(nn.Module):
         """``x · rowsᵀ`` in ONE matmul against the buffer: [B, d] → [B, filled] (buffer order), in the storage
         dtype, or in ``dtype`` against the queue's copy in that dtype (``rows(dtype)``; the result is in ``dtype``).
 
-        ``x`` should be L2-normalised (then the scores are cosines) and may carry a temperature already
-        (``x / τ``): scaling the [B, d] query is cheaper than scaling the [B, K] result. Gradients flow to
-        ``x`` only. Runs outside autocast so the buffer is never cast. ``out``: write the scores there (a
-        [B, filled] tensor of the product's dtype, e.g. a ``functional.Workspace`` buffer; no gradient then).
+        ``x`` should be L2-normalised (cosines) and may carry a temperature (``x / τ``: cheaper than scaling the
+        [B, K] result). Gradients flow to ``x`` only. Runs outside autocast so the buffer is never cast. ``out``: a
+        [B, filled] tensor of the product's dtype to write into (e.g. a ``functional.Workspace`` buffer; no grad).
         """
         rows = self.rows(dtype)
         if x.shape[-1] != self.dim:

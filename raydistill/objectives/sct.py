@@ -89,9 +89,9 @@ def _two_queues(queue, size: int, dim: int, init: str, seed: int, owner: str) ->
 class SCTLoss(nn.Module):
     r"""SCT self-supervised loss (Limkonchotiwat et al., TACL 2023, arXiv:2311.03228), see the module docstring.
 
-    Online vectors z = norm(h(f(x))) pass through the projector h (``SCTProjector``, inside this module, trained
-    with it and discarded after training); reference vectors r = norm(f(x)) are the same encoder run again
-    under ``no_grad`` *in train mode* (another dropout mask) — the caller computes them.
+    Online vectors z = norm(h(f(x))) pass through the projector h (``SCTProjector``, trained with this module and
+    discarded after training); reference vectors r = norm(f(x)) are the same encoder run again by the caller under
+    ``no_grad`` *in train mode* (another dropout mask).
 
     features:
         ``"online_a"``, ``"online_b"``        [B, d]  f(x_A), f(x_B) with grad (before the projector)
@@ -100,17 +100,14 @@ class SCTLoss(nn.Module):
     labels: unused.
     parts: ``kl_a`` (view B predicts A), ``kl_b`` (view A predicts B).
 
-    Deliberate deviations from the authors' code (docs/methods.md, SCT):
-    - Same-group candidates are masked when the features carry ``"group"`` (``mask_same_group``; see
-      ``ConGenLoss``: with a sibling caption as the other view, the sibling's own vector is a false negative).
-    - Weights ½·KL + ½·KL (paper) by default; ``faithful=True`` sums them as the code does (2× gradient scale).
-    - Queues are registered buffers (checkpointed, resumable), scored in place ([queue | batch] blocks).
+    Deliberate deviations from the authors' code (docs/methods.md, SCT): same-group candidates are masked (a sibling
+    caption as the other view is a false negative, as in ``ConGenLoss``); ½·KL + ½·KL (paper) unless
+    ``faithful=True`` sums them as the code does (2× gradient scale); queues are checkpointed buffers.
 
     Args:
         queue_size: K per view (paper: 131072 Tiny/Mini, 65536 Small/Base, 16384 Large).
         tau_teacher, tau_student: τ_T (reference), τ_S (online); paper Table 1, e.g. Small 0.02 / 0.03.
-        dim: d, the encoder's output dim.
-        faithful: sum the two KL terms (authors' code) instead of averaging them (paper).
+        dim: d, the encoder's output dim. faithful: sum the two KL terms (code) instead of averaging them (paper).
         projector_expansion, projector_blocks: w and the number of MLP blocks (10 and 3).
         queue: optional (queue_a, queue_b); queue_init / queue_seed: init of queues created here ("random" =
             the authors' normalised randn).
@@ -140,8 +137,7 @@ class SCTLoss(nn.Module):
         kl_a, kl_b = cross_view_kl(self.projector(online_a), self.projector(online_b), reference_a, reference_b,
                                    self.queue_a, self.queue_b, self.tau_teacher, self.tau_student,
                                    features.get("group"), self.mask_same_group)
-        weight = 1.0 if self.faithful else 0.5
-        loss = weight * (kl_a + kl_b)
+        loss = (1.0 if self.faithful else 0.5) * (kl_a + kl_b)
         return LossOutput(loss, {"kl_a": float(kl_a.detach()), "kl_b": float(kl_b.detach())})
 
 
@@ -149,15 +145,15 @@ class SCTDistillLoss(nn.Module):
     r"""SCT distillation (TACL 2023, §3.3, Eq. 3): cross-view distillation L_CD from a teacher, optionally joint
     with the self-supervised L_SCT.
 
-    L_CD is the cross-view term of the module docstring with the TEACHER's vectors of the two views as
-    references (queues of teacher vectors, dim D) and the student's outputs, without projector, as online
-    vectors: student(x_B) predicts the teacher's distribution of x_A over queue_A ++ teacher(x_A), and vice versa.
+    L_CD is the module docstring's cross-view term with the TEACHER's vectors of the two views as references (queues
+    of teacher vectors, dim D) and the student's outputs, without projector, as online vectors: student(x_B)
+    predicts the teacher's distribution of x_A over queue_A ++ teacher(x_A), and vice versa.
 
         objective="joint"   (default, paper Eq. 3):  L = L_SCT + L_CD
         objective="cd_only" (authors' code):          L = L_CD   (their student starts from a finished SCT model)
 
-    In "joint", L_SCT is ``SCTLoss`` on the student's own outputs (projector + its own two reference queues,
-    dim = the student's output dim); it needs the student's no-grad reference passes too.
+    In "joint", L_SCT is ``SCTLoss`` on the student's own outputs (projector + its own two reference queues, dim =
+    the student's output dim), which needs the student's no-grad reference passes too.
 
     features:
         ``"student_a"``, ``"student_b"``      [B, D]  student(x_A), student(x_B), with grad
@@ -167,24 +163,19 @@ class SCTDistillLoss(nn.Module):
     labels: unused.
     parts: ``cd_a``, ``cd_b`` and, for "joint", ``sct_a``, ``sct_b``.
 
-    The student must output the teacher's dim D: a narrower encoder gets ``Linear(d_s → D) + tanh`` as part of
-    the model (``BiEncoder.from_pretrained(path, projection_dim=D)``, saved with it, as the authors' Dense).
+    The student must output the teacher's dim D (a narrower one gets ``Linear(d_s → D) + tanh``, saved with it).
 
     Deliberate deviations from the authors' code (docs/methods.md, SCT):
-    - Default objective "joint" (paper) instead of "cd_only" (code). L_SCT has temperatures of its own,
-      ``sct_tau_teacher`` / ``sct_tau_student``, default 0.02 / 0.03 (``SCTLoss``'s, the paper's self-supervised
-      Small row), not L_CD's: the two terms are distributions over different vectors (the student's own references
-      vs the teacher's), and the paper tunes them separately.
-    - Teacher queues start from teacher vectors of sampled training sentences when the runtime's
-      ``queue_init="teacher"`` (its default for this method, as ConGen's authors do; SCT's authors start random).
-      L_SCT's own queues hold student vectors and start random.
-    - Same-group candidates are masked (``mask_same_group``, see ``ConGenLoss``).
-    - ½·KL + ½·KL per term (paper) unless ``faithful=True`` (summed, as the code).
-    - No unused projector is built for "cd_only" (the code builds three MLPs it never uses and optimises them).
+    - Default objective "joint" (paper), not "cd_only" (code). L_SCT has its own temperatures (``sct_tau_*``,
+      default 0.02 / 0.03, the paper's self-supervised Small row): its distributions are over other vectors than
+      L_CD's, and the paper tunes them separately.
+    - With the runtime's ``queue_init="teacher"`` (its default here, as ConGen's authors; SCT's start random) the
+      teacher queues start from teacher vectors of sampled training sentences; L_SCT's own queues start random.
+    - Same-group candidates are masked; ½·KL + ½·KL per term unless ``faithful=True``; and no unused projector is
+      built for "cd_only" (the code builds three MLPs it never uses and optimises them).
 
     Args:
-        queue_size, tau_teacher, tau_student: K and τ of L_CD (README: Small 131072, 0.04 / 0.05).
-        dim: D, the teacher dim.
+        queue_size, tau_teacher, tau_student: K and τ of L_CD (README: Small 131072, 0.04 / 0.05). dim: D.
         objective: "joint" or "cd_only".
         sct_tau_teacher, sct_tau_student: L_SCT's τ (default 0.02 / 0.03). sct_queue_size: its K (default: K).
         queue: optional (teacher_queue_a, teacher_queue_b); queue_init: how queues created here start ("random",
@@ -238,7 +229,6 @@ class SCTDistillLoss(nn.Module):
             parts.update({f"sct_{k[-1]}": v for k, v in sct.parts.items()})
         cd_a, cd_b = cross_view_kl(student_a, student_b, teacher_a, teacher_b, self.queue_a, self.queue_b,
                                    self.tau_teacher, self.tau_student, features.get("group"), self.mask_same_group)
-        weight = 1.0 if self.faithful else 0.5
-        loss = loss + weight * (cd_a + cd_b)
+        loss = loss + (1.0 if self.faithful else 0.5) * (cd_a + cd_b)
         parts.update({"cd_a": float(cd_a.detach()), "cd_b": float(cd_b.detach())})
         return LossOutput(loss, parts)

@@ -21,9 +21,8 @@ class SimCSELoss(nn.Module):
 
         L = −1/B Σ_i log( e^{cos(h_i, h′_i)/τ} / Σ_j e^{cos(h_i, h′_j)/τ} ),   τ = 0.05
 
-    features:
-        ``"first"``, ``"second"``  [B, d]  two forward passes of the same batch in train mode (different dropout
-                                           masks), both with grad
+    features: ``"first"``, ``"second"`` [B, d], two train-mode passes of the same batch (different dropout masks),
+        both with grad.
     labels: unused (the positive of row i is row i).
     parts: ``infonce``, ``positive_cosine`` (mean cos(h_i, h′_i), for monitoring).
     """

@@ -27,15 +27,8 @@ from torch import Tensor, nn
 
 from raydistill.objectives.base import LossOutput, check_same_rows, frozen, take
 
-__all__ = [
-    "DEFAULT_LABEL_SCALING",
-    "LABEL_SCALINGS",
-    "LABEL_WEIGHTINGS",
-    "SoftBCELoss",
-    "average_pseudo_labels",
-    "cosine_to_target",
-    "dev_weights",
-]
+__all__ = ["DEFAULT_LABEL_SCALING", "LABEL_SCALINGS", "LABEL_WEIGHTINGS", "SoftBCELoss", "average_pseudo_labels",
+           "cosine_to_target", "dev_weights"]
 
 LABEL_SCALINGS = ("clip", "affine", "raw")
 DEFAULT_LABEL_SCALING = "clip"

@@ -73,6 +73,18 @@ def exit_with_user_error(exc: BaseException) -> NoReturn:
     sys.exit(2)
 
 
+def _run_or_exit(run):
+    """``run()``, or the user-facing exit: a user error (status 2) or a stop (128 + the signal)."""
+    from raydistill.runtime.engine.stopping import JobStopped
+
+    try:
+        return run()
+    except USER_ERRORS as exc:
+        exit_with_user_error(exc)
+    except JobStopped as exc:
+        exit_stopped(exc)
+
+
 def _shipped_for(job: str) -> list[str]:
     """The shipped configs a job can run: its own and its variants (congen-gpu, sct-distill, self_tenc, ...)."""
     from raydistill.shipped import shipped_config_names
@@ -145,15 +157,8 @@ def distill_job_main(method: str, doc: str | None, argv: list[str] | None = None
     args = parser.parse_args(argv)
     overrides = args.overrides + ([f"run_dir={args.run_dir}"] if args.run_dir else []) + \
         register_overrides(args.register)
-    from raydistill.runtime.engine.stopping import JobStopped
-
-    try:
-        cfg = JobConfig.from_yaml(resolve_config(args.config), overrides)
-        record = runner(cfg, results_dir=args.results_dir)
-    except USER_ERRORS as exc:
-        exit_with_user_error(exc)
-    except JobStopped as exc:
-        exit_stopped(exc)
+    record = _run_or_exit(lambda: runner(JobConfig.from_yaml(resolve_config(args.config), overrides),
+                                         results_dir=args.results_dir))
     print(record["result_path"])
     return record
 
@@ -232,24 +237,12 @@ def tenc_job_main(doc: str | None, argv: list[str] | None = None, prog: str | No
     overrides += args.max_length or []
     overrides += register_overrides(args.register)
     overrides += self_mode_overrides(args.mode, args.overrides)
-    from raydistill.runtime.engine.stopping import JobStopped
-
-    try:
-        summary = run_trans_encoder(TencConfig.from_yaml(resolve_config(args.config), overrides))
-    except USER_ERRORS as exc:
-        exit_with_user_error(exc)
-    except JobStopped as exc:
-        exit_stopped(exc)
+    summary = _run_or_exit(lambda: run_trans_encoder(TencConfig.from_yaml(resolve_config(args.config), overrides)))
     print(summary.get("results_dir") or summary["run_dir"])
     return summary
 
 
 def run_job(job: str, argv: list[str] | None = None, prog: str | None = None) -> dict:
     """Run one of ``JOBS`` with its command-line arguments (``raydistill run <job> ...``)."""
-    if job == "mutual_tenc":
-        return tenc_job_main(None, argv, prog)
-    if job == "st_mse":
-        return st_mse_job_main(None, argv, prog)
-    if job == "teacher_pass":
-        return teacher_pass_job_main(None, argv, prog)
-    return distill_job_main(job, None, argv, prog)
+    own = {"mutual_tenc": tenc_job_main, "st_mse": st_mse_job_main, "teacher_pass": teacher_pass_job_main}.get(job)
+    return own(None, argv, prog) if own is not None else distill_job_main(job, None, argv, prog)

@@ -138,24 +138,10 @@ def _front_matter(student: dict[str, Any], corpus: dict[str, Any], methods: list
         "metrics": [{"type": "spearman_cosine", "value": round(student["scores"][key] / 100, 4),
                      "name": "Spearman Cosine"}],
     } for key in (*STS7, DEV_SET) if key in student["scores"]]
-    data: dict[str, Any] = {"language": ["en"], "library_name": "sentence-transformers",
-                            "pipeline_tag": "sentence-similarity", "tags": tags}
-    if base_model:
-        data["base_model"] = base_model
-    if corpus.get("datasets"):
-        data["datasets"] = [str(d) for d in corpus["datasets"]]
-    data["metrics"] = ["spearman_cosine"]
-    data["model-index"] = [{"name": title, "results": results}]
-    return data
-
-
-def _static_intro(static: dict[str, Any], teacher_name: str) -> list[str]:
-    return [f"It is a **static embedding model**: a table of {static['vocabulary']:,} token vectors "
-            f"{static['width']} wide, built from the teacher `{teacher_name}`'s outputs for each token of its "
-            "vocabulary (Model2Vec's distillation) and then trained by raydistill; a sentence's vector is the mean of "
-            "its tokens' rows, with no attention and no layers (the tables below compare its quality and speed with "
-            "the teacher's). It loads with sentence-transformers (its `StaticEmbedding` module) and with Model2Vec "
-            "(`model2vec.StaticModel`).", ""]
+    return {"language": ["en"], "library_name": "sentence-transformers", "pipeline_tag": "sentence-similarity",
+            "tags": tags, **({"base_model": base_model} if base_model else {}),
+            **({"datasets": [str(d) for d in corpus["datasets"]]} if corpus.get("datasets") else {}),
+            "metrics": ["spearman_cosine"], "model-index": [{"name": title, "results": results}]}
 
 
 def _faster_here(row: dict[str, Any], student: dict[str, Any]) -> bool:
@@ -201,9 +187,8 @@ def render_card(manifest: dict[str, Any], out_name: str = "DIR") -> str:
     front = yaml.safe_dump(_front_matter(student, corpus, methods, title, base_model, static=bool(static)),
                            sort_keys=False, allow_unicode=True)
     out: list[str] = ["---", front.rstrip(), "---", "", f"# {title}", ""]
-    corpus_text = corpus.get("name", "a corpus")
-    if corpus.get("sentences"):
-        corpus_text += f" ({int(corpus['sentences']):,} sentences)"
+    corpus_text = f"{corpus.get('name', 'a corpus')}" + (f" ({int(corpus['sentences']):,} sentences)"
+                                                         if corpus.get("sentences") else "")
     # A static table's rows come from the teacher's outputs, not from base_model's weights: its intro says so.
     weights = (f" (weights from [{base_model}](https://huggingface.co/{base_model}))" if base_model and not static
                else "")
@@ -211,11 +196,14 @@ def render_card(manifest: dict[str, Any], out_name: str = "DIR") -> str:
         f"This is a [sentence-transformers](https://www.SBERT.net) model distilled with raydistill from the teacher "
         f"`{teacher_name}` into {'`' + str(start) + '`' if start else 'a smaller student'}{weights} on "
         f"{corpus_text}, by {', '.join(methods) or 'distillation'}. It maps sentences to a "
-        f"{model.get('dim', '?')}-dimensional dense vector space; compare them by cosine similarity.",
-        "",
-        *(_static_intro(static, teacher_name) if static else []),
-        "## Model Details",
-        "",
+        f"{model.get('dim', '?')}-dimensional dense vector space; compare them by cosine similarity.", "",
+        *([f"It is a **static embedding model**: a table of {static['vocabulary']:,} token vectors "
+           f"{static['width']} wide, built from the teacher `{teacher_name}`'s outputs for each token of its "
+           "vocabulary (Model2Vec's distillation) and then trained by raydistill; a sentence's vector is the mean of "
+           "its tokens' rows, with no attention and no layers (the tables below compare its quality and speed with "
+           "the teacher's). It loads with sentence-transformers (its `StaticEmbedding` module) and with Model2Vec "
+           "(`model2vec.StaticModel`).", ""] if static else []),
+        "## Model Details", "",
         ("- **Model Type:** Static embedding model (token table, mean of token vectors; Model2Vec layout)" if static
          else "- **Model Type:** Sentence Transformer (distilled student)"),
         f"- **Teacher:** `{teacher_name}`",
@@ -229,8 +217,7 @@ def render_card(manifest: dict[str, Any], out_name: str = "DIR") -> str:
         f"- **Pooling:** {model.get('pooling', '?')}",
         f"- **Parameters:** {model.get('parameters', 0) / 1e6:.1f} M" if model.get("parameters") else "",
         f"- **Training corpus:** {corpus_text}",
-        "- **Language:** en",
-        "",
+        "- **Language:** en", "",
     ]
     if model.get("architecture"):
         out += ["### Full Model Architecture", "", "```", model["architecture"], "```", ""]
@@ -307,8 +294,7 @@ def render_card(manifest: dict[str, Any], out_name: str = "DIR") -> str:
     onnx = manifest.get("onnx") or {}
     if onnx.get("exported") is False and onnx.get("reason"):
         out += [f"No ONNX export: {onnx['reason']}.", ""]
-    int8 = [row for row in manifest.get("files", []) if row.get("quantization")]
-    for row in int8:
+    for row in [row for row in manifest.get("files", []) if row.get("quantization")]:
         q = row["quantization"]
         out += [f"`{row['file']}`: dynamic int8 for {q['target']} CPUs ({q['chosen_from']}): {q['weights']} weights "
                 f"per channel, activations quantised per call (`{q['method']}`). Run it on a CPU of that kind; the "
@@ -332,11 +318,10 @@ def render_card(manifest: dict[str, Any], out_name: str = "DIR") -> str:
         out += ["The speeds above were not taken through that backend: it tokenizes, pools and moves tensors its own "
                 "way, so an export's gain over the torch model can differ there.", ""]
     if exports:
-        example = exports[-1]["file"]
         out += ["Beside transformers 5, where that backend does not install, raydistill runs the same files with "
                 "ONNX Runtime behind the model's own tokenizer and pooling:", "",
                 "```python", "from raydistill.models.export import load_onnx",
-                f'model = load_onnx("{out_name}", "{example}")',
+                f'model = load_onnx("{out_name}", "{exports[-1]["file"]}")',
                 'embeddings = model.encode(["A man is playing a guitar."], normalize=True)', "```", ""]
 
     out += ["## Citation", "", "### BibTeX", ""]

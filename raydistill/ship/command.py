@@ -7,18 +7,16 @@
 loaded, cut or trained: an unknown teacher (with what to install), a student deeper or wider than its teacher, a bad
 ``layers:`` cut, an unknown ``--labels``, a corpus that is missing, empty or all evaluation text, a bad ``--set``.
 It picks the recipe for the student's size (``recipe.recipe_for``) and builds the job config from the recipe's
-shipped config and overrides, then the user's ``--set``. A static student (``--student static`` / ``static:N``, or a
-static model directory) is the ``static`` size whatever its width: its table is built from the teacher by the job
-(``registry.resolve_model(name, teacher=...)``), a width beyond the teacher's is refused (PCA of the teacher's
-token outputs keeps at most its width), and so is a ``--labels`` it has no recipe for.
+shipped config and overrides, then the user's ``--set``. A static student (``static``, ``static:N``, or a static
+model directory) is the ``static`` size whatever its width; the job builds its table from the teacher
+(``registry.resolve_model(name, teacher=...)``), so a width beyond the teacher's is refused (PCA of its token
+outputs keeps at most its width), and so is a ``--labels`` it has no recipe for.
 
-``run_distill`` then
-1. cuts the student out of the teacher when ``--student`` is a shape (``layers:3``, ``layers:3,hidden:256``) with
-   ``models.derive.derive_student`` (evenly spaced layers, units by activation), into
-   ``<out>.training/student-start-<shape>``;
-2. trains with ``runtime.jobs.distill.run_distillation`` in the run dir ``<out>.training`` beside ``<out>``
-   (``training_dir``; result file ``<out>.training/result.json``);
-3. packages the best model into ``<out>`` (``ship.package.package_student``) and prints its table.
+``run_distill`` then cuts a shape student (``layers:3``, ``layers:3,hidden:256``) out of the teacher with
+``models.derive.derive_student`` (evenly spaced layers, units by activation) into
+``<out>.training/student-start-<shape>``; trains with ``runtime.jobs.distill.run_distillation`` in the run dir
+``<out>.training`` beside ``<out>`` (``training_dir``; result file ``result.json``); and packages the best model
+into ``<out>`` (``ship.package.package_student``), printing its table.
 
 The same command on the same ``--out`` resumes: the jobs' run-dir resume (checkpoints; the teacher cache), a
 finished training is not trained or evaluated again (its result file holds the config hash), a finished output is
@@ -156,10 +154,6 @@ def training_dir(out_dir: Path) -> Path:
     return out_dir.with_name(out_dir.name + TRAINING_SUFFIX)
 
 
-# ----------------------------------------------------------------------------------------------------------------
-# Checks
-
-
 def parse_student_spec(text: str) -> StudentSpec | None:
     """A cut such as ``layers:3`` or ``layers:3,hidden:256`` (None: ``text`` is no cut); DistillError if malformed."""
     if ":" not in text:
@@ -186,21 +180,18 @@ def _shape_of_directory(directory: Path, option: str) -> Shape:
     from raydistill.models.bi_encoder import transformer_directory
     from raydistill.models.static_embedding import is_static_directory
 
-    if is_static_directory(directory):  # Model2Vec's config.json: the table's width, no layers
-        try:
-            width = int(json.loads((directory / "config.json").read_text())["hidden_dim"])
-        except (OSError, ValueError, KeyError, TypeError) as exc:
-            raise DistillError(f"{option} {directory}: a static model whose config.json has no readable hidden_dim "
-                               f"({type(exc).__name__}: {exc})") from None
-        return Shape(0, width, 0, 0, "static")
+    static = is_static_directory(directory)
     try:
+        if static:  # Model2Vec's config.json: the table's width, no layers
+            return Shape(0, int(json.loads((directory / "config.json").read_text())["hidden_dim"]), 0, 0, "static")
         config = json.loads((transformer_directory(directory) / "config.json").read_text())
         return Shape(int(config["num_hidden_layers"]), int(config["hidden_size"]),
                      int(config.get("intermediate_size") or 4 * int(config["hidden_size"])),
                      int(config["num_attention_heads"]), str(config.get("model_type", "?")))
     except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise DistillError(f"{option} {directory}: cannot read the encoder's shape from its config.json "
-                           f"({type(exc).__name__}: {exc})") from None
+        problem = ("a static model whose config.json has no readable hidden_dim" if static
+                   else "cannot read the encoder's shape from its config.json")
+        raise DistillError(f"{option} {directory}: {problem} ({type(exc).__name__}: {exc})") from None
 
 
 def _model(text: str, option: str, rows: dict[str, dict[str, Any]]) -> tuple[Shape, Path | None]:
@@ -233,8 +224,7 @@ def _cut_shape(spec: StudentSpec, teacher: Shape, teacher_text: str) -> Shape:
     if teacher.model_type not in DERIVABLE:
         raise DistillError(f"--student {spec.text!r}: a student is cut only from a {', '.join(DERIVABLE)} teacher; "
                            f"{teacher_text} is {teacher.model_type!r} (pass a student preset or directory instead)")
-    layers = spec.layers or teacher.layers
-    hidden = spec.hidden or teacher.hidden
+    layers, hidden = spec.layers or teacher.layers, spec.hidden or teacher.hidden
     if layers > teacher.layers:
         raise DistillError(f"--student {spec.text!r}: {layers} layers is deeper than the teacher {teacher_text} "
                            f"({teacher.layers} layers)")
@@ -255,18 +245,16 @@ def _cut_shape(spec: StudentSpec, teacher: Shape, teacher_text: str) -> Shape:
 def _student(text: str, teacher: Shape, teacher_text: str, rows: dict[str, dict[str, Any]]
              ) -> tuple[StudentSpec, Shape, str]:
     """``(spec, shape, the job config's student)``; a cut's start directory is filled in by the plan."""
-    if not Path(text).expanduser().exists():
-        static = _static_student(text, teacher, teacher_text)
-        if static is not None:
-            return static
-    is_model = text in rows or Path(text).expanduser().exists()
-    spec = None if is_model else parse_student_spec(text)
+    exists = Path(text).expanduser().exists()
+    static = None if exists else _static_student(text, teacher, teacher_text)
+    if static is not None:
+        return static
+    spec = None if exists or text in rows else parse_student_spec(text)
     if spec is not None:
         return spec, _cut_shape(spec, teacher, teacher_text), ""
     shape, directory = _model(text, "--student", rows)
-    for what, mine, theirs in (("layers", shape.layers, teacher.layers), ("hidden size", shape.hidden, teacher.hidden)):
+    for bigger, mine, theirs in (("deeper", shape.layers, teacher.layers), ("wider", shape.hidden, teacher.hidden)):
         if mine > theirs:
-            bigger = "deeper" if what == "layers" else "wider"
             raise DistillError(f"--student {text!r} ({shape.describe()}) is {bigger} than the teacher {teacher_text} "
                                f"({teacher.describe()}): a student must not be larger than its teacher")
     kind = "preset" if directory is None else "directory"
@@ -330,24 +318,19 @@ def _out_dir(out: str | None, student: StudentSpec, teacher: str) -> Path:
     """``--out`` as an absolute path that the packaging step may fill (missing, empty or an earlier package) and
     whose run dir beside it can be written."""
     from raydistill.runtime.engine.rundir import OutputDirError, check_output_dir
-    from raydistill.ship.package import check_out_dir
+    from raydistill.ship.package import PackageError, check_out_dir
 
-    if out is None:
-        if student.kind == "static":  # no ':' in a directory name: it separates paths in PATH-like lists
-            name = student.text.replace(":", "-")
-        else:
-            name = student.slug() if student.kind == "cut" else Path(student.text.rstrip("/")).name
+    if out is None:  # no ':' (static:N) in a directory name: it separates paths in PATH-like lists
+        name = (student.text.replace(":", "-") if student.kind == "static" else student.slug() if student.kind == "cut"
+                else Path(student.text.rstrip("/")).name)
         out = f"distilled-{Path(teacher.rstrip('/')).name}-{name}"
     path = Path(out).expanduser().absolute()
     try:
         check_out_dir(path)
-    except ValueError as exc:  # PackageError
-        raise DistillError(f"--out {exc}") from None
-    for directory in (path, training_dir(path)):
-        try:
+        for directory in (path, training_dir(path)):
             check_output_dir(directory)
-        except OutputDirError as exc:
-            raise DistillError(f"--out {exc}") from None
+    except (PackageError, OutputDirError) as exc:
+        raise DistillError(f"--out {exc}") from None
     return path
 
 
@@ -470,11 +453,9 @@ def plan_distill(*, teacher: str, student: str, corpus: str, out: str | None = N
     settings = [f"student={student_field}", f"teacher={teacher_field}", f"data.corpus={corpus_spec}",
                 f"data.max_sentences={max_sentences if max_sentences is not None else 'null'}",
                 f"run_dir={run_dir}", f"tracking.run_name={out_dir.name}"]
-    settings += [f"seed={seed}"] if seed is not None else []
-    settings += [f"train.budget={budget_text}"] if budget_text is not None else []
-    settings += [f"train.dev_pairs={dev_path}"] if dev_path is not None else []
-    settings += _thread_overrides() + _precision_overrides(overrides)
-    settings += register_overrides(register)
+    settings += [f"{key}={value}" for key, value in (("seed", seed), ("train.budget", budget_text),
+                                                      ("train.dev_pairs", dev_path)) if value is not None]
+    settings += _thread_overrides() + _precision_overrides(overrides) + register_overrides(register)
     cfg = JobConfig.from_yaml(shipped_config(recipe.config), list(recipe.overrides) + settings + list(overrides))
     # a missing, unreadable, empty or all-evaluation corpus: DataError
     corpus_read = read_corpus(corpus_spec, cfg.data.evaluation_set_split)
@@ -487,10 +468,6 @@ def plan_distill(*, teacher: str, student: str, corpus: str, out: str | None = N
         corpus_sentences=len(corpus_read), corpus_stats=dict(corpus_read.stats), max_sentences=max_sentences,
         out_dir=out_dir, cfg=cfg, config_hash=validate_method(cfg).config_hash(), eval_pairs=pairs_path,
         register=register, dev_pairs=dev_path, budget=budget_text)
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# Running
 
 
 def _say(progress: Progress, message: str) -> None:
@@ -548,10 +525,20 @@ def run_distill(plan: DistillPlan, progress: Progress = print_line) -> dict[str,
 
 def train_student(plan: DistillPlan, progress: Progress = print_line) -> dict[str, Any]:
     """The cut (when the student is a shape) and the training of ``run_distill``, without packaging: the job's result
-    record (``bench/domain.py`` scores the student itself). The same plan again reads the finished record back."""
+    record (``bench/domain.py`` scores the student itself), read back when this config already finished in the run
+    dir, else trained (the run dir's checkpoints resume it) and evaluated by ``run_distillation``."""
+    from raydistill.runtime.jobs.distill import run_distillation
+
     if plan.start_dir is not None:
         _cut_student(plan, progress)
-    return _train(plan, progress)
+    record = _read_json(plan.result_path)
+    if record and (record.get("training") or {}).get("config_hash") == plan.config_hash \
+            and Path(record.get("model_dir", "")).is_dir():
+        scores = record.get("scores", {})
+        _say(progress, f"training already complete ({plan.result_path}: 7-STS {scores.get('avg', float('nan')):.2f}, "
+                       f"STS-B dev {scores.get('stsb_dev', float('nan')):.2f}); not trained again")
+        return record
+    return run_distillation(plan.cfg, result_path=plan.result_path, command=plan.command)
 
 
 def _read_json(path: Path) -> dict[str, Any] | None:
@@ -601,21 +588,6 @@ def _cut_student(plan: DistillPlan, progress: Progress) -> None:
                    f"{shape.hidden} wide ({time.perf_counter() - started:.1f}s) -> {target}")
 
 
-def _train(plan: DistillPlan, progress: Progress) -> dict[str, Any]:
-    """The job's result record: read back when this config already finished in the run dir, else trained (the run
-    dir's checkpoints resume it) and evaluated by ``run_distillation``."""
-    from raydistill.runtime.jobs.distill import run_distillation
-
-    record = _read_json(plan.result_path)
-    if record and (record.get("training") or {}).get("config_hash") == plan.config_hash \
-            and Path(record.get("model_dir", "")).is_dir():
-        scores = record.get("scores", {})
-        _say(progress, f"training already complete ({plan.result_path}: 7-STS {scores.get('avg', float('nan')):.2f}, "
-                       f"STS-B dev {scores.get('stsb_dev', float('nan')):.2f}); not trained again")
-        return record
-    return run_distillation(plan.cfg, result_path=plan.result_path, command=plan.command)
-
-
 def _package(plan: DistillPlan, record: dict[str, Any], progress: Progress):
     """The one call into the packaging step: the model directory, exports, card and report in ``plan.out_dir``."""
     from raydistill.ship.package import package_student
@@ -630,6 +602,7 @@ def _package(plan: DistillPlan, record: dict[str, Any], progress: Progress):
                    **plan.corpus_stats}
     start = f"{plan.teacher} cut to {plan.student.text}" if plan.student.kind == "cut" else plan.student.text
     labels = "label-free" if plan.recipe.labels == "none" else "with DistilCSE's NLI stage"
+    recipe = plan.recipe.to_dict()
     recipe_info = {
         "methods": [plan.recipe.method], "student": start, "seed": plan.cfg.seed, "budget": plan.budget or "epochs",
         "stages": [{key: stage.get(key) for key in ("method", "epochs", "lr", "batch_size", "steps", "best_step",
@@ -637,9 +610,8 @@ def _package(plan: DistillPlan, record: dict[str, Any], progress: Progress):
                    for stage in training.get("stages") or []],
         "description": f"The {plan.recipe.size}-size recipe of `raydistill distill`, {labels}: "
                        f"{plan.recipe.describe()}, the run with the best STS-B dev among the committed runs of its "
-                       f"size (teacher {plan.recipe.to_dict()['source_teacher']}, whole "
-                       f"{plan.recipe.to_dict()['source_corpus']} corpus).",
-        "recipe": plan.recipe.to_dict(), "student_layer_params": plan.student_params, "config_hash": plan.config_hash,
+                       f"size (teacher {recipe['source_teacher']}, whole {recipe['source_corpus']} corpus).",
+        "recipe": recipe, "student_layer_params": plan.student_params, "config_hash": plan.config_hash,
         "result_file": str(plan.result_path), "scores": record.get("scores"),
         "mlflow_run_id": record.get("mlflow_run_id"),
     }
@@ -658,13 +630,12 @@ def run_command(options: dict[str, Any], argv: list[str] | None = None, progress
     from raydistill.ship.package import PackageError
 
     try:
-        plan = plan_distill(argv=argv, **options)
-        run_distill(plan, progress)
+        run_distill(plan_distill(argv=argv, **options), progress)
     except (DistillError, PackageError) as exc:  # PackageError: an output directory packaging must not replace
         print(f"raydistill distill: {exc}", file=sys.stderr)
         return 2
     except USER_ERRORS as exc:
-        message = " ".join(str(exc).split("\n")[:1])
+        message = str(exc).split("\n")[0]
         print(f"raydistill distill: {message}", file=sys.stderr)
         return 2
     except JobStopped as exc:

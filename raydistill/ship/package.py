@@ -9,36 +9,33 @@ Contract: ``package_student(student_dir, out_dir, ...)`` leaves in ``out_dir``
     raydistill_package.json                           every number of the card and the table, with provenance
 
 A static student (``BiEncoder.is_static``: a token table, raydistill.models.static_embedding) is packaged without
-``onnx/``: its directory is the Model2Vec layout (model.safetensors holds the table), which sentence-transformers
-(StaticEmbedding) and ``model2vec.StaticModel`` both load, and the manifest's ``onnx`` records why (`STATIC_NO_ONNX`);
-its ``model.static`` records the table's width, vocabulary and tokenizer.
+``onnx/`` (the manifest's ``onnx`` says why: `STATIC_NO_ONNX`): its directory is the Model2Vec layout, which
+sentence-transformers (StaticEmbedding) and ``model2vec.StaticModel`` both load; its ``model.static`` records the
+table's width, vocabulary and tokenizer.
 
-It returns a `PackageReport` whose ``table`` is what the command prints last: the teacher, the student and each
-export with its quality (7-STS average, STS-B dev and, with ``eval_pairs``, the user's own labelled pairs; Spearman
-x 100) and encode speed, all measured in this process on the same sentences at the same thread count. An export more
-than ``quality_margin`` points below the student on any quality column is marked there and in the card; one whose
-sentences per CPU second are not above the torch student's is labelled "not faster here" (``Row.faster_here``
-False), and ``raydistill serve`` does not choose it by default.
+It returns a `PackageReport` whose ``table`` the command prints last: the teacher, the student and each export with
+its quality (7-STS average, STS-B dev and, with ``eval_pairs``, the user's own labelled pairs; Spearman x 100) and
+encode speed, all measured in this process on the same sentences at the same thread count. An export more than
+``quality_margin`` points below the student on a quality column is marked there and in the card; one whose
+sentences per CPU second are not above the torch student's is "not faster here" (``Row.faster_here`` False), and
+``raydistill serve`` does not choose it by default.
 
-``out_dir`` is built in a staging sibling and swapped in whole (``fileio.staged_directory``): a rerun replaces an
-earlier package at once, and a failure at any point leaves the earlier one (or nothing), never a half-written export.
-A directory that holds anything but an earlier package is refused (`check_out_dir`), not replaced; the command calls
-it, and `read_eval_pairs`, before training, so a bad ``DIR`` or pairs file fails in seconds rather than hours.
+``out_dir`` is built in a staging sibling and swapped in whole (``fileio.staged_directory``): a failure at any point
+leaves the earlier package (or nothing), never a half-written export. A directory that holds anything but an earlier
+package is refused (`check_out_dir`), not replaced; the command calls it, and `read_eval_pairs`, before training, so
+a bad ``DIR`` or pairs file fails in seconds rather than hours.
 
-Teacher scores: a preset teacher evaluated on the bundled sets has the scores of its committed baseline
-(`TEACHER_BASELINES`), so the 110M mpnet-base is not re-evaluated for ~25 min on two cores (it is still timed);
-any other teacher, or data under ``$RAYDISTILL_DATA``, is evaluated once per set content and its scores reused
-(`score_teacher`). Likewise the student's 7-STS and STS-B dev come from ``student_scores`` when the caller passes
-the training job's evaluation of this very directory.
+Scores reused, not computed again: a preset teacher on the bundled sets has its committed baseline's
+(`TEACHER_BASELINES`: the 110M mpnet-base would take ~25 min on two cores; it is still timed); any other teacher, or
+data under ``$RAYDISTILL_DATA``, is evaluated once per set content (`score_teacher`); the student's 7-STS and STS-B
+dev come from ``student_scores`` when the caller passes the training job's evaluation of this very directory.
 
-Speed is that of raydistill's own runner, the one ``raydistill serve`` runs (`SPEED_PIPELINE`): the torch rows
-through ``BiEncoder.encode``, each export through ``raydistill.models.export.load_onnx`` (an ONNX Runtime session
-behind the same tokenizer, pooling and projection in Python). sentence-transformers' ONNX backend is another
-pipeline, which can be slower or faster on the same files (bench/export_speed.py times both; docs/benchmarks.md).
-``speed_sentences`` distinct STS sentences, batch ``speed_batch``, ``speed_rounds`` interleaved rounds after one
-untimed warm-up each (`measure_speed`), medians: sentences per wall second, what a user sees, and per CPU second of
-this process, the steadier one on shared cores. Each ONNX session gets torch's thread count. The manifest's
-``speed`` names the pipeline and the CPU's instruction set (`cpu_instruction_set`), on which int8's gain depends.
+Speed is that of the runner ``raydistill serve`` runs (`SPEED_PIPELINE`; sentence-transformers' ONNX backend is
+another pipeline, slower or faster on the same files: bench/export_speed.py times both): ``speed_sentences``
+distinct STS sentences, batch ``speed_batch``, ``speed_rounds`` interleaved rounds after one untimed warm-up each
+(`measure_speed`), medians per wall second (what a user sees) and per CPU second of this process (the steadier on
+shared cores); each ONNX session gets torch's thread count. The manifest's ``speed`` names the pipeline and the CPU's
+instruction set (`cpu_instruction_set`), on which int8's gain depends.
 """
 
 from __future__ import annotations
@@ -60,16 +57,8 @@ import numpy as np
 from raydistill.cputime import cpu_seconds
 from raydistill.data import BUNDLED_DIR, DATA_ENV, Pair, dataset_path, load_dataset
 from raydistill.data.scored_pairs import read_eval_pairs  # re-exported: the command checks the pairs before training
-from raydistill.evaluation import (
-    DEV_SET,
-    PAIR_METRIC_NAMES,
-    STS7,
-    STS_SETS,
-    pair_metric,
-    pair_similarities,
-    score_pairs,
-    spearman,
-)
+from raydistill.evaluation import (DEV_SET, PAIR_METRIC_NAMES, STS7, STS_SETS, pair_metric, pair_similarities,
+                                   score_pairs, spearman)
 
 __all__ = ["PackageError", "PackageReport", "Row", "TEACHER_BASELINES", "QUALITY_COLUMNS", "DEFAULT_MARGIN",
            "MANIFEST_FILE", "STATIC_NO_ONNX", "SPEED_PIPELINE", "NOT_FASTER", "check_out_dir", "read_eval_pairs",
@@ -120,13 +109,10 @@ class PackageError(ValueError):
 
 @dataclass
 class Row:
-    """One line of the table: the teacher, the student or an export of it.
-
-    ``scores``: Spearman x 100 per STS set, ``avg``, ``stsb_dev`` and, when given, ``eval_pairs``.
-    ``marked``: the quality columns where an export falls more than the margin below the student.
-    ``faster_here``: for an export, whether its sentences per CPU second are above the student's on this CPU
-    (`mark_speed`); None for the teacher and the student.
-    """
+    """One line of the table: the teacher, the student or an export of it. ``scores``: Spearman x 100 per STS set,
+    ``avg``, ``stsb_dev`` and, when given, ``eval_pairs``; ``marked`` (`mark_rows`) and ``faster_here`` (`mark_speed`;
+    None for the teacher and the student): an export's quality columns more than the margin below the student, and
+    whether its sentences per CPU second are above the student's on this CPU."""
 
     name: str
     kind: str  # "teacher" | "student" | "export"
@@ -153,14 +139,6 @@ class PackageReport:
     margin: float
     manifest: dict[str, Any]
 
-    @property
-    def marked(self) -> list[Row]:
-        return [row for row in self.rows if row.marked]
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# Inputs checked before anything runs
-
 
 def check_out_dir(out_dir: str | os.PathLike) -> Path:
     """``out_dir`` if package_student may write it: missing, empty, or an earlier package (it has the manifest)."""
@@ -173,10 +151,6 @@ def check_out_dir(out_dir: str | os.PathLike) -> Path:
     return out
 
 
-# ---------------------------------------------------------------------------------------------------------------
-# Measuring
-
-
 def _bundled_evaluation() -> bool:
     """Whether every set the table scores is read from the bundled copy (not a $RAYDISTILL_DATA one)."""
     return all(dataset_path(STS_SETS[name]).is_relative_to(BUNDLED_DIR) for name in (*STS7, DEV_SET))
@@ -184,11 +158,9 @@ def _bundled_evaluation() -> bool:
 
 def _job_scores(student_scores: tuple[dict[str, float], str] | None) -> tuple[dict[str, float] | None, str]:
     """``(scores, source)`` of the student from its training job when they can stand for scoring it here."""
-    if student_scores is None:
-        return None, ""
-    scores, source = student_scores
+    scores, source = student_scores or ({}, "")
     wanted = (*STS7, "avg", DEV_SET)
-    if not _bundled_evaluation() or not all(isinstance(scores.get(name), (int, float)) for name in wanted):
+    if not scores or not _bundled_evaluation() or not all(isinstance(scores.get(key), (int, float)) for key in wanted):
         return None, ""
     return {name: float(scores[name]) for name in wanted}, f"{source} (the training job's evaluation)"
 
@@ -201,12 +173,8 @@ def teacher_baseline(teacher: str) -> dict[str, float] | None:
 
 def speed_sentences(count: int, seed: int = 0) -> list[str]:
     """``count`` distinct sentences of STS12-16 and STS-B test in a seeded order (bench/common.py's sample)."""
-    seen: dict[str, None] = {}
-    for name in SPEED_SETS:
-        for pair in load_dataset(STS_SETS[name]):
-            seen.setdefault(pair.sentence1, None)
-            seen.setdefault(pair.sentence2, None)
-    texts = list(seen)
+    texts = list(dict.fromkeys(text for name in SPEED_SETS for pair in load_dataset(STS_SETS[name])
+                               for text in (pair.sentence1, pair.sentence2)))
     return [texts[i] for i in np.random.default_rng(seed).permutation(len(texts))[:count]]
 
 
@@ -228,12 +196,8 @@ def measure_speed(models: dict[str, Any], sentences: list[str], *, batch_size: i
 
 
 def evaluation_pairs(eval_pairs: list[Pair] | None, *, sts: bool = True) -> dict[str, Sequence[Pair]]:
-    sets: dict[str, Sequence[Pair]] = {}
-    if sts:
-        sets = {name: load_dataset(STS_SETS[name]) for name in (*STS7, DEV_SET)}
-    if eval_pairs is not None:
-        sets[EVAL_PAIRS] = eval_pairs
-    return sets
+    sets: dict[str, Sequence[Pair]] = {name: load_dataset(STS_SETS[name]) for name in (*STS7, DEV_SET)} if sts else {}
+    return sets if eval_pairs is None else {**sets, EVAL_PAIRS: eval_pairs}
 
 
 def score_model(model: Any, sets: dict[str, Sequence[Pair]], batch_size: int) -> dict[str, float]:
@@ -272,8 +236,8 @@ def score_teacher(teacher: str, model: Any, sets: dict[str, Sequence[Pair]], bat
     known: dict[str, float] = json.loads(path.read_text()) if path.is_file() else {}
     digests = {name: set_digest(pairs) for name, pairs in sets.items()}
     missing = {name: pairs for name, pairs in sets.items() if digests[name] not in known}
-    measured = score_model(model, missing, batch_size) if missing else {}
     if missing:
+        measured = score_model(model, missing, batch_size)
         known.update({digests[name]: measured[name] for name in missing})
         path.parent.mkdir(parents=True, exist_ok=True)
         atomic_write_json(path, known)
@@ -287,14 +251,10 @@ def mark_rows(rows: list[Row], margin: float) -> list[Row]:
     """Set each export's ``marked``: the quality columns where it is more than ``margin`` below the student's."""
     student = next(row for row in rows if row.kind == "student")
     for row in rows:
-        row.marked = []
-        if row.kind != "export":
-            continue
-        for key, _ in QUALITY_COLUMNS:
-            mine, reference = row.scores.get(key), student.scores.get(key)
-            # On the two decimals shown, so the table never marks a difference it does not show.
-            if mine is not None and reference is not None and round(reference - mine, 2) > margin:
-                row.marked.append(key)
+        pairs = [(key, row.scores.get(key), student.scores.get(key)) for key, _ in QUALITY_COLUMNS]
+        # On the two decimals shown, so the table never marks a difference it does not show.
+        row.marked = [key for key, mine, reference in pairs if row.kind == "export" and mine is not None
+                      and reference is not None and round(reference - mine, 2) > margin]
     return rows
 
 
@@ -325,12 +285,10 @@ def cpu_instruction_set(flags: set[str] | None = None, machine: str | None = Non
 
     machine = (machine or platform.machine()).lower()
     flags = cpu_flags() if flags is None else set(flags)
-    arm = machine in ("aarch64", "arm64")
-    features = {label: any(flag in flags for flag in names) for label, names in (_ARM_FEATURES if arm
-                                                                                else _X86_FEATURES)}
-    summary = ", ".join(label if present else f"no {label}" for label, present in features.items())
-    if not flags:
-        summary = f"{machine}: instruction set unknown (no CPU flags readable)"
+    table = _ARM_FEATURES if machine in ("aarch64", "arm64") else _X86_FEATURES
+    features = {label: any(flag in flags for flag in names) for label, names in table}
+    summary = (", ".join(label if present else f"no {label}" for label, present in features.items()) if flags
+               else f"{machine}: instruction set unknown (no CPU flags readable)")
     return {**features, "vnni": sorted(flag for flag in flags if "vnni" in flag), "machine": machine,
             "int8_preset": quantization_target(flags, machine)[0], "summary": summary}
 
@@ -346,9 +304,8 @@ def format_table(rows: list[Row], *, margin: float, speed: dict[str, Any], own_m
     lines = []
     for row in rows:
         cells = [row.name, row.file or "", f"{row.bytes / 1e6:.1f}" if row.bytes else ""]
-        for key in columns:
-            value = row.scores.get(key)
-            cells.append("" if value is None else f"{value:.2f}" + (" *" if key in row.marked else ""))
+        cells += ["" if row.scores.get(key) is None else f"{row.scores[key]:.2f}" + (" *" if key in row.marked else "")
+                  for key in columns]
         cells += [f"{row.sentences_per_s:,.1f}", f"{row.sentences_per_cpu_s:,.1f}"]
         ratio = (f"{row.sentences_per_cpu_s / student.sentences_per_cpu_s:.2f}x"
                  if student is not None and student.sentences_per_cpu_s else "")
@@ -379,20 +336,6 @@ def format_table(rows: list[Row], *, margin: float, speed: dict[str, Any], own_m
     return "\n".join(out)
 
 
-# ---------------------------------------------------------------------------------------------------------------
-# Packaging
-
-
-def _load_snippets(files: list[dict[str, Any]], out_name: str) -> dict[str, str]:
-    snippets = {"model.safetensors": (f'from sentence_transformers import SentenceTransformer\n'
-                                      f'model = SentenceTransformer("{out_name}")')}
-    for row in files:
-        snippets[row["file"]] = (f'from sentence_transformers import SentenceTransformer\n'
-                                 f'model = SentenceTransformer("{out_name}", backend="onnx", '
-                                 f'model_kwargs={{"file_name": "{row["file"]}"}})')
-    return snippets
-
-
 def _static_info(student: Any) -> dict[str, Any]:
     """What a card says of a static student's table (read back from the saved model: a projection is folded in)."""
     backend = getattr(student.tokenizer, "backend_tokenizer", None)
@@ -401,24 +344,13 @@ def _static_info(student: Any) -> dict[str, Any]:
             "loaders": ["sentence_transformers.models.StaticEmbedding", "model2vec.StaticModel"]}
 
 
-def package_student(
-    student_dir: str | os.PathLike,
-    out_dir: str | os.PathLike,
-    *,
-    teacher: str,
-    corpus_info: dict[str, Any],
-    recipe_info: dict[str, Any],
-    command: str,
-    eval_pairs: str | os.PathLike | None = None,
-    student_scores: tuple[dict[str, float], str] | None = None,
-    quality_margin: float = DEFAULT_MARGIN,
-    progress: Callable[[str], Any] | None = print,
-    teacher_scores_dir: Path | None = None,
-    batch_size: int = 128,
-    speed_sentences_count: int = 256,
-    speed_batch: int = 32,
-    speed_rounds: int = 3,
-) -> PackageReport:
+def package_student(student_dir: str | os.PathLike, out_dir: str | os.PathLike, *, teacher: str,
+                    corpus_info: dict[str, Any], recipe_info: dict[str, Any], command: str,
+                    eval_pairs: str | os.PathLike | None = None,
+                    student_scores: tuple[dict[str, float], str] | None = None, quality_margin: float = DEFAULT_MARGIN,
+                    progress: Callable[[str], Any] | None = print, teacher_scores_dir: Path | None = None,
+                    batch_size: int = 128, speed_sentences_count: int = 256, speed_batch: int = 32,
+                    speed_rounds: int = 3) -> PackageReport:
     """Write the package described in the module docstring into ``out_dir`` and return its report.
 
     Args:
@@ -426,18 +358,15 @@ def package_student(
         teacher: the teacher as the recipe named it (a preset or a directory): evaluated, or its baseline's scores.
         corpus_info: ``name`` and ``sentences`` (count) of the training corpus; optional ``description``,
             ``datasets`` (Hugging Face dataset ids for the card's front matter).
-        recipe_info: ``methods`` (e.g. ``["congen"]``: the card cites their papers), optional ``student`` (the
-            start model: preset or path; the card's ``base_model``), ``stages`` (strings or dicts, one per stage),
-            ``description``, ``seed``, ``name`` (the card's title).
+        recipe_info: ``methods`` (the card cites their papers), optional ``student`` (the start model: the card's
+            ``base_model``), ``stages`` (strings or dicts), ``description``, ``seed``, ``name`` (the card's title).
         command: the exact command line that made the student (the card quotes it).
         eval_pairs: the user's labelled pairs (`read_eval_pairs`), scored for every row.
-        student_scores: ``(scores, source)``: the training job's 7-STS and STS-B dev of ``student_dir`` and the file
-            that holds them; used instead of scoring the student again when they cover every set and the sets are
-            the bundled ones.
+        student_scores: ``(scores, source file)``: the training job's 7-STS and STS-B dev of ``student_dir``, used
+            instead of scoring it again when they cover every set and the sets are the bundled ones.
         quality_margin: Spearman x 100 points an export may fall below the student before it is marked.
         progress: called with one line per step (None: silent).
-        teacher_scores_dir: where `score_teacher` keeps a teacher's scores per set (default
-            ``$RAYDISTILL_HOME/teacher-scores``).
+        teacher_scores_dir: where `score_teacher` keeps a teacher's scores (default: $RAYDISTILL_HOME/teacher-scores).
     """
     import torch
 
@@ -470,10 +399,8 @@ def package_student(
         models = {"teacher": teacher_model, "student": student}
         names = {"teacher": f"teacher {model_short_name(teacher)}", "student": "student (torch fp32)"}
         for row in files:
-            key = row["file"]
-            models[key] = load_onnx(staged, key, threads=threads)
-            quantized = row["quantization"]
-            names[key] = f"onnx int8 ({quantized['target']})" if quantized else "onnx fp32"
+            models[row["file"]] = load_onnx(staged, row["file"], threads=threads)
+            names[row["file"]] = f"onnx int8 ({row['quantization']['target']})" if row["quantization"] else "onnx fp32"
 
         sentences = speed_sentences(speed_sentences_count)
         load_before = round(os.getloadavg()[0], 2)
@@ -487,18 +414,18 @@ def package_student(
         scores: dict[str, dict[str, float]] = {}
         sources: dict[str, str] = {}
         for index, (key, model) in enumerate(models.items(), start=1):
-            baseline, baseline_source = known.get(key, (None, ""))
-            use_baseline = baseline is not None
-            sets = evaluation_pairs(user_pairs, sts=not use_baseline)
-            what = ", ".join(filter(None, ["7 STS sets + STS-B dev" if not use_baseline else "",
-                                           f"{len(user_pairs):,} own pairs" if user_pairs is not None else ""]))
-            sources[key] = baseline_source if use_baseline else "evaluated"
-            if use_baseline:
-                say(f"package: [{index}/{len(models)}] {names[key]}: 7-STS and STS-B dev from {sources[key]}")
-            measured: dict[str, float] = {}
+            step = f"package: [{index}/{len(models)}]"
+            baseline, source = known.get(key, (None, ""))
+            sources[key] = "evaluated" if baseline is None else source
+            if baseline is not None:
+                say(f"{step} {names[key]}: 7-STS and STS-B dev from {source}")
+            sets = evaluation_pairs(user_pairs, sts=baseline is None)
+            scores[key] = dict(baseline or {})
             if sets:
+                what = ", ".join(filter(None, ["7 STS sets + STS-B dev" if baseline is None else "",
+                                               f"{len(user_pairs):,} own pairs" if user_pairs is not None else ""]))
                 distinct = len({text for pairs in sets.values() for p in pairs for text in (p.sentence1, p.sentence2)})
-                say(f"package: [{index}/{len(models)}] evaluating {names[key]}: {what} ({distinct:,} sentences, "
+                say(f"{step} evaluating {names[key]}: {what} ({distinct:,} sentences, "
                     f"~{distinct / max(rates[key][0], 1e-9) / 60:.1f} min at its timed rate)")
                 model_started = time.perf_counter()
                 if key == "teacher":
@@ -509,17 +436,18 @@ def package_student(
                     measured, reused = score_model(model, sets, batch_size), []
                 shown = ", ".join(f"{label} {measured[column]:.2f}" for column, label in QUALITY_COLUMNS
                                   if column in measured)
-                say(f"package: [{index}/{len(models)}] {names[key]}: {shown} ({time.perf_counter() - model_started:.0f} s"
+                say(f"{step} {names[key]}: {shown} ({time.perf_counter() - model_started:.0f} s"
                     f"{f'; {len(reused)} of {len(sets)} sets scored by an earlier package' if reused else ''})")
-            scores[key] = {**(baseline if use_baseline else {}), **measured}
+                scores[key].update(measured)
 
-        snippets = _load_snippets(files, out.name)
+        load = f'from sentence_transformers import SentenceTransformer\nmodel = SentenceTransformer("{out.name}"'
         weights = staged / "model.safetensors"
         places = {"teacher": (model_short_name(teacher), None,
                               f'BiEncoder.from_pretrained("{teacher}")  # raydistill.models'),
-                  "student": ("model.safetensors", weights.stat().st_size if weights.is_file() else None,
-                              snippets["model.safetensors"]),
-                  **{row["file"]: (row["file"], row["bytes"], snippets[row["file"]]) for row in files}}
+                  "student": ("model.safetensors", weights.stat().st_size if weights.is_file() else None, load + ")"),
+                  **{row["file"]: (row["file"], row["bytes"],
+                                   f'{load}, backend="onnx", model_kwargs={{"file_name": "{row["file"]}"}})')
+                     for row in files}}
         rows = [Row(name=names[key], kind=key if key in ("teacher", "student") else "export", file=places[key][0],
                     bytes=places[key][1], scores=scores[key], scores_source=sources[key],
                     sentences_per_s=round(rates[key][0], 1), sentences_per_cpu_s=round(rates[key][1], 1),
@@ -541,20 +469,15 @@ def package_student(
 
         architecture = str(SentenceTransformer(str(staged), device="cpu"))  # also: the directory loads
         manifest = {
-            "kind": "raydistill_package",
-            "teacher": str(teacher),
-            "student_source": str(student_dir),
-            "corpus": corpus_info,
-            "recipe": recipe_info,
-            "command": command,
+            "kind": "raydistill_package", "teacher": str(teacher), "student_source": str(student_dir),
+            "corpus": corpus_info, "recipe": recipe_info, "command": command,
             "eval_pairs": None if eval_pairs is None else {
                 "path": str(eval_pairs), "pairs": len(user_pairs),
                 "metric": pair_metric([pair.score for pair in user_pairs])},
             "quality_margin": quality_margin,
             "evaluation_data": ("the copies bundled with raydistill" if _bundled_evaluation()
                                 else f"${DATA_ENV} = {os.environ.get(DATA_ENV)}"),
-            "rows": [row.to_dict() for row in rows],
-            "files": files,
+            "rows": [row.to_dict() for row in rows], "files": files,
             "onnx": {"exported": bool(files), "reason": STATIC_NO_ONNX if student.is_static else None},
             "speed": {**speed, "load_after": round(os.getloadavg()[0], 2)},
             "model": {"dim": student.dim, "max_length": student.max_length, "pooling": student.pooling,

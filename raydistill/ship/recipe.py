@@ -9,16 +9,15 @@ test_distill_command.py recomputes the choice from the committed files (best STS
 settings, so the table cannot go stale silently.
 
 What a recipe leaves out of its source run: the student and the teacher (the user's), ``train.precision`` (the source
-runs used bf16 on a CPU with native bf16; on one without it bf16 is emulated and many times slower, so it stays the
-config's fp32: pass ``--set train.precision=bf16`` where the hardware has it) and ``resources`` (where it ran, not
-what it trained).
+runs used bf16 on a CPU with native bf16; `raydistill distill` chooses it for the CPU it runs on, bf16 only where
+the hardware multiplies it, and a ``--set train.precision`` wins) and ``resources`` (where it ran, not what it
+trained).
 
 A student gets the recipe of the size nearest to it by the parameters of its transformer layers (embeddings not
 counted: they are looked up, not computed, and a vocabulary's size says nothing about how a student learns), on a log
-scale: ``size_for(layer_params)``. A static student (``static``, ``static:N``: a token table, no layers) is a size
-of its own, ``STATIC_SIZE``, whatever its width: ``size_for(0, static=True)``. It has a label-free recipe only
-(``STATIC_LABELS``): no committed run trains a table with DistilCSE's NLI stage, so ``recipe_for(..., "nli",
-static=True)`` raises ValueError naming what is supported rather than borrowing a transformer size's recipe.
+scale: ``size_for(layer_params)``. A static student (a token table, no layers) is a size of its own,
+``STATIC_SIZE``, with a label-free recipe only (``STATIC_LABELS``): ``recipe_for(..., "nli", static=True)`` raises
+ValueError naming what is supported rather than borrowing a transformer size's recipe.
 
     recipe = recipe_for(layer_params(layers=3, hidden=384, intermediate=1536), labels="none")
     recipe.config, recipe.overrides      # "congen", ()
@@ -31,8 +30,8 @@ import math
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
-__all__ = ["DEFAULT_BUDGET", "LABELS", "RECIPES", "SIZES", "STATIC_LABELS", "STATIC_SIZE", "Recipe", "labels_for", "layer_params",
-           "recipe_for", "recipes_help", "size_for"]
+__all__ = ["DEFAULT_BUDGET", "LABELS", "RECIPES", "SIZES", "STATIC_LABELS", "STATIC_SIZE", "Recipe", "labels_for",
+           "layer_params", "recipe_for", "recipes_help", "size_for"]
 
 # ``--labels`` values: none (label-free distillation on the user's text only) or nli (then supervised SimCSE on the
 # bundled NLI triplets, DistilCSE's second stage).
@@ -66,7 +65,7 @@ class Recipe:
                 "source_corpus": SOURCE_CORPUS}
 
     def headline(self) -> str:
-        """The line ``raydistill distill`` prints about its recipe: ``recipe of the minilm-l3 size, label-free: ...``."""
+        """What ``raydistill distill`` prints about its recipe: ``recipe of the minilm-l3 size, label-free: ...``."""
         labels = "label-free" if self.labels == "none" else "with NLI labels"
         return f"recipe of the {self.size} size, {labels}: {self.describe()}"
 
@@ -78,8 +77,7 @@ class Recipe:
     def describe(self) -> str:
         """``congen (results/mixed/congen-minilm-l3-mpnet-base.json: STS-B dev 83.77, 7-STS 77.08)``."""
         stage = f" stage {self.stage}" if self.stage else ""
-        return (f"{self.method} (results/{self.source}{stage}: STS-B dev {self.stsb_dev:.2f}, "
-                f"7-STS {self.sts7:.2f})")
+        return f"{self.method} (results/{self.source}{stage}: STS-B dev {self.stsb_dev:.2f}, 7-STS {self.sts7:.2f})"
 
 
 # The size presets' shapes (raydistill.models.registry.PRESETS): (layers, hidden, intermediate).
@@ -126,9 +124,8 @@ RECIPES: tuple[Recipe, ...] = (
 
 def layer_params(layers: int, hidden: int, intermediate: int) -> int:
     """Parameters of ``layers`` BERT-style transformer layers (attention, FFN, two LayerNorms): the size measure."""
-    per_layer = 4 * (hidden * hidden + hidden) + (hidden * intermediate + intermediate) + \
-        (intermediate * hidden + hidden) + 2 * 2 * hidden
-    return layers * per_layer
+    return layers * (4 * (hidden * hidden + hidden) + (hidden * intermediate + intermediate)
+                     + (intermediate * hidden + hidden) + 2 * 2 * hidden)
 
 
 def _size_params() -> dict[str, int]:
@@ -174,20 +171,17 @@ def recipes_help() -> str:
     lines = [f"recipes: per student size, the run with the best STS-B dev among the committed runs from "
              f"{SOURCE_TEACHER} on the whole {SOURCE_CORPUS} corpus (7-STS shown, never chosen by); a student gets "
              "the size nearest by its transformer layers' parameters (embeddings not counted):"]
+    sizes = []
     for size, low, high in reversed(_boundaries()):
         layers, hidden, _ = SIZES[size]
         span = f"{low:.1f}M+" if high == math.inf else (f"< {high:.1f}M" if low == 0 else f"{low:.1f}-{high:.1f}M")
-        lines.append(f"  {size} ({layers} layers x {hidden}; students with {span} layer parameters)")
-        for recipe in RECIPES:
-            if recipe.size == size:
-                what = "label-free (default)" if recipe.labels == "none" else "--labels nli"
-                settings = "".join(f" --set {override}" for override in recipe.overrides)
-                lines.append(f"    {what:<21} {recipe.describe()}")
-                lines.append(f"    {'':<21} = configs/{recipe.config}.yaml{settings}")
-    lines.append(f"  {STATIC_SIZE} (static:N, a token table N wide, no layers; its own size whatever its width)")
-    for recipe in RECIPES:
-        if recipe.size == STATIC_SIZE:
+        sizes.append((size, f"{layers} layers x {hidden}; students with {span} layer parameters"))
+    sizes.append((STATIC_SIZE, "static:N, a token table N wide, no layers; its own size whatever its width"))
+    for size, about in sizes:
+        lines.append(f"  {size} ({about})")
+        for recipe in [recipe for recipe in RECIPES if recipe.size == size]:
+            what = ("label-free (only)" if size == STATIC_SIZE
+                    else "label-free (default)" if recipe.labels == "none" else "--labels nli")
             settings = "".join(f" --set {override}" for override in recipe.overrides)
-            lines.append(f"    {'label-free (only)':<21} {recipe.describe()}")
-            lines.append(f"    {'':<21} = configs/{recipe.config}.yaml{settings}")
+            lines += [f"    {what:<21} {recipe.describe()}", f"    {'':<21} = configs/{recipe.config}.yaml{settings}"]
     return "\n".join(lines)

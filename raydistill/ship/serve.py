@@ -53,12 +53,11 @@ import sys
 import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from raydistill.argtypes import non_negative_float as _non_negative_float
-from raydistill.argtypes import positive_float as _positive_float
+from raydistill.argtypes import non_negative_float as _non_negative_float, positive_float as _positive_float
 from raydistill.argtypes import positive_int as _positive_int
 
 if TYPE_CHECKING:
@@ -84,10 +83,6 @@ class ServeError(ValueError):
     """Something the user can fix in the command line or the model directory: one message, no traceback."""
 
 
-# ----------------------------------------------------------------------------------------------------------------
-# What to serve
-
-
 @dataclass(frozen=True)
 class Runtime:
     """What the replicas run: ``file`` (relative to the model directory) in ONNX Runtime, or None for the torch model;
@@ -102,12 +97,11 @@ class Runtime:
 
 
 def recorded_speeds(model_dir: str | Path) -> list[dict[str, Any]] | None:
-    """The servable rows of ``DIR/SPEEDS_FILE`` (the packaging manifest: raydistill.ship.package), each
-    ``{"file": str | None (the torch model), "sentences_per_s", "sentences_per_cpu_s" (None when not recorded),
-    "marked": [quality columns where it lost more than the package's margin], "faster_here": bool | None (an
-    export's recorded verdict; None for the torch model and in a file that predates it)}``; None when the file is
-    missing.
-    The teacher's row is left out. A file in another format raises ServeError."""
+    """The servable rows of ``DIR/SPEEDS_FILE`` (the packaging manifest, teacher left out), each ``{"file": str |
+    None (the torch model), "sentences_per_s", "sentences_per_cpu_s" (None when not recorded), "marked": [quality
+    columns where it lost more than the package's margin], "faster_here": bool | None (an export's recorded verdict;
+    None for the torch model and in a file that predates it)}``; None when the file is missing, ServeError when it is
+    in another format."""
     path = Path(model_dir) / SPEEDS_FILE
     if not path.is_file():
         return None
@@ -229,10 +223,6 @@ def load_encoder(model_dir: str | Path, file: str | None, threads: int | None = 
     return load_onnx(model_dir, file, threads=threads)
 
 
-# ----------------------------------------------------------------------------------------------------------------
-# The deployment
-
-
 class BadRequest(Exception):
     """A request the client must fix; answered 400 with this message."""
 
@@ -312,12 +302,9 @@ class StudentEncoder:
         self.batch_sizes: Counter[int] = Counter()
         self.requests = 0
 
-    def _encode(self, texts: list[str]) -> np.ndarray:
-        return self.encoder.encode(texts, batch_size=len(texts))
-
     async def _embed_batch(self, texts: list[str]) -> list[np.ndarray]:
         self.batch_sizes[len(texts)] += 1
-        vectors = await asyncio.get_running_loop().run_in_executor(self.pool, self._encode, texts)
+        vectors = await asyncio.get_running_loop().run_in_executor(self.pool, self.encoder.encode, texts, len(texts))
         return list(vectors)
 
     def stats(self) -> dict[str, Any]:
@@ -355,10 +342,6 @@ class StudentEncoder:
                       "data": [{"object": "embedding", "index": i, "embedding": vector}
                                for i, vector in enumerate(vectors)],
                       "usage": {"prompt_tokens": tokens, "total_tokens": tokens}})
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# Starting it
 
 
 @dataclass(frozen=True)
@@ -430,9 +413,7 @@ def run(args: argparse.Namespace) -> int:
     from ray import serve
 
     try:
-        options = ServeOptions(host=args.host, port=args.port, replicas=args.replicas,
-                               cpus_per_replica=args.cpus_per_replica, threads=args.threads,
-                               max_batch_size=args.max_batch_size, batch_wait_ms=args.batch_wait_ms)
+        options = ServeOptions(**{option.name: getattr(args, option.name) for option in fields(ServeOptions)})
         runtime = choose_runtime(args.model_dir, args.export)
         check_loads(args.model_dir, runtime)
     except ServeError as err:
@@ -453,12 +434,9 @@ def run(args: argparse.Namespace) -> int:
         start_local_ray(log_to_driver=verbose)
         where = f"a local Ray ({ray.cluster_resources().get('CPU', 0):g} CPUs)"
 
-    def stop(signum, frame):
-        raise KeyboardInterrupt
-
-    # SIGINT too: a shell without job control starts background commands with SIGINT ignored, and Python then
-    # never turns it into KeyboardInterrupt.
-    previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGINT, signal.SIGTERM)}
+    # Both raise KeyboardInterrupt. SIGINT too: a shell without job control starts background commands with SIGINT
+    # ignored, and Python then never turns it into KeyboardInterrupt.
+    previous = {sig: signal.signal(sig, signal.default_int_handler) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         _check_cpus(options, started_ray)
         try:

@@ -6,30 +6,24 @@ Contract:
     BudgetFactor                                     the LR factor of a time budget, before and after its total
     RateMeter                                        rank 0's measurement that fixes a time budget's total
 
-No budget: ``train.epochs`` passes over the data, cut at ``train.max_steps``, as before budgets existed.
+No budget: ``train.epochs`` passes over the data, cut at ``train.max_steps``. A step budget is the run's total: the
+data repeats for as many epochs as the steps need, and the LR schedule (linear warm-up over ``train.warmup_ratio``
+of the total, then linear decay) ends at it.
 
-A step budget is the run's total: the data repeats for as many epochs as the steps need (a small corpus gets many),
-and the LR schedule (linear warm-up over ``train.warmup_ratio`` of the total, then linear decay) ends at it.
+A time budget is turned into a step budget once, by rank 0, from the step rate of this run: the first ``SKIP_STEPS``
+steps of a process are not timed (first-call allocations, the data stream starting), then the rate is measured until
+at least ``MIN_MEASURED_STEPS`` steps and either ``MEASURE_SHARE`` of the budget's time or ``MAX_MEASURED_STEPS``
+steps have passed (or, with very slow steps, ``LATE_SHARE`` of the budget); when a dev evaluation or a checkpoint
+falls every ``MAX_MEASURED_STEPS`` steps or more often, the window also spans one of each, so their time is in the
+rate. (Without that, a 60 s budget on two workers with an evaluation and a checkpoint every 20 steps trained for
+about twice its budget.) The total is then the steps done plus the steps the measured rate fits into the time left.
+It reaches every worker as a signal of the step's control collective and one broadcast at that step. The learner
+keeps the fixed total, its step and the wall seconds used in its checkpoint: a resumed run never measures again.
 
-A time budget is turned into a step budget once, by rank 0, from the step rate of this run: the first
-``SKIP_STEPS`` steps of a process are not timed (first-call allocations, the data stream starting), then the rate
-is measured until at least ``MIN_MEASURED_STEPS`` steps and either ``MEASURE_SHARE`` of the budget's time or
-``MAX_MEASURED_STEPS`` steps have passed (or, with very slow steps, ``LATE_SHARE`` of the budget); when a dev
-evaluation or a checkpoint falls every ``MAX_MEASURED_STEPS`` steps or more often, the window also spans one of
-each, so their time is in the rate as it will be in the run. (Without that, a 60 s budget on two workers with an
-evaluation and a checkpoint every 20 steps fixed 88 steps from the steps alone and trained for about twice its
-budget.) The total is then the steps done plus the steps the measured rate fits into the time left; pauses rarer
-than that are not in the rate, so such a run ends somewhat after its budget. The step it is
-fixed at reaches every worker through the step's control collective (a signal, as a stop request does), and the
-total in one broadcast from rank 0 at that step only. The learner keeps the fixed total, the step it was fixed at
-and the wall seconds used in its checkpoint: a resumed run keeps the total and goes on counting the seconds (it
-never measures again); a run resumed before the total was fixed measures in the new process.
-
-Until the total is fixed the loop plans ``capacity`` steps (``MAX_STEPS_PER_S`` per second of budget: a bound on
-how many steps the data stream must hold), and the LR warms up on a fixed line: ``step / PENDING_WARMUP_STEPS``
-(with ``train.warmup_ratio`` 0: no warm-up), the same on every worker because it depends on the step alone. From
-the fixed step on, the factor goes linearly from where it stands to 1 at the warm-up's end (``warmup_ratio`` of
-the fixed total), then decays linearly to 0 at the total: continuous, and the end of the schedule is the budget's.
+Until the total is fixed the loop plans ``capacity`` steps (``MAX_STEPS_PER_S`` per second of budget), and the LR
+warms up on a fixed line, ``step / PENDING_WARMUP_STEPS``, the same on every worker. From the fixed step on, the
+factor goes linearly to 1 at the warm-up's end (``warmup_ratio`` of the fixed total), then decays linearly to 0 at
+the total: continuous, and the end of the schedule is the budget's.
 """
 
 from __future__ import annotations

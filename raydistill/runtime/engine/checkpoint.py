@@ -1,8 +1,7 @@
 """Atomic, resumable training checkpoints.
 
-None of the authors' repositories can resume a run: SCT and ConGen keep their queues as plain attributes and save only
-the best model's weights, DistilCSE saves a bare state_dict (docs/methods.md, what users do by hand). A crash after hours
-of CPU therefore meant starting over. Here a checkpoint holds everything the next step depends on:
+None of the authors' repositories can resume a run (docs/methods.md, what users do by hand): a crash after hours of
+CPU meant starting over. Here a checkpoint holds everything the next step depends on:
 
     <run_dir>/checkpoints/step-0000200/
         manifest.json        {format, step, epoch, batch_in_epoch, config_hash, config, data_fingerprint, git_sha,
@@ -14,33 +13,26 @@ of CPU therefore meant starting over. Here a checkpoint holds everything the nex
         rng.pt               python / numpy / torch RNG states as tensors and plain lists (dropout masks after
                              resume are the ones a run without the crash would have drawn)
 
-Loading never runs code from the run dir: every file is read with ``torch.load(weights_only=True)`` (tensors and plain
-containers only; a pickled object is refused), and before anything is read the manifest's file names must be plain
-``<name>.pt`` names inside the checkpoint directory (no ``../``, no absolute path, no symlink) and each file's size and
-sha256 must match the manifest. A truncated or altered file is named in the error, and ``latest_good_checkpoint``
-falls back to the previous checkpoint, saying which one it skipped and why. The per-file (name, size, sha256) list is
-the part of the manifest that stays when checkpoints move to another store: it describes any directory of files.
+Loading never runs code from the run dir: every file is read with ``torch.load(weights_only=True)``, and before
+anything is read the manifest's file names must be plain ``<name>.pt`` names inside the checkpoint directory (no
+``../``, no absolute path, no symlink) and each file's size and sha256 must match the manifest. A truncated or
+altered file is named in the error, and ``latest_good_checkpoint`` falls back to the previous checkpoint, saying
+which one it skipped and why.
 
 Atomicity: the directory is built in its staging sibling ``.step-XXXXXXX.tmp-<pid>`` (``manifest.json`` last) and
-swapped in whole by ``fileio.staged_directory``, which fsyncs every file before the rename. A crash at any point
-leaves either the complete new checkpoint or none, and the previous checkpoints untouched; half-written staging
-directories are never read and are swept by the next save (``fileio.recover_directory``, only those whose writer
-process is gone). Re-saving a step that exists moves the old directory to ``.step-XXXXXXX.old-<pid>`` and the new one
-into place: a crash between those two renames leaves the old directory, which ``list_checkpoints`` still lists (and
-the next save renames back), so a loadable checkpoint of that step always exists. Only the newest ``keep_last`` step
-checkpoints are kept.
+swapped in whole by ``fileio.staged_directory``. A crash at any point leaves either the complete new checkpoint or
+none, and the previous checkpoints untouched; leftovers of dead writers are swept by the next save. Re-saving a step
+moves the old directory to ``.step-XXXXXXX.old-<pid>`` first: a crash between the two renames leaves the old one,
+which ``list_checkpoints`` still lists, so a loadable checkpoint of that step always exists. Only the newest
+``keep_last`` step checkpoints are kept.
 
 A checkpoint is refused when the config that wrote it hashes differently (``JobConfig.config_hash``, which ignores
-the fields that do not change training, ``config.RUNTIME_ONLY_FIELDS``: resources, tracking, eval and checkpoint
-cadence, keep_last, timeouts, restarts, logging, run/cache dirs), or when the content of a
-``file:`` corpus changed since (``data_fingerprint``: its sha256, because the config names only the path). The message
-names both hashes and the differing keys, because silently resuming a run with another learning rate, teacher or
-corpus corrupts it. ``resume.check_resume`` runs this check in the driver before Ray starts or ``config.yaml`` is
-written, where the run keeps its checkpoints (``resume.checkpoint_home``).
+``config.RUNTIME_ONLY_FIELDS``), or when the content of a ``file:`` corpus changed since (``data_fingerprint``). The
+message names both hashes and the differing keys, because silently resuming a run with another learning rate,
+teacher or corpus corrupts it. ``resume.check_resume`` runs this check in the driver before Ray starts.
 
 A disk that fills up while a checkpoint is written makes ``save_checkpoint`` raise ``CheckpointError`` saying so;
-the half-written directory is removed and the previous checkpoints stay loadable (``rundir.check_output_dir`` refuses
-a nearly full disk before the run starts).
+the half-written directory is removed and the previous checkpoints stay loadable.
 """
 
 from __future__ import annotations
@@ -63,20 +55,9 @@ from raydistill.fileio import atomic_write_text, file_sha256, recover_directory,
 from raydistill.config.job import RUNTIME_ONLY_FIELDS
 from raydistill.nested import flatten
 
-__all__ = [
-    "CheckpointError",
-    "CheckpointMismatchError",
-    "save_checkpoint",
-    "load_checkpoint",
-    "list_checkpoints",
-    "latest_checkpoint",
-    "read_manifest",
-    "verify_checkpoint",
-    "latest_good_checkpoint",
-    "data_fingerprint",
-    "check_compatible",
-    "checkpoint_root",
-]
+__all__ = ["CheckpointError", "CheckpointMismatchError", "save_checkpoint", "load_checkpoint", "list_checkpoints",
+           "latest_checkpoint", "read_manifest", "verify_checkpoint", "latest_good_checkpoint", "data_fingerprint",
+           "check_compatible", "checkpoint_root"]
 
 log = logging.getLogger(__name__)
 
@@ -89,7 +70,6 @@ STEP_DIR = re.compile(r"^step-(\d{7,})$")
 _SWAP_LEFTOVER = re.compile(r"^\.(step-\d{7,})\.(?:tmp|old)-\d+$")
 _MOVED_ASIDE = re.compile(r"^\.step-(\d{7,})\.old-\d+$")
 _FILE_NAME = re.compile(r"^[A-Za-z0-9_\-]+\.pt$")
-_HASH_CHUNK = 4 * 2**20
 _NO_SPACE = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
 
 
@@ -140,7 +120,7 @@ def save_checkpoint(run_dir: str | os.PathLike, *, step: int, epoch: int, batch_
                 # recognises (torch's own file-name writer reports it as an unrelated position error).
                 with open(path, "wb") as fh:
                     torch.save(obj, fh)
-                files.append({"name": path.name, "size": path.stat().st_size, "sha256": _sha256(path)})
+                files.append({"name": path.name, "size": path.stat().st_size, "sha256": file_sha256(path)})
             manifest = {
                 "format": FORMAT,
                 "step": int(step),
@@ -182,10 +162,6 @@ def _write_failure(run_dir, root: Path, final: Path, exc: BaseException) -> Chec
     return CheckpointError(f"{root}: cannot write {final.name} ({reason}){kept}")
 
 
-def _sha256(path: Path) -> str:
-    return file_sha256(path, _HASH_CHUNK)
-
-
 _SHA256_BY_FILE_STATE: dict[tuple[str, int, int], str] = {}
 
 
@@ -195,7 +171,7 @@ def _file_sha256_memo(path: Path) -> str:
     stat = path.stat()
     key = (str(path.resolve()), stat.st_size, stat.st_mtime_ns)
     if key not in _SHA256_BY_FILE_STATE:
-        _SHA256_BY_FILE_STATE[key] = _sha256(path)
+        _SHA256_BY_FILE_STATE[key] = file_sha256(path)
     return _SHA256_BY_FILE_STATE[key]
 
 
@@ -204,9 +180,8 @@ def data_fingerprint(config) -> dict[str, str]:
     dev pairs of ``train.dev_pairs``).
 
     The config hash covers the path only; an edited corpus under the same name would otherwise resume a run on
-    other data. Named corpora ship with the package and are covered by its version. A directory corpus hashes its
-    files' relative names and contents. Empty when nothing is read from a user file (or it cannot be read: the
-    config check reports that with the file's name).
+    other data (named corpora are covered by the package version). A directory corpus hashes its files' relative
+    names and contents. Empty when nothing is read from a user file (or it cannot be read).
     """
     found = {}
     # Dev pairs choose the best model and stop the run early: other pairs under the same name are another run.
@@ -226,7 +201,7 @@ def data_fingerprint(config) -> dict[str, str]:
     try:
         if path.is_dir():
             for file in sorted(p for p in path.rglob("*") if p.is_file()):
-                digest.update(str(file.relative_to(path)).encode() + b"\0" + _sha256(file).encode())
+                digest.update(str(file.relative_to(path)).encode() + b"\0" + file_sha256(file).encode())
         elif path.is_file():
             digest.update(_file_sha256_memo(path).encode())
         else:
@@ -316,7 +291,7 @@ def verify_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
         if size != entry["size"]:
             kind = "truncated" if size < entry["size"] else "longer than written"
             raise CheckpointError(f"{file}: {kind}: {size} bytes, the manifest says {entry['size']}")
-        if _sha256(file) != entry["sha256"]:
+        if file_sha256(file) != entry["sha256"]:
             raise CheckpointError(f"{file}: content altered: its sha256 differs from the manifest's")
     return manifest
 

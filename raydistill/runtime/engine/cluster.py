@@ -23,20 +23,9 @@ from typing import Any
 from raydistill.config.job import ConfigError, JobConfig
 from raydistill.config.sections import Reservation
 
-__all__ = [
-    "WORKER_ENV",
-    "Reservation",
-    "ResourceError",
-    "check_resources",
-    "configure_data_context",
-    "data_limits",
-    "init_ray",
-    "on_the_driver_node",
-    "prepare_worker_environment",
-    "quiet_ray_internal_deprecation",
-    "quiet_auth_notice",
-    "warn_if_outputs_are_ephemeral",
-]
+__all__ = ["WORKER_ENV", "Reservation", "ResourceError", "check_resources", "configure_data_context", "data_limits",
+           "drop_log_messages", "init_ray", "on_the_driver_node", "prepare_worker_environment",
+           "quiet_ray_internal_deprecation", "quiet_auth_notice", "warn_if_outputs_are_ephemeral"]
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +47,7 @@ WORKER_ENV = {
     # job's own progress lines (which say what is loading and how far the job is).
     "HF_HUB_DISABLE_PROGRESS_BARS": "1",
 }
+
 
 class ResourceError(ConfigError):
     """The configured roles cannot all be scheduled on the Ray cluster."""
@@ -90,13 +80,11 @@ def init_ray(cfg: Any = None, *, dashboard: bool = False, **init_kwargs: Any) ->
 def start_local_ray(*, dashboard: bool = False, **init_kwargs: Any) -> None:
     """``ray.init(address="local", ...)``; with ``dashboard``, a Ray whose workers can reach its state API.
 
-    A Ray Tune sweep needs that: when Tune stops a trial, the trial's Ray Train controller dies with it, and Train's
-    placement-group cleaner (an actor) learns of the death through the state API, which the dashboard serves, and
-    only then gives the Train run's CPUs back; without it the next trial waits for them forever. The cleaner finds
-    the cluster through ``RAY_ADDRESS`` or, failing that, the single Ray on the machine (two local Rays: it gives
-    up). So the GCS gets a port chosen here, and ``RAY_ADDRESS`` naming it is in the environment the Ray processes
-    inherit while they start; this process's own environment is put back afterwards, so a later ``init_ray`` here
-    starts a new Ray instead of connecting to a stopped one. A cluster started with ``ray start`` has both already.
+    A Ray Tune sweep needs that: Train's placement-group cleaner learns that a stopped trial's controller died through
+    the state API (the dashboard's), and only then gives the run's CPUs back; without it the next trial waits forever.
+    The cleaner finds the cluster through ``RAY_ADDRESS`` (else the single Ray on the machine), so the GCS gets a port
+    chosen here and ``RAY_ADDRESS`` names it while the Ray processes start; this process's environment is put back
+    afterwards, so a later ``init_ray`` starts a new Ray instead of joining a stopped one.
     """
     import socket
 
@@ -125,21 +113,29 @@ def start_local_ray(*, dashboard: bool = False, **init_kwargs: Any) -> None:
 def quiet_auth_notice() -> None:
     """Drop Ray's notice that it turned token authentication on for a new local cluster.
 
-    Ray 2.60 turns token authentication on for a new local cluster when ``RAY_AUTH_MODE`` is unset, and says so at
-    every ``ray.init`` ("Token authentication is enabled ... Set RAY_AUTH_MODE=disabled to opt out"): nothing for a
-    user to act on, once per job and per Tune trial. Ray keeps its own default (a token in ``~/.ray/auth_token``);
-    a user who exported ``RAY_AUTH_MODE`` gets no notice from Ray anyway. No public API sets the mode of a process
-    that has imported Ray (it reads its settings at import), so the notice is filtered by its logger's name, a string
-    no import needs; a Ray whose logger is named otherwise keeps its notice.
+    Ray 2.60 does so when ``RAY_AUTH_MODE`` is unset and says so at every ``ray.init``: nothing for a user to act on,
+    once per job and per Tune trial (Ray keeps its own default, a token in ``~/.ray/auth_token``). No public API sets
+    the mode of a process that has imported Ray (it reads its settings at import), so the notice is filtered by its
+    logger's name, a string no import needs; a Ray whose logger is named otherwise keeps its notice.
     """
-    logger = logging.getLogger("ray._private.authentication.authentication_token_setup")
-    if not any(isinstance(f, _DropAuthNotice) for f in logger.filters):
-        logger.addFilter(_DropAuthNotice())
+    drop_log_messages("ray._private.authentication.authentication_token_setup",
+                      "Token authentication is enabled for this Ray cluster")
 
 
-class _DropAuthNotice(logging.Filter):
+def drop_log_messages(logger_name: str, prefix: str) -> None:
+    """Filter out of logger ``logger_name`` the records whose message starts with ``prefix`` (one filter each)."""
+    logger = logging.getLogger(logger_name)
+    if not any(isinstance(f, _DropMessages) and f.prefix == prefix for f in logger.filters):
+        logger.addFilter(_DropMessages(prefix))
+
+
+class _DropMessages(logging.Filter):
+    def __init__(self, prefix: str):
+        super().__init__()
+        self.prefix = prefix
+
     def filter(self, record: logging.LogRecord) -> bool:
-        return not str(record.msg).startswith("Token authentication is enabled for this Ray cluster")
+        return not str(record.msg).startswith(self.prefix)
 
 
 def on_the_driver_node() -> Any:
@@ -170,21 +166,15 @@ def prepare_worker_environment() -> None:
 
 
 def configure_data_context(cfg: Any = None) -> Callable[[], None]:
-    """Ray Data defaults: no progress bars in CI or when stdout is not a terminal; never schedule Data work on the
-    CPUs the long-lived actors hold.
+    """Ray Data defaults: no progress bars in CI or without a terminal (Ray Data would log an eight-line block per
+    dataset every ten seconds; the jobs print their own progress lines), and never Data work on the CPUs the
+    long-lived actors hold.
 
-    Without a terminal (``ray job submit``, a log file) Ray Data logs every running dataset as an eight-line block
-    every ten seconds; the jobs print their own one-line progress instead (the teacher pass: `embedding_cache`).
-
-    ``resource_limits`` lets Ray Data plan with what the long-lived actors (``actor_reservation()``) leave of the
-    cluster, so its tasks and the teacher pool neither wait for those CPUs nor take them (actors on every CPU hang
-    Data: docs/runtime.md, Ray behaviour). Only the resources the actors hold are capped: a GPU limit stays Ray's
-    own (autodetected, growing with an autoscaling cluster) while no actor holds a GPU. Ray 2.60 deprecates the
-    former way, ``exclude_resources``, in favour of ``label_selector``, which confines Data to labelled nodes; a
-    limit is what says "all but these CPUs" on one node or an unlabelled cluster.
-
-    Returns a function that puts the settings back as they were: the DataContext is process-wide, and a job that
-    runs inside a longer process (tests, a notebook) should leave it as it found it.
+    ``resource_limits`` lets Ray Data plan with what the actors (``actor_reservation()``) leave of the cluster, so its
+    tasks and the teacher pool neither wait for those CPUs nor take them (actors on every CPU hang Data:
+    docs/runtime.md, Ray behaviour). Only what the actors hold is capped: a GPU limit stays Ray's own while no actor
+    holds a GPU. (``exclude_resources`` is deprecated, and ``label_selector`` confines Data to labelled nodes: a limit
+    is what says "all but these CPUs".) Returns a function that puts the process-wide settings back.
     """
     from ray.data import DataContext
 
@@ -203,7 +193,9 @@ def configure_data_context(cfg: Any = None) -> Callable[[], None]:
     ctx.wait_for_min_actors_s = int(os.environ.get("RAYDISTILL_ACTOR_WAIT_S", "600"))
     if os.environ.get("CI") or os.environ.get("RAYDISTILL_NO_PROGRESS") or not sys.stdout.isatty():
         ctx.enable_progress_bars = False
-        _quiet_progress_disabled_notice()
+        # Ray Data's "Progress bars disabled. To enable, set ..." would undo what raydistill does on purpose (its
+        # own progress lines stand in for the bars); its other progress messages stay.
+        drop_log_messages("ray.data._internal.progress", "Progress bars disabled")
         ctx.print_on_execution_start = False
     if cfg is not None:
         # CPUs and GPUs are this job's to set (a job run after another in one process must not inherit its cap);
@@ -234,12 +226,10 @@ def quiet_ray_internal_deprecation() -> None:
     """Hide Ray's deprecation notice for ``ExecutionOptions.exclude_resources`` when Ray itself causes it.
 
     Ray Train 2.60 copies the DataContext's options into a new ``ExecutionOptions(exclude_resources=...)`` for every
-    run with datasets (``DataConfig.default_ingest_options``, called as it records the run's state), and that
-    constructor warns even for the zero default. Nothing a user of raydistill sets or could change causes it:
-    raydistill sets ``resource_limits`` instead. The filter matches only warnings attributed to that constructor's
-    module, so code that still sets ``exclude_resources`` itself is warned as before. Run by
-    `configure_data_context` (a job's driver); a process that starts Ray Train without it (a Tune trial) runs it
-    before ``fit``.
+    run with datasets, and that constructor warns even for the zero default: nothing a user could change. The filter
+    matches only warnings attributed to that constructor's module, so code that sets ``exclude_resources`` itself is
+    still warned. A process that starts Ray Train without ``configure_data_context`` (a Tune trial) runs it before
+    ``fit``.
     """
     import warnings
 
@@ -250,19 +240,6 @@ def quiet_ray_internal_deprecation() -> None:
                             module=r"ray\.data\._internal\.execution\.interfaces\.execution_options$")
 
 
-class _DropProgressDisabledNotice(logging.Filter):
-    def filter(self, record: logging.LogRecord) -> bool:
-        return not str(record.msg).startswith("Progress bars disabled")
-
-
-def _quiet_progress_disabled_notice() -> None:
-    """Drop Ray Data's "Progress bars disabled. To enable, set ..." warning: raydistill turns them off on purpose
-    (its own progress lines stand in for them), so the advice would undo that. Other progress messages stay."""
-    progress_logger = logging.getLogger("ray.data._internal.progress")
-    if not any(isinstance(f, _DropProgressDisabledNotice) for f in progress_logger.filters):
-        progress_logger.addFilter(_DropProgressDisabledNotice())
-
-
 def check_resources(cfg: Any, available: dict[str, float] | None = None) -> None:
     """Raise ResourceError if the roles cannot be scheduled together, naming the fields to change.
 
@@ -270,9 +247,7 @@ def check_resources(cfg: Any, available: dict[str, float] | None = None) -> None
     config's ``num_cpus`` when Ray is not started yet.
     """
     if available is None:
-        import ray
-
-        available = ray.cluster_resources() if ray.is_initialized() else {"CPU": cfg.resources.num_cpus}
+        available = _cluster_total(cfg)
     cpus, gpus = float(available.get("CPU", 0)), float(available.get("GPU", 0))
     r = cfg.resources
     held = cfg.actor_reservation()

@@ -1,35 +1,31 @@
 """Rank 0's progress to the driver, and the driver's stop request to rank 0, through Ray's public API only.
 
-Progress: rank 0's ``ray.train.report`` of a progress step (every ``runtime.log_every`` steps, a step 30 s after the
-previous report, a dev evaluation, a checkpoint, the last step) carries ``PROGRESS_STEP`` and, after an evaluation,
-its scores (``EVAL_PREFIX``). ``ReportsToDriver``, a ``ray.train.UserCallback`` of the ``TorchTrainer``, turns each such report into
-the driver's events (``step``, ``eval``: ``progress_events``) and hands them to the ``EventRelay``, a small Ray
-actor the driver owns; the driver's main thread waits on it (``EventRelay.wait``, one blocking call until events
-arrive, the run ends, or ``runtime.learner_timeout_s`` passes: the watchdog of ``LearnerUnresponsiveError``). In
-Train's local mode (``num_learners: 0``) the loop runs in the driver, and ``LocalEvents`` hands the same events to
-the driver's callbacks directly.
+Progress: rank 0's report of a progress step carries ``PROGRESS_STEP`` and, after an evaluation, its scores
+(``EVAL_PREFIX``). ``ReportsToDriver``, a ``ray.train.UserCallback`` of the ``TorchTrainer``, turns each such report
+into the driver's events (``step``, ``eval``: ``progress_events``) and hands them to the ``EventRelay``, a small Ray
+actor the driver owns; the driver's main thread waits on it (``EventRelay.wait``, until events arrive, the run ends,
+or ``runtime.learner_timeout_s`` passes: the watchdog of ``LearnerUnresponsiveError``). In Train's local mode the
+loop runs in the driver, and ``LocalEvents`` hands the same events to the driver's callbacks directly.
 
 Stop: the driver's SIGTERM / SIGINT handler sets the relay's flag (``EventRelay.request_stop``); rank 0 reads it at
-its progress steps without waiting (``StopFlag``: the answer to the read issued at its previous progress step) and
-passes it to every worker inside the step's one control all-reduce (``DistillLearner.train_step``).
+its progress steps without waiting (``StopFlag``) and passes it to every worker inside the step's one control
+all-reduce (``DistillLearner.train_step``).
 
 What the public API does not do, and what this module does instead:
 
-* ``UserCallback`` runs in Train's controller actor, not in the driver (ray/train/v2/api/callback.py), and
-  ``TorchTrainer.fit`` blocks its caller without a timeout until the run ends. So the reports reach the driver
-  through the relay, and ``fit`` runs in a thread of its own while the driver's main thread waits on the relay with
-  a timeout: nothing else in Ray's public API tells the driver of a hung worker group (Train's health checks see a
-  live process, not a silent one).
+* ``UserCallback`` runs in Train's controller actor, not in the driver, and ``TorchTrainer.fit`` blocks without a
+  timeout: so the reports reach the driver through the relay, and ``fit`` runs in a thread of its own while the main
+  thread waits on the relay with a timeout (Train's health checks see a live process, not a silent one).
 * Train's local mode runs no callbacks (``LocalController`` ignores ``RunConfig.callbacks``): hence ``LocalEvents``.
-* ``start`` (rank 0's pid, actor and the method's shared actors, at each (re)start of the workers) is not a report: a
-  report needs every worker, and the start answer must carry how often Train restarted the group (it goes into the
-  checkpoints). Rank 0 tells the relay directly, once per start.
-* Train has no public hook to keep actors alive across worker-group restarts: the relay keeps the actors the
-  method's hooks share between learners (``MethodSpec.hooks``), so a worker group that Train restarts gets live ones.
+* ``start`` (rank 0's pid, actor and shared actors) is not a report: a report needs every worker, and the start
+  answer must carry how often Train restarted the group (it goes into the checkpoints). Rank 0 tells the relay.
+* Train cannot keep actors alive across worker-group restarts: the relay keeps the actors the method's hooks share
+  between learners (``MethodSpec.hooks``), so a worker group that Train restarts gets live ones.
 """
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from typing import Any, Callable
 
@@ -146,10 +142,8 @@ class EventRelay:
         import ray
 
         for actor in self._all_actors():
-            try:
+            with contextlib.suppress(Exception):  # already gone
                 ray.kill(actor)
-            except Exception:  # noqa: BLE001 - already gone
-                pass
         self._actors = {}
 
     def shutdown(self) -> None:
@@ -178,13 +172,12 @@ class ReportsToDriver(_user_callback_base()):
             return
         import ray
 
-        try:
-            # Waited for until the driver has taken the events (this callback comes before the Tune trial's, so
-            # the driver has an evaluation before Tune can stop the trial on it), and so that every event is with
-            # the relay before fit returns (a call that is not waited for could reach it after ``finish``).
+        # Waited for until the driver has taken the events (this callback comes before the Tune trial's, so the
+        # driver has an evaluation before Tune can stop the trial on it), and so that every event is with the relay
+        # before fit returns (a call that is not waited for could reach it after ``finish``). A driver that is gone
+        # stops nothing: training goes on, its checkpoints are the record.
+        with contextlib.suppress(Exception):
             ray.get(self.relay.push.remote(events, TAKEN_TIMEOUT_S), timeout=EVENT_TIMEOUT_S)
-        except Exception:  # noqa: BLE001 - the driver is gone: training goes on, its checkpoints are the record
-            pass
 
 
 class LocalEvents:

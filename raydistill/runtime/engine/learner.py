@@ -5,18 +5,16 @@ builds one per Train worker (in the calling process in Train's local mode, ``num
 Trans-Encoder learner actor), and with several workers ``enable_ddp`` wraps its student and loss in
 ``DistributedDataParallel`` over the process group Train set up (gloo on CPU, NCCL on GPU).
 
-What one optimiser step does (the fork of sentence-transformers' ``fit`` that SCT and ConGen share,
-docs/methods.md, ConGen and SCT):
+One optimiser step (the fork of sentence-transformers' ``fit`` that SCT and ConGen share, docs/methods.md):
 
     features, labels = method.batch_to_features(ctx, batch)     # student forward passes (+ teacher vectors)
     loss = loss_module(features, labels).loss                   # queue updates happen inside, before backward
     loss.backward()  [DDP averages grads over workers]; clip_grad_norm_(1.0); AdamW.step(); scheduler.step()
 
 Optimiser: ``torch.optim.AdamW`` with weight decay 0.01 on every weight matrix and none on biases, LayerNorm weights
-and scalars (the learnable temperature), eps 1e-6. The authors use ``transformers.AdamW(correct_bias=False)``, which
-recent transformers removed and ``torch.optim.AdamW`` cannot reproduce: torch always bias-corrects the moment
-estimates, so the first few hundred updates are somewhat larger than the authors' (their un-corrected second
-moment starts near 0 and is divided out un-rescaled). This is a known, documented deviation (docs/methods.md, SCT).
+and scalars (the learnable temperature), eps 1e-6. The authors' ``transformers.AdamW(correct_bias=False)`` is gone
+from recent transformers, and torch always bias-corrects the moments, so the first few hundred updates are somewhat
+larger than the authors' (a known, documented deviation: docs/methods.md, SCT).
 
 Schedule: linear warm-up over ``warmup_ratio`` of the *total* steps, then linear decay to 0 at the nominal end;
 early stopping does not shorten the schedule (as in the authors' fit loop). With a time budget (``train.budget``:
@@ -30,6 +28,7 @@ That, early stopping and the checkpoints are ``learner_state.LearnerState``, the
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import time
@@ -100,18 +99,15 @@ class DistillLearner(LearnerState):
     """Student + loss module + optimiser of one method; trains on numpy batches from ``TrainingData.iter_batches``.
 
     Args:
-        cfg: the job config (``train``, ``loss``, ``data.max_length``, ``student``, ``seed``).
         spec: the method (``raydistill.methods.MethodSpec``); default ``METHODS[cfg.method]``.
         total_steps: optimiser steps of the whole run (for the LR schedule).
-        teacher_dim: width of the teacher vectors in the batches; with a method that projects, a student of
-            another width gets ``projection_dim = teacher_dim`` (tanh), saved with the model.
+        teacher_dim: width of the teacher vectors; with a method that projects, a student of another width gets
+            ``projection_dim = teacher_dim`` (tanh), saved with the model.
         run_dir: where ``best/`` and ``checkpoints/`` go (default ``cfg.resolved_run_dir()``).
-        init_model: start the student from this directory instead of ``cfg.student`` (later stages of a pipeline).
-        rank, world_size: position among data-parallel learners (Ray Train workers); once ``enable_ddp`` has run,
-            DistributedDataParallel averages the gradients over them. Only rank 0 evaluates and writes files.
-        shared_actors: by hook name, the actors the method's hooks share between several learners (the
-            ``EventRelay``'s); each hook turns its own into arguments of the loss (``MethodHook.loss_context``).
-            None: one learner, nothing shared.
+        init_model: start the student from this directory instead of ``cfg.student`` (later stages).
+        rank, world_size: position among data-parallel learners; only rank 0 evaluates and writes files.
+        shared_actors: by hook name, the actors the method's hooks share between learners (the ``EventRelay``'s),
+            turned into arguments of the loss (``MethodHook.loss_context``). None: nothing shared.
         threads: torch intra-op threads of this process (set in Train workers; Ray gives fractional-CPU ones 1).
         device: "cpu", "cuda", ...; default cuda when ``cfg.resources.learner.num_gpus > 0`` and available.
     """
@@ -237,15 +233,6 @@ class DistillLearner(LearnerState):
                     named.append((f"{prefix}.{name}", param))
         return named
 
-    def _trainable(self) -> list[nn.Parameter]:
-        params, seen = [], set()
-        for module in (self.student, self.loss_module):
-            for param in module.parameters():
-                if param.requires_grad and id(param) not in seen:
-                    seen.add(id(param))
-                    params.append(param)
-        return params
-
     def _forward(self, batch: dict[str, np.ndarray]):
         """Student forward passes and the loss of one batch: ``(loss, parts)``; what DDP's forward runs."""
         ctx = StepContext(student=self.student, loss=self.loss_module, device=self.device, step=self.step,
@@ -340,7 +327,7 @@ class DistillLearner(LearnerState):
         if self._ddp is not None:
             self.signals, loss_value, parts_values, crcs = self._agree_on_step(problem, self.signals, loss,
                                                                                parts_values, crc)
-        params = self._trainable()
+        params = [param for _, param in self._named_trainable()]
         if self.cfg.train.grad_clip > 0:
             grad_norm = torch.nn.utils.clip_grad_norm_(params, self.cfg.train.grad_clip)
         else:
@@ -384,12 +371,10 @@ class DistillLearner(LearnerState):
 
 def _quiet_transformers() -> None:
     # "Writing model shards" bars at every best-model save would bury the progress lines.
-    try:
+    with contextlib.suppress(Exception):  # cosmetic only
         from transformers.utils import logging as hf_logging
 
         hf_logging.disable_progress_bar()
-    except Exception:  # noqa: BLE001 - cosmetic only
-        pass
 
 
 def _as_float32(value):

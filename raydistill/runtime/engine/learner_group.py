@@ -4,43 +4,32 @@
 
     ScalingConfig   from ``resources.learner``: ``num_learners: 0`` is Train's local mode (the loop runs in this
                     process: tests, laptops, each Trans-Encoder stage inside its learner actor); N > 0 starts N
-                    workers with ``num_cpus``/``num_gpus`` each (``use_gpu`` when ``num_gpus > 0``). DDP averages
-                    the gradients (gloo on CPU, NCCL on GPU), so one step consumes N batches (batch ``b`` of an
-                    epoch goes to worker ``b mod N``) and the weights stay identical on every worker.
-    datasets        a corpus streams from Ray Data (``{"train": TrainingData.epoch_stream(...)}``, read from the
-                    memory-mapped rows file by Data's tasks, not split: every worker, or the local-mode loop, keeps
-                    its own batches of the seeded order); a labelled set, and a corpus whose reporter takes no
-                    stream (a Tune trial's: the rows file's location), ride in the loop config
-    reporter        where the loop's reports and checkpoints go (``reporting``): Train's by default; a Tune trial
-                    plugs in its own, with the Train callbacks it needs
-    FailureConfig   ``runtime.max_restarts`` (default 3) worker-group failures are retried: Train starts new workers,
-                    which resume from the newest reported checkpoint (weights, AdamW, schedule, loss state, RNG,
-                    data position)
-    RunConfig       ``storage_path`` = ``resume.checkpoint_home``: ``<runtime.storage_path>/<run dir name>``
-                    (any pyarrow filesystem URI) with workers, else the stage's run dir; ``name`` ``checkpoints``:
-                    checkpoints land in ``<home>/checkpoints/step-XXXXXXX``, and ``train.keep_last`` of them are kept
-                    (``CheckpointConfig``). The run dir records its home and the storage folder its owner, so a
-                    changed or shared storage is refused before anything starts (``check_resume``)
+                    workers with ``num_cpus``/``num_gpus`` each. DDP averages the gradients (gloo on CPU, NCCL on
+                    GPU): one step consumes N batches (batch ``b`` of an epoch goes to worker ``b mod N``)
+    datasets        a corpus streams from Ray Data (``TrainingData.epoch_stream``, not split: every worker keeps its
+                    own batches of the seeded order); a labelled set, and a corpus whose reporter takes no stream (a
+                    Tune trial's), ride in the loop config
+    reporter        where the loop's reports and checkpoints go (``reporting``): Train's by default
+    FailureConfig   ``runtime.max_restarts`` worker-group failures are retried: new workers resume from the newest
+                    reported checkpoint (weights, AdamW, schedule, loss state, RNG, data position)
+    RunConfig       ``storage_path`` = ``resume.checkpoint_home`` (``<runtime.storage_path>/<run dir name>`` with
+                    workers, else the run dir); checkpoints land in ``<home>/checkpoints/step-XXXXXXX``, and
+                    ``train.keep_last`` of them are kept. A changed or shared storage is refused before anything
+                    starts (``check_resume``)
 
-What raydistill adds on top of Train: the config-hash refusal before anything starts (``check_resume``), the resume
-from the newest checkpoint that verifies (a damaged newer one is skipped, and the log says so), exact mid-epoch
-resume (data position, RNG, loss state), the method's hooks (``MethodSpec.hooks``: actors its learners share, kept
-by the ``EventRelay`` whose handle reaches the workers through the loop config, and a fresh start from the driver's
+On top of Train: the config-hash refusal, the resume from the newest checkpoint that verifies, exact mid-epoch resume,
+the method's hooks (``MethodSpec.hooks``: shared actors kept by the ``EventRelay``, a fresh start from the driver's
 seeded samples), and MLflow/progress from rank 0's reports (a tracking failure never stops training).
 
-Rank 0's progress reports reach the driver through Train's public callback (``events.ReportsToDriver``, which runs
-in Train's controller and hands them to the ``EventRelay``); in local mode the loop runs here and calls the
-driver's callbacks itself (``events`` says why each part takes the path it does). With workers, ``fit`` runs in a
-thread of its own and the driver's main thread waits on the relay, one blocking call per batch of events: no
-polling. A worker group that sends nothing for ``runtime.learner_timeout_s`` (default ``LEARNER_TIMEOUT_S``;
-start-up gets at least ``LEARNER_START_TIMEOUT_S``) ends that wait, and ``fit`` with ``LearnerUnresponsiveError``
-saying how to resume; the relay then tells the workers to leave once the hung one returns or dies.
+Rank 0's reports reach the driver through Train's callback (``events.ReportsToDriver``) and the ``EventRelay``; in
+local mode the loop calls the driver's callbacks itself. With workers, ``fit`` runs in a thread of its own and the
+main thread waits on the relay, one blocking call per batch of events. A worker group that sends nothing for
+``runtime.learner_timeout_s`` (start-up: at least ``LEARNER_START_TIMEOUT_S``) ends that wait with
+``LearnerUnresponsiveError`` saying how to resume; the relay then tells the workers to leave.
 
-A job that is started again with the same run dir resumes the same way. Preemption: ``stopping.request_stop()``
-(the SIGTERM / SIGINT handler of ``run_distillation``; ``fit`` runs inside ``stopping.step_boundaries()``, so the
-handler only sets the flag, and the relay's with it) reaches rank 0 at its next progress step; every worker
-finishes the step in flight, a checkpoint is written at that step boundary, and ``fit`` raises ``PreemptedError``;
-the resumed job redoes no step.
+Preemption: ``stopping.request_stop()`` (the job's SIGTERM / SIGINT handler; ``fit`` runs inside
+``stopping.step_boundaries()``) reaches rank 0 at its next progress step; every worker finishes the step in flight, a
+checkpoint is written at that step boundary, and ``fit`` raises ``PreemptedError``; the resumed job redoes no step.
 
 Progress goes to stdout, one line per ``runtime.log_every`` steps (default: about 50 lines per run) or 30 s:
 
@@ -49,6 +38,7 @@ Progress goes to stdout, one line per ``runtime.log_every`` steps (default: abou
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import math
@@ -70,7 +60,6 @@ from raydistill.config.job import JobConfig
 from raydistill.runtime.engine.reporting import TrainReports, progress_every
 from raydistill.runtime.engine.stopping import (  # noqa: F401 - request_stop: re-exported
     JobStopped,
-    clear_stop_request,
     on_stop_request,
     request_stop,
     signal_name,
@@ -114,14 +103,12 @@ class LearnerGroup:
     """Train ``cfg``'s method with Ray Train: local mode (``num_learners: 0``) or N workers; same API either way.
 
     Args:
-        cfg: the job (or stage) config.
         spec: the method; default ``METHODS[cfg.method]``.
         run_dir: where this (stage of the) run keeps ``checkpoints/`` and ``best/``.
         init_model: start the student from this directory (a previous stage's ``best/``).
         teacher_dim: width of the teacher vectors in the batches (None: read from the data).
         name: label of the progress lines.
-        reporter: where the loop's reports and checkpoints go (``reporting.Reporter``; None: ``TrainReports``, Ray
-            Train's). A Ray Tune trial passes its own (``runtime.tune.reporting``).
+        reporter: where the loop's reports and checkpoints go (``reporting.Reporter``; None: ``TrainReports``).
         resume_hint: how to resume a stopped fit, for its stop line (None: rerun the command with this run_dir).
     """
 
@@ -162,10 +149,9 @@ class LearnerGroup:
             on_event: EventCallback | None = None) -> FitSummary:
         """Train to the end (resuming from ``run_dir``'s newest good checkpoint) and return a summary.
 
-        ``on_metrics(metrics, step)`` gets the metrics of every progress step (every ``runtime.log_every`` steps or
-        30 s, an evaluation, a checkpoint, the last step; for MLflow); ``on_eval({"stsb_dev": ...}, step)``
-        every dev evaluation; ``on_event(kind, info, step)`` every event of rank 0 (``start`` with the worker's
-        pid and the checkpoint step it resumed from, ``step``, ``eval``).
+        ``on_metrics(metrics, step)`` gets the metrics of every progress step (for MLflow); ``on_eval({"stsb_dev":
+        ...}, step)`` every dev evaluation; ``on_event(kind, info, step)`` every event of rank 0 (``start`` with the
+        worker's pid and the checkpoint step it resumed from, ``step``, ``eval``).
         """
         from raydistill.runtime.engine.train_loop import LoopConfig
 
@@ -183,9 +169,8 @@ class LearnerGroup:
                              first_step=manifest["step"] if manifest else 0, on_metrics=on_metrics, on_eval=on_eval,
                              on_event=on_event)
         loop = LoopConfig(cfg=self.cfg, spec=self.spec, run_dir=str(self.run_dir), total_steps=total,
-                          epochs=length.epochs,
-                          num_rows=data.num_rows, teacher_dim=self.teacher_dim, init_model=self.init_model,
-                          name=self.name, events=None, local_mode=self.num_learners == 0,
+                          epochs=length.epochs, num_rows=data.num_rows, teacher_dim=self.teacher_dim,
+                          init_model=self.init_model, name=self.name, events=None, local_mode=self.num_learners == 0,
                           checkpoints_in_run_dir=home == str(self.run_dir.resolve()), reporter=self.reporter)
         if latest is None:  # a fresh start: what the method's hooks start every worker from
             loop.fresh_start = {hook.name: hook.fresh_start_sample(self.spec, self.cfg, data, self.init_model)
@@ -218,8 +203,7 @@ class LearnerGroup:
         if out.get("preempted"):
             self._raise_preempted(out["step"])
         # A time budget's total is the one the run fixed (the planned one if it ended before fixing it).
-        return FitSummary(steps=out["step"], total_steps=int(out.get("total_steps", total)),
-                          world_size=self.world_size,
+        return FitSummary(steps=out["step"], total_steps=int(out.get("total_steps", total)), world_size=self.world_size,
                           best_step=out["best"]["best_step"], best_stsb_dev=out["best"]["best_stsb_dev"],
                           best_dir=str(self.run_dir / "best"), restarts=max(0, events.starts - 1),
                           resumed_from=out["resumed_from"], seconds=round(time.perf_counter() - started, 2),
@@ -260,6 +244,7 @@ class LearnerGroup:
 
     def _fit_local(self, loop, datasets, events: "_Dispatcher"):
         """Train's local mode: the loop runs here, and its events call the dispatcher directly."""
+        from raydistill.runtime.engine.cluster import drop_log_messages
         from raydistill.runtime.engine.events import LocalEvents
 
         loop.events = LocalEvents(events, stop_requested)
@@ -268,9 +253,7 @@ class LearnerGroup:
         logging.getLogger("ray.train.v2._internal.execution.train_fn_utils").setLevel(logging.WARNING)
         # and every local-mode ScalingConfig announces itself ("Running in local mode. ... please file a report"):
         # chosen here on purpose, once per Trans-Encoder stage or DvBERT fold, nothing for a user to act on.
-        config_logger = logging.getLogger("ray.train.v2.api.config")
-        if not any(isinstance(f, _DropLocalModeNotice) for f in config_logger.filters):
-            config_logger.addFilter(_DropLocalModeNotice())
+        drop_log_messages("ray.train.v2.api.config", "Running in local mode")
         return self._trainer(loop, datasets, local=True).fit()
 
     def _fit_workers(self, loop, datasets, events: "_Dispatcher"):
@@ -298,10 +281,8 @@ class LearnerGroup:
             except BaseException as exc:  # noqa: BLE001 - handed to the driver thread below
                 outcome["error"] = exc
             finally:
-                try:
+                with contextlib.suppress(Exception):  # the relay is gone with the cluster
                     relay.finish.remote()
-                except Exception:  # noqa: BLE001 - the relay is gone with the cluster
-                    pass
 
         thread = threading.Thread(target=run, name=f"raydistill-train-{self.name}", daemon=True)
         with on_stop_request(lambda: relay.request_stop.remote()):
@@ -319,16 +300,12 @@ class LearnerGroup:
                 if not drained:
                     # The run goes on in the background until its hung worker returns or dies; then the relay
                     # (kept alive for this) tells the workers to leave without training. A CLI job simply exits.
-                    try:
+                    with contextlib.suppress(Exception):  # the relay is gone with the cluster
                         relay.abort.remote()
-                    except Exception:  # noqa: BLE001 - the relay is gone with the cluster
-                        pass
                     raise self._unresponsive(limit)
         thread.join()
-        try:
+        with contextlib.suppress(Exception):  # the relay is gone with the cluster
             ray.get(relay.shutdown.remote(), timeout=30)
-        except Exception:  # noqa: BLE001 - the relay is gone with the cluster
-            pass
         ray.kill(relay)
         if "error" in outcome:
             raise outcome["error"]
@@ -350,11 +327,6 @@ class LearnerGroup:
                    f"{latest.name if latest else '?'}; {self.resume_hint} at step {step} (no step is redone)")
         print(message, flush=True)
         raise PreemptedError(message, step, str(latest) if latest else None)
-
-
-class _DropLocalModeNotice(logging.Filter):
-    def filter(self, record: logging.LogRecord) -> bool:
-        return not str(record.msg).startswith("Running in local mode")
 
 
 class _Dispatcher:

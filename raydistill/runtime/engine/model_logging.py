@@ -4,21 +4,16 @@
     version = register_student(uri, logged, "my-encoder")                      # -> 1, 2, ...
     log_student(model_dir, tracking_uri=uri, run_id=run_id, register="my-encoder")   # both at once
 
-``model_dir`` is a sentence-transformers directory (what ``BiEncoder.save`` writes, what
-``sentence_transformers.SentenceTransformer(model_dir)`` loads offline). It is logged with MLflow's
-sentence-transformers flavor as a model of run ``run_id`` in the store at ``tracking_uri`` (the job's ``Tracker``'s
-store, whatever it is: the sqlite ``mlflow.db`` default, ``$MLFLOW_TRACKING_URI``, a server), in that run's
-experiment, with an input example (``EXAMPLE_SENTENCES``), the signature (a list of strings in, a float32
-``[-1, dimension]`` array out) and pinned pip requirements; ``step`` links the run's metrics at that step (the final
-7-STS scores) to the model. With ``register`` it becomes the next version of the registered model of that name
-(created on first use). Nothing here guards against a failing store: ``Tracker.log_model`` does, as for every other
-MLflow call (a failure warns and the job goes on).
+``model_dir`` is a sentence-transformers directory (what ``BiEncoder.save`` writes). It is logged with MLflow's
+sentence-transformers flavor as a model of run ``run_id`` in the store at ``tracking_uri`` (the job's ``Tracker``'s),
+with an input example (``EXAMPLE_SENTENCES``), the signature (a list of strings in, a float32 ``[-1, dimension]``
+array out) and pinned pip requirements; ``step`` links the run's metrics at that step (the final 7-STS scores) to the
+model. With ``register`` it becomes the next version of the registered model of that name. Nothing here guards
+against a failing store: ``Tracker.log_model`` does (a failure warns and the job goes on).
 
-Every job logs its best student so at its end (``Tracker.log_model``): the distillation jobs ``run_dir/best`` after
-its final evaluation, st_mse its final model, Trans-Encoder each family's best bi-encoder by STS-B dev. The
-registration name is the job config's ``tracking.register_model`` (``REGISTER_KNOB``; null: log, do not register),
-which ``--register NAME`` of every job sets. The driver logs: it reads the model from the same ``run_dir`` it
-evaluated the model from (the driver's disk or storage it shares with the workers), so a cluster needs nothing more.
+Every job logs its best student so at its end (``Tracker.log_model``), registered as the job config's
+``tracking.register_model`` (``REGISTER_KNOB``, set by ``--register NAME``; null: log, do not register). The driver
+logs, reading the model from the ``run_dir`` it evaluated it from, so a cluster needs nothing more.
 
 Serving the registered model (docs/runtime.md):
 
@@ -28,10 +23,8 @@ Serving the registered model (docs/runtime.md):
 answers ``{"predictions": [[...], ...]}``: the vectors ``SentenceTransformer(model_dir).encode`` computes.
 
 Cost, kept small because it runs at the end of every job and every whole-job test: the requirements are given, not
-inferred (MLflow would otherwise load the model in a subprocess to see what it imports, seconds), the model card
-is not generated (a Jinja template compiled on every save, ~0.5 s, for a Hub page), and the signature comes from one
-``encode`` of the example. What remains is MLflow's own work: saving the model, loading it once more to check that
-the input example serves, copying the files into the artifact store (bench numbers in docs/runtime.md).
+inferred (MLflow would load the model in a subprocess, seconds), the model card is not generated (~0.5 s), and the
+signature comes from one ``encode`` of the example (bench numbers in docs/runtime.md).
 """
 
 from __future__ import annotations

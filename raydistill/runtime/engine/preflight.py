@@ -1,19 +1,16 @@
 """``preflight(cfg)``: everything a distillation job checks before Ray, an actor or a model starts.
 
-``JobConfig.validate`` is the schema (types, ranges, names) and ``raydistill.methods.validate_method`` the method's
-rules; both are pure. Preflight adds what touches the machine, explicitly, for the job and each later stage:
+``JobConfig.validate`` (the schema) and ``raydistill.methods.validate_method`` (the method's rules) are pure.
+Preflight adds what touches the machine, for the job and each later stage:
 
-* the models named (student, teacher, a method's own teachers such as DvBERT's) are presets or local directories,
-  never a download;
+* the models named (student, teacher, a method's own teachers) are presets or local directories, never a download;
 * the run and cache directories are writable, and the cache's filesystem has room for what the teacher pass will
-  add: the corpus's sentences x teacher views x the bytes of one cached vector of the teacher's width, plus the rows
-  file, less what that teacher's cache already holds, with a margin (``check_cache_space``);
-* every data file the job will read parses (the training corpus, the labelled sets a method trains on, the
-  evaluation sets), and a ``caption`` view has caption groups to show. A bad line is a ``ConfigError`` naming the
-  file, line and field; what was read stays cached in the process for the pipeline and the final evaluation.
+  add (``check_cache_space``);
+* every data file the job will read parses (the corpus, the labelled sets, the evaluation sets), and a ``caption``
+  view has caption groups to show. A bad line is a ``ConfigError`` naming the file, line and field; what was read
+  stays cached in the process for the pipeline and the final evaluation.
 
-A typo therefore costs a second, not a teacher pass. Cluster resources are checked once Ray is up
-(``cluster.check_resources``).
+A typo therefore costs a second, not a teacher pass. Cluster resources are checked once Ray is up.
 """
 
 from __future__ import annotations

@@ -11,12 +11,11 @@ The loop (``train_loop``) knows nothing of who listens. On every worker it asks 
 
 and ``LearnerGroup`` asks it for the ``TorchTrainer``'s ``trainer_callbacks(local_mode)`` and whether the rows may
 come as a Ray Data stream (``streams_rows``). ``save(run_dir, extra)`` writes the step's checkpoint (rank 0 only)
-into ``run_dir``, or into the run's own directory when ``run_dir`` is None, and returns where.
+into ``run_dir`` (None: the run's own directory) and returns where.
 
-``TrainReports`` is the plain job's reporter: ``ray.train.report`` of every report's metrics, with the checkpoint
-of a step that has one; Train persists it under ``RunConfig(storage_path)``. In Train's local mode a reported
-checkpoint would stay in memory only, so there the checkpoint goes into the run directory itself (the same layout).
-A Ray Tune trial plugs in its own reporter (``runtime.tune.reporting``); the loop does not branch on Tune.
+``TrainReports`` is the plain job's reporter: ``ray.train.report`` of every report, with the checkpoint of a step
+that has one (Train persists it under ``RunConfig(storage_path)``). In Train's local mode a reported checkpoint would
+stay in memory only, so there it goes into the run directory itself. A Ray Tune trial plugs in its own reporter.
 """
 
 from __future__ import annotations

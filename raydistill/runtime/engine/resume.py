@@ -40,15 +40,10 @@ STORAGE_OWNER = ".raydistill-owner.json"
 
 
 def check_resume(run_dir: str | os.PathLike, config, world_size: int | None = None) -> Path | None:
-    """Refuse, before anything starts, to resume ``run_dir`` with a config that trains something else.
-
-    Reads manifests only (the newest checkpoint whose manifest parses), where the run keeps its checkpoints
-    (``checkpoint_home``: the run dir or its ``runtime.storage_path`` folder); a run whose checkpoints are somewhere
-    else than this config would look, or whose storage folder belongs to another run dir, is refused first
-    (``claim_checkpoint_home`` records both when the run starts training). ``world_size``: the learners this run will
-    use; a checkpoint trained with another count is refused, because the number of learners sets the steps of an
-    epoch (one step consumes one batch per learner), hence the total steps and the LR schedule the checkpoint's
-    optimiser and scheduler are part-way through. Returns the checkpoint that will be resumed, or None.
+    """Refuse, before anything starts, to resume ``run_dir`` with a config that trains something else (module
+    docstring). ``world_size``: the learners this run will use; a checkpoint trained with another count is refused,
+    because the learner count sets the steps of an epoch, hence the total steps and the LR schedule the checkpoint
+    is part-way through. Returns the checkpoint that will be resumed, or None.
     """
     home = checkpoint_home(run_dir, config)
     _refuse_moved_checkpoints(run_dir, home)

@@ -78,10 +78,9 @@ LOCK_FILE = ".raydistill.lock"
 class RunDirLock:
     """One job per run dir: an exclusive ``flock`` on ``<run_dir>/.raydistill.lock``, which names its holder.
 
-    The kernel drops a flock when its process dies, however it dies (SIGKILL, OOM), so a lock whose holder is gone is
-    free without any clean-up; its file still names the dead holder, and the job that takes it over says so. The file
-    is emptied on release, not removed: removing it would let a third job lock a new file while a second one holds
-    the old, unlinked one.
+    The kernel drops a flock when its process dies (SIGKILL, OOM), so a dead holder's lock is free without clean-up;
+    the job that takes it over says so. The file is emptied on release, not removed: removing it would let a third
+    job lock a new file while a second one holds the old, unlinked one.
     """
 
     def __init__(self, run_dir: str | os.PathLike):

@@ -8,12 +8,11 @@ handler of its own that aborts the process), the first SIGTERM or SIGINT
     * anywhere else (the teacher pass, labelling, evaluation, between stages) raises ``JobStopped`` at once, so the
       ``finally`` blocks of what runs keep what it computed (the teacher cache appends the rows encoded so far).
 
-Code that leaves a step loop with the flag set calls ``raise_if_stop_requested()`` before its next phase. Code that must
-pass the request on at once (a driver whose training runs in Ray workers) registers a listener with
-``on_stop_request``; the request calls it, in the thread that made it (the signal handler's: the main thread). A second
-signal while the job stops is only reported: the stop is already under way. The job exits with ``exit_status()``,
-128 + the signal's number as a shell reports it (143 for SIGTERM: schedulers read it as "preempted, requeue"; 130
-for SIGINT). Outside the main thread (a Ray Tune trial's job) nothing is installed and the default handlers stay.
+Code that leaves a step loop with the flag set calls ``raise_if_stop_requested()`` before its next phase. Code that
+must pass the request on at once (a driver whose training runs in Ray workers) registers a listener with
+``on_stop_request``, called in the thread that made the request. A second signal while the job stops is only
+reported. The job exits with ``exit_status()``, 128 + the signal's number (143 for SIGTERM: schedulers read it as
+"preempted, requeue"; 130 for SIGINT). Outside the main thread (a Tune trial's job) nothing is installed.
 """
 
 from __future__ import annotations
@@ -35,10 +34,9 @@ _listeners: list[Callable[[], None]] = []
 
 
 class JobStopped(BaseException):
-    """The job was asked to stop (SIGTERM, SIGINT) and stopped where it stood, keeping what it had done; the same
-    command with the same run dir resumes. ``step``/``checkpoint``: where training stopped, when it was training;
-    ``where``/``kept``: what the stop interrupted and what it kept, filled in by the phase it interrupted (None:
-    not said yet).
+    """The job was asked to stop (SIGTERM, SIGINT) and stopped where it stood, keeping what it had done.
+    ``step``/``checkpoint``: where training stopped; ``where``/``kept``: what the stop interrupted and what it kept,
+    filled in by the phase it interrupted (None: not said yet).
 
     A ``BaseException``, as ``KeyboardInterrupt`` is: the signal handler raises it wherever the main thread stands,
     often inside library code whose ``except Exception`` (Ray Data's metrics calls, MLflow retries) would otherwise

@@ -1,22 +1,19 @@
 """MLflow tracking that can never stop a training run.
 
 A distillation run is hours of CPU; its tracking is a convenience. So every MLflow call goes through one guard. A
-transient error (a sqlite store locked by another writer, "database is locked"; a server that dropped the connection,
-timed out or answered 429/5xx) is retried with back-off, ``_RETRY_DELAYS_S`` (a few seconds in all), and each retry is
-logged. An error that persists through the retries, or one that retrying cannot fix (unwritable sqlite file, bad URI,
-rejected value), logs **one** warning naming the URI and the error, and the Tracker turns into a no-op for the rest of
-the run; the metric values it then drops are counted, and ``end`` logs how many were lost. The result JSON and
-checkpoints, written by the runtime itself, remain the record of truth.
+transient error (a locked sqlite store; a server that dropped the connection, timed out or answered 429/5xx) is
+retried with back-off (``_RETRY_DELAYS_S``), each retry logged. An error that persists, or one that retrying cannot
+fix (unwritable sqlite file, bad URI, rejected value), logs **one** warning naming the URI and the error, and the
+Tracker turns into a no-op for the rest of the run; the metric values it then drops are counted, and ``end`` logs how
+many were lost. The result JSON and checkpoints remain the record of truth.
 
 URIs: ``cfg.tracking_uri`` if set, else ``$MLFLOW_TRACKING_URI``, else ``sqlite:///<cwd>/mlflow.db`` as an absolute
-path (MLflow >= 3.14 puts the file store in maintenance mode, and Ray Tune trials chdir into their own directory, so
-a relative default would scatter databases; docs/runtime.md, Ray behaviour). A relative sqlite path is made absolute the
-same way. For a sqlite store the artifacts go next to the database (``<db dir>/mlartifacts``), never into the
-current directory. An ``http(s)://`` server is probed once with a short timeout first, so a dead server costs
-seconds instead of MLflow's default retries (7 with back-off) at every call.
+path (Ray Tune trials chdir into their own directory, so a relative default would scatter databases; docs/runtime.md).
+A sqlite store's artifacts go next to the database (``<db dir>/mlartifacts``). An ``http(s)://`` server is probed
+once with a short timeout first, so a dead server costs seconds instead of MLflow's retries at every call.
 
-We use ``MlflowClient`` rather than the fluent ``mlflow.start_run`` API: no process-global active run, so parent and
-child runs (e.g. the two stages of DistilCSE, or Trans-Encoder cycles) can be open at once without interfering.
+``MlflowClient`` rather than the fluent API: no process-global active run, so parent and child runs (the stages of
+DistilCSE, Trans-Encoder cycles) can be open at once without interfering.
 """
 
 from __future__ import annotations
@@ -60,11 +57,9 @@ def is_transient(exc: BaseException) -> bool:
         exc = exc.__cause__ or exc.__context__
     return False
 
-# MLflow 3's UI opens an experiment of unknown kind on its GenAI pages ("Traces", "Token usage"), where a training
-# run does not appear. This tag is how the UI itself records "Model training" when a user picks that type, so
-# raydistill's experiments carry it from the start (and an existing experiment without a kind gets it). MLflow
-# 3.17's UI no longer reads it for the landing page: there the global GenAI / "Model training" switch decides, and
-# only the URL parameter of ``training_runs_url`` opens the runs table directly (checked in Chromium).
+# MLflow 3's UI opens an experiment of unknown kind on its GenAI pages, where a training run does not appear. This tag
+# is how the UI records "Model training", so raydistill's experiments carry it (an existing one without a kind gets
+# it). MLflow 3.17's landing page no longer reads it: only ``training_runs_url``'s parameter opens the runs table.
 EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
 TRAINING_EXPERIMENT_KIND = "custom_model_development"
 
@@ -209,9 +204,7 @@ class Tracker:
         if self.tracking_uri.startswith("sqlite:///"):
             db = Path(self.tracking_uri[len("sqlite:///"):])
             return (db.parent / "mlartifacts").as_uri()
-        if "://" not in self.tracking_uri:
-            return None
-        return None  # a server decides where its artifacts go
+        return None  # a file store or a server decides where its artifacts go
 
     def _probe_sqlite(self) -> None:
         # MLflow retries an unopenable sqlite file with back-off for ~100 s (measured); sqlite3 itself says at once.

@@ -5,42 +5,30 @@
 
     rank, world = the Train context's world rank and size (1 in Train's local mode, ``num_learners: 0``)
     learner = DistillLearner(..., rank, world)            # with the method's shared actors, kept by the relay
-    resume: the newest checkpoint among Train's (``ray.train.get_checkpoint``, after a worker failure or a rerun
-            of the same run) and the newest that verifies in ``run_dir``; a fresh start runs the method's hooks
-            (``MethodSpec.hooks``) on the samples the driver drew for them
+    resume: the newest checkpoint among Train's (``ray.train.get_checkpoint``) and the newest that verifies in
+            ``run_dir``; a fresh start runs the method's hooks (``MethodSpec.hooks``) on the driver's samples
     learner.enable_ddp()                                   # several workers: DDP averages the gradients
-    for each step: this worker's batch of the step (batch b of an epoch goes to rank b mod world), its teacher
-            vectors read from the memory-mapped cache, one optimiser step (with the step's one control collective:
-            ``DistillLearner.train_step``), dev evaluation on rank 0 (every ``train.eval_every`` steps and at each
-            epoch end), and at a progress step ``ray.train.report`` of the metrics (with a checkpoint every
-            ``train.checkpoint_every`` steps)
-
-Data: ``batches`` says which batches each worker reads, from a Ray Data stream or an in-memory set, and how a
-resume skips the consumed ones exactly.
+    for each step: this worker's batch (batch b of an epoch goes to rank b mod world, ``batches``), one optimiser
+            step (with the step's one control collective: ``DistillLearner.train_step``), dev evaluation on rank 0
+            (every ``train.eval_every`` steps and at each epoch end), and at a progress step a report of the metrics
+            (with a checkpoint every ``train.checkpoint_every`` steps)
 
 Reports and checkpoints leave the loop through the loop config's ``reporter`` (``reporting.Reporter``; default
-``TrainReports``): the metrics of each progress step (every ``runtime.log_every`` steps, a step 30 s after the
-previous report, a dev evaluation, a checkpoint, a stop, the last step: every worker reports at the same steps, as
-Train requires), with the checkpoint of a step boundary every ``train.checkpoint_every`` steps, and the final one
-marked finished. With Train workers rank 0 writes the atomic checkpoint (checkpoint.py)
-into a local temporary directory and Train persists it to ``RunConfig(storage_path)/<name>/step-XXXXXXX``; in
-Train's local mode the checkpoint goes into ``<run_dir>/checkpoints/`` directly: the same layout either way. A Ray
-Tune trial hands the loop its own reporter (``runtime.tune.reporting``); the loop does not know it is in one.
+``TrainReports``) at each progress step (every ``runtime.log_every`` steps, 30 s after the previous report, a dev
+evaluation, a checkpoint, a stop, the last step: every worker reports at the same steps, as Train requires), and
+once more after the last step with the final checkpoint, marked finished. A Ray Tune trial hands the loop its own
+reporter (``runtime.tune.reporting``); the loop does not know it is in one.
 
-The driver hears of the progress steps through rank 0's reports (``events``: a Train callback hands them to the
-``EventRelay``; in local mode ``LocalEvents`` hands them to the driver's callbacks directly), and of each (re)start
-from rank 0 itself. Rank 0 reads the driver's stop flag at its progress steps without waiting (every step in local
-mode, where it is a plain flag) and passes it to every worker in the next step's control collective; every worker
-finishes that step, rank 0 writes the checkpoint of that step boundary, and all leave. Besides DDP's gradient
-all-reduce a step sends one collective (the learner's), and an evaluation one more only when ``train.patience`` asks
-for an early-stop decision.
+The driver hears of the progress steps through rank 0's reports (``events``), and of each (re)start from rank 0
+itself. Rank 0 reads the driver's stop flag at its progress steps without waiting and passes it to every worker in
+the next step's control collective; every worker finishes that step, rank 0 writes the checkpoint of that step
+boundary, and all leave. Besides DDP's gradient all-reduce a step sends one collective (the learner's), and an
+evaluation one more only when ``train.patience`` asks for an early-stop decision.
 
-A run trained to a budget (``train.budget``, budget.py) plans ``LoopConfig.total_steps`` over ``LoopConfig.epochs``
-(the data repeats as the budget needs). A time budget's total is fixed by rank 0's ``RateMeter``: at the step it
-decides, rank 0 raises the ``budget`` signal, which reaches every worker in that step's control collective, and
-the total follows in a single broadcast at that step; the loop reads the learner's ``total_steps`` at every step.
-The wall seconds the run has used (over every restart) ride in the learner's checkpoint, and rank 0's progress
-metrics say how much of the budget is left (``budget_left_steps`` or ``budget_left_s``).
+A run trained to a budget (``train.budget``, budget.py) plans ``LoopConfig.total_steps`` over ``LoopConfig.epochs``.
+A time budget's total is fixed by rank 0's ``RateMeter``: at the step it decides, rank 0 raises the ``budget``
+signal, which reaches every worker in that step's control collective, and the total follows in a single broadcast
+at that step. The wall seconds used (over every restart) ride in the learner's checkpoint.
 
 Train logs every report of a worker at INFO ("Reporting training result N: ..."), a line per progress step that
 reaches the driver's console in a Tune trial; ``_quiet_report_logs`` raises that logger's level. Its logger is named
@@ -233,9 +221,8 @@ class _Worker:
         if self.loop.checkpoints_in_run_dir:
             in_run_dir, _ = ckpt.latest_good_checkpoint(self.loop.run_dir, report=self._print)
         registered = self.reporter.registered_checkpoint(self.loop.local_mode)
-        candidates = [("train", registered), ("run_dir", in_run_dir)]
         manifest: dict[str, Any] | None = None
-        for source, where in candidates:
+        for source, where in (("train", registered), ("run_dir", in_run_dir)):
             if where is not None:
                 manifest = self._load_if_newer(source, where, manifest["step"] if manifest else -1) or manifest
         if manifest is None:
@@ -264,9 +251,7 @@ class _Worker:
             except ckpt.CheckpointError as exc:
                 self._print(f"checkpoint damaged: {exc}; falling back to the run dir's newest good checkpoint")
                 return None
-            if manifest["step"] <= newer_than:
-                return None
-            if not self.reporter.accepts(manifest):
+            if manifest["step"] <= newer_than or not self.reporter.accepts(manifest):
                 return None
             return {**self.learner.load_checkpoint(directory, may_differ=self.reporter.may_differ),
                     "_path": where.path}
@@ -288,7 +273,7 @@ class _Worker:
         train, learner = self.cfg.train, self.learner
         per_epoch = steps_per_epoch(self.loop.num_rows, train.batch_size, self.world)
         step, epoch, batch_in_epoch = position
-        trained = early_stopped = preempted = False
+        trained = early_stopped = False
         evaluated_before = self.evaluated_at
         if batch_in_epoch >= per_epoch * self.world and epoch < self.epochs:
             # The checkpoint closed its epoch: the epoch-end evaluation may still be owed.

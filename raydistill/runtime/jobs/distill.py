@@ -10,12 +10,10 @@
     → 7-STS (+ STS-B dev) of the best checkpoint → results/<method>-<student>-<teacher>.json + MLflow run (a file
       that holds another run dir's record is left alone: this run's goes to ``<name>-<run id>.json``, said so)
 
-MLflow (``Tracker``; a tracking failure never stops training): params = the effective config (flattened) plus
-method/teacher/student/taus/K/lr/batch/seed/git SHA/config hash/corpus size and teacher-cache counts; metrics =
-every step's loss parts, lr, sentences/s, STS-B dev at each evaluation, the final 7-STS; artifacts = the result JSON,
-the learning curve and the STS-B dev scatter plot; the best model ``run_dir/best`` as an MLflow model (the
-sentence-transformers flavor, ``engine.model_logging``, linked to the final 7-STS), registered as
-``tracking.register_model`` when set (``--register NAME``). Multi-stage methods log their stages
+MLflow (``Tracker``; a tracking failure never stops training): params = the effective config (flattened) plus the
+summary columns, corpus size and teacher-cache counts; metrics = every step's loss parts, lr, sentences/s, STS-B dev
+at each evaluation, the final 7-STS; artifacts = the result JSON and plots; the best model as an MLflow model
+(``engine.model_logging``), registered as ``tracking.register_model`` when set. Multi-stage methods log their stages
 on one step axis (stage 2 continues where stage 1 ended) with ``stage`` as a metric.
 
 SIGTERM or SIGINT stops the job cleanly wherever it is (``stopping``; ``runtime.entry`` says what each part keeps):
@@ -91,19 +89,16 @@ def run_distillation(cfg: JobConfig, *, results_dir: str | os.PathLike | None = 
                      stage_reporter: StageReporter | None = None) -> dict[str, Any]:
     """Train ``cfg``'s method end to end and return the result record (also written as JSON).
 
-    ``results_dir`` (default ``results``, relative to the working directory) / ``result_path``: where the record
-    goes.
-    ``command``: the exact command line to record (default: this process's argv).
-    ``tracker``: an open ``Tracker`` to log into instead of a new MLflow run (a Ray Tune trial's child run); the
-    caller ends it.
+    ``results_dir`` (default ``results``) / ``result_path``: where the record goes. ``command``: the command line
+    to record (default: this process's argv). ``tracker``: an open ``Tracker`` to log into instead of a new MLflow run
+    (a Ray Tune trial's child run); the caller ends it.
     ``progress(event, info, step)``: called with ``("stage", {stage, method, rows, total_steps, step_offset, and the
     teacher-cache counts when there was a teacher pass}, step_offset)`` once a stage's data is built, ``("step",
     metrics, step)`` after every optimiser step, ``("eval", {"stsb_dev", "best_stsb_dev"}, step)`` after every
     dev evaluation and ``("start", {"resumed_from", "pid", "world_size"}, step)`` whenever the learners (re)start
     (``pid``: rank 0's process); steps count over all stages.
     ``stage_reporter(index, num_stages, step_offset, best_before)``: the ``engine.reporting.Reporter`` of each stage's
-    training loop (None: Ray Train's own), given the stage's index, the number of stages, the steps of the stages
-    before it and their best dev score; a Ray Tune trial passes its own (``runtime.tune.reporting``).
+    training loop (None: Ray Train's own); a Ray Tune trial passes its own (``runtime.tune.reporting``).
     """
     from raydistill.methods import stage_plan
     from raydistill.runtime.engine.preflight import preflight
@@ -161,27 +156,56 @@ def _explained(exc: JobStopped, cfg: JobConfig, run_dir: Path) -> JobStopped:
     return JobStopped(message, where=where, kept=kept)
 
 
+def check_results_dir(result_path: Path) -> None:
+    """The result file is written after training: an unwritable results dir must fail now, not in an hour."""
+    from raydistill.runtime.engine.rundir import OutputDirError, check_output_dir
+
+    try:
+        check_output_dir(result_path.parent, min_free_bytes=0)
+    except OutputDirError as exc:
+        raise ConfigError(f"results dir: {exc}") from exc
+
+
+def job_tags(cfg: JobConfig) -> dict[str, str]:
+    """The tags of a job's MLflow run and model."""
+    return {"method": cfg.method, "student": cfg.student, "teacher": teacher_label(cfg) or "none"}
+
+
+def open_tracker(cfg: JobConfig, run_dir: Path, tracker) -> tuple[Any, bool]:
+    """``(tracker, own)``: the caller's open tracker, or a new MLflow run of the job (``own``: the job ends it),
+    said in the run dir line."""
+    from raydistill.runtime.engine.tracking import Tracker
+
+    own = tracker is None
+    if own:
+        tracker = Tracker(cfg.tracking, run_name=cfg.tracking.run_name or run_dir.name, run_dir=run_dir,
+                          tags=job_tags(cfg))
+    tracking = f"; MLflow {tracker.tracking_uri} run {tracker.run_id}" if tracker.run_id else ""
+    print(f"[{cfg.method}] run dir {run_dir}{tracking}", flush=True)
+    return tracker, own
+
+
+def report_teacher_cache(tag: str, stats: dict[str, Any], seconds: float, tracker, step: int) -> None:
+    """The teacher pass's cache counts: one line, and MLflow metrics at ``step``."""
+    print(f"[{tag}] teacher cache: {stats['hits']} hits, {stats['misses']} misses, "
+          f"{stats['teacher_forward_sentences']} sentences through the teacher ({seconds:.1f}s)", flush=True)
+    tracker.log_metrics({"teacher_cache_hits": stats["hits"], "teacher_cache_misses": stats["misses"],
+                         "teacher_forward_sentences": stats["teacher_forward_sentences"],
+                         "teacher_pass_s": seconds}, step=step)
+
+
 def _run_locked(cfg, stages, run_dir: Path, results_dir, result_path, command, evaluate, tracker, progress,
                 started: float, cpu_started: float, stop: StopOnSignals, stage_reporter=None
                 ) -> dict[str, Any]:
     from raydistill.evaluation.results import git_sha
-    from raydistill.runtime.engine.rundir import OutputDirError, check_output_dir
-    from raydistill.runtime.engine.cluster import (
-        check_resources,
-        init_ray,
-        warn_if_outputs_are_ephemeral,
-    )
-    from raydistill.runtime.engine.tracking import Tracker
+    from raydistill.runtime.engine.cluster import check_resources, init_ray, warn_if_outputs_are_ephemeral
 
     run_dir.mkdir(parents=True, exist_ok=True)
     cfg.to_yaml(run_dir / "config.yaml")
     results_dir = results_dir or "results"
     result_path = Path(result_path) if result_path else result_path_for(cfg, results_dir)
-    if evaluate:  # written after training: an unwritable results dir must fail now, not in an hour
-        try:
-            check_output_dir(result_path.parent, min_free_bytes=0)
-        except OutputDirError as exc:
-            raise ConfigError(f"results dir: {exc}") from exc
+    if evaluate:
+        check_results_dir(result_path)
     if command is None:
         from raydistill.evaluation import default_command
 
@@ -191,13 +215,7 @@ def _run_locked(cfg, stages, run_dir: Path, results_dir, result_path, command, e
     stop.install()  # from here to the end of the job: the teacher pass, every stage, the evaluation
     check_resources(cfg)
     sha = git_sha()  # cached: the result record written at the end carries the same
-    run_name = cfg.tracking.run_name or run_dir.name
-    own_tracker = tracker is None
-    if own_tracker:
-        tracker = Tracker(cfg.tracking, run_name=run_name, run_dir=run_dir,
-                          tags={"method": cfg.method, "student": cfg.student, "teacher": teacher_label(cfg) or "none"})
-    tracking = f"; MLflow {tracker.tracking_uri} run {tracker.run_id}" if tracker.run_id else ""
-    print(f"[{cfg.method}] run dir {run_dir}{tracking}", flush=True)
+    tracker, own_tracker = open_tracker(cfg, run_dir, tracker)
     warn_if_outputs_are_ephemeral({"run dir": run_dir, "results dir": result_path.parent,
                                    "MLflow store": tracker.tracking_uri or ""})
     with tracker if own_tracker else contextlib.nullcontext(tracker):
@@ -282,11 +300,7 @@ def _run_stage(stage, tracker, init_model: str | None, step_offset: int, history
     data_info = {"rows": data.num_rows, "seconds": round(data_seconds, 2), **jsonable(stats)}
     prefix = f"stage{stage.index}." if step_offset or stage.index > 1 or stage.spec.stages else ""
     if "hits" in stats:
-        print(f"[{stage.name}] teacher cache: {stats['hits']} hits, {stats['misses']} misses, "
-              f"{stats['teacher_forward_sentences']} sentences through the teacher ({data_seconds:.1f}s)", flush=True)
-        tracker.log_metrics({"teacher_cache_hits": stats["hits"], "teacher_cache_misses": stats["misses"],
-                             "teacher_forward_sentences": stats["teacher_forward_sentences"],
-                             "teacher_pass_s": data_seconds}, step=step_offset)
+        report_teacher_cache(stage.name, stats, data_seconds, tracker, step_offset)
         tracker.log_params({f"{prefix}cache.hits": stats["hits"], f"{prefix}cache.misses": stats["misses"],
                             f"{prefix}cache.teacher_forward_sentences": stats["teacher_forward_sentences"]})
     for i, info in enumerate(stats.get("own_teachers") or ()):  # a method's own teachers (MethodSpec.build_rows)
@@ -342,7 +356,7 @@ def _run_stage(stage, tracker, init_model: str | None, step_offset: int, history
 def _evaluate_and_record(cfg, stages, stage_summaries, cache_info, history, model_dir: Path, run_dir: Path,
                          tracker, result_path: Path, command: str, started: float, cpu_started: float,
                          evaluate: bool, register: str | None = None) -> dict[str, Any]:
-    from raydistill.evaluation import STS7, evaluate_sts, write_result
+    from raydistill.evaluation import STS7, evaluate_sts
     from raydistill.evaluation.sts import sts_predictions
     from raydistill.models import BiEncoder
     from raydistill.evaluation.plots import plot_dev_scatter, plot_learning_curve
@@ -388,33 +402,37 @@ def _evaluate_and_record(cfg, stages, stage_summaries, cache_info, history, mode
         cpu_s=round(cpu_seconds(children=True) - cpu_started + sum(s.get("actor_cpu_s", 0.0) for s in stage_summaries), 1),
         model_dir=str(model_dir), command=command,
     )
-    if tracker.run_id:
-        record_fields["mlflow_run_id"] = tracker.run_id
-    if evaluate:
-        from raydistill.evaluation.results import result_path_of_run
+    return record_result(cfg, record_fields, scores, tracker, run_dir, result_path, model_dir, (curve, dev_plot),
+                         register, step=sum(s["total_steps"] for s in stage_summaries), evaluate=evaluate)
 
+
+def record_result(cfg: JobConfig, fields: dict[str, Any], scores: dict[str, float], tracker, run_dir: Path,
+                  result_path: Path, model_dir: Path, plots, register: str | None, *, step: int,
+                  evaluate: bool = True) -> dict[str, Any]:
+    """A job's ending: the result file ``fields`` (with ``evaluate``; a file holding another run's record is left
+    alone), and in MLflow that file, the ``plots`` and the model. Returns the record with its ``result_path``."""
+    from raydistill.evaluation import write_result
+    from raydistill.evaluation.results import result_path_of_run
+    from raydistill.runtime.engine.model_logging import log_job_model
+
+    if tracker.run_id:
+        fields["mlflow_run_id"] = tracker.run_id
+    record = fields
+    if evaluate:
         result_path = result_path_of_run(result_path, run_dir,
                                          report=lambda message: print(f"[{cfg.method}] {message}", flush=True))
         result_path.parent.mkdir(parents=True, exist_ok=True)
-        record = write_result(str(result_path), **record_fields)
+        record = write_result(str(result_path), **fields)
         if not isinstance(record, dict):
             record = json.loads(result_path.read_text())
         print(f"[{cfg.method}] 7-STS avg {scores.get('avg', float('nan')):.2f}, STS-B dev "
               f"{scores.get('stsb_dev', float('nan')):.2f}; wrote {result_path}", flush=True)
         tracker.log_artifact(result_path)
-    else:
-        record = record_fields
-    for plot in (curve, dev_plot):
+    for plot in plots:
         if plot is not None:
             tracker.log_artifact(plot, "plots")
-    from raydistill.runtime.engine.model_logging import log_job_model
-
-    log_job_model(tracker, model_dir, register, step=sum(s["total_steps"] for s in stage_summaries),
-                  tags={"method": cfg.method, "student": cfg.student, "teacher": teacher_label(cfg) or "none"},
-                  prefix=f"[{cfg.method}]")
-    record = dict(record)
-    record["result_path"] = str(result_path) if evaluate else None
-    return record
+    log_job_model(tracker, model_dir, register, step=step, tags=job_tags(cfg), prefix=f"[{cfg.method}]")
+    return {**record, "result_path": str(result_path) if evaluate else None}
 
 
 def _training_record(cfg, stages, stage_summaries, stage_scores, cache_info, history, run_dir: Path

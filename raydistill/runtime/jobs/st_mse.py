@@ -1,12 +1,10 @@
 """``run_st_mse(cfg)``: sentence-transformers' own distillation recipe, as the baseline a user would pick instead.
 
-The recipe is the one of sentence-transformers' distillation example (``examples/sentence_transformer/training/
+The recipe is that of sentence-transformers' distillation example (``examples/sentence_transformer/training/
 distillation/model_distillation.py``): the student learns, with ``losses.MSELoss``, to output the teacher's
-embedding of the same sentence. The training itself runs in sentence-transformers, unchanged: a
-``SentenceTransformer`` student (the preset's Transformer with ``data.max_length`` and mean or CLS ``Pooling``), a
-``datasets.Dataset`` with a ``sentence`` and a ``label`` column (the target vector), and
-``SentenceTransformerTrainer``, so what is measured is the library, not a re-implementation of it
-(``st_mse_recipe``).
+embedding of the same sentence. The training runs in sentence-transformers, unchanged (a ``SentenceTransformer``
+student, a ``datasets.Dataset`` of ``sentence`` and ``label``, ``SentenceTransformerTrainer``: ``st_mse_recipe``), so
+what is measured is the library, not a re-implementation of it.
 
 When the student is narrower than the teacher (``loss.reduction``):
 
@@ -18,24 +16,18 @@ When the student is narrower than the teacher (``loss.reduction``):
 
 A student as wide as the teacher regresses the teacher's vectors with neither (``training.reduction: none``).
 
-The teacher's vectors come from raydistill's teacher cache (``ensure_teacher_embeddings``) under the same teacher
-spec as the distillation jobs (``TeacherSpec.from_config``: teacher, pooling, ``data.teacher_max_length``,
-precision), so the baseline reuses the teacher pass a distillation run already paid for and trains on the very
-rows it trained on (``load_training_texts``: same corpus, ``max_sentences`` and seed). They are the vectors
-sentence-transformers' ``encode`` computes: the teacher checkpoint's own pooling, then L2 normalisation, which is
-what the Normalize module of the shipped teachers (all-mpnet-base-v2, all-MiniLM-L6-v2) does, at the same token
-limit; in fp32 they agree with ``SentenceTransformer(teacher).encode`` to float rounding. A teacher without a
-Normalize module would give sentence-transformers unnormalised vectors, and this job still regresses the
-normalised ones.
+The teacher's vectors come from raydistill's teacher cache under the same teacher spec as the distillation jobs
+(``TeacherSpec.from_config``), so the baseline reuses the teacher pass a distillation run already paid for and trains
+on the very rows it trained on (``load_training_texts``). They are what sentence-transformers' ``encode`` computes
+for the shipped teachers (their pooling, then L2 normalisation, at the same token limit; in fp32 equal to float
+rounding); a teacher without a Normalize module would give sentence-transformers unnormalised vectors, and this job
+still regresses the normalised ones.
 
-What follows is the distillation jobs' ending, except that the student scored is the one training ends with (the
-distillation jobs score their best STS-B dev checkpoint): ``raydistill.evaluation.evaluate_sts`` on the 7 STS sets
-and STS-B dev, then ``results/st-mse-<student>-<teacher>.json`` by ``write_result`` (command, git SHA, date) with
-the wall time, ``training.sentences``, ``training.corpus`` and ``training.reduction``. MLflow gets the config, the
-teacher-cache counts, the loss every ``runtime.log_every`` steps, the scores, the plots and the final model as an MLflow
-model (``engine.model_logging``), registered as ``tracking.register_model`` when set (``--register NAME``).
-
-The job keeps no checkpoints: a stopped run starts again (the teacher pass stays cached).
+The job ends as the distillation jobs do, except that the student scored is the one training ends with: the 7 STS
+sets and STS-B dev, ``results/st-mse-<student>-<teacher>.json`` (with ``training.reduction``), and MLflow (config,
+teacher-cache counts, the loss every ``runtime.log_every`` steps, scores, plots and the final model, registered as
+``tracking.register_model`` when set). The job keeps no checkpoints: a stopped run starts again (the teacher pass
+stays cached).
 """
 
 from __future__ import annotations
@@ -43,7 +35,6 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import os
-import sys
 import time
 from pathlib import Path
 from typing import Any, Literal
@@ -187,32 +178,20 @@ def _run_locked(cfg: JobConfig, run_dir: Path, results_dir, result_path, command
                 teacher_in_process: bool, started: float, cpu_started: float) -> dict[str, Any]:
     from raydistill.evaluation import default_command
     from raydistill.evaluation.results import git_sha
-    from raydistill.runtime.engine.rundir import OutputDirError, check_output_dir
-    from raydistill.runtime.jobs.distill import result_path_for, teacher_label
-    from raydistill.runtime.engine.tracking import Tracker
+    from raydistill.runtime.jobs.distill import (check_results_dir, open_tracker, report_teacher_cache,
+                                                 result_path_for, teacher_label)
 
     run_dir.mkdir(parents=True, exist_ok=True)
     cfg.to_yaml(run_dir / "config.yaml")
     result_path = Path(result_path) if result_path else result_path_for(cfg, results_dir or "results")
-    try:  # written after training: an unwritable results dir must fail now
-        check_output_dir(result_path.parent, min_free_bytes=0)
-    except OutputDirError as exc:
-        raise ConfigError(f"results dir: {exc}") from exc
+    check_results_dir(result_path)
     command = command if command is not None else default_command()
     sha = git_sha()
 
     texts, input_stats = _training_texts(cfg)
     vectors, cache_stats, teacher_pass_s = _teacher_vectors(cfg, texts, teacher_in_process)
 
-    own_tracker = tracker is None
-    if own_tracker:
-        tracker = Tracker(cfg.tracking, run_name=cfg.tracking.run_name or run_dir.name, run_dir=run_dir,
-                          tags={"method": METHOD, "student": cfg.student, "teacher": teacher_label(cfg) or "none"})
-    mlflow = f"; MLflow {tracker.tracking_uri} run {tracker.run_id}" if tracker.run_id else ""
-    print(f"[{METHOD}] run dir {run_dir}{mlflow}", flush=True)
-    print(f"[{METHOD}] teacher cache: {cache_stats['hits']} hits, {cache_stats['misses']} misses, "
-          f"{cache_stats['teacher_forward_sentences']} sentences through the teacher ({teacher_pass_s:.1f}s)",
-          flush=True)
+    tracker, own_tracker = open_tracker(cfg, run_dir, tracker)
     with tracker if own_tracker else contextlib.nullcontext(tracker):
         tracker.log_params({"method": METHOD, "student": cfg.student, "teacher": teacher_label(cfg),
                             "seed": cfg.seed, "lr": cfg.train.lr, "batch_size": cfg.train.batch_size,
@@ -222,9 +201,7 @@ def _run_locked(cfg: JobConfig, run_dir: Path, results_dir, result_path, command
                             "cache.misses": cache_stats["misses"],
                             "cache.teacher_forward_sentences": cache_stats["teacher_forward_sentences"],
                             **{f"input.{k}": v for k, v in input_stats.items()}})
-        tracker.log_metrics({"teacher_cache_hits": cache_stats["hits"], "teacher_cache_misses": cache_stats["misses"],
-                             "teacher_forward_sentences": cache_stats["teacher_forward_sentences"],
-                             "teacher_pass_s": teacher_pass_s}, step=0)
+        report_teacher_cache(METHOD, cache_stats, teacher_pass_s, tracker, 0)
         # A tracker passed in is a caller's run (a sweep's): it decides what gets registered.
         register = cfg.tracking.register_model if own_tracker else None
         record = _train_evaluate_record(cfg, run_dir, texts, vectors, cache_stats, teacher_pass_s, tracker,
@@ -281,12 +258,12 @@ def _train_evaluate_record(cfg: JobConfig, run_dir: Path, texts: list[str], vect
     """Train with sentence-transformers' trainer, evaluate the best model, write the result file and the MLflow run."""
     import sentence_transformers
 
-    from raydistill.evaluation import STS7, evaluate_sts, write_result
+    from raydistill.evaluation import STS7, evaluate_sts
     from raydistill.evaluation.sts import sts_predictions
     from raydistill.models import BiEncoder
     from raydistill.models.batching import torch_threads
     from raydistill.cputime import cpu_seconds
-    from raydistill.runtime.jobs.distill import jsonable, teacher_label
+    from raydistill.runtime.jobs.distill import jsonable, record_result, teacher_label
     from raydistill.evaluation.plots import plot_dev_scatter, plot_learning_curve
 
     reduction = cfg.loss.reduction
@@ -336,26 +313,8 @@ def _train_evaluate_record(cfg: JobConfig, run_dir: Path, texts: list[str], vect
         "training": jsonable(training), "wall_s": round(time.time() - started, 1),
         "cpu_s": round(cpu_seconds(children=True) - cpu_started, 1), "model_dir": str(model_dir), "command": command,
     }
-    if tracker.run_id:
-        record_fields["mlflow_run_id"] = tracker.run_id
-    from raydistill.evaluation.results import result_path_of_run
-
-    result_path = result_path_of_run(result_path, run_dir,
-                                     report=lambda message: print(f"[{METHOD}] {message}", flush=True))
-    record = dict(write_result(str(result_path), **record_fields))
-    print(f"[{METHOD}] 7-STS avg {scores['avg']:.2f}, STS-B dev {scores['stsb_dev']:.2f}; wrote {result_path}",
-          file=sys.stdout, flush=True)
-    tracker.log_artifact(result_path)
-    for plot in (curve, dev_plot):
-        if plot is not None:
-            tracker.log_artifact(plot, "plots")
-    from raydistill.runtime.engine.model_logging import log_job_model
-
-    log_job_model(tracker, model_dir, register, step=steps,
-                  tags={"method": METHOD, "student": cfg.student, "teacher": teacher_label(cfg) or "none"},
-                  prefix=f"[{METHOD}]")
-    record["result_path"] = str(result_path)
-    return record
+    return record_result(cfg, record_fields, scores, tracker, run_dir, result_path, model_dir, (curve, dev_plot),
+                         register, step=steps)
 
 
 def _training_record(cfg: JobConfig, run_dir: Path, texts: list[str], history: list[dict[str, Any]],

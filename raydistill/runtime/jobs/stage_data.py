@@ -10,12 +10,9 @@ runs here, through the embedding cache; ``pipeline.build_training_data``). The l
 | nli_triplets | (premise, entailed, contradicted) of SNLI dev + MultiNLI dev | text_anchor, text_positive, text_negative |
 | stsb_train | STS-B train pairs | text_a, text_b, score (gold / 5) |
 
-A method with teachers of its own builds its rows itself (``MethodSpec.build_rows``, e.g. DvBERT's
-``nli_teacher_labels``) with the ``StageServices`` lent here (``ENGINE_SERVICES``): a model trained as a stage of
-the engine, independent work as Ray tasks, a model's fingerprint.
-
-Every labelled set is read through ``raydistill.data.corpus.training_pairs``: a pair either of whose texts is an
-evaluation sentence (``raydistill.data.evaluation_text``) is not trained on. ``data.max_sentences`` keeps a seeded
+A method with teachers of its own builds its rows itself (``MethodSpec.build_rows``, e.g. DvBERT's) with the
+``StageServices`` lent here (``ENGINE_SERVICES``). Every labelled set is read through
+``raydistill.data.corpus.training_pairs``, which drops evaluation sentences; ``data.max_sentences`` keeps a seeded
 subset of a labelled set's rows.
 """
 

@@ -5,22 +5,19 @@
     <root>/<identity>/part-<time>-<pid>-<uuid>.npy        structured rows: key V16 (text hash), embedding f4[D]
     <root>/<identity>/part-<time>-<pid>-<uuid>.parquet    the same rows, as written before (still read)
 
-A ``.npy`` part is opened as a memory map (``np.load(mmap_mode="r")``): loading reads only the keys, to index them,
-and a lookup copies just the rows asked for out of the parts that hold them, so neither opening the cache nor
-adding a part ever copies the whole array. Each part is written to a temporary name (``.part-*.<host>.tmp``),
-fsynced and renamed, so concurrent writers (several jobs or Tune trials) never expose a half-written file; a sentence
-written twice is harmless (same teacher, same vector), and a later part wins for a key. A writer opening the cache
-removes the temporary files of writers that died (a dead process of this host, or anything a day old).
+A ``.npy`` part is opened as a memory map: loading reads only the keys, to index them, and a lookup copies just the
+rows asked for, so neither opening the cache nor adding a part ever copies the whole array. Each part is written to a
+temporary name (``.part-*.<host>.tmp``), fsynced and renamed, so concurrent writers (jobs, Tune trials) never expose
+a half-written file; a later part wins for a key. A writer opening the cache removes the temporary files of writers
+that died (a dead process of this host, or anything a day old).
 
 Only finite vectors are cached: ``append`` refuses a NaN/inf vector (naming the sentence), and a cached vector that
-is not finite (a part damaged on disk, or written by an older version) is a miss wherever it is looked up, in
-``lookup`` and in the teacher pass's check (``usable``), so the pass recomputes it and the new part supersedes it.
-A disk that fills up during an append raises ``CacheDiskFullError`` naming the folder, the space needed and the
-space left; the temporary file is removed and the parts written so far stay, so the next run resumes the pass.
+is not finite (a part damaged on disk, or an older version's) is a miss in ``lookup`` and ``usable``, so the pass
+recomputes it and the new part supersedes it. A disk that fills up during an append raises ``CacheDiskFullError``
+naming the folder, the space needed and the space left; the parts written so far stay, so the next run resumes.
 
-``EmbeddingCache`` is the store; ``TeacherVectors`` reads one teacher's vectors batch by batch (what a training
-batch carries). ``raydistill.runtime.teachers.embedding_cache`` fills the cache (the teacher pass) and re-exports
-every public name of this module; import them from there.
+``EmbeddingCache`` is the store; ``TeacherVectors`` reads one teacher's vectors batch by batch.
+``raydistill.runtime.teachers.embedding_cache`` fills the cache and re-exports every public name of this module.
 """
 
 from __future__ import annotations

@@ -1,13 +1,10 @@
 """Teacher-embedding cache: encode every sentence with a given teacher once, ever.
 
-The teacher pass is the slow part of ConGen/SCT/CKD-style distillation (a large model over every training sentence)
-while its output never changes for a frozen teacher. The authors' code caches it under fixed file names, so a new
-teacher or data file silently reuses stale vectors (ConGen) or never hits at all (SCT);
-docs/methods.md, ConGen and SCT. Here the cache lives in ``<root>/<teacher identity>/`` (see
-``teacher.teacher_identity``), is keyed by a hash of the sentence, and grows by appending part files. Its
-store (``cache_store.py``: the part files, the index, lookups and appends, ``TeacherVectors``,
-``CacheDiskFullError``; re-exported here) describes the layout and its guarantees: only finite vectors are
-cached, a part is never seen half-written, a full disk is an error naming the folder and the space needed.
+The teacher pass is the slow part of ConGen/SCT/CKD-style distillation while its output never changes for a frozen
+teacher. The authors' code caches it under fixed file names, so a new teacher or data file silently reuses stale
+vectors (ConGen) or never hits at all (SCT; docs/methods.md). Here the cache lives in ``<root>/<teacher identity>/``
+(``teacher.teacher_identity``), keyed by a hash of the sentence; its store (``cache_store.py``, re-exported here)
+describes the layout and its guarantees.
 
 ``ensure_teacher_embeddings`` looks every sentence up and sends **only the misses** through a Ray Data
 ``map_batches(TeacherEmbed, compute=ActorPoolStrategy(size=n))`` pool (or, ``in_process=True``, a teacher in this
@@ -58,16 +55,12 @@ def ensure_teacher_embeddings(texts: list[str], view: str, teacher_cfg, cache_ro
     """Teacher embeddings float32[N, D] of ``texts`` in order, encoding only what the cache lacks.
 
     ``return_vectors=False``: make sure every text is cached and return ``(None, stats)`` without gathering a
-    single vector: what a training job does, whose batches read their rows' vectors from the memory-mapped cache
-    (``TeacherVectors``), so no process holds the corpus's vectors whole.
-
-    ``teacher_cfg``: a TeacherSpec, a JobConfig, or a dict of TeacherSpec fields (model, encoder, pooling,
-    max_length, resources). Misses go through ``resources.num_actors`` TeacherEmbed actors (module docstring; Ray
-    must be initialised: ``raydistill.runtime.engine.cluster.init_ray``) unless ``in_process``. A cached vector that
-    is not finite counts as missing either way (``usable``, ``lookup``) and is recomputed.
-    Returns ``(embeddings, stats)``; stats: hits, misses (unique sentences not cached), non_finite_cached (cached
-    vectors found NaN/inf and recomputed), teacher_forward_sentences (rows counted inside the teacher), precision,
-    cache_dir, seconds. Raises ``CacheDiskFullError`` when the cache's disk fills up and
+    vector (a training job's batches read theirs from the memory-mapped cache, ``TeacherVectors``).
+    ``teacher_cfg``: a TeacherSpec, a JobConfig, or a dict of TeacherSpec fields. Misses go through
+    ``resources.num_actors`` TeacherEmbed actors (Ray must be initialised: ``cluster.init_ray``) unless
+    ``in_process``. Returns ``(embeddings, stats)``; stats: hits, misses (unique sentences not cached),
+    non_finite_cached (cached vectors found NaN/inf and recomputed), teacher_forward_sentences (rows counted inside
+    the teacher), precision, cache_dir, seconds. Raises ``CacheDiskFullError`` when the cache's disk fills up and
     ``NonFiniteTeacherVectorsError`` when the teacher returns NaN/inf vectors (after caching the others).
     """
     started = time.perf_counter()
@@ -99,18 +92,10 @@ def ensure_teacher_embeddings(texts: list[str], view: str, teacher_cfg, cache_ro
                 embeddings = np.zeros((len(texts), new_embeddings.shape[1]), dtype=np.float32)
             row_of = {t: i for i, t in enumerate(unique_misses)}
             embeddings[miss_positions] = new_embeddings[[row_of[texts[i]] for i in miss_positions]]
-    stats = {
-        "teacher": identity,
-        "view": view,
-        "sentences": len(texts),
-        "hits": int(hit_mask.sum()),
-        "misses": len(unique_misses),
-        "non_finite_cached": int(cache.stats.get("non_finite", 0)),
-        "teacher_forward_sentences": int(forward_rows),
-        "precision": precision,
-        "cache_dir": str(cache.dir),
-        "seconds": round(time.perf_counter() - started, 3),
-    }
+    stats = {"teacher": identity, "view": view, "sentences": len(texts), "hits": int(hit_mask.sum()),
+             "misses": len(unique_misses), "non_finite_cached": int(cache.stats.get("non_finite", 0)),
+             "teacher_forward_sentences": int(forward_rows), "precision": precision, "cache_dir": str(cache.dir),
+             "seconds": round(time.perf_counter() - started, 3)}
     log.info("teacher embeddings (%s, view %s): %d cached, %d encoded in %.1fs",
              identity, view, stats["hits"], stats["misses"], stats["seconds"])
     return embeddings, stats
@@ -255,12 +240,10 @@ def _collect(batches, texts: list[str], cache: EmbeddingCache, view: str, keep: 
 
 
 def _leave_room_for_the_pool(dataset, pool_cpus: float, pool_gpus: float) -> None:
-    """Raise this dataset's ``resource_limits`` (the cluster less the CPUs kept for learner actors,
-    cluster.configure_data_context) to at least what the teacher pool asks for, so that Ray Data may still plan it.
-
-    The teacher pass runs before the learners start, so the reservation must not make the pool unschedulable in
-    Ray Data's budget. If actors really hold those CPUs, the pool's actors cannot start and Ray Data's
-    ``wait_for_min_actors_s`` turns that into an error instead of a hang.
+    """Raise this dataset's ``resource_limits`` (the cluster less the learners' CPUs: configure_data_context) to at
+    least what the teacher pool asks for: the teacher pass runs before the learners start, so their reservation must
+    not make the pool unschedulable. If actors really hold those CPUs, ``wait_for_min_actors_s`` turns the wait into
+    an error instead of a hang.
     """
     import ray
 

@@ -9,12 +9,9 @@ streamed as numpy batches.
 
 Sources: ``cfg.data.corpus`` (``raydistill.data.corpus``: ``mixed``, ``flickr``, ``nli``, ``flickr+nli`` or a
 ``file:`` corpus of sentences or pairs). Sentence corpora are de-duplicated; ``max_sentences`` keeps a seeded random
-subset.
-
-Bad input (reliability contract, docs/reliability.md): a malformed line of a corpus file is a ``DataError`` naming
-file, line and field, raised by ``runtime.preflight`` before Ray or any model starts.
-What is dropped or kept as is without being an error is counted in ``load_training_texts(..., stats=)``, logged,
-and reaches MLflow as ``input.*`` params (``TrainingData.cache_stats["input"]``):
+subset. A malformed line of a corpus file is a ``DataError`` naming file, line and field, raised by
+``runtime.preflight`` before Ray or any model starts (docs/reliability.md). What is dropped or kept as is without
+being an error is counted in ``load_training_texts(..., stats=)``, logged, and reaches MLflow as ``input.*``:
 
     blank_lines                 blank lines of the corpus file (ignored)
     duplicates_dropped          repeated sentences (sentence corpora) or repeated (sentence1, sentence2) pairs
@@ -23,17 +20,13 @@ and reaches MLflow as ``input.*`` params (``TrainingData.cache_stats["input"]``)
                                 to max_length tokens, so only their beginning is learned)
     texts_with_control_chars    texts with C0/C1 control characters (kept; BERT-style tokenizers drop them)
 
-Views (``cfg.data.views``: view name -> spec). Specs handled here, because they need the corpus structure:
-``none`` (the sentence itself), ``caption`` (another caption of the same image, a human paraphrase), ``pair``
-(the second text of a pairs file). Every other spec (``delete:0.1``, ...) is a text augmentation of
-``raydistill.augment.make_views``, seeded per (job seed, view name), so views are identical run after run.
-
-The rows file (its writing, verification and memory-mapped reads) is ``rows_file.py``'s; ``write_rows_file`` and
-``RowsFileError`` are re-exported here.
+Views (``cfg.data.views``: view name -> spec): ``none`` (the sentence itself), ``caption`` (another caption of the
+same image) and ``pair`` (the second text of a pairs file) need the corpus structure and are handled here; every other
+spec (``delete:0.1``, ...) is a text augmentation of ``raydistill.augment.make_views``, seeded per (job seed, view
+name). The rows file is ``rows_file.py``'s (``write_rows_file`` and ``RowsFileError`` are re-exported here).
 
 Order: each epoch is a permutation drawn from ``(seed, epoch)``, independent of how Ray schedules blocks, so
-``skip_batches`` resumes a run at exactly the batch it would have seen next (``data.arrays.ArrayData`` uses the
-same rule).
+``skip_batches`` resumes a run at exactly the batch it would have seen next (``data.arrays.ArrayData`` too).
 """
 
 from __future__ import annotations
@@ -56,10 +49,6 @@ __all__ = ["TrainingData", "load_training_texts", "build_training_data", "cache_
            "read_training_corpus", "has_caption_groups"]
 
 log = logging.getLogger(__name__)
-
-# Specs resolved from the corpus itself rather than by rewriting the text.
-_IDENTITY_SPECS = ("none",)
-_GROUP_SPECS = ("caption", "pair")
 
 # A "sentence" this long is almost certainly a paragraph or a whole document: kept, but counted and logged.
 LONG_TEXT_CHARS = 2000
@@ -195,9 +184,9 @@ def _log_input_counts(corpus: str, counts: dict[str, int]) -> None:
 
 def _make_view(view: str, spec: str, texts: list[str], groups: list[tuple[str, ...]], corpus: _Corpus,
                seed: int) -> list[str]:
-    if spec in _IDENTITY_SPECS:
+    if spec == "none":
         return list(texts)
-    if spec in _GROUP_SPECS:
+    if spec in ("caption", "pair"):  # resolved from the corpus itself rather than by rewriting the text
         if spec == "pair" and not corpus.is_pairs:
             raise ValueError(f"data.views.{view}: 'pair' needs a pairs file (data.corpus: file:<pairs.jsonl>)")
         if spec == "caption" and not any(g >= 0 for g in corpus.caption_groups):
@@ -229,12 +218,10 @@ def _make_view(view: str, spec: str, texts: list[str], groups: list[tuple[str, .
 class TrainingData:
     """Training rows in a memory-mapped rows file, plus a deterministic, resumable batch iterator.
 
-    The rows file (``write_rows_file``) holds the columns ``idx`` int64, ``group`` int64 (the row's caption group,
-    or an id of its own: see ``_row_group_ids``) and ``text_<view>`` string per view. Teacher vectors are not a
-    column: each batch reads its rows' vectors of every teacher view from the memory-mapped embedding cache
-    (``teacher[view]``, a ``TeacherVectors``). A process reads both through memory maps, so no process holds the
-    corpus or its vectors as its own copy, and a copy of this object sent to another process carries only the
-    locations. Batch order depends only on ``(seed, epoch)``.
+    The rows file (``write_rows_file``) holds ``idx`` int64, ``group`` int64 (``_row_group_ids``) and ``text_<view>``
+    per view. Each batch reads its rows' teacher vectors from the memory-mapped embedding cache (``teacher[view]``, a
+    ``TeacherVectors``), so no process holds the corpus or its vectors, and a copy of this object sent to another
+    process carries only the locations. Batch order depends only on ``(seed, epoch)``.
     """
 
     num_rows: int
@@ -269,14 +256,11 @@ class TrainingData:
     def epoch_stream(self, first_epoch: int, epochs: int, rows_per_epoch: int):
         """The rows of epochs ``first_epoch .. epochs - 1`` as a Ray Dataset, each epoch in its seeded order.
 
-        What Ray Train workers stream (``datasets={"train": ...}``): the stream is ``ray.data.range`` over the
-        positions of those epochs, each epoch's first ``rows_per_epoch`` (the whole steps of the epoch; the rest is
-        what ``drop_last`` drops); each map task turns its positions into row ids by the epoch's permutation,
-        recomputed from ``(seed, epoch)``, and reads those rows from the memory-mapped rows file. Every row carries
-        its ``epoch`` and its ``position`` in that epoch's order (``epoch_order``), so batches of ``batch_size`` rows
-        read in order are exactly ``iter_batches``' batches, whatever blocks Ray ran where, and no process, the
-        driver included, holds a column of the corpus to build it. Read with ``preserve_order`` (set on the returned
-        dataset's context).
+        What Ray Train workers stream: ``ray.data.range`` over the positions of those epochs (each epoch's first
+        ``rows_per_epoch``, the whole steps); each map task turns its positions into row ids by the epoch's
+        permutation and reads those rows from the memory-mapped rows file. Every row carries its ``epoch`` and
+        ``position``, so batches read in order (``preserve_order``, set on the dataset's context) are exactly
+        ``iter_batches``' batches, and no process, the driver included, holds a column of the corpus to build it.
         """
         import ray.data
 

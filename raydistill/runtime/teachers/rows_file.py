@@ -57,10 +57,8 @@ def write_rows_file(columns: dict[str, np.ndarray], cache_dir) -> Path:
     """Write the rows' ``idx``, ``group`` and ``text_<view>`` columns as an uncompressed Arrow IPC file
     ``<cache_dir>/rows/<sha256 of its content>.arrow`` and return its path.
 
-    Named by its content, the file is shared by every job and trial that trains on the same rows (a sweep's trials
-    find the one the sweep's shared teacher pass wrote); its content is checked once per process and file state
-    (size and modification time). On a multi-node cluster the cache dir is shared storage, as for the teacher's
-    vectors.
+    Named by its content, the file is shared by every job and trial that trains on the same rows; its content is
+    checked once per process and file state (size and mtime). On a multi-node cluster the cache dir is shared storage.
     """
     import pyarrow as pa
 

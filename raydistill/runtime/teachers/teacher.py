@@ -1,20 +1,15 @@
 """The frozen teacher: a plain encoder class and the Ray Data callable that embeds a dataset in an actor pool.
 
-``TeacherEncoder`` knows nothing of Ray: it loads a bi- or cross-encoder once, freezes it (eval mode, no grad,
-``torch.inference_mode``), pins its torch thread count, and returns numpy (cheaper to ship between Ray processes than
-torch tensors, and zero-copy on ``ray.get``; docs/runtime.md, Ray behaviour). Every row that goes through the teacher's
-transformer is counted by a forward hook, so "the second epoch did no teacher work" is a measured fact rather than
-an assumption about the cache.
+``TeacherEncoder`` knows nothing of Ray: it loads a bi- or cross-encoder once, freezes it, pins its torch thread
+count, and returns numpy (cheaper to ship between Ray processes, zero-copy on ``ray.get``; docs/runtime.md). Every
+row that goes through the teacher's transformer is counted by a forward hook, so "the second epoch did no teacher
+work" is a measured fact rather than an assumption about the cache. The bi-encoder pass batches by a padded-token
+budget, in bf16 on hardware with fast bf16 matrix products (``precision: auto``: ``resolve_precision``).
 
-The bi-encoder pass is built for throughput (docs/data.md, bench/teacher_pass.py): batches by a padded-token budget
-(``TeacherEncoder.encode``), and bf16 on hardware with fast bf16 matrix products (``precision: auto``;
-``resolve_precision`` decides, and the log says which and why).
-
-``teacher_identity()`` names what determines the teacher's outputs (every byte of its weights, tokenizer and pooling
-files, pooling, max length, encoder type, normalisation), independent of where the model directory lives. The
-embedding cache is keyed by it, which fixes the stale-cache bug of the ConGen/SCT code (fixed cache file names reused
-across teachers, docs/methods.md, ConGen and SCT). A large file's SHA-256 is computed once and remembered by path,
-size and modification time in ``$RAYDISTILL_HOME/file-hashes.json``, so a rerun does not read gigabytes again.
+``teacher_identity()`` names what determines the teacher's outputs, independent of where the model directory lives.
+The embedding cache is keyed by it, which fixes the stale-cache bug of the ConGen/SCT code (docs/methods.md). A large
+file's SHA-256 is remembered by path, size and mtime in ``$RAYDISTILL_HOME/file-hashes.json``, so a rerun does not
+read gigabytes again.
 """
 
 from __future__ import annotations
@@ -166,11 +161,9 @@ def teacher_identity(model: str, *, encoder: str = "bi", pooling: str | None = N
     """``<encoder>-<16 hex>``: a fingerprint of everything that determines the teacher's outputs.
 
     bf16 vectors differ from fp32 ones in the third or fourth decimal, so they get their own cache; ``fp32`` is left
-    out of the fingerprint so that caches written before the precision setting existed stay valid.
-    Every file's full content counts: small files (configs, tokenizer, pooling/dense module configs) are hashed
-    whole, and weight files by the SHA-256 of all their bytes (``remembered_file_sha256``: read once, then remembered
-    by path, size and modification time), so two teachers that differ in any tensor get different caches.
-    The directory's location is not part of it, so the same weights reached through another path share a cache.
+    out so that caches written before the precision setting existed stay valid. Every file's full content counts
+    (small files whole, weights by ``remembered_file_sha256``), so teachers that differ in any tensor get different
+    caches; the directory's location does not, so the same weights reached through another path share a cache.
     """
     model_dir = _resolve(model)
     digest = hashlib.sha256()
@@ -286,19 +279,17 @@ class TeacherEncoder:
 
             self.model = CrossEncoder.from_pretrained(str(self.model_dir), num_labels=num_labels or
                                                       _head_labels(self.model_dir), max_length=self.max_length)
+        import torch
+
         if device is None:
             # A Ray actor without num_gpus sees no CUDA device (Ray empties CUDA_VISIBLE_DEVICES), so this picks the
             # GPU exactly when the config gave the teacher one.
-            import torch
-
             device = "cuda" if torch.cuda.is_available() else "cpu"
         self.device = device
         self.precision, why = ("fp32", "cross-encoder") if encoder != "bi" else resolve_precision(precision, device)
         self.max_tokens = int(max_tokens or DEFAULT_TEACHER_MAX_TOKENS)
         self.model.to(device).eval().requires_grad_(False)
         if self.precision == "bf16":
-            import torch
-
             # Weights cast once: autocast would re-cast every weight matrix on every forward of a frozen model.
             self.model.to(torch.bfloat16)
         log.info("teacher %s: %s on %s (%s), batches of at most %d padded tokens / %d sentences, %d threads",

@@ -277,10 +277,9 @@ def _check_values(base: JobConfig, values: dict[str, Any], space: SearchSpace, w
 def _resolve_algorithm(requested: str, params: dict[str, Param], space: SearchSpace, scheduler: str = "asha") -> str:
     """``auto``: Optuna's TPE when optuna is installed and no entry is a ``grid``, else seeded random search.
 
-    The spaces are the papers' small categorical grids and a CPU budget buys 10-30 trials. TPE starts with random
-    trials and models the good region only after them, so random search (no extra package, reproducible from the
-    seed) loses little and is the fallback. PBT draws each trial's start at random and then changes the values
-    itself, which a model of finished trials' values cannot describe: random search.
+    With the papers' small categorical grids and 10-30 trials, TPE's random start is most of the search, so random
+    search (no extra package, reproducible) loses little. PBT changes the values itself, which a model of finished
+    trials' values cannot describe: random search.
     """
     has_grid = any(p.kind == "grid" for p in params.values())
     optuna_available = importlib.util.find_spec("optuna") is not None

@@ -1,21 +1,17 @@
 """How a Ray Tune trial hears its training loop: ``TrialReports`` (the loop's reporter) and ``EvalReportsToTune``.
 
-The training loop reports through a ``Reporter`` (``engine.reporting``); a trial hands ``run_distillation`` one per
-stage (``TrialReports.for_stage``). What it changes from the plain job's ``TrainReports``:
+A trial hands ``run_distillation`` one ``Reporter`` (``engine.reporting``) per stage (``TrialReports.for_stage``).
+What it changes from the plain job's ``TrainReports``:
 
-- the report of every step with a dev evaluation, on rank 0, also carries ``best_stsb_dev`` (``METRIC``, what ASHA
-  ranks trials by: the trial's best so far, its earlier stages' included), ``stsb_dev``, ``stage`` and the step
-  counted over the trial's stages (ASHA's time axis must not go back when stage 2 starts). The trial's very last
-  evaluation is held back (``hold_back_final``): the trial reports it once the job has written its outputs, so a
-  stop decision made on it cannot cut them.
-- with Train workers those reports go out through ``ray.train.report`` as any other, and ``EvalReportsToTune``,
-  a Train callback of the trial's ``TorchTrainer``, forwards them, and only them, to the trial (Tune requires the
-  metric in every result it gets; a report per optimiser step would be thousands of results per trial).
-  Checkpoints stay where Train persisted them (the trial's storage under the sweep's Tune directory).
-- in Train's local mode (``num_learners: 0``) the loop runs in the trial's own process, where ``ray.train.report``
-  refuses to run: an evaluation goes to Tune directly (``ray.tune.report``), with the step's checkpoint when one is
-  due (under PBT every evaluation's), which Tune keeps in the sweep's storage and hands back to a restarted trial
-  (``ray.tune.get_checkpoint``). That checkpoint may be another trial's (PBT), written with another learning rate or
+- rank 0's report of a step with a dev evaluation also carries ``best_stsb_dev`` (``METRIC``, what ASHA ranks trials
+  by: the trial's best so far, its earlier stages' included), ``stsb_dev``, ``stage`` and the step counted over the
+  trial's stages (ASHA's time axis must not go back when stage 2 starts). The trial's very last evaluation is held
+  back (``hold_back_final``): the trial reports it once the job has written its outputs, so a stop cannot cut them.
+- with Train workers ``EvalReportsToTune``, a Train callback of the trial's ``TorchTrainer``, forwards those reports,
+  and only them, to the trial (Tune requires the metric in every result; a report per step would be thousands).
+- in Train's local mode the loop runs in the trial's own process, where ``ray.train.report`` refuses to run: an
+  evaluation goes to Tune directly (``ray.tune.report``), with the step's checkpoint when one is due, which Tune hands
+  back to a restarted trial. Under PBT that checkpoint may be another trial's, written with another learning rate or
   temperature: those keys may differ (``pbt_mutable``). Only the stage that wrote a checkpoint resumes from it.
 - rows reach the workers as the memory-mapped arrays, never as a Ray Data stream: a Ray Data task started inside a
   trial is captured into the trial's placement group, where it never runs (measured: "cannot fit into any bundles").

@@ -43,10 +43,9 @@ class SweepLockedError(SpaceError):
 class SweepLock:
     """One driver per sweep directory: an exclusive ``flock`` on ``<sweep_dir>/.sweep.lock``, which names its holder.
 
-    The kernel drops a flock when its process dies, however it dies (SIGKILL included), so the lock of a killed driver
-    is free for ``--resume`` at once. The file is opened without following a symlink (a link planted in a shared
-    sweep directory cannot redirect the holder's write), written in place and never removed: replacing or removing
-    it would let a third driver lock a new file while a second holds the old one.
+    The kernel drops a flock when its process dies (SIGKILL included), so a killed driver's lock is free for
+    ``--resume`` at once. The file is opened without following a symlink, written in place and never removed:
+    removing it would let a third driver lock a new file while a second holds the old one.
     """
 
     def __init__(self, sweep_dir: str | os.PathLike):
@@ -100,9 +99,8 @@ def run_sweep(plan: SweepPlan, *, resume: bool = False, callbacks: list | None =
 
 
 def _reopen_interrupted_trials(plan: SweepPlan) -> None:
-    """Trials the last run's summary marks interrupted (running when its driver stopped) continue, even where the
-    trial recorded an error of its own: Tune tore its process, its Train workers and their actors down under it, and
-    what that teardown raised on the way out (an error from an actor already gone) is not the training's fault. Left
+    """Trials the last run's summary marks interrupted continue, even where the trial recorded an error of its own:
+    Tune tore its process and workers down under it, and what that teardown raised is not the training's fault. Left
     as "failed", the trial would be refused on ``--resume`` as a trial whose own code fails."""
     summary_path = Path(plan.sweep_dir) / "summary.json"
     if not summary_path.is_file():
@@ -260,9 +258,8 @@ def _tuner(plan: SweepPlan, max_t: int, *, resume: bool, callbacks: list | None,
 
     settings = plan.sweep_settings
     in_process = settings.num_learners == 0
-    # A trial only drives its Train run, whose workers hold the CPUs and GPUs (resources_per_trial); Tune refuses an
-    # empty bundle, so the trial asks for one byte of memory. In local mode the trial process trains and holds them.
-    # How many trials run at once is trial_concurrency's.
+    # A trial only drives its Train run, whose workers hold the CPUs and GPUs; Tune refuses an empty bundle, so the
+    # trial asks for one byte of memory. In local mode the trial process trains and holds them.
     resources = {"cpu": settings.num_cpus, "gpu": settings.num_gpus} if in_process else {"cpu": 0, "memory": 1}
     trainable = tune.with_resources(tune.with_parameters(distill_trial, plan=plan.to_dict()), resources)
     if resume:
@@ -272,10 +269,8 @@ def _tuner(plan: SweepPlan, max_t: int, *, resume: bool, callbacks: list | None,
                                   resume_errored=True, restart_errored=False)
     eval_every = int(plan.base_config.get("train", {}).get("eval_every") or 1)
     if settings.scheduler == "pbt":
-        # Under PBT every evaluation a local-mode trial reports carries its checkpoint (checkpoint_every is the
-        # evaluation interval: SweepPlan.trial_config), so a donor PBT picks has one at the result it decided on.
-        # PBT draws its donors and new values with the random module: seeded, a sweep's decisions follow its seed
-        # as far as trial timing allows.
+        # Every evaluation a local-mode trial reports carries its checkpoint (SweepPlan.trial_config), so a donor PBT
+        # picks has one. PBT draws donors and values with the random module: seeded, its decisions follow the seed.
         random.seed(settings.seed)
         scheduler = PopulationBasedTraining(time_attr="step", perturbation_interval=settings.perturbation_evals *
                                             eval_every, hyperparam_mutations=plan.pbt_mutations(),
@@ -286,7 +281,7 @@ def _tuner(plan: SweepPlan, max_t: int, *, resume: bool, callbacks: list | None,
         scheduler = ASHAScheduler(time_attr="step", max_t=max(max_t, grace), grace_period=grace,
                                   reduction_factor=settings.reduction_factor, stop_last_trials=False)
     points = [dict(p) for p in plan.start_from]
-    max_concurrent = concurrency  # trial_concurrency: the CPU cap and max_concurrent_trials, whichever is lower
+    max_concurrent = concurrency
     if plan.algorithm == "optuna":
         from ray.tune.search.optuna import OptunaSearch
 
@@ -301,11 +296,9 @@ def _tuner(plan: SweepPlan, max_t: int, *, resume: bool, callbacks: list | None,
     tune_config = tune.TuneConfig(metric=METRIC, mode="max", search_alg=search, scheduler=scheduler,
                                   num_samples=settings.num_samples, max_concurrent_trials=max_concurrent,
                                   time_budget_s=settings.time_budget_s, trial_dirname_creator=trial_dirname,
-                                  # A reused trial process keeps a stopped trial's Train run: its rank 0 waits
-                                  # forever in ray.train.report on Tune's result queue, which Tune no longer drains.
-                                  # A new process per trial ends the stopped trial's Train run with it. In local
-                                  # mode the run is the trial's own thread, which the stop ends: the next trial
-                                  # reuses the process (no second import of torch and the model code).
+                                  # A reused process keeps a stopped trial's Train run, whose rank 0 then waits
+                                  # forever on Tune's result queue; in local mode the stop ends the run (the trial's
+                                  # own thread), so the next trial may reuse the process (no second torch import).
                                   reuse_actors=in_process)
     run_config = tune.RunConfig(name=plan.tune_dir.name, storage_path=str(plan.tune_dir.parent),
                                 # A lost trial process (OOM kill, node loss, preemption) is restarted from

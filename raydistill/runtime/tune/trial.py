@@ -5,14 +5,11 @@ Metrics reach Tune through the reporter the trial hands the training loop for ea
 says how, with Train workers and in local mode); the trial's very last evaluation is reported here instead, after the
 job has written its model and record, so a stop decision made on it cannot cut them.
 
-Checkpoints: the trial's Train runs persist theirs in the sweep's Tune storage (``SweepPlan.train_storage``, set as
-the config's ``runtime.storage_path``). A trial that Tune restarts (``raydistill tune --resume``, or on another node
-sharing that storage) runs the same Train runs again, and Train resumes each from its newest checkpoint there; in
-local mode Tune hands the restarted trial the checkpoint it reported (``reporting``). Under PBT that checkpoint may be
-another trial's: the trial then continues that trial's run with its own perturbed values (``_take_over_donor_run``).
-
-Torch, Ray and the training runtime are imported inside ``distill_trial``: it runs in a Tune worker, not where the
-plan is made.
+Checkpoints: the trial's Train runs persist theirs in the sweep's Tune storage (``SweepPlan.train_storage``), and a
+trial that Tune restarts resumes each from its newest checkpoint there; in local mode Tune hands the restarted trial
+the checkpoint it reported. Under PBT that checkpoint may be another trial's: the trial then continues that trial's
+run with its own perturbed values (``_take_over_donor_run``). Torch, Ray and the training runtime are imported inside
+``distill_trial``: it runs in a Tune worker, not where the plan is made.
 """
 
 from __future__ import annotations
