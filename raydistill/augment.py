@@ -29,8 +29,7 @@ WordNet: ``synonym:`` reads the Princeton WordNet 3.0 database files (``index.*`
 ``$RAYDISTILL_WORDNET``, ``/usr/share/wordnet`` (Debian/Ubuntu package ``wordnet-base``) or an
 ``nltk_data/corpora/wordnet`` folder. Install with ``apt-get install wordnet-base``. Without it,
 ``synonym:`` raises ``WordNetUnavailableError`` naming that command; the other specs need nothing. The reader of
-the files is ``raydistill.wordnet``.
-"""
+the files is ``raydistill.wordnet``."""
 
 from __future__ import annotations
 
@@ -178,8 +177,7 @@ def replace_synonyms(text: str, ratio: float, rng: random.Random, wordnet: WordN
     Synonyms are the other lemmas of the word's most frequent sense (the first synset of its most frequent part
     of speech, WordNet's sense order). EDA samples from every sense, which turns "dog" into "andiron" or "cad";
     the most-frequent-sense rule keeps the meaning and is the standard baseline of word-sense disambiguation.
-    Capitalisation of the first letter is kept. Texts without such a word are returned unchanged.
-    """
+    Capitalisation of the first letter is kept. Texts without such a word are returned unchanged."""
     wordnet = wordnet or load_wordnet()
     tokens = split_words(text)
     candidates = []

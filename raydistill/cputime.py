@@ -3,8 +3,7 @@
 Contract: ``cpu_seconds()`` is user + system CPU seconds of the calling process since it started (all its threads);
 with ``children=True`` it adds those of its child processes that have ended and been waited for, never of those
 still running. The difference of two readings is the CPU a piece of work cost, which on a shared machine says more
-than its wall time.
-"""
+than its wall time."""
 
 from __future__ import annotations
 

@@ -6,8 +6,7 @@ Contract: ``format_duration`` writes whole seconds below a minute ("42s"), minut
 progress line's ETA uses it. ``parse_duration`` reads seconds from a number or from ``h``/``m``/``s`` parts
 ("90m", "3h", "1h30m", "45s") and refuses anything else, or a duration that is not > 0, with ValueError;
 ``exact_duration`` writes seconds back in that form without rounding ("1h30m", "1m30s"), so a parsed value keeps
-one spelling (a config hash does not depend on how the user wrote it).
-"""
+one spelling (a config hash does not depend on how the user wrote it)."""
 
 from __future__ import annotations
 

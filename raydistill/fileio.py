@@ -16,8 +16,7 @@ mid-swap left.
 
 Names read from files (manifests, checkpoints, trial records) go through ``child_path(folder, name)``, which refuses
 anything that would leave ``folder``. Lock files are opened with ``open_lock_file``, which never follows a symlink and
-never truncates.
-"""
+never truncates."""
 
 from __future__ import annotations
 
@@ -47,9 +46,8 @@ def fsync_dir(path: str | os.PathLike) -> None:
     except OSError:
         return
     try:
-        os.fsync(fd)
-    except OSError:
-        pass  # some filesystems (and Windows) refuse fsync on a directory; the rename is still atomic
+        with contextlib.suppress(OSError):
+            os.fsync(fd)  # some filesystems (and Windows) refuse it on a directory; the rename is still atomic
     finally:
         os.close(fd)
 
@@ -71,8 +69,7 @@ def atomic_writer(path: str | os.PathLike, *, tmp: str | os.PathLike | None = No
 
     An exception in the block (a failed write, or a check of what was written) removes the temporary file and
     propagates; ``path`` keeps its previous content. ``tmp``: the temporary file, a sibling of ``path``, for a writer
-    that sweeps its own leftovers by name or runs several writes of one path in one process.
-    """
+    that sweeps its own leftovers by name or runs several writes of one path in one process."""
     path = Path(path)
     tmp = Path(tmp) if tmp is not None else path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
@@ -128,8 +125,7 @@ def replace_directory(staged: str | os.PathLike, final: str | os.PathLike) -> Pa
     """Make the complete directory ``staged`` become ``final``, replacing any previous ``final``.
 
     ``staged`` is fsynced first. Between the two renames only ``.<name>.old-<pid>`` holds the previous content; a
-    crash there is undone by ``recover_directory`` at the next start.
-    """
+    crash there is undone by ``recover_directory`` at the next start."""
     staged, final = Path(staged), Path(final)
     fsync_tree(staged)
     old = _sibling(final, "old", os.getpid()) if final.exists() else None
@@ -147,8 +143,7 @@ def replace_directory(staged: str | os.PathLike, final: str | os.PathLike) -> Pa
 def staged_directory(final: str | os.PathLike) -> Iterator[Path]:
     """The path to build a new ``final`` in (``.<name>.tmp-<pid>``, not yet created: ``model.save``, ``copytree`` and
     Ray Data's writers create their folder); ``replace_directory`` swaps it in when the block ends. An exception in
-    the block removes it and leaves ``final`` as it was.
-    """
+    the block removes it and leaves ``final`` as it was."""
     final = Path(final)
     staged = _sibling(final, "tmp", os.getpid())
     shutil.rmtree(staged, ignore_errors=True)  # this pid's leftover of an earlier, interrupted build
@@ -189,8 +184,7 @@ def _mtime(path: Path) -> float:
 def recover_directory(final: str | os.PathLike) -> bool:
     """Undo an interrupted ``replace_directory``/staging of ``final``; returns True when ``final`` was put back.
 
-    Only leftovers of processes that are gone (or of this one) are touched: a live writer may be mid-swap.
-    """
+    Only leftovers of processes that are gone (or of this one) are touched: a live writer may be mid-swap."""
     final = Path(final)
     if not final.parent.is_dir():
         return False

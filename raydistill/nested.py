@@ -4,8 +4,7 @@ Contract: keys become dotted paths (``str`` of each key, joined by ``.``); only 
 any other value is a leaf, kept as it is (not copied, not converted). An empty mapping is a leaf too, so a section set
 to ``{}`` differs from one that is absent. Used wherever two configs are compared key by key (config hash, checkpoint
 resume, config help, the README's tables) and for MLflow's flat params. ``deep_merge`` lays one nested dict over
-another (a stage's settings over its job's).
-"""
+another (a stage's settings over its job's)."""
 
 from __future__ import annotations
 

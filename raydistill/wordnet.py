@@ -6,8 +6,7 @@ synonyms of a word's most frequent sense, for ``raydistill.augment``'s ``synonym
 
 Inflected forms are reduced with WordNet's morphy rules and exception lists; a word's own base forms are never its
 synonyms. Needs no nltk. ``raydistill.augment`` loads it once (``load_wordnet``, which names the install command
-when the files are missing) and re-exports ``WordNet`` and ``find_wordnet_dir``.
-"""
+when the files are missing) and re-exports ``WordNet`` and ``find_wordnet_dir``."""
 
 from __future__ import annotations
 

@@ -15,12 +15,9 @@ method's ``MethodSettings`` once the method is registered (``raydistill.methods`
 ``raydistill.runtime.engine.preflight.preflight`` checks what touches the machine (models, data files, writable
 directories) before any Ray actor exists, so a bad config fails in a second instead of after the teacher pass.
 
-The runtime knobs ``extra.max_restarts``, ``extra.learner_timeout_s``, ``extra.log_every`` and
-``extra.storage_path`` live under ``runtime:`` now; the old spelling loads with one ``ConfigDeprecationWarning`` per
-key (the hash is the same either way: both are runtime-only fields).
-
 The parts live beside this module and are re-exported from here (import them from this module): ``sections.py``,
-``loading.py`` (YAML with the line of every key, ``--set`` overrides, building a section), ``runtime_knobs.py``.
+``loading.py`` (YAML with the line of every key, ``--set`` overrides, building a section), ``runtime_knobs.py`` (the
+runtime knobs' old ``extra.*`` spelling still loads, with a ``ConfigDeprecationWarning``; it hashes the same).
 
     cfg = JobConfig.from_yaml("configs/congen.yaml", overrides=["train.lr=1e-4", "loss.queue_size=16384"])
     cfg.validate()             # across fields; preflight(cfg) checks the method, models, files and directories

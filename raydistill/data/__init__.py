@@ -5,8 +5,7 @@
     pairs = read_pairs("my.jsonl.gz", score_range=(0, 5))  # a user's file; DataError names file, line, field
 
 Bad input raises `DataError` (a ValueError) whose message is ``"<file>:<line>: field '<field>': <problem>"``.
-JSON Lines (plain or gzip'd), Parquet files and directories of Parquet parts are read and validated alike.
-"""
+JSON Lines (plain or gzip'd), Parquet files and directories of Parquet parts are read and validated alike."""
 
 from raydistill.data.formats import DataError
 from raydistill.data.readers import (

@@ -3,8 +3,7 @@
 The supervised stages (DistilCSE's NLI triplets, DvBERT's pairs with soft labels, STS-B train) need no Ray Data
 pipeline: their rows fit in memory many times over. ``iter_batches`` has the same contract as the corpus pipeline's
 (``raydistill.runtime.teachers.pipeline.TrainingData``): the order of epoch ``e`` is a permutation drawn from ``(seed, e)``,
-so a run resumed at batch ``k`` sees exactly the batches it would have.
-"""
+so a run resumed at batch ``k`` sees exactly the batches it would have."""
 
 from __future__ import annotations
 
@@ -58,8 +57,7 @@ class LengthBucketedArrayData(ArrayData):
     ``lengths`` and cut into batches; the full batches shuffled (the ragged ones dropped). Every batch stays a
     random draw from a random window, and the order is a function of ``(seed, e)``, so a resume at batch ``k``
     sees exactly the batches it would have. An epoch has ``num_rows // batch_size`` full batches, as the engine
-    counts them.
-    """
+    counts them."""
 
     def __init__(self, columns: dict[str, np.ndarray], lengths: np.ndarray, seed: int = 0,
                  batches_per_bucket: int = 50, cache_stats: dict[str, Any] | None = None):

@@ -103,8 +103,7 @@ def _dataset_texts(name: str) -> Iterator[tuple[str, int, tuple[str, ...]]]:
     """``(text, caption group, sibling captions)`` of every text of a registry set, in file order.
 
     The caption group is the image's 0-based line in the captions file (-1 for other sets); siblings are the raw
-    captions of that image (empty for other sets).
-    """
+    captions of that image (empty for other sets)."""
     kind = DATASETS[name].kind
     for index, record in enumerate(load_dataset(name)):
         if kind == "captions":
@@ -134,8 +133,7 @@ class Corpus:
                         are captions of one image
         stats           what reading dropped: evaluation_sentences_removed, duplicates_dropped, blank_lines
     ``sources`` names each row's source (a ``MIXED_SOURCES`` name, or the file's path); ``group_names[g]`` is the
-    image id of caption group g.
-    """
+    image id of caption group g."""
 
     name: str
     texts: list[str]
@@ -237,8 +235,7 @@ def parse_corpus_spec(spec: str) -> CorpusSpec:
     """Split ``data.corpus`` into its parts; raises ValueError for an unknown name or a file spec without a path.
 
     ``file:<path>#<column>``: the part after the last ``#`` is the column, unless the whole text names an existing
-    file or directory (a path may contain ``#``).
-    """
+    file or directory (a path may contain ``#``)."""
     if not isinstance(spec, str) or not spec:
         raise ValueError(f"data.corpus must be a corpus name ({', '.join(NAMED_CORPORA)}) or file:<path>")
     if not spec.startswith(FILE_PREFIX):
@@ -289,8 +286,7 @@ def read_corpus(spec: str, split_of: str | None = None) -> Corpus:
     ``split_of`` (``data.evaluation_set_split``, a ``file:`` corpus only) names the evaluation set this corpus is a
     training split of: that set's sentences stay, every other set's go (``evaluation_keys``).
     Raises ``DataError`` (naming file, line and field) for a bad line, an empty corpus or one with nothing left
-    once the evaluation sentences are removed; ValueError for an unknown name, or ``split_of`` with a named corpus.
-    """
+    once the evaluation sentences are removed; ValueError for an unknown name, or ``split_of`` with a named corpus."""
     parsed = parse_corpus_spec(spec)
     if split_of is not None and parsed.name is not None:
         raise ValueError(f"data.evaluation_set_split={split_of} is for a file: corpus split from that set, not the "

@@ -22,8 +22,7 @@ Every training path calls these: ``raydistill.data.corpus`` (``mixed``, ``file:`
 behind DistilCSE's triplets and DvBERT's teachers), the derivation's calibration sentences, Trans-Encoder's inductive
 pairs and the views of ``augment`` (a ``paired:<file>`` paraphrase or a sibling caption is never an evaluation
 sentence). The older named corpora (``flickr``, ``nli``, ``flickr+nli``) and Trans-Encoder's transductive sources
-are the exceptions, each documented where it is read.
-"""
+are the exceptions, each documented where it is read."""
 
 from __future__ import annotations
 

@@ -4,8 +4,7 @@ directories of Parquet parts, ``.csv`` / ``.tsv`` with a header line, Hugging Fa
 ``iter_records(path)`` yields ``(line, object | DataError)``: the 1-based line of a text file, or the 1-based row
 of the Parquet part or dataset it names. Problems with the file as a whole (missing, empty, corrupt gzip or Parquet,
 Parquet parts whose column types disagree) raise `DataError`; a bad line is yielded as one, for the typed readers
-(``readers.py``) to raise or skip. Gzip and Parquet are detected from the file's magic bytes, not its name.
-"""
+(``readers.py``) to raise or skip. Gzip and Parquet are detected from the file's magic bytes, not its name."""
 
 from __future__ import annotations
 
@@ -23,6 +22,7 @@ __all__ = ["DataError", "iter_lines", "iter_jsonl", "iter_parquet", "iter_csv", 
 
 GZIP_MAGIC = b"\x1f\x8b"
 PARQUET_MAGIC = b"PAR1"
+_HF_DATASET_MARKERS = ("state.json", "dataset_dict.json")
 
 
 class DataError(ValueError):
@@ -30,8 +30,7 @@ class DataError(ValueError):
 
     The line and field parts are left out when they do not apply (a missing file has neither, a line that is not
     JSON has no field). ``reason`` is a short machine-readable key (``"not_json"``, ``"out_of_range"``, ...) used
-    to count skipped rows in ``on_error="skip"`` mode.
-    """
+    to count skipped rows in ``on_error="skip"`` mode."""
 
     def __init__(self, path: str | Path, problem: str, *, line: int | None = None, field: str | None = None,
                  reason: str = "invalid"):
@@ -65,11 +64,9 @@ def _open_binary(path: Path):
 def iter_lines(path: str | Path, counts: Counter | None = None) -> Iterator[tuple[int, str | DataError]]:
     """Yield ``(line_number, text)`` for every non-blank line (line ending removed), 1-based.
 
-    Decoding line by line (rather than opening in text mode) is what lets a bad byte be reported with its line:
-    such a line is yielded as ``(line_number, DataError)`` so that the caller may raise or skip it and go on.
-    A UTF-8 byte-order mark on the first line is dropped. A missing, empty or corrupt file raises. Blank lines
-    are counted in ``counts["blank_lines"]`` when a Counter is given.
-    """
+    Decoding line by line (rather than opening in text mode) lets a bad byte be reported with its line: such a line
+    is yielded as ``(line_number, DataError)``. A UTF-8 byte-order mark on the first line is dropped; blank lines
+    are counted in ``counts["blank_lines"]`` when a Counter is given."""
     path = Path(path)
     seen_any = False
     try:
@@ -139,11 +136,7 @@ def _parse_json_line(path: Path, line_number: int, text: str) -> dict[str, Any] 
 
 def iter_jsonl(path: str | Path, counts: Counter | None = None
                ) -> Iterator[tuple[int, dict[str, Any] | DataError]]:
-    """Yield ``(line_number, object)`` per JSON Lines record, or ``(line_number, DataError)`` for a bad line.
-
-    Bad lines are yielded rather than raised so that the caller decides between raising and skipping, and the
-    stream goes on after a skipped line. File-level problems (missing, empty, corrupt) raise directly.
-    """
+    """Yield ``(line_number, object)`` per JSON Lines record, or ``(line_number, DataError)`` for a bad line."""
     path = Path(path)
     for line_number, text in iter_lines(path, counts):
         if isinstance(text, DataError):
@@ -157,8 +150,7 @@ def is_parquet(path: str | Path) -> bool:
 
     A file is Parquet when it starts with the magic ``PAR1`` and either ends with it too (whatever its name) or is
     named ``*.parquet`` (so that a damaged Parquet file is reported as one, and a text file whose first sentence
-    begins with "PAR1" is still text).
-    """
+    begins with "PAR1" is still text)."""
     path = Path(path)
     if path.is_dir():
         return any(path.glob("*.parquet"))
@@ -186,8 +178,7 @@ def iter_parquet(path: str | Path) -> Iterator[tuple[int, dict[str, Any] | DataE
 
     Row numbers are 1-based within their part, and errors name the part. The parts of a directory must agree on
     every column's type: a column that is ``double`` in one part and ``string`` in another (a "mixed-type column",
-    e.g. parts written by different tools) raises at the first part that differs, naming the column.
-    """
+    e.g. parts written by different tools) raises at the first part that differs, naming the column."""
     for _, row_number, row in _iter_parquet_parts(Path(path)):
         yield row_number, row
 
@@ -246,17 +237,13 @@ def is_hf_dataset(path: str | Path) -> bool:
     return path.is_dir() and any((path / name).is_file() for name in _HF_DATASET_MARKERS)
 
 
-_HF_DATASET_MARKERS = ("state.json", "dataset_dict.json")
-
-
 def iter_csv(path: str | Path) -> Iterator[tuple[int, dict[str, Any] | DataError]]:
     """Yield ``(line_number, row dict)`` of a CSV (``.csv``) or tab-separated (``.tsv``) file with a header line.
 
     The line number is the file line where the record ends (a quoted field may span lines), so an editor jumps to
     it; the header is line 1. A row with more fields than the header is yielded as a ``DataError``; a row with
     fewer has ``None`` in the missing columns (reported by the field check that reads them). Empty cells read as
-    ``""``.
-    """
+    ``""``."""
     import csv
 
     path = Path(path)
@@ -294,8 +281,7 @@ def iter_csv(path: str | Path) -> Iterator[tuple[int, dict[str, Any] | DataError
 def iter_hf_dataset(path: str | Path) -> Iterator[tuple[int, dict[str, Any] | DataError]]:
     """Yield ``(row_number, row dict)`` of a ``datasets.load_from_disk`` directory, 1-based.
 
-    A DatasetDict (several splits) must be narrowed to one split by naming its directory (``<dir>/train``).
-    """
+    A DatasetDict (several splits) must be narrowed to one split by naming its directory (``<dir>/train``)."""
     path = Path(path)
     if (path / "dataset_dict.json").is_file() and not (path / "state.json").is_file():
         splits = sorted(p.name for p in path.iterdir() if (p / "state.json").is_file())

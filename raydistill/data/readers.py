@@ -26,8 +26,7 @@ Extra fields (``subset``, ``source``, ``pair_id``) are allowed and ignored. Text
 tokenizer can take: not null, a string, with at least one visible character (a text of control characters alone
 tokenizes to nothing), and no lone UTF-16 surrogate (``"\\ud800"`` is valid JSON but not Unicode text; the
 tokenizers and UTF-8 encoding fail on it). A field given twice on one line is an error (JSON keeps the last one
-silently).
-"""
+silently)."""
 
 from __future__ import annotations
 
@@ -86,10 +85,8 @@ T = TypeVar("T")
 class Records(list):
     """The records of one file, in file order, plus what ``on_error="skip"`` dropped.
 
-    A plain list in every other respect; ``skipped`` maps a reason (``DataError.reason``) to its count and is
-    empty when nothing was skipped; ``ignored`` counts what was dropped without being an error
-    (``{"blank_lines": 3}``).
-    """
+    A plain list otherwise; ``skipped``: ``DataError.reason`` -> count (empty when nothing was skipped);
+    ``ignored``: what was dropped without being an error (``{"blank_lines": 3}``)."""
 
     def __init__(self, items=(), *, path: str | Path = "", skipped: Counter | None = None,
                  ignored: Counter | None = None):
@@ -300,8 +297,7 @@ def read_sentences(path: str | Path, *, field: str = "text", on_error: str = "ra
     The format is chosen by the content for Parquet, by the directory's files for a Hugging Face dataset, by the
     name otherwise (``.txt`` / ``.txt.gz`` is text, ``.jsonl`` / ``.json`` / ``.ndjson`` is JSON Lines, ``.csv`` /
     ``.tsv`` is CSV) and, for other names, by whether the first non-blank line starts with ``{``. Text lines keep
-    their inner and leading whitespace; only the line ending is removed.
-    """
+    their inner and leading whitespace; only the line ending is removed."""
     _check_on_error(on_error)
     path = Path(path)
     if not _has_records(path):

@@ -5,8 +5,7 @@ there (a user's fresher or larger copy, e.g. ``RAYDISTILL_DATA=/srv/raydistill-d
 the package (``raydistill/data/bundled/<relpath>.gz``), so every command works offline on a fresh install.
 
 `load_dataset` validates the whole file and caches the records in-process: the 7-STS evaluation, STS-B dev
-selection during training and the tests all read the same few files many times.
-"""
+selection during training and the tests all read the same few files many times."""
 
 from __future__ import annotations
 
@@ -36,8 +35,7 @@ class DatasetSpec:
     """One named file and the validation its lines get.
 
     kind: ``"scored_pairs"`` (Pair with score, maybe label), ``"labelled_pairs"`` (Pair with label),
-    ``"labelled_texts"`` (LabelledText), ``"captions"`` (CaptionGroup).
-    """
+    ``"labelled_texts"`` (LabelledText), ``"captions"`` (CaptionGroup)."""
 
     name: str
     relpath: str
@@ -58,10 +56,8 @@ _sts = _specs_of("scored_pairs", ("sentence1", "sentence2", "score"), STS_SCALE,
 _sick = _specs_of("scored_pairs", ("sentence1", "sentence2", "score", "label"), SICK_SCALE, NLI_LABELS)
 _para = _specs_of("labelled_pairs", ("sentence1", "sentence2", "label"), None, BINARY_LABELS)
 _nli = _specs_of("labelled_pairs", ("premise", "hypothesis", "label"), None, NLI_LABELS)
-
-
-def _transfer(name: str, relpath: str, labels: frozenset, description: str) -> DatasetSpec:
-    return DatasetSpec(name, relpath, "labelled_texts", ("text", "label"), None, labels, description)
+_binary_texts = _specs_of("labelled_texts", ("text", "label"), None, BINARY_LABELS)
+_trec = _specs_of("labelled_texts", ("text", "label"), None, TREC_LABELS)
 
 
 DATASETS: dict[str, DatasetSpec] = {
@@ -85,15 +81,15 @@ DATASETS: dict[str, DatasetSpec] = {
         _nli("mnli_dev", "nli/mnli-dev.jsonl", "MultiNLI dev, matched + mismatched"),
         DatasetSpec("flickr_captions", "corpus/flickr30k-captions.jsonl.gz", "captions", ("image", "captions"),
                     description="Flickr30k captions (Multi30k), five per image"),
-        _transfer("mr", "transfer/mr.jsonl", BINARY_LABELS, "SentEval MR: movie review polarity"),
-        _transfer("cr", "transfer/cr.jsonl", BINARY_LABELS, "SentEval CR: product review polarity"),
-        _transfer("subj", "transfer/subj.jsonl", BINARY_LABELS, "SentEval SUBJ: subjectivity"),
-        _transfer("mpqa", "transfer/mpqa.jsonl", BINARY_LABELS, "SentEval MPQA: opinion polarity"),
-        _transfer("sst2_train", "transfer/sst2-train.jsonl", BINARY_LABELS, "SentEval SST-2 train"),
-        _transfer("sst2_dev", "transfer/sst2-dev.jsonl", BINARY_LABELS, "SentEval SST-2 dev"),
-        _transfer("sst2_test", "transfer/sst2-test.jsonl", BINARY_LABELS, "SentEval SST-2 test"),
-        _transfer("trec_train", "transfer/trec-train.jsonl", TREC_LABELS, "SentEval TREC question type train"),
-        _transfer("trec_test", "transfer/trec-test.jsonl", TREC_LABELS, "SentEval TREC question type test"),
+        _binary_texts("mr", "transfer/mr.jsonl", "SentEval MR: movie review polarity"),
+        _binary_texts("cr", "transfer/cr.jsonl", "SentEval CR: product review polarity"),
+        _binary_texts("subj", "transfer/subj.jsonl", "SentEval SUBJ: subjectivity"),
+        _binary_texts("mpqa", "transfer/mpqa.jsonl", "SentEval MPQA: opinion polarity"),
+        _binary_texts("sst2_train", "transfer/sst2-train.jsonl", "SentEval SST-2 train"),
+        _binary_texts("sst2_dev", "transfer/sst2-dev.jsonl", "SentEval SST-2 dev"),
+        _binary_texts("sst2_test", "transfer/sst2-test.jsonl", "SentEval SST-2 test"),
+        _trec("trec_train", "transfer/trec-train.jsonl", "SentEval TREC question type train"),
+        _trec("trec_test", "transfer/trec-test.jsonl", "SentEval TREC question type test"),
     )
 }
 
@@ -102,8 +98,7 @@ def data_path(relpath: str) -> Path:
     """Resolve a data file: ``$RAYDISTILL_DATA/<relpath>`` when set and present, else the bundled gzip copy.
 
     ``"sts/sts12.jsonl"`` also matches ``sts12.jsonl.gz`` in either place, so a user may keep plain or gzip'd
-    copies; the readers open both the same way.
-    """
+    copies; the readers open both the same way."""
     names = [relpath] if relpath.endswith(".gz") else [relpath, relpath + ".gz"]
     override = os.environ.get(DATA_ENV)
     roots = ([Path(override).expanduser()] if override else []) + [BUNDLED_DIR]
@@ -133,8 +128,7 @@ def load_dataset(name: str) -> tuple:
     """All records of a named data set, validated, as an immutable tuple (shared by every caller).
 
     Cached per (resolved path, size, modification time), so changing ``$RAYDISTILL_DATA`` or the file itself
-    is noticed; everything else reads the file once per process.
-    """
+    is noticed; everything else reads the file once per process."""
     spec = _spec(name)
     path = data_path(spec.relpath)
     stat = path.stat()

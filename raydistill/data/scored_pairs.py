@@ -4,8 +4,7 @@
 Formats: ``.tsv`` (three columns in the order sentence1, sentence2, score, or a header line naming them; more
 columns with a header), ``.csv`` with a header line, JSON Lines (``{"sentence1", "sentence2", "score"}``),
 Parquet; gzip'd alike. A bad line raises ``DataError`` naming the file, the line and the field. Here, below the
-runtime, because the training loop reads dev pairs as the packaging step reads evaluation pairs.
-"""
+runtime, because the training loop reads dev pairs as the packaging step reads evaluation pairs."""
 
 from __future__ import annotations
 
@@ -34,8 +33,7 @@ def _score_value(value: Any) -> Any:
 def _tsv_rows(path: Path):
     """``(line, {sentence1, sentence2, score})`` of a tab-separated file, header line optional.
 
-    Plain tab splitting, no quoting: STS files hold quotes that a CSV reader would take as field delimiters.
-    """
+    Plain tab splitting, no quoting: STS files hold quotes that a CSV reader would take as field delimiters."""
     columns = None
     for line_number, text in iter_lines(path):
         if isinstance(text, DataError):
@@ -61,8 +59,7 @@ def read_eval_pairs(path: str | os.PathLike) -> list[Pair]:
     Formats: ``.tsv`` (three columns in that order, or a header line naming them; more columns with a header),
     ``.csv`` with a header line, JSON Lines (``{"sentence1", "sentence2", "score"}``), Parquet; gzip'd alike. Scores
     are any finite numbers, at least two of them distinct: all 0 or 1 are labels, scored with ROC AUC, any others
-    are graded, scored with Spearman (``raydistill.evaluation.pair_metric``).
-    """
+    are graded, scored with Spearman (``raydistill.evaluation.pair_metric``)."""
     path = Path(path).expanduser()
     if last_suffix(path) == ".tsv" and path.is_file():
         rows, text_cells = _tsv_rows(path), True

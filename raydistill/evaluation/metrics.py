@@ -47,8 +47,7 @@ def spearman(predicted, gold) -> float:
     """Spearman's rank correlation x 100 between `predicted` and `gold`, ties given average ranks.
 
     rho = Pearson(rank(predicted), rank(gold)); in [-100, 100]. Constant `predicted` returns 0.0 with a
-    RuntimeWarning (see the module docstring); constant `gold`, NaNs or mismatched lengths raise ValueError.
-    """
+    RuntimeWarning (see the module docstring); constant `gold`, NaNs or mismatched lengths raise ValueError."""
     predicted = _as_vector(predicted, "predicted")
     gold = _as_vector(gold, "gold")
     if predicted.shape != gold.shape:
@@ -71,8 +70,7 @@ def roc_auc(scores, labels) -> float:
 
     AUC = P(score of a random positive > score of a random negative) + 0.5 P(equal), computed exactly as the
     Mann-Whitney U statistic from average ranks: (sum of positive ranks - n_pos (n_pos + 1) / 2) / (n_pos n_neg).
-    Perfect ranking gives 1, inverted 0, all scores equal 0.5.
-    """
+    Perfect ranking gives 1, inverted 0, all scores equal 0.5."""
     scores = _as_vector(scores, "scores")
     labels = np.asarray(labels)
     if labels.ndim != 1 or labels.shape != scores.shape:
@@ -96,9 +94,8 @@ PAIR_METRIC_NAMES = {"roc_auc": "ROC AUC x 100", "spearman": "Spearman x 100"}
 
 
 def pair_metric(gold) -> str:
-    """``"roc_auc"`` when every gold score is 0 or 1 (binary labels: a rank correlation with two values says less
-    than the AUC, which is what the labels ask: are the same-meaning pairs ranked above the others?), else
-    ``"spearman"``."""
+    """``"roc_auc"`` when every gold score is 0 or 1, else ``"spearman"``: with binary labels a rank correlation
+    says less than the AUC, which is what the labels ask (are the same-meaning pairs ranked above the others?)."""
     gold = _as_vector(gold, "gold")
     return "roc_auc" if gold.size and bool(np.all((gold == 0) | (gold == 1))) else "spearman"
 

@@ -1,8 +1,7 @@
 """The pictures a run leaves behind: its learning curve, how its best model scores STS-B dev, and (Trans-Encoder)
 every family's dev score per cycle.
 
-All use matplotlib's Agg backend (no display on a training box) and are logged as MLflow artifacts by the runtime.
-"""
+All use matplotlib's Agg backend (no display on a training box) and are logged as MLflow artifacts by the runtime."""
 
 from __future__ import annotations
 
@@ -28,8 +27,7 @@ def plot_learning_curve(history: list[dict], path: str | os.PathLike, title: str
                         loss_key: str = "loss", dev_key: str = "stsb_dev") -> Path:
     """Training loss per step (left axis) and STS-B dev Spearman at each evaluation (right axis).
 
-    ``history``: rows with ``step`` and any of ``loss_key`` / ``dev_key`` (rows may carry only one of them).
-    """
+    ``history``: rows with ``step`` and any of ``loss_key`` / ``dev_key`` (rows may carry only one of them)."""
     plt = _pyplot()
     loss_rows = [(r["step"], r[loss_key]) for r in history if r.get(loss_key) is not None and "step" in r]
     dev_rows = [(r["step"], r[dev_key]) for r in history if r.get(dev_key) is not None and "step" in r]

@@ -7,11 +7,11 @@ markdown table.
 
 A run never overwrites another run's record: `result_path_of_run` keeps ``results/<name>.json`` for the run whose
 ``training.run_dir`` it records (a rerun or resume of that run updates it) and sends any other run to
-``results/<name>-<run id>.json`` (``run_id``: 8 hex digits of the run dir's absolute path), saying so.
-"""
+``results/<name>-<run id>.json`` (``run_id``: 8 hex digits of the run dir's absolute path), saying so."""
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import hashlib
 import json
@@ -88,16 +88,12 @@ def validate_result_file(path: str | os.PathLike) -> dict:
 def code_provenance(project_dir: str = str(PROJECT_DIR)) -> dict[str, str]:
     """Which code a run used: ``{"git_sha": ...}``, plus ``code_diff_sha256`` when it differs from the commit.
 
-    ``git_sha`` is ``git rev-parse HEAD`` of the project checkout, with ``-dirty`` when its code differs from HEAD
-    (a changed or an untracked file); ``code_diff_sha256`` then identifies the difference: the sha256 of
-    ``git diff HEAD`` of the code and of every untracked code file's name and bytes, so two runs of the same
-    uncommitted code carry the same hash and a run whose code was never committed says so. Without a checkout (an
-    installed wheel) it is ``raydistill <version> (installed, no git checkout)``.
-
-    Only code counts (the package with its configs, jobs, bench, scripts): a run is reproducible from HEAD while
-    results or docs are uncommitted, and is not when the code that produced it is. Cached: the first call of a
-    process, i.e. the code it imported.
-    """
+    ``git_sha`` is ``git rev-parse HEAD``, with ``-dirty`` when the code differs from HEAD (a changed or untracked
+    file); ``code_diff_sha256`` is then the sha256 of ``git diff HEAD`` of the code and of every untracked code file's
+    name and bytes, so two runs of the same uncommitted code carry the same hash. Without a checkout (an installed
+    wheel): ``raydistill <version> (installed, no git checkout)``. Only code counts (the package with its configs,
+    jobs, bench, scripts): uncommitted results or docs do not make a run irreproducible. Cached: the first call of a
+    process, i.e. the code it imported."""
     from raydistill import __version__
 
     installed = {"git_sha": f"raydistill {__version__} (installed, no git checkout)"}
@@ -120,10 +116,8 @@ def code_provenance(project_dir: str = str(PROJECT_DIR)) -> dict[str, str]:
     digest = hashlib.sha256(diff.stdout)
     for name in names:
         digest.update(b"\0untracked\0" + name.encode(errors="surrogateescape") + b"\0")
-        try:
+        with contextlib.suppress(OSError):
             digest.update((Path(project_dir) / name).read_bytes())
-        except OSError:
-            pass
     return {"git_sha": f"{sha}-dirty", "code_diff_sha256": digest.hexdigest()}
 
 
@@ -139,17 +133,14 @@ def default_command(argv: list[str] | None = None) -> str:
     """The running command as one shell-quoted line that reproduces it from the project directory.
 
     A console script (``.venv/bin/raydistill``) is written by its name, ``raydistill eval ...``; a Python file
-    as ``python <path> ...`` (relative to the working directory when inside it). Other arguments are verbatim.
-    """
+    as ``python <path> ...`` (relative to the working directory when inside it). Other arguments are verbatim."""
     argv = list(sys.argv if argv is None else argv)
     if not argv:
         return ""
     program = argv[0]
     if program.endswith(".py"):
-        try:
+        with contextlib.suppress(ValueError):  # another drive on Windows
             program = os.path.relpath(program) if Path(program).resolve().is_relative_to(Path.cwd()) else program
-        except ValueError:  # another drive on Windows
-            pass
         head = ["python", program]
     elif program in ("-c", "-m", ""):
         head = ["python", program] if program else ["python"]
@@ -163,8 +154,7 @@ def write_result(path: str | os.PathLike, **fields: Any) -> dict:
 
     ``git_sha``, ``date`` (ISO 8601, UTC) and ``command`` (`default_command`) are filled in unless given, and
     ``code_diff_sha256`` for code that differs from its commit (`code_provenance`). Sorted keys and 2-space indentation
-    (stable diffs). Overwrites `path`: pick it with `result_path_of_run`.
-    """
+    (stable diffs). Overwrites `path`: pick it with `result_path_of_run`."""
     record = dict(fields)
     if "git_sha" not in record:
         record.update(code_provenance())
@@ -213,8 +203,7 @@ def result_path_of_run(path: str | os.PathLike, run_dir: str | os.PathLike, repo
 def format_scores_table(results: list[dict]) -> str:
     """A markdown table of result records: model, encoder, params (M), the seven STS scores, avg.
 
-    An "STS-B dev" column is added when any record has that score. Missing values print as "–".
-    """
+    An "STS-B dev" column is added when any record has that score. Missing values print as "–"."""
     with_dev = any("stsb_dev" in record.get("scores", {}) for record in results)
     columns = ["model", "encoder", "params (M)", *STS7, "avg"] + (["STS-B dev"] if with_dev else [])
     lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]

@@ -11,8 +11,7 @@ sentence-transformers' SentenceTransformer, or a test's hand-made object). Keywo
 not accept (``progress``, ``activation``) are simply not passed.
 
 Each distinct sentence (bi) or ordered pair (cross) is run through the model once, however many of the requested
-sets contain it (STS-B reuses STS12-16 sentences): about a fifth of the encoder time of a full evaluation.
-"""
+sets contain it (STS-B reuses STS12-16 sentences): about a fifth of the encoder time of a full evaluation."""
 
 from __future__ import annotations
 
@@ -55,10 +54,8 @@ def detect_encoder(model: Any, encoder: str | None = None) -> str:
         return encoder
     has_encode = callable(getattr(model, "encode", None))
     has_score = callable(getattr(model, "score", None))
-    if has_encode and not has_score:
-        return "bi"
-    if has_score and not has_encode:
-        return "cross"
+    if has_encode != has_score:
+        return "bi" if has_encode else "cross"
     if has_encode and has_score:
         raise TypeError(f"{type(model).__name__} has both .encode() and .score(); pass encoder='bi' or 'cross'")
     raise TypeError(f"{type(model).__name__} has neither .encode() (bi-encoder) nor .score() (cross-encoder)")
@@ -68,8 +65,7 @@ def _accepted_options(method, **options) -> dict[str, Any]:
     """The subset of `options` that `method` names as parameters.
 
     A catch-all ``**kwargs`` does not count: sentence-transformers forwards it to the tokenizer or model, where an
-    option meant for another library would fail or, worse, be silently misread.
-    """
+    option meant for another library would fail or, worse, be silently misread."""
     try:
         parameters = inspect.signature(method).parameters
     except (TypeError, ValueError):
@@ -176,7 +172,6 @@ def evaluate_sts(model: Any, *, sets: Iterable[str] = STS7 + (DEV_SET,), batch_s
     Args:
         model: a bi-encoder (``encode``) or cross-encoder (``score``); see `detect_encoder`.
         sets: evaluation names (`STS7`, ``"stsb_dev"``) or other scored-pair data sets of the registry.
-        batch_size: passed to the model's ``encode`` / ``score``.
         encoder: ``"bi"`` / ``"cross"`` to force the path; None decides by the model's methods.
         progress: print what is being evaluated, the model-pass speed and each score to stderr.
 
@@ -204,8 +199,7 @@ def evaluate_pair_auc(model: Any, set_name: str = "mrpc_val", *, batch_size: int
                       progress: bool = False) -> float:
     """ROC AUC x 100 of the model's pair similarity against a 0/1 label set (MRPC, QQP: Trans-Encoder's metric).
 
-    Reported x 100 (0-100, 50 = chance) so that it reads in the same unit as the STS Spearman scores.
-    """
+    Reported x 100 (0-100, 50 = chance) so that it reads in the same unit as the STS Spearman scores."""
     spec = DATASETS.get(set_name)
     if spec is None or spec.kind != "labelled_pairs" or spec.label_set != frozenset({0, 1}):
         known = [name for name, s in DATASETS.items() if s.kind == "labelled_pairs" and s.label_set == {0, 1}]

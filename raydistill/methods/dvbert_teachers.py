@@ -47,7 +47,6 @@ import os
 import shutil
 import time
 import zlib
-from contextlib import nullcontext
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -56,11 +55,11 @@ import numpy as np
 
 from raydistill.config.job import ConfigError
 from raydistill.data.arrays import seeded_subset
-from raydistill.durations import format_duration
 from raydistill.fileio import atomic_write_json, atomic_writer, replace_directory, staged_directory
 from raydistill.methods.base import StageServices
 from raydistill.methods.nli_teacher import (NLI_LABELS, TeacherTraining, build_head, build_teacher, load_teacher,
                                             save_head)
+from raydistill.methods.nli_teacher import encode_rows as _encode_rows
 
 __all__ = ["NLI_LABELS", "TeacherAccuracyError", "TeacherTraining", "build_teacher", "check_teacher_accuracy",
            "ensure_nli_teachers", "fold_assignment", "load_teacher", "nli_pairs", "out_of_fold_soft_labels",
@@ -119,50 +118,6 @@ def teachers_root() -> Path:
 
 # ----------------------------------------------------------------------------------------------------------------
 # The teacher model
-
-
-# Rows between two progress lines of a teacher's encoding pass; a line also comes once this long has passed
-# since the last (the folds' training lines come from the engine's progress printer, on the same 30 s).
-_PROGRESS_EVERY_ROWS = 2048
-_PROGRESS_EVERY_S = 30.0
-
-
-def _encode_rows(teacher, columns: dict[str, np.ndarray], rows: np.ndarray, device: str, precision: str,
-                 pooled_only: bool, batch_size: int = 64, progress: str | None = None) -> np.ndarray:
-    """Pooled features [len(rows), D] (``pooled_only``) or class probabilities [len(rows), 3], in ``rows`` order,
-    float32, eval mode, no autograd, length-sorted batches. ``progress``: a log prefix; the pass then reports its
-    rows done, rate and ETA about every ``_PROGRESS_EVERY_ROWS`` rows or ``_PROGRESS_EVERY_S`` seconds, whichever
-    comes first (tens of minutes for a whole NLI set on a CPU)."""
-    import torch
-
-    from raydistill.models.batching import inference, length_sorted_batches
-
-    lengths = [len(columns["text_a"][r]) + len(columns["text_b"][r]) for r in rows]
-    out = None
-    started, done, reported = time.perf_counter(), 0, 0
-    last_line = started
-    autocast = torch.autocast(device, dtype=torch.bfloat16) if precision == "bf16" else nullcontext()
-    with inference(teacher), autocast:
-        for batch in length_sorted_batches(lengths, batch_size):
-            picked = rows[batch]
-            features = teacher.tokenize(columns["text_a"][picked].tolist(), columns["text_b"][picked].tolist())
-            features = {k: v.to(device) for k, v in features.items()}
-            values = teacher.pool(features) if pooled_only else torch.softmax(teacher(features).float(), dim=-1)
-            values = values.float().cpu().numpy()
-            if out is None:
-                out = np.zeros((len(rows), values.shape[1]), dtype=np.float32)
-            out[batch] = values
-            done += len(batch)
-            now = time.perf_counter()
-            if progress and (done - reported >= _PROGRESS_EVERY_ROWS or done == len(rows)
-                             or now - last_line >= _PROGRESS_EVERY_S):
-                reported, last_line = done, now
-                seconds = now - started
-                rate = done / max(seconds, 1e-9)
-                # Longest pairs first: the ETA errs long.
-                print(f"{progress} encoded {done}/{len(rows)} pairs ({rate:.1f} pairs/s, {seconds:.0f}s, "
-                      f"ETA {format_duration((len(rows) - done) / rate)}; longest first)", flush=True)
-    return out
 
 
 # ----------------------------------------------------------------------------------------------------------------

@@ -20,6 +20,7 @@ The model code lives here because a method builds its student and may not import
 from __future__ import annotations
 
 import json
+import time
 import zlib
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -35,12 +36,12 @@ from raydistill.fileio import atomic_write_json, atomic_writer
 from raydistill.methods.base import ExtraSettings, Features, MethodSpec, StepContext
 from raydistill.methods.sts_cosine import rows_method
 from raydistill.objectives import LogitCrossEntropyLoss
+from raydistill.objectives.distilcse_nli import NLI_LABELS
 
 __all__ = ["SPEC", "HELDOUT_PROBS", "NLI_LABELS", "HEADS", "PRECISIONS", "TeacherTraining", "NLITeacherStageSettings",
            "NLITeacherStageSpec", "build_teacher",
-           "load_teacher", "build_head", "head_digest", "pool_pair", "save_head"]
+           "load_teacher", "build_head", "encode_rows", "head_digest", "pool_pair", "save_head"]
 
-NLI_LABELS = ("entailment", "neutral", "contradiction")
 HEADS = ("cls", "mean", "segments", "aligned")
 PRECISIONS = ("fp32", "bf16")
 
@@ -231,6 +232,50 @@ def save_head(teacher, fold_dir: Path, encoder: str, training: TeacherTraining) 
                       {"encoder": encoder, "labels": list(NLI_LABELS), "training": asdict(training)})
 
 
+# Rows between two progress lines of a teacher's encoding pass; a line also comes once this long has passed
+# since the last (the folds' training lines come from the engine's progress printer, on the same 30 s).
+_PROGRESS_EVERY_ROWS = 2048
+_PROGRESS_EVERY_S = 30.0
+
+
+def encode_rows(teacher, columns: dict[str, np.ndarray], rows: np.ndarray, device, precision: str,
+                pooled_only: bool, batch_size: int = 64, progress: str | None = None) -> np.ndarray:
+    """Pooled features [len(rows), D] (``pooled_only``) or class probabilities [len(rows), 3], in ``rows`` order,
+    float32, eval mode, no autograd, length-sorted batches (DvBERT's frozen-feature pass and a fold's held-out
+    evaluation). ``progress``: a log prefix; the pass then reports its rows done, rate and ETA about every
+    ``_PROGRESS_EVERY_ROWS`` rows or ``_PROGRESS_EVERY_S`` seconds, whichever comes first (tens of minutes for a
+    whole NLI set on a CPU)."""
+    from raydistill.durations import format_duration
+    from raydistill.models.batching import inference, length_sorted_batches
+
+    lengths = [len(columns["text_a"][r]) + len(columns["text_b"][r]) for r in rows]
+    out = None
+    started, done, reported = time.perf_counter(), 0, 0
+    last_line = started
+    with inference(teacher), torch.autocast(torch.device(device).type, dtype=torch.bfloat16,
+                                            enabled=precision == "bf16"):
+        for batch in length_sorted_batches(lengths, batch_size):
+            picked = rows[batch]
+            features = teacher.tokenize(columns["text_a"][picked].tolist(), columns["text_b"][picked].tolist())
+            features = {k: v.to(device) for k, v in features.items()}
+            values = teacher.pool(features) if pooled_only else torch.softmax(teacher(features).float(), dim=-1)
+            values = values.float().cpu().numpy()
+            if out is None:
+                out = np.zeros((len(rows), values.shape[1]), dtype=np.float32)
+            out[batch] = values
+            done += len(batch)
+            now = time.perf_counter()
+            if progress and (done - reported >= _PROGRESS_EVERY_ROWS or done == len(rows)
+                             or now - last_line >= _PROGRESS_EVERY_S):
+                reported, last_line = done, now
+                seconds = now - started
+                rate = done / max(seconds, 1e-9)
+                # Longest pairs first: the ETA errs long.
+                print(f"{progress} encoded {done}/{len(rows)} pairs ({rate:.1f} pairs/s, {seconds:.0f}s, "
+                      f"ETA {format_duration((len(rows) - done) / rate)}; longest first)", flush=True)
+    return out
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # The fold as a stage of the engine
 
@@ -294,20 +339,9 @@ class NLITeacherStageSpec(MethodSpec):
         return build_teacher(init_model, cfg.extra.teacher_training)
 
     def heldout_probs(self, cfg: JobConfig, student) -> np.ndarray:
-        from raydistill.models.batching import inference, length_sorted_batches
-
         rows = _heldout(cfg)
-        device = next(student.parameters()).device
-        out = np.zeros((len(rows["label"]), len(NLI_LABELS)), dtype=np.float32)
-        lengths = [len(a) + len(b) for a, b in zip(rows["text_a"], rows["text_b"])]
-        with inference(student), torch.autocast(device.type, dtype=torch.bfloat16,
-                                                enabled=cfg.train.precision == "bf16"):
-            for batch in length_sorted_batches(lengths, cfg.extra.eval_batch_size):
-                features = student.tokenize([str(rows["text_a"][i]) for i in batch],
-                                            [str(rows["text_b"][i]) for i in batch])
-                logits = student({k: v.to(device) for k, v in features.items()})
-                out[batch] = torch.softmax(logits.float(), dim=-1).cpu().numpy()
-        return out
+        return encode_rows(student, rows, np.arange(len(rows["label"])), next(student.parameters()).device,
+                           cfg.train.precision, pooled_only=False, batch_size=cfg.extra.eval_batch_size)
 
     def dev_score(self, cfg: JobConfig, student) -> float:
         probs = self.heldout_probs(cfg, student)

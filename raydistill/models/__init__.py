@@ -1,8 +1,7 @@
 """Pure torch + transformers models: BiEncoder, CrossEncoder and the offline model registry.
 
 The registry names (`resolve_model`, `ModelNotAvailableError`, `PRESETS`, `describe_presets`) are imported on
-first use, so `from raydistill.models import BiEncoder` works even where the registry module is absent.
-"""
+first use, so `from raydistill.models import BiEncoder` works even where the registry module is absent."""
 
 from raydistill.models.bi_encoder import BiEncoder
 from raydistill.models.cross_encoder import CrossEncoder

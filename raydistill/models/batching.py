@@ -3,8 +3,7 @@
 Inference follows sentence-transformers' recipe: sort inputs by length so each batch pads to a similar length
 (padding a 10-token sentence to 120 tokens costs 12x the compute for nothing), run every batch under
 `torch.inference_mode()` in eval mode, and write each batch's rows back at their input positions. The pieces
-live here so the two encoders cannot drift apart.
-"""
+live here so the two encoders cannot drift apart."""
 
 from __future__ import annotations
 
@@ -18,9 +17,7 @@ import torch
 from torch import nn
 
 from raydistill.fileio import atomic_write_json
-from raydistill.models.model_cache import read_json
-
-METADATA_FILE = "raydistill_model.json"
+from raydistill.models.model_cache import METADATA_FILE, read_json
 
 # Families whose position ids start at `pad_token_id + 1` (fairseq heritage): a checkpoint with 514 position
 # rows takes 512 tokens, and feeding 514 raises an index error deep inside the embedding layer.
@@ -55,8 +52,7 @@ def resolve_checkpoint(name_or_path: str | Path) -> Path:
 def config_error(path: Path, field: str, message: str) -> ValueError:
     """`ValueError("<file>:<line>: field '<field>': <message>")`, the project's format for bad input files.
 
-    The line is where the key first appears in the file (1 when it is absent), so an editor jumps to it.
-    """
+    The line is where the key first appears in the file (1 when it is absent), so an editor jumps to it."""
     try:
         lines = path.read_text(encoding="utf-8").splitlines()
     except OSError:
@@ -80,8 +76,7 @@ def write_metadata(directory: Path, inherited: dict[str, Any], encoder: dict[str
     """Keep what the source checkpoint recorded (e.g. how it was derived) and describe this encoder under 'encoder'.
 
     The registry's 'files' manifest (size and SHA-256 of each file of a cached build) is dropped: it describes the
-    source directory's files, and would make this directory look corrupt to anything that checks it.
-    """
+    source directory's files, and would make this directory look corrupt to anything that checks it."""
     from raydistill import __version__
 
     kept = {key: value for key, value in inherited.items() if key != "files"}
@@ -144,8 +139,7 @@ def length_sorted_batches(lengths: Sequence[int], batch_size: int) -> list[list[
 
     Longest first (as sentence-transformers does) makes the first batch the peak-memory one, so an
     out-of-memory error happens at once rather than after minutes of work. The sort is stable, so equal
-    lengths keep input order and the batching is deterministic.
-    """
+    lengths keep input order and the batching is deterministic."""
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
@@ -157,8 +151,7 @@ def token_budget_batches(lengths: Sequence[int], max_tokens: int) -> list[list[i
 
     A group holds as many inputs as fit when each is padded to the group's longest: 32 inputs of 32 tokens or
     100 of 10 for ``max_tokens=1024``. Every group gets at least one input, however long. Stable sort, so the
-    grouping is deterministic.
-    """
+    grouping is deterministic."""
     if max_tokens < 1:
         raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
     groups: list[list[int]] = []
@@ -193,8 +186,7 @@ def bucketed_forward(model: nn.Module, features: dict[str, torch.Tensor], max_to
     embeddings are looked up ONCE for the whole batch and the groups get ``inputs_embeds``: one lookup per group would
     give the vocabulary-sized embedding matrix one dense gradient per group (measured 6 % of a minilm-l3 step with 9
     groups). With sparse embedding gradients (``speedups.use_reused_embedding_grad``, the CPU learner's) each group
-    looks up its own trimmed ids: no lookup of padding, and no [B, T, H] split and concatenation in the backward.
-    """
+    looks up its own trimmed ids: no lookup of padding, and no [B, T, H] split and concatenation in the backward."""
     mask = features["attention_mask"]
     rows, width = mask.shape
     left_padded = getattr(getattr(model, "tokenizer", None), "padding_side", "right") == "left"
@@ -225,8 +217,7 @@ def torch_threads(num_threads: int | None) -> Iterator[None]:
     """Use `num_threads` intra-op threads for the block, then restore the previous count.
 
     Teacher and learner actors share a few cores; each caller says how many it may use for one call
-    without changing the process-wide setting that other code relies on.
-    """
+    without changing the process-wide setting that other code relies on."""
     if num_threads is None:
         yield
         return
@@ -245,8 +236,7 @@ def inference(module: nn.Module) -> Iterator[None]:
     """Eval mode (no dropout) and no autograd for the block; the previous train/eval mode comes back after.
 
     Restoring the mode matters because `encode` is called from inside training loops (dev evaluation,
-    SCT's reference pass helpers): leaving the student in eval mode would silently switch dropout off.
-    """
+    SCT's reference pass helpers): leaving the student in eval mode would silently switch dropout off."""
     # Per submodule, not `module.train(was_training)`: that would also flip submodules that were deliberately
     # in the other mode (a frozen, eval-mode transformer inside a training wrapper).
     previous_modes = [(submodule, submodule.training) for submodule in module.modules()]

@@ -19,8 +19,7 @@ A static student (`static_embedding.py`: a table E [V, D] instead of a transform
 its tokens come without [CLS]/[SEP], mean pooling averages its rows, and `save` writes a directory that
 sentence-transformers (`StaticEmbedding`) and Model2Vec load; `from_pretrained` recognises such a directory. Its
 projection, if any, must be linear: `save` folds it into the table, E' = E Wᵀ + b [V, P], which gives the same
-sentence vectors because a mean's weights sum to 1 (a tanh after the mean would not fold).
-"""
+sentence vectors because a mean's weights sum to 1 (a tanh after the mean would not fold)."""
 
 from __future__ import annotations
 
@@ -66,8 +65,7 @@ def init_projection(layer: nn.Linear, mode: str = "default") -> None:
     from all-MiniLM-L6-v2) then starts distillation from its own quality instead of from a random projection of
     it. A deviation from the authors' code, off by default. Measured for ConGen minilm-l3 <- mpnet-base (lr 1e-4,
     6,000 captions): 7-STS 71.69 with it vs 71.73 without — the random projection is not why ConGen lowers that
-    student (docs/results.md, distillation results).
-    """
+    student (docs/results.md, distillation results)."""
     if mode not in PROJECTION_INITS:
         raise ValueError(f"projection_init must be one of {PROJECTION_INITS}, got {mode!r}")
     if mode == "orthogonal":
@@ -81,8 +79,7 @@ class BiEncoder(nn.Module):
 
     `forward` returns raw (not L2-normalised) embeddings with gradients; `encode` is the batched inference path.
     `normalize_in_sentence_transformers` only records whether the source ST directory ended in a Normalize
-    module, so `save` writes one back and sentence-transformers users get what they had before.
-    """
+    module, so `save` writes one back and sentence-transformers users get what they had before."""
 
     def __init__(
         self, transformer: nn.Module, tokenizer, pooling: str = "mean", projection_dim: int | None = None,
@@ -123,8 +120,7 @@ class BiEncoder(nn.Module):
         Arguments left as None come from the checkpoint: an ST directory's pooling mode, max_seq_length and
         Dense layer; a plain HF checkpoint defaults to mean pooling and no projection. `projection_dim` on a
         checkpoint without a Dense layer adds a freshly initialised projection (activation `projection_activation`,
-        default tanh; weights by `projection_init`, see `init_projection`).
-        """
+        default tanh; weights by `projection_init`, see `init_projection`)."""
         directory = resolve_checkpoint(name_or_path)
         if is_static_directory(directory):
             return cls._from_static_directory(directory, pooling, projection_dim, max_length, projection_activation,
@@ -234,8 +230,7 @@ class BiEncoder(nn.Module):
         ``targets`` [N, P] are where the projected vectors should land, e.g. a teacher's L2-normalised embeddings
         of the same texts: a distillation loss that scores the student against teacher vectors then starts from a
         student already in the teacher's space instead of from a random rotation of its own. Returns the cosine
-        between projected vectors and targets, averaged over the rows (how well a linear map fits).
-        """
+        between projected vectors and targets, averaged over the rows (how well a linear map fits)."""
         if self.projection is None:
             raise ValueError("fit_projection needs a projection layer (load with projection_dim=...)")
         inverse = {"tanh": lambda y: np.arctanh(np.clip(y, -0.999, 0.999)), "identity": lambda y: y}
@@ -262,8 +257,7 @@ class BiEncoder(nn.Module):
                progress: bool = False, projected: bool = True) -> np.ndarray:
         """Embeddings [N, D] float32 in input order; `normalize` L2-normalises each row (cosine = dot product).
 
-        `projected=False`: the pooled transformer vectors [N, H], before the projection (what it is fitted on).
-        """
+        `projected=False`: the pooled transformer vectors [N, H], before the projection (what it is fitted on)."""
         texts = check_texts(texts)
         if self.is_static:
             return self._encode_static(texts, normalize, num_threads, projected)
@@ -318,8 +312,7 @@ class BiEncoder(nn.Module):
         """Write a sentence-transformers directory (+ raydistill_model.json) that reproduces `encode`'s vectors.
 
         The pooling config uses the legacy boolean flags and modules.json the `sentence_transformers.models.*`
-        names because every sentence-transformers release (2.x to 6.x) reads those.
-        """
+        names because every sentence-transformers release (2.x to 6.x) reads those."""
         directory = Path(path)
         directory.mkdir(parents=True, exist_ok=True)
         if self.is_static:

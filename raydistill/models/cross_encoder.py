@@ -22,8 +22,7 @@ CrossEncoder, HF pipelines) would read the directory's untrained classifier head
 cross-encoder with raydistill.
 
 A cross-encoder is order-sensitive and cannot embed single sentences: evaluation must hand it pairs, which is
-why it is a separate class rather than a BiEncoder option.
-"""
+why it is a separate class rather than a BiEncoder option."""
 
 from __future__ import annotations
 
@@ -68,8 +67,7 @@ class SegmentCosineHead(nn.Module):
     Segments are found from the tokenizer's separator token, so it works for BERT ([CLS] a [SEP] b [SEP]) and for
     MPNet / RoBERTa (<s> a </s></s> b </s>) alike; special tokens and padding count in neither mean.
     The start values map cosines 0 … 1 to sigmoid scores 0.08 … 0.92: close to the clip-scaled cosine targets
-    the cross-encoder is trained on, so training starts from the bi-encoder-like scorer, not from noise.
-    """
+    the cross-encoder is trained on, so training starts from the bi-encoder-like scorer, not from noise."""
 
     def __init__(self, special_ids: list[int], sep_token_id: int, scale: float = 5.0, bias: float = -2.5):
         super().__init__()
@@ -121,8 +119,7 @@ class CrossEncoder(nn.Module):
 
         A checkpoint whose head has a different number of labels is refused rather than silently re-initialised.
         ``head``: "classifier" or "segment_cosine"; None = the saved cross-encoder's own head (classifier for
-        any other checkpoint). A saved segment-cosine head keeps its learned scale and bias only when loaded as one.
-        """
+        any other checkpoint). A saved segment-cosine head keeps its learned scale and bias only when loaded as one."""
         if num_labels < 1:
             raise ValueError(f"num_labels must be >= 1, got {num_labels}")
         directory = resolve_checkpoint(name_or_path)
@@ -176,8 +173,7 @@ class CrossEncoder(nn.Module):
         """Scores in input order: [N] (num_labels == 1) or [N, C], float32.
 
         `activation`: "sigmoid" (a score in (0, 1), per label), "softmax" (a distribution over C >= 2 labels),
-        or None (raw logits).
-        """
+        or None (raw logits)."""
         if activation not in SCORE_ACTIVATIONS:
             raise ValueError(f"activation must be one of {SCORE_ACTIVATIONS}, got {activation!r}")
         if activation == "softmax" and self.num_labels == 1:

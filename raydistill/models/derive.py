@@ -42,8 +42,7 @@ all-MiniLM-L6-v2 scores 86.7), hidden+heads / FFN scored by:
 Activation statistics beat weight norms for FFN units in all six comparisons (+1.2 to +2.7) and for hidden units
 and heads in two of three (+0.6, +3.8; -0.4 on bert-mini), so ``activation`` is the default for both. The table's
 calibration sentences were all of STS-B train, 438 of the 512 of them evaluation sentences; without those,
-activation/activation scores 80.6 (bert-mini) and 72.5 (bert-tiny).
-"""
+activation/activation scores 80.6 (bert-mini) and 72.5 (bert-tiny)."""
 
 from __future__ import annotations
 
@@ -98,8 +97,7 @@ def evenly_spaced_layers(num_source: int, num_target: int) -> list[int]:
 
     6 -> 3: [0, 3, 5]; 6 -> 4: [0, 2, 3, 5]; 12 -> 4: [0, 4, 7, 11]; one layer: the top one. Keeping the bottom
     layer (which reads the embeddings the student inherits) and the top one (whose output is the sentence
-    embedding) scored best on STS-B dev for 3 and 4 of 6 layers (see registry.DERIVATION_PLANS).
-    """
+    embedding) scored best on STS-B dev for 3 and 4 of 6 layers (see registry.DERIVATION_PLANS)."""
     if not 1 <= num_target <= num_source:
         raise ValueError(f"cannot take {num_target} layers of {num_source}")
     if num_target == 1:
@@ -230,8 +228,7 @@ def derive_student(
     the head size is kept, so heads = hidden / source head size. `intermediate`: FFN units per layer (None keeps all).
     `selection` scores hidden units and heads; `ffn_selection` (default: the same) scores FFN units.
     The result is a plain HF checkpoint (safetensors, the source's tokenizer, and its sentence-transformers pooling
-    files when present) plus `raydistill_model.json`.
-    """
+    files when present) plus `raydistill_model.json`."""
     from transformers import AutoConfig
 
     started = time.perf_counter()

@@ -24,8 +24,7 @@ encodes as ``load_onnx`` does (cosine 1.000000).
 
 ``load_onnx(model_dir, file_name)`` runs one of these files with ONNX Runtime behind ``BiEncoder``'s tokenizer,
 pooling and projection, so an export can be checked and timed where sentence-transformers' backend is missing.
-Needs the ``export`` extra (onnx, onnxruntime, onnxscript): ``pip install 'raydistill[export]'``.
-"""
+Needs the ``export`` extra (onnx, onnxruntime, onnxscript): ``pip install 'raydistill[export]'``."""
 
 from __future__ import annotations
 
@@ -189,8 +188,7 @@ def export_onnx(model_dir: str | Path, *, quantize: bool = True, target: str | N
     """Write ``onnx/model.onnx`` (and, with ``quantize``, its int8 variant) into ``model_dir``; see the module doc.
 
     ``target``: one of ``TARGETS`` to quantise for another CPU; None picks this one's (`quantization_target`).
-    Existing files of the same names are replaced. ``report=None`` prints nothing.
-    """
+    Existing files of the same names are replaced. ``report=None`` prints nothing."""
     directory = Path(model_dir)
     if not (directory / "modules.json").is_file():
         raise FileNotFoundError(f"{directory}: no modules.json; export_onnx takes a sentence-transformers directory "

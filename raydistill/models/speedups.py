@@ -20,8 +20,7 @@ one dense buffer kept by the model (zeroed in place, warm memory) as soon as the
 gradient clipping and the all-reduce of data-parallel learners see the same dense gradient as before, with the
 same values.
 
-Both apply to a model in place and keep its ``state_dict`` (the checkpoint and ``save`` format do not change).
-"""
+Both apply to a model in place and keep its ``state_dict`` (the checkpoint and ``save`` format do not change)."""
 
 from __future__ import annotations
 
@@ -75,8 +74,7 @@ def use_reused_embedding_grad(embedding: nn.Embedding) -> nn.Embedding:
 
     After every backward that reaches the weight, ``weight.grad`` is that buffer holding the full dense
     gradient (rows the batch did not use are 0), exactly what a dense embedding would have produced. A second
-    backward before ``zero_grad`` adds into it, as dense gradients accumulate.
-    """
+    backward before ``zero_grad`` adds into it, as dense gradients accumulate."""
     if not isinstance(embedding, nn.Embedding):
         raise TypeError(f"use_reused_embedding_grad needs an nn.Embedding, got {type(embedding).__name__}")
     if embedding.max_norm is not None:  # renormalising rows in the forward writes the weight; keep the plain path

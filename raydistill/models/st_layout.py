@@ -6,8 +6,7 @@ transformer's weights are, the pooling mode, ``max_seq_length``, ``do_lower_case
 Normalize module ends the chain), or None for a plain Hugging Face checkpoint (no ``modules.json``); a chain, pooling
 mode or activation raydistill cannot reproduce is an error naming the file and the field. ``write_json`` and
 ``sentence_transformers_config`` gives the file ``BiEncoder.save`` adds. ``raydistill.models.bi_encoder``
-re-exports the names other modules import (``transformer_directory``, ``read_sentence_transformers_layout``).
-"""
+re-exports the names other modules import (``transformer_directory``, ``read_sentence_transformers_layout``)."""
 
 from __future__ import annotations
 

@@ -40,8 +40,7 @@ all read the same table. Model2Vec drops [UNK] ids before averaging while senten
 them, so a text with unknown tokens differs there; texts longer than max_length tokens are truncated alike.
 
 ``build_static_student(teacher_dir, target, dim)`` writes such a directory; ``registry.resolve_model("static:256",
-teacher=...)`` caches it under ``$RAYDISTILL_HOME/models/static-<dim>-<teacher fingerprint>``.
-"""
+teacher=...)`` caches it under ``$RAYDISTILL_HOME/models/static-<dim>-<teacher fingerprint>``."""
 
 from __future__ import annotations
 
@@ -89,8 +88,7 @@ _STATIC_PATTERN = re.compile(r"^static(?::(.*))?$")
 def static_width(name: str) -> int | None:
     """The width D that ``name`` asks for ("static" -> 256, "static:128" -> 128), None when it is no static name.
 
-    A malformed width ("static:0", "static:abc") raises ValueError, so a typo never reads as "unknown model".
-    """
+    A malformed width ("static:0", "static:abc") raises ValueError, so a typo never reads as "unknown model"."""
     match = _STATIC_PATTERN.match(str(name))
     if match is None:
         return None
@@ -164,8 +162,7 @@ def write_static_directory(directory: str | Path, weight: Tensor, tokenizer, *, 
                            normalize: bool = False, config: dict[str, Any] | None = None) -> None:
     """Write the table ``weight`` [V, D] and ``tokenizer`` as a static-model directory (the module docstring's format).
 
-    ``config``: extra Model2Vec config fields (how the table was made), over the ones every directory has.
-    """
+    ``config``: extra Model2Vec config fields (how the table was made), over the ones every directory has."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     weight = weight.detach().cpu().float().contiguous()

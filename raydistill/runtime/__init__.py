@@ -22,20 +22,17 @@ import importlib
 _EXPORTS = {
     "ConfigError": "config.job", "JobConfig": "config.job", "DataConfig": "config.job", "TrainConfig": "config.job",
     "ResourcesConfig": "config.job", "RoleResources": "config.job", "LearnerResources": "config.job",
-    "TrackingConfig": "config.job",
-    "init_ray": "runtime.engine.cluster", "check_resources": "runtime.engine.cluster",
-    "ResourceError": "runtime.engine.cluster",
-    "TeacherSpec": "runtime.teachers.teacher", "TeacherEncoder": "runtime.teachers.teacher",
-    "TeacherEmbed": "runtime.teachers.teacher",
-    "teacher_identity": "runtime.teachers.teacher",
-    "EmbeddingCache": "runtime.teachers.embedding_cache", "ensure_teacher_embeddings": "runtime.teachers.embedding_cache",
+    "TrackingConfig": "config.job", "init_ray": "runtime.engine.cluster", "check_resources": "runtime.engine.cluster",
+    "ResourceError": "runtime.engine.cluster", "TeacherSpec": "runtime.teachers.teacher",
+    "TeacherEncoder": "runtime.teachers.teacher", "TeacherEmbed": "runtime.teachers.teacher",
+    "teacher_identity": "runtime.teachers.teacher", "EmbeddingCache": "runtime.teachers.embedding_cache",
+    "ensure_teacher_embeddings": "runtime.teachers.embedding_cache",
     "TeacherVectors": "runtime.teachers.embedding_cache",
     "SharedInstanceQueue": "methods.shared_queue", "SharedQueueActor": "methods.shared_queue",
     "QueueClient": "methods.shared_queue", "create_shared_queue": "methods.shared_queue",
     "TrainingData": "runtime.teachers.pipeline", "load_training_texts": "runtime.teachers.pipeline",
-    "build_training_data": "runtime.teachers.pipeline",
-    "Tracker": "runtime.engine.tracking", "plot_learning_curve": "evaluation.plots",
-    "plot_dev_scatter": "evaluation.plots",
+    "build_training_data": "runtime.teachers.pipeline", "Tracker": "runtime.engine.tracking",
+    "plot_learning_curve": "evaluation.plots", "plot_dev_scatter": "evaluation.plots",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -202,10 +202,9 @@ def _max_length_overrides(text: str) -> list[str]:
 
 
 def self_mode_overrides(mode: str | None, user_overrides: list[str]) -> list[str]:
-    """What ``--mode self`` adds: plain mean label weighting and no teacher, since in self mode each family learns
-    only its own labels, so there is nothing to weigh and no shared label set for a teacher to join (a config with
-    ``label_weighting: dev`` or a ``teacher``, as the shipped default, would otherwise be refused); an explicit
-    ``--set`` of either is left to validation."""
+    """What ``--mode self`` adds: mean label weighting and no teacher (each family learns only its own labels:
+    nothing to weigh, no shared labels for a teacher; the shipped default would be refused). An explicit ``--set``
+    of either is left to validation."""
     if mode != "self":
         return []
     given = {o.split("=", 1)[0].strip() for o in user_overrides}

@@ -15,8 +15,7 @@ Scores in the body are Spearman x 100, as everywhere else in raydistill. Pure: i
 A static student's card (the manifest's ``model.static``) names it a static embedding model: its width, its
 vocabulary (the teacher's tokenizer), its teacher, that sentence-transformers (StaticEmbedding) and
 ``model2vec.StaticModel`` load it, and why it has no ONNX export (the manifest's ``onnx.reason``); its ``base_model``
-is the teacher's, whose token outputs its table was built from.
-"""
+is the teacher's, whose token outputs its table was built from."""
 
 from __future__ import annotations
 
@@ -106,8 +105,7 @@ METHOD_PAPERS: dict[str, tuple[str, ...]] = {
 
 def base_model_id(name: str | None) -> str | None:
     """The Hugging Face id of the model a preset's weights are: a derived preset's source (minilm-l3 is 3 layers
-    of all-MiniLM-L6-v2), else the preset's own; None for a directory, an unknown name or a static name (its table
-    comes from the job's teacher, whichever that is)."""
+    of all-MiniLM-L6-v2), else the preset's own; None for a directory, an unknown name or a static name."""
     if not name:
         return None
     from raydistill.models.registry import find_preset
@@ -121,8 +119,7 @@ def base_model_id(name: str | None) -> str | None:
 
 
 def _score(scores: dict[str, float], key: str) -> str:
-    value = scores.get(key)
-    return "–" if value is None else f"{value:.2f}"
+    return "–" if scores.get(key) is None else f"{scores[key]:.2f}"
 
 
 def _front_matter(student: dict[str, Any], corpus: dict[str, Any], methods: list[str], title: str,
@@ -145,8 +142,7 @@ def _front_matter(student: dict[str, Any], corpus: dict[str, Any], methods: list
 
 
 def _faster_here(row: dict[str, Any], student: dict[str, Any]) -> bool:
-    """The export's recorded ``faster_here``; from its rates where the manifest predates it (the same rule:
-    raydistill.ship.package.mark_speed)."""
+    """The export's recorded ``faster_here``, else ``package.mark_speed``'s rule on its recorded rates."""
     recorded = row.get("faster_here")
     if isinstance(recorded, bool):
         return recorded

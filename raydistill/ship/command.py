@@ -18,11 +18,8 @@ outputs keeps at most its width), and so is a ``--labels`` it has no recipe for.
 ``<out>.training`` beside ``<out>`` (``training_dir``; result file ``result.json``); and packages the best model
 into ``<out>`` (``ship.package.package_student``), printing its table.
 
-The same command on the same ``--out`` resumes: the jobs' run-dir resume (checkpoints; the teacher cache), a
-finished training is not trained or evaluated again (its result file holds the config hash), a finished output is
-not packaged again (``<out>.training/distill.json``). A different command on the same ``--out`` is refused by the
-run dir's resume check (another config) before anything starts.
-"""
+The same command on the same ``--out`` resumes as docs/distill.md ("Resume") says: the result file's config hash
+skips the training, ``<out>.training/distill.json`` the packaging; another config is refused by the run dir's check."""
 
 from __future__ import annotations
 
@@ -524,9 +521,8 @@ def run_distill(plan: DistillPlan, progress: Progress = print_line) -> dict[str,
 
 
 def train_student(plan: DistillPlan, progress: Progress = print_line) -> dict[str, Any]:
-    """The cut (when the student is a shape) and the training of ``run_distill``, without packaging: the job's result
-    record (``bench/domain.py`` scores the student itself), read back when this config already finished in the run
-    dir, else trained (the run dir's checkpoints resume it) and evaluated by ``run_distillation``."""
+    """``run_distill`` without packaging (``bench/domain.py`` scores the student itself): the job's result record,
+    read back when this config already finished in the run dir, else trained (resuming) and evaluated."""
     from raydistill.runtime.jobs.distill import run_distillation
 
     if plan.start_dir is not None:

@@ -30,13 +30,12 @@ Scores reused, not computed again: a preset teacher on the bundled sets has its 
 data under ``$RAYDISTILL_DATA``, is evaluated once per set content (`score_teacher`); the student's 7-STS and STS-B
 dev come from ``student_scores`` when the caller passes the training job's evaluation of this very directory.
 
-Speed is that of the runner ``raydistill serve`` runs (`SPEED_PIPELINE`; sentence-transformers' ONNX backend is
-another pipeline, slower or faster on the same files: bench/export_speed.py times both): ``speed_sentences``
-distinct STS sentences, batch ``speed_batch``, ``speed_rounds`` interleaved rounds after one untimed warm-up each
-(`measure_speed`), medians per wall second (what a user sees) and per CPU second of this process (the steadier on
-shared cores); each ONNX session gets torch's thread count. The manifest's ``speed`` names the pipeline and the CPU's
-instruction set (`cpu_instruction_set`), on which int8's gain depends.
-"""
+Speed is that of the runner ``raydistill serve`` runs (`SPEED_PIPELINE`; bench/export_speed.py also times
+sentence-transformers' ONNX backend, another pipeline): ``speed_sentences`` distinct STS sentences, batch
+``speed_batch``, ``speed_rounds`` interleaved rounds after an untimed warm-up each (`measure_speed`), medians per wall
+second (what a user sees) and per CPU second of this process (the steadier on shared cores), ONNX sessions on torch's
+thread count. The manifest's ``speed`` names the pipeline and the CPU's instruction set (`cpu_instruction_set`), on
+which int8's gain depends."""
 
 from __future__ import annotations
 
@@ -110,9 +109,7 @@ class PackageError(ValueError):
 @dataclass
 class Row:
     """One line of the table: the teacher, the student or an export of it. ``scores``: Spearman x 100 per STS set,
-    ``avg``, ``stsb_dev`` and, when given, ``eval_pairs``; ``marked`` (`mark_rows`) and ``faster_here`` (`mark_speed`;
-    None for the teacher and the student): an export's quality columns more than the margin below the student, and
-    whether its sentences per CPU second are above the student's on this CPU."""
+    ``avg``, ``stsb_dev`` and, when given, ``eval_pairs``; ``marked``: `mark_rows`; ``faster_here``: `mark_speed`."""
 
     name: str
     kind: str  # "teacher" | "student" | "export"
@@ -224,10 +221,8 @@ def score_teacher(teacher: str, model: Any, sets: dict[str, Sequence[Pair]], bat
                   cache_dir: Path | None = None) -> tuple[dict[str, float], list[str]]:
     """``(scores, reused)``: `score_model`'s scores of the teacher, with the sets scored before reused.
 
-    A teacher's score of a set depends only on its weights and the set, so each is kept in
-    ``<cache_dir>/<teacher fingerprint>.json`` under the set's `set_digest` (the fingerprint is the embedding
-    cache's, ``teacher_identity``: every file's bytes, not the path), and a later package of any student with the
-    same teacher and sets encodes nothing. ``reused`` names the sets read from there."""
+    A teacher's score of a set depends only on its weights and the set, so each is kept in ``<cache_dir>/<teacher
+    fingerprint (teacher_identity: the files' bytes)>.json`` under the set's `set_digest`; ``reused`` names those."""
     from raydistill.config.job import raydistill_home
     from raydistill.fileio import atomic_write_json
     from raydistill.runtime.teachers.teacher import teacher_identity
@@ -259,9 +254,8 @@ def mark_rows(rows: list[Row], margin: float) -> list[Row]:
 
 
 def mark_speed(rows: list[Row]) -> list[Row]:
-    """Set each export's ``faster_here``: its sentences per CPU second above the student's, on the rates shown (one
-    decimal), so the table never calls faster a difference it does not show. CPU seconds, not wall: the rate other
-    processes on shared cores disturb least."""
+    """Set each export's ``faster_here``: its sentences per CPU second above the student's on the rates shown (one
+    decimal, so the table never calls faster a difference it does not show); CPU seconds disturb least."""
     student = next(row for row in rows if row.kind == "student")
     for row in rows:
         row.faster_here = (round(row.sentences_per_cpu_s, 1) > round(student.sentences_per_cpu_s, 1)
@@ -277,10 +271,8 @@ _ARM_FEATURES = (("NEON", ("asimd",)), ("dot product", ("asimddp",)), ("i8mm", (
 
 
 def cpu_instruction_set(flags: set[str] | None = None, machine: str | None = None) -> dict[str, Any]:
-    """What this CPU's int8 and bf16 speed depends on: ``{feature: bool}`` for AVX2, AVX-512, VNNI and bf16 (on Arm:
-    NEON, dot product, i8mm, bf16), ``vnni`` (the flags that show it), ``int8_preset`` (the quantisation preset
-    export_onnx picks: raydistill.models.export.quantization_target) and ``summary``, e.g. "AVX2, no AVX-512, no
-    VNNI, no bf16". An int8 export that is faster on one CPU can be slower on another of the same model name."""
+    """What this CPU's int8 and bf16 speed depends on (``{feature: bool}``, the VNNI flags, export_onnx's
+    ``int8_preset``, a ``summary``): an int8 export faster on one CPU can be slower on another of the same name."""
     from raydistill.models.export import cpu_flags, quantization_target
 
     machine = (machine or platform.machine()).lower()
@@ -294,9 +286,8 @@ def cpu_instruction_set(flags: set[str] | None = None, machine: str | None = Non
 
 
 def format_table(rows: list[Row], *, margin: float, speed: dict[str, Any], own_metric: str | None = None) -> str:
-    """The terminal table: one line per row, marks as ``*``, speed per CPU second against the student's with
-    "not faster here" where an export is not above it, and the margin and how speed was taken in the footer.
-    ``own_metric``: the own pairs' metric (``pair_metric``; "roc_auc" heads their column "own pairs AUC")."""
+    """The terminal table: a line per row, marks as ``*``, speed against the student's, the margin and how speed
+    was taken in the footer. ``own_metric``: the own pairs' ``pair_metric`` ("roc_auc": "own pairs AUC")."""
     columns = [key for key, _ in QUALITY_COLUMNS if any(key in row.scores for row in rows)]
     labels = {**dict(QUALITY_COLUMNS), **({EVAL_PAIRS: "own pairs AUC"} if own_metric == "roc_auc" else {})}
     headers = ["model", "file", "MB", *(labels[key] for key in columns), "sent/s", "sent/CPU-s", "vs student"]

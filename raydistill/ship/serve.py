@@ -31,14 +31,9 @@ neither or both of ``sentences``/``input``, a non-string item, more than MAX_SEN
 does not know, a ``dimensions`` other than the model's) gets 400 and ``{"error": {"message": ..., "type":
 "invalid_request_error"}}``; the OpenAI form ignores ``model`` and ``user``, as one served model needs neither.
 
-Batching: each sentence of each request is one call of ``@serve.batch``, so ``--max-batch-size`` counts sentences (one
-encoder forward pass), a long request is split across passes, and short requests from concurrent clients share one.
-The forward pass runs on a worker thread of the replica, so requests keep arriving (and filling the next batch)
-while it runs. Replicas: ``--replicas`` actors of ``--cpus-per-replica`` CPUs each, each with that many torch (or ONNX
-Runtime) threads. ``run(args)`` joins the cluster named by ``RAY_ADDRESS`` (or the Ray already initialised in this
-process) or starts a local one, prints the URL, serves until Ctrl-C or SIGTERM, then removes the app (and the Ray,
-when it started it).
-"""
+Batching and replicas: docs/cluster.md ("Serving a student"). Each sentence is one ``@serve.batch`` call; the forward
+pass runs on a worker thread of the replica, so requests keep arriving (and filling the next batch) while it runs.
+``run(args)`` serves until Ctrl-C or SIGTERM, then removes the app (and the Ray, when it started it)."""
 
 from __future__ import annotations
 
@@ -145,9 +140,8 @@ def _positive(value: Any) -> bool:
 
 
 def choose_runtime(model_dir: str | Path, export: str | None = None) -> Runtime:
-    """The torch model or one ONNX file of ``model_dir``: ``export`` when given, else the fastest recorded one that
-    kept the student's quality and was faster than the torch model where it was measured; see the module doc.
-    Raises ServeError naming the directory or file when there is nothing to serve."""
+    """The torch model or one ONNX file of ``model_dir``: ``export`` when given, else as the module doc says;
+    ServeError naming the directory or file when there is nothing to serve."""
     directory = Path(model_dir)
     if not directory.is_dir():
         raise ServeError(f"{directory}: no such directory (give the directory `raydistill distill` wrote)")
@@ -190,8 +184,7 @@ def choose_runtime(model_dir: str | Path, export: str | None = None) -> Runtime:
 
 
 def _faster_here(row: dict[str, Any], torch_row: dict[str, Any] | None, key: str) -> bool:
-    """An export's recorded verdict (raydistill.ship.package.mark_speed); where the file predates it, the same rule
-    on its rates: above the torch model's, to the one decimal recorded."""
+    """An export's recorded verdict (``package.mark_speed``), else the same rule on its recorded rates."""
     if row["faster_here"] is not None:
         return row["faster_here"]
     if torch_row is None:
@@ -281,10 +274,8 @@ def _error(status: int, message: str):
 
 
 class StudentEncoder:
-    """One replica (``build_app`` makes it a Serve deployment): the encoder, a batch queue over single sentences, one
-    thread that runs the forward passes. ``@serve.batch`` is applied here rather than on the class so that the batch
-    size and wait come from the options and importing this module (the command line does) does not import Ray Serve.
-    """
+    """One replica: the encoder, a batch queue over single sentences, one thread for the forward passes.
+    ``serve.batch`` is applied in ``__init__`` so that the options size it and this module imports no Ray Serve."""
 
     def __init__(self, model_dir: str, file: str | None, threads: int, max_batch_size: int, batch_wait_s: float):
         import torch

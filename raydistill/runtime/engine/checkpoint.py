@@ -91,12 +91,9 @@ def checkpoint_root(run_dir: str | os.PathLike) -> Path:
 
 def save_checkpoint(run_dir: str | os.PathLike, *, step: int, epoch: int, batch_in_epoch: int, config,
                     state: dict[str, Any], keep_last: int = 2, extra: dict[str, Any] | None = None) -> Path:
-    """Write ``state`` (name -> torch-serialisable object, one ``<name>.pt`` each) atomically; prune old ones.
-
-    ``config``: the JobConfig of the run (its hash and its plain dict go into the manifest, the dict so that a later
-    mismatch can name the differing keys). ``batch_in_epoch``: batches of ``epoch`` already consumed, i.e. where
-    the data iterator resumes. Returns the final checkpoint directory.
-    """
+    """Write ``state`` (name -> torch-serialisable object, one ``<name>.pt`` each) atomically, prune old ones and
+    return the directory. ``config``'s hash and dict go into the manifest (the dict names a later mismatch's keys);
+    ``batch_in_epoch``: batches of ``epoch`` already consumed (where the data iterator resumes)."""
     import raydistill
 
     if keep_last < 1:
@@ -122,18 +119,12 @@ def save_checkpoint(run_dir: str | os.PathLike, *, step: int, epoch: int, batch_
                     torch.save(obj, fh)
                 files.append({"name": path.name, "size": path.stat().st_size, "sha256": file_sha256(path)})
             manifest = {
-                "format": FORMAT,
-                "step": int(step),
-                "epoch": int(epoch),
-                "batch_in_epoch": int(batch_in_epoch),
-                "config_hash": config.config_hash(),
-                "config": config.to_dict(),
-                "data_fingerprint": data_fingerprint(config),
-                "git_sha": git_sha(),
+                "format": FORMAT, "step": int(step), "epoch": int(epoch), "batch_in_epoch": int(batch_in_epoch),
+                "config_hash": config.config_hash(), "config": config.to_dict(),
+                "data_fingerprint": data_fingerprint(config), "git_sha": git_sha(),
                 "raydistill_version": raydistill.__version__,
                 "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-                "files": files,
-                "extra": extra or {},
+                "files": files, "extra": extra or {},
             }
             # The manifest goes last: a directory with a manifest is complete by construction.
             atomic_write_text(staged / MANIFEST, json.dumps(manifest, indent=2, default=str))
@@ -176,13 +167,11 @@ def _file_sha256_memo(path: Path) -> str:
 
 
 def data_fingerprint(config) -> dict[str, str]:
-    """sha256 of the content of each training file the config names by path (``data.corpus: file:...``, and the
-    dev pairs of ``train.dev_pairs``).
+    """sha256 of each training file the config names by path (``data.corpus: file:...``, ``train.dev_pairs``); a
+    directory corpus hashes its files' relative names and contents. Empty when no user file is read (or readable).
 
-    The config hash covers the path only; an edited corpus under the same name would otherwise resume a run on
-    other data (named corpora are covered by the package version). A directory corpus hashes its files' relative
-    names and contents. Empty when nothing is read from a user file (or it cannot be read).
-    """
+    The config hash covers the path only: an edited corpus under the same name would otherwise resume a run on other
+    data (named corpora are covered by the package version)."""
     found = {}
     # Dev pairs choose the best model and stop the run early: other pairs under the same name are another run.
     dev_pairs = getattr(getattr(config, "train", None), "dev_pairs", None)
@@ -229,11 +218,8 @@ def _prune(root: Path, keep_last: int) -> None:
 
 
 def list_checkpoints(run_dir: str | os.PathLike) -> list[Path]:
-    """Complete checkpoints (a manifest), oldest first, one per step.
-
-    A step normally lives in ``step-XXXXXXX``; when that is missing but a ``.step-XXXXXXX.old-<pid>`` with a manifest
-    exists (a re-save interrupted between its two renames), the old directory is that step's checkpoint.
-    """
+    """Complete checkpoints (a manifest), oldest first, one per step: ``step-XXXXXXX``, else a
+    ``.step-XXXXXXX.old-<pid>`` with a manifest (a re-save interrupted between its two renames)."""
     root = checkpoint_root(run_dir)
     if not root.is_dir():
         return []
@@ -297,12 +283,9 @@ def verify_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
 
 
 def latest_good_checkpoint(run_dir: str | os.PathLike, report=None) -> tuple[Path | None, dict[str, Any] | None]:
-    """The newest checkpoint that verifies, and its manifest; ``(None, None)`` when the run dir has none.
-
-    A damaged newer checkpoint is skipped and ``report(message)`` (default: a log warning) says which one, why and
-    which checkpoint is used instead. Raises CheckpointError when checkpoints exist but none verifies: starting
-    over silently would overwrite them.
-    """
+    """The newest checkpoint that verifies, and its manifest; ``(None, None)`` when the run dir has none. A damaged
+    newer one is skipped, and ``report(message)`` (default: a log warning) says which, why and what is used instead.
+    CheckpointError when checkpoints exist but none verifies: starting over silently would overwrite them."""
     report = report or log.warning
     found = list_checkpoints(run_dir)
     problems = []
@@ -324,11 +307,8 @@ def latest_good_checkpoint(run_dir: str | os.PathLike, report=None) -> tuple[Pat
 def check_compatible(manifest: dict[str, Any], config, path: str | os.PathLike = "checkpoint",
                      may_differ: Callable[[str], bool] | None = None) -> None:
     """Raise CheckpointMismatchError naming both hashes and the differing keys if ``config`` trains something else
-    (another config, or the same corpus path with other content).
-
-    ``may_differ(key)``: keys whose change the loader applies itself (a PBT trial continuing another trial's
-    checkpoint with a new learning rate or temperature); a checkpoint that differs only in those is accepted.
-    """
+    (another config, or the same corpus path with other content). A checkpoint differing only in keys ``may_differ``
+    accepts is fine: the loader applies those itself (a PBT trial taking a donor's checkpoint with a new lr)."""
     mine = config.config_hash()
     theirs = manifest.get("config_hash")
     stored_data = manifest.get("data_fingerprint") or {}
@@ -361,11 +341,8 @@ def check_compatible(manifest: dict[str, Any], config, path: str | os.PathLike =
 
 def load_checkpoint(path: str | os.PathLike, config=None, map_location: str | torch.device = "cpu",
                     may_differ: Callable[[str], bool] | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
-    """``(manifest, state)`` of a complete, verified checkpoint; refuses one written by another config (when given),
-    unless only keys ``may_differ`` accepts differ (``check_compatible``).
-
-    Files are loaded with ``weights_only=True``: tensors and plain containers only, never arbitrary objects.
-    """
+    """``(manifest, state)`` of a complete, verified checkpoint, loaded with ``weights_only=True`` (tensors and plain
+    containers only); refuses one of another config when given (``check_compatible``)."""
     import pickle
 
     path = Path(path)

@@ -54,13 +54,9 @@ class ResourceError(ConfigError):
 
 
 def init_ray(cfg: Any = None, *, dashboard: bool = False, **init_kwargs: Any) -> Callable[[], None]:
-    """Connect to the cluster in ``RAY_ADDRESS`` (or the one already initialised), else start a local Ray.
-
-    A local Ray gets ``num_cpus`` from ``cfg.resources.num_cpus``; extra ``init_kwargs`` go to ``ray.init`` for it
-    (tests pass ``object_store_memory`` and a short ``_temp_dir``). When connecting, no resources are passed: the
-    cluster has its own. ``dashboard``: the local Ray also runs its dashboard, which serves Ray's state API
-    (`start_local_ray`). Returns `configure_data_context`'s function that puts Ray Data's settings back.
-    """
+    """Connect to the cluster in ``RAY_ADDRESS`` (or the one already initialised), else start a local Ray with
+    ``cfg.resources.num_cpus``, ``init_kwargs`` and, with ``dashboard``, Ray's state API (`start_local_ray`).
+    Returns `configure_data_context`'s function that puts Ray Data's settings back."""
     import ray
 
     prepare_worker_environment()
@@ -80,12 +76,9 @@ def init_ray(cfg: Any = None, *, dashboard: bool = False, **init_kwargs: Any) ->
 def start_local_ray(*, dashboard: bool = False, **init_kwargs: Any) -> None:
     """``ray.init(address="local", ...)``; with ``dashboard``, a Ray whose workers can reach its state API.
 
-    A Ray Tune sweep needs that: Train's placement-group cleaner learns that a stopped trial's controller died through
-    the state API (the dashboard's), and only then gives the run's CPUs back; without it the next trial waits forever.
-    The cleaner finds the cluster through ``RAY_ADDRESS`` (else the single Ray on the machine), so the GCS gets a port
-    chosen here and ``RAY_ADDRESS`` names it while the Ray processes start; this process's environment is put back
-    afterwards, so a later ``init_ray`` starts a new Ray instead of joining a stopped one.
-    """
+    A Tune sweep needs that: Train's placement-group cleaner learns through it that a stopped trial's controller died,
+    and only then frees its CPUs (else the next trial waits forever). The cleaner finds the cluster by ``RAY_ADDRESS``,
+    so it names a GCS port chosen here while Ray starts, then is put back (a later ``init_ray`` starts a new Ray)."""
     import socket
 
     import ray
@@ -111,13 +104,9 @@ def start_local_ray(*, dashboard: bool = False, **init_kwargs: Any) -> None:
 
 
 def quiet_auth_notice() -> None:
-    """Drop Ray's notice that it turned token authentication on for a new local cluster.
-
-    Ray 2.60 does so when ``RAY_AUTH_MODE`` is unset and says so at every ``ray.init``: nothing for a user to act on,
-    once per job and per Tune trial (Ray keeps its own default, a token in ``~/.ray/auth_token``). No public API sets
-    the mode of a process that has imported Ray (it reads its settings at import), so the notice is filtered by its
-    logger's name, a string no import needs; a Ray whose logger is named otherwise keeps its notice.
-    """
+    """Drop Ray 2.60's notice, at every ``ray.init`` without ``RAY_AUTH_MODE``, that it turned token authentication
+    on: nothing for a user to act on. No public API sets the mode once Ray is imported, so the notice is filtered by
+    its logger's name (a string no import needs; a Ray whose logger is named otherwise keeps its notice)."""
     drop_log_messages("ray._private.authentication.authentication_token_setup",
                       "Token authentication is enabled for this Ray cluster")
 
@@ -139,10 +128,8 @@ class _DropMessages(logging.Filter):
 
 
 def on_the_driver_node() -> Any:
-    """A scheduling strategy that keeps an actor on this process's node, for actors that only serve the driver (the
-    learners' event relay). There it dies only with the driver's node, which ends the job anyway, as Ray Train
-    places its own controller; placed by Ray on another node, it would die with that node and end a job that
-    Train could otherwise restart on the nodes that remain (measured: a lost worker node ended the job)."""
+    """A scheduling strategy that keeps a driver-serving actor (the event relay) on this node, as Train places its
+    controller: elsewhere it would die with that node and end a job Train could restart (measured)."""
     import ray
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
@@ -150,11 +137,8 @@ def on_the_driver_node() -> Any:
 
 
 def prepare_worker_environment() -> None:
-    """Environment that the workers of a local Ray inherit from this process (set before ``ray.init``).
-
-    Besides ``WORKER_ENV``, the directory holding the ``raydistill`` package goes on ``PYTHONPATH``: a source
-    checkout that is not pip-installed would otherwise import in the driver but not in the workers.
-    """
+    """Set ``WORKER_ENV`` for a local Ray's workers (before ``ray.init``), and put the package's directory on
+    ``PYTHONPATH``: a checkout not pip-installed would otherwise import in the driver but not in the workers."""
     import raydistill
 
     for key, value in WORKER_ENV.items():
@@ -166,16 +150,10 @@ def prepare_worker_environment() -> None:
 
 
 def configure_data_context(cfg: Any = None) -> Callable[[], None]:
-    """Ray Data defaults: no progress bars in CI or without a terminal (Ray Data would log an eight-line block per
-    dataset every ten seconds; the jobs print their own progress lines), and never Data work on the CPUs the
-    long-lived actors hold.
-
-    ``resource_limits`` lets Ray Data plan with what the actors (``actor_reservation()``) leave of the cluster, so its
-    tasks and the teacher pool neither wait for those CPUs nor take them (actors on every CPU hang Data:
-    docs/runtime.md, Ray behaviour). Only what the actors hold is capped: a GPU limit stays Ray's own while no actor
-    holds a GPU. (``exclude_resources`` is deprecated, and ``label_selector`` confines Data to labelled nodes: a limit
-    is what says "all but these CPUs".) Returns a function that puts the process-wide settings back.
-    """
+    """Ray Data defaults: no progress bars in CI or without a terminal (the jobs print their own lines), and
+    ``resource_limits`` of what the actors (``actor_reservation()``) leave, so Data neither waits for their CPUs nor
+    takes them (actors on every CPU hang Data: docs/runtime.md); a resource no actor holds stays Ray's own (a limit,
+    not the deprecated ``exclude_resources``). Returns a function that puts the process-wide settings back."""
     from ray.data import DataContext
 
     quiet_ray_internal_deprecation()
@@ -223,14 +201,9 @@ def _cluster_total(cfg: Any) -> dict[str, float]:
 
 
 def quiet_ray_internal_deprecation() -> None:
-    """Hide Ray's deprecation notice for ``ExecutionOptions.exclude_resources`` when Ray itself causes it.
-
-    Ray Train 2.60 copies the DataContext's options into a new ``ExecutionOptions(exclude_resources=...)`` for every
-    run with datasets, and that constructor warns even for the zero default: nothing a user could change. The filter
-    matches only warnings attributed to that constructor's module, so code that sets ``exclude_resources`` itself is
-    still warned. A process that starts Ray Train without ``configure_data_context`` (a Tune trial) runs it before
-    ``fit``.
-    """
+    """Hide the ``ExecutionOptions.exclude_resources`` deprecation notice Ray Train 2.60 causes itself (it builds
+    one for every run with datasets, zero default included). Only warnings from that constructor's module are
+    filtered, so code setting it is still warned; a Tune trial calls this before ``fit``."""
     import warnings
 
     from ray.util.annotations import RayDeprecationWarning
@@ -241,16 +214,12 @@ def quiet_ray_internal_deprecation() -> None:
 
 
 def check_resources(cfg: Any, available: dict[str, float] | None = None) -> None:
-    """Raise ResourceError if the roles cannot be scheduled together, naming the fields to change.
-
-    ``available``: cluster resources (``{"CPU": 2, "GPU": 0}``); by default the running cluster's, or the
-    config's ``num_cpus`` when Ray is not started yet.
-    """
+    """Raise ResourceError, naming the fields to change, if the roles cannot be scheduled together on ``available``
+    (``{"CPU": 2, "GPU": 0}``; default: the running cluster's, or the config's ``num_cpus`` before Ray starts)."""
     if available is None:
         available = _cluster_total(cfg)
     cpus, gpus = float(available.get("CPU", 0)), float(available.get("GPU", 0))
-    r = cfg.resources
-    held = cfg.actor_reservation()
+    r, held = cfg.resources, cfg.actor_reservation()
     held_cpus, held_gpus = held.cpus, held.gpus
     where = f"the Ray cluster has {cpus:g} CPU and {gpus:g} GPU"
     problems = []
@@ -285,10 +254,9 @@ def check_resources(cfg: Any, available: dict[str, float] | None = None) -> None
 
 
 def warn_if_outputs_are_ephemeral(outputs: dict[str, str | os.PathLike]) -> list[str]:
-    """Under ``ray job submit --working-dir .`` the job runs in a temporary copy of the directory
-    (``.../runtime_resources/working_dir_files/_ray_pkg_*``) that Ray deletes with its session; the default run
-    directory and the default MLflow store are relative to it, so a job's checkpoints and runs would vanish.
-    Print one warning naming each output that lies there and how to move it; return the names warned about."""
+    """Under ``ray job submit --working-dir .`` the job runs in a copy (``.../working_dir_files/_ray_pkg_*``) that Ray
+    deletes with its session, with the default run dir and MLflow store in it. Print one warning naming each output
+    there and how to move it; return those names."""
     cwd = Path.cwd().resolve()
     if "working_dir_files" not in cwd.parts:
         return []

@@ -29,8 +29,8 @@ import contextlib
 import threading
 from typing import Any, Callable
 
-__all__ = ["EVENT_TIMEOUT_S", "EVAL_KEYS", "EVAL_PREFIX", "EVAL_STEP", "EventRelay", "LocalEvents", "PROGRESS_STEP", "ReportsToDriver",
-           "StopFlag", "progress_events", "push_event"]
+__all__ = ["EVENT_TIMEOUT_S", "EVAL_KEYS", "EVAL_PREFIX", "EVAL_STEP", "EventRelay", "LocalEvents", "PROGRESS_STEP",
+           "ReportsToDriver", "StopFlag", "progress_events", "push_event"]
 
 # How long rank 0 (at a start) and Train's controller (at a report) wait for the driver's relay.
 EVENT_TIMEOUT_S = 120.0

@@ -98,18 +98,13 @@ def linear_schedule(optimizer: torch.optim.Optimizer, warmup_steps: int, total_s
 class DistillLearner(LearnerState):
     """Student + loss module + optimiser of one method; trains on numpy batches from ``TrainingData.iter_batches``.
 
-    Args:
-        spec: the method (``raydistill.methods.MethodSpec``); default ``METHODS[cfg.method]``.
-        total_steps: optimiser steps of the whole run (for the LR schedule).
-        teacher_dim: width of the teacher vectors; with a method that projects, a student of another width gets
-            ``projection_dim = teacher_dim`` (tanh), saved with the model.
-        run_dir: where ``best/`` and ``checkpoints/`` go (default ``cfg.resolved_run_dir()``).
-        init_model: start the student from this directory instead of ``cfg.student`` (later stages).
-        rank, world_size: position among data-parallel learners; only rank 0 evaluates and writes files.
-        shared_actors: by hook name, the actors the method's hooks share between learners (the ``EventRelay``'s),
-            turned into arguments of the loss (``MethodHook.loss_context``). None: nothing shared.
-        threads: torch intra-op threads of this process (set in Train workers; Ray gives fractional-CPU ones 1).
-        device: "cpu", "cuda", ...; default cuda when ``cfg.resources.learner.num_gpus > 0`` and available.
+    ``spec``: the method (default ``METHODS[cfg.method]``); ``total_steps``: the whole run's (LR schedule);
+    ``teacher_dim``: with a method that projects, a student of another width gets ``projection_dim = teacher_dim``
+    (tanh, saved with it); ``run_dir``: for ``best/`` and ``checkpoints/``; ``init_model``: the student's start
+    instead of ``cfg.student`` (later stages); ``rank``/``world_size``: only rank 0 evaluates and writes files;
+    ``shared_actors``: by hook name, the actors the hooks share (the ``EventRelay``'s), made loss arguments
+    (``MethodHook.loss_context``); ``threads``: torch intra-op threads (Ray gives fractional-CPU workers 1);
+    ``device``: default cuda when ``cfg.resources.learner.num_gpus > 0`` and available.
     """
 
     def __init__(self, cfg: JobConfig, spec=None, *, total_steps: int, teacher_dim: int | None = None,
@@ -202,13 +197,10 @@ class DistillLearner(LearnerState):
     # Data-parallel set-up (N Ray Train workers)
 
     def enable_ddp(self) -> bool:
-        """Wrap student + loss in ``DistributedDataParallel`` over the process group Ray Train set up.
-
-        Called after the resume or the fresh-start fits, so the broadcast from rank 0 that DDP does at construction
-        starts every worker from the same weights (and buffers). Buffers are not broadcast at every forward: a
-        shared queue's mirror on each worker is a buffer that already holds the shared content.
-        ``find_unused_parameters``: a student's pooler or a loss's unused head gets no gradient in some methods.
-        """
+        """Wrap student + loss in ``DistributedDataParallel`` over Ray Train's process group, after the resume or fresh
+        start, so DDP's broadcast from rank 0 starts every worker from the same weights. Buffers are not re-broadcast
+        at each forward (a shared queue's mirror already holds the shared content); ``find_unused_parameters``: a
+        pooler or unused loss head gets no gradient in some methods."""
         import inspect
 
         import torch.distributed as dist
@@ -249,10 +241,9 @@ class DistillLearner(LearnerState):
     def _agree_on_step(self, problem: str | None, signals: dict[str, bool], loss: torch.Tensor,
                        parts: dict[str, Any], crc: int | None) -> tuple[dict[str, bool], float, dict[str, float],
                                                                         list[int] | None]:
-        """The step's one control collective with several workers: a single all-reduce of [problem, signals,
-        loss, loss parts, every rank's batch crc]. Returns the signals OR-ed over the workers, the loss and its
-        parts averaged, and the crcs by rank; raises FloatingPointError on every worker when any has a problem (a
-        worker that raised alone would leave the others waiting in the next collective)."""
+        """The step's one control all-reduce of [problem, signals, loss, parts, every rank's batch crc]: signals OR-ed,
+        loss and parts averaged, crcs by rank. FloatingPointError on every worker when any has a problem (one that
+        raised alone would leave the others waiting in the next collective)."""
         import torch.distributed as dist
 
         names, part_names = sorted(signals), sorted(parts or {})
@@ -296,11 +287,10 @@ class DistillLearner(LearnerState):
     def train_step(self, batch: dict[str, np.ndarray], signals: dict[str, bool] | None = None) -> dict[str, float]:
         """One optimiser step on ``batch``; returns loss, its parts, lr, grad norm and sentences/s.
 
-        With several workers the loss and its parts are averaged over them, and ``signals`` (flags the workers must
-        agree on, e.g. rank 0's stop request; the same names on every worker) come back OR-ed over the workers in
-        ``self.signals``: all in the step's one control collective, after backward (which DDP's gradient
-        all-reduce needs every worker to run) and before the optimiser step, which a problem on any worker (a
-        non-finite teacher vector or loss) skips on every worker. Alone, ``self.signals`` is ``signals``."""
+        With several workers, loss and parts are averaged and ``signals`` (e.g. rank 0's stop request) come back OR-ed
+        in ``self.signals``, in the step's one control collective: after backward (DDP's all-reduce needs every worker
+        there) and before the optimiser step, which a problem on any worker (non-finite teacher vector or loss) skips
+        on all. Alone, ``self.signals`` is ``signals``."""
         started = time.perf_counter()
         problem = _teacher_vector_problem(batch, self.step + 1, self.spec.name)
         if problem and self._ddp is None:

@@ -102,14 +102,10 @@ class FitSummary(dict):
 class LearnerGroup:
     """Train ``cfg``'s method with Ray Train: local mode (``num_learners: 0``) or N workers; same API either way.
 
-    Args:
-        spec: the method; default ``METHODS[cfg.method]``.
-        run_dir: where this (stage of the) run keeps ``checkpoints/`` and ``best/``.
-        init_model: start the student from this directory (a previous stage's ``best/``).
-        teacher_dim: width of the teacher vectors in the batches (None: read from the data).
-        name: label of the progress lines.
-        reporter: where the loop's reports and checkpoints go (``reporting.Reporter``; None: ``TrainReports``).
-        resume_hint: how to resume a stopped fit, for its stop line (None: rerun the command with this run_dir).
+    ``spec``: the method (default ``METHODS[cfg.method]``); ``run_dir``: where this (stage of the) run keeps
+    ``checkpoints/`` and ``best/``; ``init_model``: the student's start (a previous stage's ``best/``);
+    ``teacher_dim``: None reads it from the data; ``name``: the progress lines' label; ``reporter``: a
+    ``reporting.Reporter`` (None: ``TrainReports``); ``resume_hint``: the stop line's advice (None: rerun with run_dir).
     """
 
     def __init__(self, cfg: JobConfig, spec=None, *, run_dir: str | os.PathLike | None = None,
@@ -147,12 +143,9 @@ class LearnerGroup:
 
     def fit(self, data, on_metrics: MetricsCallback | None = None, on_eval: MetricsCallback | None = None,
             on_event: EventCallback | None = None) -> FitSummary:
-        """Train to the end (resuming from ``run_dir``'s newest good checkpoint) and return a summary.
-
-        ``on_metrics(metrics, step)`` gets the metrics of every progress step (for MLflow); ``on_eval({"stsb_dev":
-        ...}, step)`` every dev evaluation; ``on_event(kind, info, step)`` every event of rank 0 (``start`` with the
-        worker's pid and the checkpoint step it resumed from, ``step``, ``eval``).
-        """
+        """Train to the end (resuming from ``run_dir``'s newest good checkpoint) and return a summary. Callbacks:
+        ``on_metrics(metrics, step)`` per progress step, ``on_eval({"stsb_dev": ...}, step)`` per dev evaluation,
+        ``on_event(kind, info, step)`` per rank-0 event (``start`` with pid and resumed step, ``step``, ``eval``)."""
         from raydistill.runtime.engine.train_loop import LoopConfig
 
         started = time.perf_counter()

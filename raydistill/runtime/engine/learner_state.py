@@ -27,9 +27,21 @@ import torch
 
 from raydistill.runtime.engine import checkpoint as ckpt
 
-__all__ = ["BEST_INFO", "BestDev", "LearnerState", "seed_everything"]
+__all__ = ["BEST_INFO", "BestDev", "LearnerState", "dev_selection", "seed_everything"]
 
 BEST_INFO = "raydistill_best.json"
+
+
+def dev_selection(cfg, pairs: list | None = None) -> dict[str, str]:
+    """What the dev evaluations score: ``{"set", "metric"}`` (STS-B dev and Spearman unless ``train.dev_pairs``, whose
+    ``pairs`` are read unless given)."""
+    if not cfg.train.dev_pairs:
+        return {"set": "stsb_dev", "metric": "spearman"}
+    from raydistill.data.scored_pairs import read_eval_pairs
+    from raydistill.evaluation import pair_metric
+
+    pairs = read_eval_pairs(cfg.train.dev_pairs) if pairs is None else pairs
+    return {"set": str(cfg.train.dev_pairs), "metric": pair_metric([p.score for p in pairs])}
 
 
 @dataclass
@@ -61,14 +73,6 @@ class LearnerState:
         self.history.append({"step": self.step, "stsb_dev": score, "best_stsb_dev": self.best.score})
         return score
 
-    def dev_selection(self) -> dict[str, str]:
-        """What the dev evaluations score: ``{"set", "metric"}`` (STS-B dev and Spearman unless ``train.dev_pairs``)."""
-        if not self.cfg.train.dev_pairs:
-            return {"set": "stsb_dev", "metric": "spearman"}
-        from raydistill.evaluation import pair_metric
-
-        return {"set": str(self.cfg.train.dev_pairs), "metric": pair_metric([p.score for p in self._dev_pairs()])}
-
     def _dev_pairs(self) -> list:
         pairs = getattr(self, "_dev_pairs_read", None)
         if pairs is None:  # read once per learner; the file was checked before the run started
@@ -99,9 +103,10 @@ class LearnerState:
         # a crash between the swap's two renames is undone at the next start (recover_directory)
         with staged_directory(best) as tmp:
             self.student.save(tmp)
+            selected_on = dev_selection(self.cfg, self._dev_pairs() if self.cfg.train.dev_pairs else None)
             atomic_write_json(tmp / BEST_INFO, {
                 "step": self.best.step, "stsb_dev": self.best.score, "method": self.spec.name,
-                "config_hash": self.cfg.config_hash(), "selected_on": self.dev_selection()})
+                "config_hash": self.cfg.config_hash(), "selected_on": selected_on})
         return best
 
     def best_info(self) -> dict[str, Any]:

@@ -33,10 +33,8 @@ _LABELLED_SETS = {"nli_triplets": ("snli_dev", "mnli_dev"), "stsb_train": ("stsb
 
 
 def preflight(cfg: JobConfig) -> JobConfig:
-    """``cfg`` with its method's defaults, checked against schema, method, models, directories and data files.
-
-    Raises ``ConfigError`` naming the field (and, for bad data, the file and line) before anything starts.
-    """
+    """``cfg`` with its method's defaults, checked against schema, method, models, directories and data files;
+    ``ConfigError`` names the field (and, for bad data, the file and line) before anything starts."""
     cfg = validate_method(cfg)
     for stage in stage_plan(cfg):  # each later stage's config is validated when planned
         check_models(stage.cfg)
@@ -109,6 +107,8 @@ def check_cache_space(cfg: JobConfig) -> None:
     """The cache dir's filesystem has room for this job's teacher pass and rows file (``teacher_cache_bytes``)."""
     if not cfg.data.teacher_views or _dataset_of(cfg) != CORPUS:
         return
+    from raydistill.runtime.teachers.cache_store import _megabytes as _mib
+
     needed, how = teacher_cache_bytes(cfg)
     existing = cfg.resolved_cache_dir()
     while not existing.exists():
@@ -121,13 +121,10 @@ def check_cache_space(cfg: JobConfig) -> None:
 
 
 def teacher_cache_bytes(cfg: JobConfig) -> tuple[int, str]:
-    """``(bytes, how)``: what the teacher pass and rows file of ``cfg`` will add to its cache dir, with a margin.
-
-    Sentences (the corpus, de-duplicated, capped by ``max_sentences``) x teacher views x one cached row (key and
-    float32 vector of the teacher's width), less what caches of the same teacher already hold there, plus the rows
-    file (every view's text of every row), times ``_CACHE_MARGIN``.
-    """
-    from raydistill.runtime.teachers.embedding_cache import cache_row_bytes
+    """``(bytes, how)``: what ``cfg``'s teacher pass and rows file add to its cache dir: (sentences, de-duplicated
+    and capped, x teacher views x a cached row, less what the same teacher's caches hold, plus the rows file) x
+    ``_CACHE_MARGIN``."""
+    from raydistill.runtime.teachers.cache_store import _megabytes as _mib, cache_row_bytes
 
     corpus = read_training_corpus(cfg.data.corpus, cfg.data.evaluation_set_split)
     texts = corpus.texts if corpus.is_pairs else list(dict.fromkeys(corpus.texts))
@@ -189,10 +186,6 @@ def _size(path: Path) -> int:
         return path.stat().st_size
     except OSError:  # removed meanwhile
         return 0
-
-
-def _mib(size: float) -> str:
-    return f"{size / 2**20:.2f} MiB" if size < 10 * 2**20 else f"{size / 2**20:.0f} MiB"
 
 
 def check_input_files(cfg: JobConfig) -> None:

@@ -41,13 +41,9 @@ def progress_every(log_every: int | None, total_steps: int) -> int:
 
 @dataclass(frozen=True)
 class StepReport:
-    """One report of the loop: this step's metrics and where the worker stands.
-
-    ``checkpoint``: a checkpoint of this step boundary is due. ``final``: the report after the last step (its
-    checkpoint is marked finished). ``last_step``: the step is the run's last (``final``, or the last optimiser
-    step). ``dev``/``best``: this step's dev score and the best so far, on rank 0 at a step with a dev evaluation
-    (None elsewhere).
-    """
+    """One report of the loop: this step's metrics and where the worker stands. ``checkpoint``: one of this step
+    boundary is due; ``final``: the report after the last step (checkpoint marked finished); ``last_step``: ``final``
+    or the last optimiser step; ``dev``/``best``: on rank 0 at an evaluated step, else None."""
 
     metrics: dict[str, Any]
     step: int

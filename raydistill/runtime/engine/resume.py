@@ -40,11 +40,9 @@ STORAGE_OWNER = ".raydistill-owner.json"
 
 
 def check_resume(run_dir: str | os.PathLike, config, world_size: int | None = None) -> Path | None:
-    """Refuse, before anything starts, to resume ``run_dir`` with a config that trains something else (module
-    docstring). ``world_size``: the learners this run will use; a checkpoint trained with another count is refused,
-    because the learner count sets the steps of an epoch, hence the total steps and the LR schedule the checkpoint
-    is part-way through. Returns the checkpoint that will be resumed, or None.
-    """
+    """Refuse, before anything starts, to resume ``run_dir`` with a config that trains something else, or with
+    another ``world_size`` (the learner count sets an epoch's steps, hence the total and the LR schedule the
+    checkpoint is part-way through). Returns the checkpoint that will be resumed, or None."""
     home = checkpoint_home(run_dir, config)
     _refuse_moved_checkpoints(run_dir, home)
     _refuse_foreign_storage(run_dir, home)

@@ -40,12 +40,9 @@ class OutputDirError(CheckpointError):
 
 
 def check_output_dir(path: str | os.PathLike, *, min_free_bytes: int = MIN_FREE_BYTES) -> Path:
-    """Raise OutputDirError unless ``path`` can be created and written and has ``min_free_bytes`` free.
-
-    Creates nothing: a missing directory is judged by its nearest existing ancestor, where a temporary file is
-    written and removed (a real write, because ``os.access`` says yes to root on a read-only directory and
-    knows nothing of quotas or full disks). Returns the absolute path.
-    """
+    """The absolute ``path``; OutputDirError unless it can be created and written and has ``min_free_bytes`` free.
+    Creates nothing: a temporary file is written in its nearest existing ancestor and removed (``os.access`` says yes
+    to root on a read-only directory and knows nothing of quotas or full disks)."""
     path = Path(path).expanduser().absolute()
     existing = path
     while not existing.exists():
@@ -76,12 +73,9 @@ LOCK_FILE = ".raydistill.lock"
 
 
 class RunDirLock:
-    """One job per run dir: an exclusive ``flock`` on ``<run_dir>/.raydistill.lock``, which names its holder.
-
-    The kernel drops a flock when its process dies (SIGKILL, OOM), so a dead holder's lock is free without clean-up;
-    the job that takes it over says so. The file is emptied on release, not removed: removing it would let a third
-    job lock a new file while a second one holds the old, unlinked one.
-    """
+    """One job per run dir: an exclusive ``flock`` on ``<run_dir>/.raydistill.lock``, which names its holder. The
+    kernel drops it when its process dies (SIGKILL, OOM; the next job says so). Emptied on release, never removed:
+    removing it would let a third job lock a new file while a second holds the old, unlinked one."""
 
     def __init__(self, run_dir: str | os.PathLike):
         self.path = Path(run_dir) / LOCK_FILE

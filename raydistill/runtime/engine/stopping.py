@@ -35,12 +35,10 @@ _listeners: list[Callable[[], None]] = []
 
 class JobStopped(BaseException):
     """The job was asked to stop (SIGTERM, SIGINT) and stopped where it stood, keeping what it had done.
-    ``step``/``checkpoint``: where training stopped; ``where``/``kept``: what the stop interrupted and what it kept,
-    filled in by the phase it interrupted (None: not said yet).
+    ``step``/``checkpoint``: where training stopped; ``where``/``kept``: filled in by the phase it interrupted.
 
-    A ``BaseException``, as ``KeyboardInterrupt`` is: the signal handler raises it wherever the main thread stands,
-    often inside library code whose ``except Exception`` (Ray Data's metrics calls, MLflow retries) would otherwise
-    swallow the stop and carry on."""
+    A ``BaseException``, as ``KeyboardInterrupt`` is: raised wherever the main thread stands, often inside library
+    code whose ``except Exception`` (Ray Data's metrics, MLflow retries) would otherwise swallow the stop."""
 
     def __init__(self, message: str, step: int | None = None, checkpoint: str | None = None, *,
                  where: str | None = None, kept: str | None = None):

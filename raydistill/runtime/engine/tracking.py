@@ -342,10 +342,9 @@ class Tracker:
 
     def log_model(self, model_dir: str | os.PathLike, *, name: str = "model", register: str | None = None,
                   step: int = 0, tags: Mapping[str, Any] | None = None):
-        """The sentence-transformers directory ``model_dir`` as an MLflow model of this run, registered as a new
-        version of ``register`` when given (``engine.model_logging``); returns its ``LoggedStudent``, or None when
-        tracking is off or logging failed. A model MLflow cannot log warns and goes in as plain artifacts
-        (``<name>/``), as before models were logged; a failed registration warns with the logged model's URI."""
+        """Log ``model_dir`` as an MLflow model of this run (a new version of ``register`` if given) and return its
+        ``LoggedStudent``, None when off or failed. A model MLflow cannot log warns and goes in as artifacts
+        (``<name>/``); a failed registration warns with the logged model's URI."""
         if not self.active:
             return None
         from raydistill.runtime.engine.model_logging import log_student, register_student

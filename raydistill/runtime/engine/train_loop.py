@@ -29,11 +29,6 @@ A run trained to a budget (``train.budget``, budget.py) plans ``LoopConfig.total
 A time budget's total is fixed by rank 0's ``RateMeter``: at the step it decides, rank 0 raises the ``budget``
 signal, which reaches every worker in that step's control collective, and the total follows in a single broadcast
 at that step. The wall seconds used (over every restart) ride in the learner's checkpoint.
-
-Train logs every report of a worker at INFO ("Reporting training result N: ..."), a line per progress step that
-reaches the driver's console in a Tune trial; ``_quiet_report_logs`` raises that logger's level. Its logger is named
-after its module's file inside Ray's private package, a name no public API gives: the name is built from
-``ray.train``'s location (nothing private is imported), and a Ray whose layout differs keeps its lines.
 """
 
 from __future__ import annotations
@@ -103,7 +98,9 @@ def train_worker(config: dict[str, Any]) -> dict[str, Any]:
 
 
 def _quiet_report_logs() -> None:
-    """Raise the level of the logger of Train's "Reporting training result N" lines (see the module docstring)."""
+    """Silence Train's INFO "Reporting training result N" line per report (on a Tune trial's console). Its logger is
+    named after a file in Ray's private package: the name is built from ``ray.train``'s location (nothing private is
+    imported); a Ray laid out otherwise keeps its lines."""
     import logging
 
     import ray.train

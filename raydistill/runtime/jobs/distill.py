@@ -87,19 +87,15 @@ def run_distillation(cfg: JobConfig, *, results_dir: str | os.PathLike | None = 
                      result_path: str | os.PathLike | None = None, command: str | None = None,
                      evaluate: bool = True, tracker=None, progress: ProgressHook | None = None,
                      stage_reporter: StageReporter | None = None) -> dict[str, Any]:
-    """Train ``cfg``'s method end to end and return the result record (also written as JSON).
+    """Train ``cfg``'s method end to end and return the result record (also written as JSON to ``result_path``, or
+    under ``results_dir``). ``command``: the command line to record (default argv). ``tracker``: an open ``Tracker``
+    to log into (a Tune trial's child run; the caller ends it).
 
-    ``results_dir`` (default ``results``) / ``result_path``: where the record goes. ``command``: the command line
-    to record (default: this process's argv). ``tracker``: an open ``Tracker`` to log into instead of a new MLflow run
-    (a Ray Tune trial's child run); the caller ends it.
-    ``progress(event, info, step)``: called with ``("stage", {stage, method, rows, total_steps, step_offset, and the
-    teacher-cache counts when there was a teacher pass}, step_offset)`` once a stage's data is built, ``("step",
-    metrics, step)`` after every optimiser step, ``("eval", {"stsb_dev", "best_stsb_dev"}, step)`` after every
-    dev evaluation and ``("start", {"resumed_from", "pid", "world_size"}, step)`` whenever the learners (re)start
-    (``pid``: rank 0's process); steps count over all stages.
-    ``stage_reporter(index, num_stages, step_offset, best_before)``: the ``engine.reporting.Reporter`` of each stage's
-    training loop (None: Ray Train's own); a Ray Tune trial passes its own (``runtime.tune.reporting``).
-    """
+    ``progress(event, info, step)``, steps counted over all stages: ``("stage", {stage, method, rows, total_steps,
+    step_offset, teacher-cache counts if any}, step_offset)`` once a stage's data is built, ``("step", metrics,
+    step)`` per optimiser step, ``("eval", {"stsb_dev", "best_stsb_dev"}, step)`` per dev evaluation, ``("start",
+    {"resumed_from", "pid" of rank 0, "world_size"}, step)`` at each (re)start. ``stage_reporter(index, num_stages,
+    step_offset, best_before)``: each stage's ``engine.reporting.Reporter`` (None: Train's; a Tune trial's own)."""
     from raydistill.methods import stage_plan
     from raydistill.runtime.engine.preflight import preflight
     from raydistill.runtime.engine.resume import check_resume
@@ -438,6 +434,8 @@ def record_result(cfg: JobConfig, fields: dict[str, Any], scores: dict[str, floa
 def _training_record(cfg, stages, stage_summaries, stage_scores, cache_info, history, run_dir: Path
                      ) -> dict[str, Any]:
     """The result file's ``training`` section: the run's settings and what each stage measured."""
+    from raydistill.runtime.engine.learner_state import dev_selection
+
     last = stage_summaries[-1]
     first_data = stage_summaries[0]["data"]
     training = {
@@ -448,7 +446,7 @@ def _training_record(cfg, stages, stage_summaries, stage_scores, cache_info, his
         "best_step": last["best_step"],
         "best_stsb_dev": round(last["best_stsb_dev"], 2) if last["best_stsb_dev"] is not None else None,
         # what the dev evaluations scored (best_stsb_dev, dev_curve): STS-B dev, or the user's dev pairs
-        "selected_on": _selected_on(stages[-1].cfg),
+        "selected_on": dev_selection(stages[-1].cfg),
         "budget": cfg.train.budget,
         "restarts": sum(s["restarts"] for s in stage_summaries),
         "resumed_from": stage_summaries[0].get("resumed_from"),
@@ -472,17 +470,6 @@ def _training_record(cfg, stages, stage_summaries, stage_scores, cache_info, his
     if stages[0].spec.build_rows is not None:  # a method with teachers of its own: what its rows are made of
         training["built_rows"] = {k: v for k, v in first_data.items() if k not in ("rows", "seconds")}
     return training
-
-
-def _selected_on(cfg: JobConfig) -> dict[str, str]:
-    """The set and metric the best model was chosen on (the learner's ``dev_selection``)."""
-    if not cfg.train.dev_pairs:
-        return {"set": "stsb_dev", "metric": "spearman"}
-    from raydistill.data.scored_pairs import read_eval_pairs
-    from raydistill.evaluation import pair_metric
-
-    return {"set": str(cfg.train.dev_pairs),
-            "metric": pair_metric([pair.score for pair in read_eval_pairs(cfg.train.dev_pairs)])}
 
 
 def training_settings(cfg: JobConfig, run_dir: Path) -> dict[str, Any]:

@@ -153,13 +153,9 @@ def _validate(cfg: JobConfig) -> None:
 def run_st_mse(cfg: JobConfig, *, results_dir: str | os.PathLike | None = None,
                result_path: str | os.PathLike | None = None, command: str | None = None, tracker=None,
                teacher_in_process: bool = False) -> dict[str, Any]:
-    """Train ``cfg``'s student with sentence-transformers' MSE recipe, evaluate it and write the result file.
-
-    ``results_dir``, ``result_path``, ``command``, ``tracker``: as ``run_distillation``'s (the result file:
-    ``st-mse-<student>-<teacher>.json``). ``teacher_in_process``: encode cache misses with one teacher in this
-    process instead of the Ray Data pool the distillation jobs use (tests; the vectors are the same).
-    Returns the result record plus ``result_path``.
-    """
+    """Train ``cfg``'s student with sentence-transformers' MSE recipe, evaluate it, write the result file
+    (``st-mse-<student>-<teacher>.json``) and return its record plus ``result_path``. The other arguments are
+    ``run_distillation``'s; ``teacher_in_process``: encode cache misses in this process, not the Ray Data pool."""
     from raydistill.runtime.engine.rundir import RunDirLock
     from raydistill.cputime import cpu_seconds
 

@@ -64,13 +64,9 @@ def embedding_dimension(module) -> int:
 
 def teacher_targets(vectors: np.ndarray, student_dim: int, reduction: str, fit_rows: int
                     ) -> tuple[np.ndarray, dict[str, Any]]:
-    """The student's targets from the teacher's vectors [N, d_t], and what was done to them.
-
-    ``pca`` with a narrower student: the example's teacher Dense layer (PCA components as weights, no bias,
-    identity) applied to the vectors, [N, d_s]. Otherwise the vectors unchanged (``dense`` puts the layer on the
-    student instead; equal widths need neither). Raises ConfigError (``loss.reduction``) for ``pca`` with a student
-    wider than the teacher: PCA cannot add dimensions.
-    """
+    """The student's targets from the teacher's vectors [N, d_t], and what was done to them: for ``pca`` with a
+    narrower student, the example's teacher Dense layer (PCA components, no bias, identity) applied, [N, d_s]; else
+    unchanged. ConfigError (``loss.reduction``) for ``pca`` with a wider student: PCA cannot add dimensions."""
     teacher_dim = vectors.shape[1]
     info: dict[str, Any] = {"reduction": "none", "teacher_dim": teacher_dim, "student_dim": student_dim,
                             "target_dim": teacher_dim}

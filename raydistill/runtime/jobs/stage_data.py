@@ -33,9 +33,8 @@ __all__ = ["build_stage_data", "nli_triplets", "EngineServices", "ENGINE_SERVICE
 
 
 class EngineServices:
-    """``methods.base.StageServices`` on the engine: what a method with teachers of its own may ask of the runtime.
-
-    Stateless, so it pickles into the Ray tasks a method starts with ``run_parallel``."""
+    """``methods.base.StageServices`` on the engine: what a method with teachers of its own may ask of the runtime;
+    stateless, so it pickles into the Ray tasks a method starts with ``run_parallel``."""
 
     def fit(self, cfg: JobConfig, data: Any, *, init_model: str | None = None, name: str | None = None) -> FittedStage:
         from raydistill.runtime.engine import checkpoint as ckpt

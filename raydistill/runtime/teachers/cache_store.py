@@ -106,10 +106,8 @@ def _free_bytes(directory: Path) -> int:
 
 class EmbeddingCache:
     """Append-only store of one teacher's sentence embeddings: memory-mapped ``.npy`` parts and an in-memory index.
-
-    ``_parts[p]`` is one part's embeddings ``float32 [n_p, D]`` (a view into its memory map, or for an old Parquet
-    part its rows read once); ``_row_of[key] = p << 32 | row``.
-    """
+    ``_parts[p]``: a part's ``float32 [n_p, D]`` (memory-mapped, or an old Parquet part read); ``_row_of[key] = p << 32
+    | row``."""
 
     def __init__(self, root: str | os.PathLike, teacher_identity: str, description: dict[str, Any] | None = None):
         self.root = Path(root).expanduser()
@@ -138,11 +136,8 @@ class EmbeddingCache:
         return np.fromiter((text_hash(t) in self._row_of for t in texts), dtype=bool, count=len(texts))
 
     def usable(self, texts: list[str]) -> np.ndarray:
-        """``bool[N]``: which texts have a cached vector that is finite, as ``lookup`` would return it.
-
-        What a teacher pass that returns no vectors checks: every cached row asked for is read once, ``_CHECK_ROWS``
-        at a time (so memory stays bounded), and a NaN/inf one counts as missing, so the pass recomputes it.
-        """
+        """``bool[N]``: which texts have a finite cached vector (as ``lookup`` would return it), read ``_CHECK_ROWS``
+        at a time (bounded memory); a NaN/inf one counts as missing, so the teacher pass recomputes it."""
         self._load()
         found = self._positions(texts)
         usable = np.zeros(len(texts), dtype=bool)
@@ -154,23 +149,17 @@ class EmbeddingCache:
         return usable
 
     def lookup(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
-        """``(hit_mask bool[N], embeddings float32[N, D])``; rows where ``hit_mask`` is False are zeros.
-
-        Only the requested rows are copied out of the parts, one fancy-index gather per part that holds any. A
-        cached vector that is not finite is a miss (warned about).
-        """
+        """``(hit_mask bool[N], embeddings float32[N, D])``, misses as zeros; only the requested rows are copied out
+        of the parts. A cached vector that is not finite is a miss (warned about)."""
         self._load()
         embeddings, hit_mask, non_finite = self._gather(self._positions(texts))
         self._count(hit_mask, non_finite)
         return hit_mask, embeddings
 
     def append(self, texts: list[str], embeddings: np.ndarray, view: str = "") -> Path | None:
-        """Add rows as one new part file (written whole, fsynced, then renamed into place) and to the index.
-
-        ``view`` is accepted for callers that name the view they encoded; vectors do not depend on it. Raises
-        ``ValueError`` for a vector that is not finite (naming the sentence) and ``CacheDiskFullError`` when the
-        filesystem fills up; either way nothing is written.
-        """
+        """Add rows as one new part file (written whole, fsynced, renamed) and to the index (``view`` is ignored).
+        ``ValueError`` for a non-finite vector (naming the sentence), ``CacheDiskFullError`` for a full filesystem;
+        either way nothing is written."""
         embeddings = np.ascontiguousarray(embeddings, dtype=np.float32)
         if embeddings.ndim != 2 or len(embeddings) != len(texts):
             raise ValueError(f"append: {len(texts)} texts but embeddings of shape {embeddings.shape}")
@@ -300,12 +289,9 @@ class EmbeddingCache:
         return np.fromiter((self._row_of.get(text_hash(t), -1) for t in texts), dtype=np.int64, count=len(texts))
 
     def _gather(self, found: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
-        """``(embeddings float32[n, D], usable bool[n], non-finite count)`` for packed positions ``found``.
-
-        Rows that are missing (-1) or not finite come back as zeros and not usable: a NaN/inf vector (a part damaged
-        on disk, an older version's teacher overflow) would train towards NaN, so the teacher recomputes it and the
-        newer part supersedes it. Checked on the rows copied out, so the memory-mapped parts are never read whole.
-        """
+        """``(embeddings float32[n, D], usable bool[n], non-finite count)`` for packed positions ``found``. Missing
+        (-1) or non-finite rows are zeros and unusable: a NaN/inf vector (damaged part, old teacher overflow) would
+        train towards NaN, so it is recomputed. Checked on the rows copied out (parts are never read whole)."""
         usable = found >= 0
         embeddings = np.zeros((len(found), self.dim or 0), dtype=np.float32)
         if not usable.any():
@@ -332,10 +318,9 @@ class EmbeddingCache:
         self.stats["non_finite"] = self.stats.get("non_finite", 0) + non_finite
 
     def _write_part(self, name: str, rows: np.ndarray) -> None:
-        """Write ``rows`` as part ``name`` through ``fileio.atomic_writer`` (a crash leaves no torn part). Its
-        temporary file names this host (``.<name>.<host>.tmp``), so that on a cache dir shared by several hosts
-        ``sweep_stale_temporaries`` can tell a dead writer's part from a live one elsewhere. A failed write removes
-        its temporary file; a full disk raises ``CacheDiskFullError``."""
+        """Write ``rows`` as part ``name`` through ``fileio.atomic_writer`` (no torn part). The temporary file names
+        this host, so on a shared cache dir ``sweep_stale_temporaries`` tells a dead writer's part from a live one
+        elsewhere. A failed write removes it; a full disk raises ``CacheDiskFullError``."""
         needed = rows.nbytes + 4096  # the .npy header, teacher.json
         try:
             self.dir.mkdir(parents=True, exist_ok=True)
@@ -355,12 +340,8 @@ class EmbeddingCache:
 
 
 class TeacherVectors:
-    """One teacher's cached vectors, read batch by batch: ``vectors(texts) -> float32 [B, D]``.
-
-    What a training batch carries instead of a column of the whole corpus's vectors: each call gathers only its
-    rows out of the memory-mapped parts, so the process holds the cache's index (~100 bytes a sentence), never the
-    vectors. Pickles as its location (it reopens the cache in the process it is sent to).
-    """
+    """One teacher's cached vectors, read batch by batch: ``vectors(texts) -> float32 [B, D]``; a process holds the
+    cache's index (~100 bytes a sentence), never a column of the corpus's vectors. Pickles as its location."""
 
     def __init__(self, cache_root: str | os.PathLike, teacher_identity: str):
         self.cache_root, self.teacher_identity = str(cache_root), teacher_identity

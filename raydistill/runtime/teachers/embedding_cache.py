@@ -52,17 +52,14 @@ class NonFiniteTeacherVectorsError(ValueError):
 def ensure_teacher_embeddings(texts: list[str], view: str, teacher_cfg, cache_root: str | os.PathLike, *,
                               in_process: bool = False, return_vectors: bool = True,
                               ) -> tuple[np.ndarray | None, dict[str, Any]]:
-    """Teacher embeddings float32[N, D] of ``texts`` in order, encoding only what the cache lacks.
+    """``(embeddings float32[N, D] of texts in order, stats)``, encoding only what the cache lacks; with
+    ``return_vectors=False`` ``(None, stats)``, all cached (training batches read the cache: ``TeacherVectors``).
 
-    ``return_vectors=False``: make sure every text is cached and return ``(None, stats)`` without gathering a
-    vector (a training job's batches read theirs from the memory-mapped cache, ``TeacherVectors``).
-    ``teacher_cfg``: a TeacherSpec, a JobConfig, or a dict of TeacherSpec fields. Misses go through
-    ``resources.num_actors`` TeacherEmbed actors (Ray must be initialised: ``cluster.init_ray``) unless
-    ``in_process``. Returns ``(embeddings, stats)``; stats: hits, misses (unique sentences not cached),
-    non_finite_cached (cached vectors found NaN/inf and recomputed), teacher_forward_sentences (rows counted inside
-    the teacher), precision, cache_dir, seconds. Raises ``CacheDiskFullError`` when the cache's disk fills up and
-    ``NonFiniteTeacherVectorsError`` when the teacher returns NaN/inf vectors (after caching the others).
-    """
+    ``teacher_cfg``: a TeacherSpec, a JobConfig or a dict of TeacherSpec fields. Misses go through
+    ``resources.num_actors`` TeacherEmbed actors (Ray initialised) unless ``in_process``. stats: hits, misses (unique
+    sentences), non_finite_cached (recomputed), teacher_forward_sentences (counted inside the teacher), precision,
+    cache_dir, seconds. ``CacheDiskFullError`` on a full disk; ``NonFiniteTeacherVectorsError`` on NaN/inf vectors
+    from the teacher (after caching the others)."""
     started = time.perf_counter()
     spec = TeacherSpec.coerce(teacher_cfg)
     identity = spec.identity()
@@ -182,10 +179,8 @@ def _collect(batches, texts: list[str], cache: EmbeddingCache, view: str, keep: 
              positions: list[int] | None = None, progress: _PassProgress | None = None,
              ) -> tuple[np.ndarray | None, int]:
     """Append ``(idx, embeddings, forward rows)`` batches to ``cache`` every ``_APPEND_EVERY_ROWS`` rows and on the
-    way out of an interrupted pass; with ``keep``, also gather them into float32 [N, D] in input order. A sentence
-    whose vector is not finite is named by ``positions[i]`` (its index in the caller's texts; ``i`` without them).
-    Returns (embeddings in input order, or None without ``keep``; rows that went through the teacher's transformer).
-    """
+    way out of an interrupted pass; return (with ``keep``, float32 [N, D] in input order, else None; teacher forward
+    rows). A non-finite vector's sentence is named by ``positions[i]`` (its index in the caller's texts)."""
     embeddings: np.ndarray | None = None
     seen = np.zeros(len(texts), dtype=bool)
     non_finite = np.zeros(len(texts), dtype=bool)
@@ -240,11 +235,9 @@ def _collect(batches, texts: list[str], cache: EmbeddingCache, view: str, keep: 
 
 
 def _leave_room_for_the_pool(dataset, pool_cpus: float, pool_gpus: float) -> None:
-    """Raise this dataset's ``resource_limits`` (the cluster less the learners' CPUs: configure_data_context) to at
-    least what the teacher pool asks for: the teacher pass runs before the learners start, so their reservation must
-    not make the pool unschedulable. If actors really hold those CPUs, ``wait_for_min_actors_s`` turns the wait into
-    an error instead of a hang.
-    """
+    """Raise this dataset's ``resource_limits`` (the cluster less the learners' CPUs) to what the teacher pool asks:
+    the pass runs before the learners start, so their reservation must not starve it. If actors really hold those
+    CPUs, ``wait_for_min_actors_s`` turns the wait into an error instead of a hang."""
     import ray
 
     options = dataset.context.execution_options

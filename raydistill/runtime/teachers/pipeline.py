@@ -110,10 +110,7 @@ def read_training_corpus(corpus: str, split_of: str | None = None) -> _Corpus:
 def load_training_texts(data_cfg: DataConfig, seed: int, stats: dict[str, int] | None = None
                         ) -> list[dict[str, Any]]:
     """Rows ``{"idx": i, "text_<view>": str, ...}`` for every view of ``data_cfg.views``; deterministic in ``seed``.
-
-    ``stats``: when a dict is given, it receives the input counts of the module docstring (blank_lines,
-    duplicates_dropped, subsampled_out, long_texts, texts_with_control_chars, rows).
-    """
+    A ``stats`` dict receives the module docstring's input counts."""
     corpus = read_training_corpus(data_cfg.corpus, data_cfg.evaluation_set_split)
     counts = {"blank_lines": 0, "duplicates_dropped": 0, **corpus.stats}
     keep = range(len(corpus.texts))
@@ -147,11 +144,8 @@ def load_training_texts(data_cfg: DataConfig, seed: int, stats: dict[str, int] |
 
 
 def _row_group_ids(corpus: _Corpus, keep: np.ndarray) -> np.ndarray:
-    """Group id of each kept row: its caption group (image) when it has one, else an id of its own.
-
-    Every row gets an id, so a queue loss can also keep a row's own teacher vector from an earlier pass out of its
-    negatives; siblings (captions of one image) share one.
-    """
+    """Group id of each kept row: its caption group (image), else an id of its own, so a queue loss can keep a row's
+    own teacher vector from an earlier pass (and its siblings') out of its negatives."""
     caption = np.asarray(corpus.caption_groups if corpus.caption_groups else [-1] * len(corpus.texts),
                          dtype=np.int64)[keep]
     own = caption.max(initial=-1) + 1 + np.arange(len(keep), dtype=np.int64)
@@ -216,13 +210,10 @@ def _make_view(view: str, spec: str, texts: list[str], groups: list[tuple[str, .
 
 @dataclass
 class TrainingData:
-    """Training rows in a memory-mapped rows file, plus a deterministic, resumable batch iterator.
-
-    The rows file (``write_rows_file``) holds ``idx`` int64, ``group`` int64 (``_row_group_ids``) and ``text_<view>``
-    per view. Each batch reads its rows' teacher vectors from the memory-mapped embedding cache (``teacher[view]``, a
-    ``TeacherVectors``), so no process holds the corpus or its vectors, and a copy of this object sent to another
-    process carries only the locations. Batch order depends only on ``(seed, epoch)``.
-    """
+    """Training rows in a memory-mapped rows file (``idx``, ``group``, ``text_<view>``), plus a deterministic,
+    resumable batch iterator whose order depends only on ``(seed, epoch)``. Batches read teacher vectors from the
+    memory-mapped cache (``teacher[view]``), so no process holds the corpus or its vectors, and a copy sent to another
+    process carries only locations."""
 
     num_rows: int
     cache_stats: dict[str, Any]
@@ -254,14 +245,10 @@ class TrainingData:
         return epoch_order(self.num_rows, self.seed, epoch, self.shuffle)
 
     def epoch_stream(self, first_epoch: int, epochs: int, rows_per_epoch: int):
-        """The rows of epochs ``first_epoch .. epochs - 1`` as a Ray Dataset, each epoch in its seeded order.
-
-        What Ray Train workers stream: ``ray.data.range`` over the positions of those epochs (each epoch's first
-        ``rows_per_epoch``, the whole steps); each map task turns its positions into row ids by the epoch's
-        permutation and reads those rows from the memory-mapped rows file. Every row carries its ``epoch`` and
-        ``position``, so batches read in order (``preserve_order``, set on the dataset's context) are exactly
-        ``iter_batches``' batches, and no process, the driver included, holds a column of the corpus to build it.
-        """
+        """The rows of epochs ``first_epoch .. epochs - 1`` as a Ray Dataset, each epoch in its seeded order (what
+        Train workers stream): ``ray.data.range`` over the positions (each epoch's first ``rows_per_epoch``), mapped
+        to row ids by the epoch's permutation and read from the rows file, so no process holds a column of the
+        corpus. Rows carry ``epoch`` and ``position``: read in order (``preserve_order``) they are ``iter_batches``'."""
         import ray.data
 
         first_epoch, epochs, rows_per_epoch = int(first_epoch), int(epochs), int(rows_per_epoch)
@@ -323,11 +310,8 @@ def _read_stream_rows(batch: dict[str, np.ndarray], *, rows_path: str, num_rows:
 
 
 def build_training_data(cfg: JobConfig) -> TrainingData:
-    """Texts and views of ``cfg.data``, with every sentence of ``cfg.data.teacher_views`` in the teacher's cache.
-
-    Needs Ray (``cluster.init_ray``) for the teacher pass (``cache_teacher_vectors``). The rows go to their rows file
-    and this process drops its copy (``TrainingData``).
-    """
+    """Texts and views of ``cfg.data`` in a rows file (this process drops its copy), with every sentence of
+    ``cfg.data.teacher_views`` in the teacher's cache (``cache_teacher_vectors``: needs Ray)."""
     import ray
 
     if not ray.is_initialized():
@@ -352,12 +336,9 @@ def build_training_data(cfg: JobConfig) -> TrainingData:
 
 def cache_teacher_vectors(cfg: JobConfig, texts_by_view: dict[str, list[str]], *, in_process: bool = False,
                           ) -> tuple[dict[str, Any], dict[str, Any]]:
-    """The teacher pass: every text of every view in ``cfg``'s teacher cache, encoding only what it lacks.
-
-    Returns ``({view: TeacherVectors}, stats)``; stats sums hits, misses and teacher_forward_sentences over the
-    views and keeps each view's own under ``views``. Needs Ray when anything is missing, unless ``in_process``
-    (``embedding_cache.ensure_teacher_embeddings``).
-    """
+    """The teacher pass: every text of every view in ``cfg``'s teacher cache, encoding only what it lacks (with Ray
+    unless ``in_process``). Returns ``({view: TeacherVectors}, stats)``: hits, misses and teacher_forward_sentences
+    summed over the views, each view's own under ``views``."""
     from raydistill.runtime.teachers.embedding_cache import TeacherVectors, ensure_teacher_embeddings
     from raydistill.runtime.teachers.teacher import TeacherSpec
 

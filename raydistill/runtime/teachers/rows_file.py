@@ -55,11 +55,8 @@ def _take_rows(rows_path: str, row_ids: np.ndarray) -> dict[str, np.ndarray]:
 
 def write_rows_file(columns: dict[str, np.ndarray], cache_dir) -> Path:
     """Write the rows' ``idx``, ``group`` and ``text_<view>`` columns as an uncompressed Arrow IPC file
-    ``<cache_dir>/rows/<sha256 of its content>.arrow`` and return its path.
-
-    Named by its content, the file is shared by every job and trial that trains on the same rows; its content is
-    checked once per process and file state (size and mtime). On a multi-node cluster the cache dir is shared storage.
-    """
+    ``<cache_dir>/rows/<sha256 of its content>.arrow`` (shared by every job on the same rows; checked once per
+    process and file state) and return its path. On a multi-node cluster the cache dir is shared storage."""
     import pyarrow as pa
 
     table = pa.table({name: (pa.array(list(column), type=pa.string()) if name.startswith("text_")

@@ -47,11 +47,8 @@ DEFAULT_TEACHER_MAX_TOKENS = 1024
 
 @functools.lru_cache(maxsize=1)
 def bf16_support() -> tuple[bool, str]:
-    """``(fast, why)``: whether this process's CPU multiplies bf16 matrices in hardware, with the evidence.
-
-    Without AVX512-BF16 or AMX, torch emulates bf16 products (measured 0.6 GFLOP/s against 72 for fp32 on a 2-core
-    AVX2 EPYC), so bf16 is only worth it where oneDNN reports native support or the CPU flags show it.
-    """
+    """``(fast, why)``: whether this CPU multiplies bf16 matrices in hardware (oneDNN or the CPU flags say so).
+    Without AVX512-BF16 or AMX torch emulates them (measured 0.6 GFLOP/s against 72 for fp32 on a 2-core EPYC)."""
     import torch
 
     checks = []
@@ -77,11 +74,8 @@ def bf16_support() -> tuple[bool, str]:
 
 
 def resolve_precision(requested: str, device: str = "cpu") -> tuple[str, str]:
-    """``(precision, why)``: ``"bf16"`` or ``"fp32"`` for a teacher asked for ``requested`` (auto, fp32, bf16).
-
-    ``auto`` is bf16 on CUDA and on a CPU with hardware bf16 products (``bf16_support``), fp32 elsewhere. An explicit
-    value is kept, with a warning when bf16 is asked for where it is emulated (correct, but many times slower).
-    """
+    """``(precision, why)`` for a teacher asked for ``requested``: ``auto`` is bf16 on CUDA and on a CPU with hardware
+    bf16 (``bf16_support``), else fp32; an explicit value is kept (warned when bf16 is emulated: many times slower)."""
     if requested not in PRECISIONS:
         raise ValueError(f"teacher precision must be one of {', '.join(PRECISIONS)}, got {requested!r}")
     if device.startswith("cuda"):
@@ -158,13 +152,9 @@ def _resolve(model: str) -> Path:
 
 def teacher_identity(model: str, *, encoder: str = "bi", pooling: str | None = None, max_length: int = 128,
                      precision: str = "fp32") -> str:
-    """``<encoder>-<16 hex>``: a fingerprint of everything that determines the teacher's outputs.
-
-    bf16 vectors differ from fp32 ones in the third or fourth decimal, so they get their own cache; ``fp32`` is left
-    out so that caches written before the precision setting existed stay valid. Every file's full content counts
-    (small files whole, weights by ``remembered_file_sha256``), so teachers that differ in any tensor get different
-    caches; the directory's location does not, so the same weights reached through another path share a cache.
-    """
+    """``<encoder>-<16 hex>``: a fingerprint of everything that determines the teacher's outputs: every file's
+    content (weights by ``remembered_file_sha256``), not the directory's location (other paths share a cache).
+    bf16 (third or fourth decimal off fp32) gets its own cache; ``fp32`` is left out, so older caches stay valid."""
     model_dir = _resolve(model)
     digest = hashlib.sha256()
     described = {"encoder": encoder, "pooling": pooling, "max_length": int(max_length), "normalized": encoder == "bi",
@@ -236,12 +226,8 @@ def _head_labels(model_dir: Path) -> int:
 
 
 def token_batches(lengths: list[int], max_tokens: int, max_sentences: int | None = None) -> list[list[int]]:
-    """Indices grouped for the forward pass: sorted by length (longest first), each group at most ``max_tokens``
-    padded tokens (its size times its longest) and ``max_sentences`` inputs.
-
-    The sentence cap keeps the config's ``batch_size`` meaningful: on CPU it bounds activations of very short
-    inputs, on a GPU it is the usual batch size.
-    """
+    """Indices grouped for the forward pass, longest first, each group at most ``max_tokens`` padded tokens and
+    ``max_sentences`` inputs (the config's ``batch_size``: it bounds activations of very short inputs on CPU)."""
     from raydistill.models.batching import token_budget_batches
 
     groups = token_budget_batches(lengths, max_tokens)
@@ -251,11 +237,8 @@ def token_batches(lengths: list[int], max_tokens: int, max_sentences: int | None
 
 
 class TeacherEncoder:
-    """A frozen bi- or cross-encoder that returns numpy; usable in-process or inside any Ray actor.
-
-    ``forward_rows`` counts the rows that actually went through the transformer (a forward hook, not a guess from the
-    inputs), so callers can prove that cached work was not redone.
-    """
+    """A frozen bi- or cross-encoder that returns numpy, in-process or in any Ray actor. ``forward_rows`` counts the
+    rows that went through the transformer (a forward hook), so callers can prove cached work was not redone."""
 
     def __init__(self, model: str, encoder: str = "bi", pooling: str | None = None, max_length: int = 128,
                  threads: int = 1, batch_size: int = 128, num_labels: int | None = None, device: str | None = None,
@@ -316,11 +299,8 @@ class TeacherEncoder:
         return int(self.model.dim)
 
     def encode(self, texts: list[str]) -> np.ndarray:
-        """L2-normalised sentence embeddings, float32 [N, D], in input order.
-
-        Texts are tokenised once, sorted by token count and run in batches of at most ``max_tokens`` padded tokens
-        and ``batch_size`` sentences (``token_batches``), so a batch pads only to its own longest sentence.
-        """
+        """L2-normalised sentence embeddings, float32 [N, D], in input order; run in ``token_batches`` of texts
+        tokenised once, so a batch pads only to its own longest sentence."""
         import torch
         import torch.nn.functional as F
 
@@ -384,12 +364,9 @@ class TeacherEncoder:
 
 
 class TeacherEmbed:
-    """Callable class for ``Dataset.map_batches(TeacherEmbed, compute=ActorPoolStrategy(size=n))``.
-
-    Input batch: ``{"idx": int64[B], "text": str[B]}``. Output: ``idx``, ``embedding`` float32[B, D] and
-    ``teacher_forward_rows``: the rows this batch sent through the transformer, reported on the batch's first row and
-    0 elsewhere, so that the column's sum over the dataset is the pool's total teacher work.
-    """
+    """Callable class for ``Dataset.map_batches(TeacherEmbed, compute=ActorPoolStrategy(size=n))``: ``{"idx",
+    "text"}`` batches to ``idx``, ``embedding`` float32[B, D] and ``teacher_forward_rows`` (the batch's transformer
+    rows on its first row, 0 elsewhere: the column's sum is the pool's total teacher work)."""
 
     def __init__(self, text_column: str = "text", **encoder_kwargs):
         self.text_column = text_column

@@ -52,21 +52,14 @@ Run directory (everything a resume or an inspection needs):
     <run_dir>/summary.json                                start, best and whether training improved, per family
     <run_dir>/plots/dev_by_cycle.png                      every family's dev score per cycle (MLflow parent artifact)
 
-A restarted job with the same config skips every completed stage and reuses its Parquet and models; a stage
-stopped mid-way (SIGTERM, SIGINT) continues from its saved step (the engine's checkpoint in ``training/``);
-``cycles`` may grow between runs (a 3-cycle run continues to 5). Results go to ``results_dir`` as result-schema
-JSON: one per family, encoder and cycle (``eval.test_cycles: all``; cycle 0 = the starting bi-encoders) or for
-cycle 0 and each family's best-dev models only (``best``), plus the ensembles of the families (mean of their
-predictions), and a copy of ``summary.json``.
-
-Model selection (``TransEncoderJob.select_best``: the candidates) is on the dev set (STS-B dev) and includes the
-start, so a run whose training never beats its start keeps the start and says so: the job's last lines and
-``summary.json`` state, per family, the start, the best (cycle) and whether training improved on the start.
-
-Pair classification (``pairs.source: qqp`` or ``mrpc``, ``pairs.py``): every evaluated bi- and cross-encoder is also
-scored by the ROC AUC x 100 of its pair scores (bi: cosine; cross: symmetrised sigmoid) against the gold 0/1 labels
-of the pairs it learned from (``extra.pair_auc`` of the result files), read in the driver only; model selection stays
-on STS-B dev, so the AUC never chooses a model.
+A restarted job with the same config skips every completed stage (``state.py``); a stage stopped mid-way continues
+from its saved step; ``cycles`` may grow between runs. Results go to ``results_dir`` as result-schema JSON: one per
+family, encoder and cycle (``eval.test_cycles: all``; cycle 0 = the starting bi-encoders) or for cycle 0 and each
+family's best-dev models only (``best``), plus the families' ensembles (mean of their predictions), and a copy of
+``summary.json``. Model selection is on the dev set and includes the start (``TransEncoderJob.select_best``), so a
+run whose training never beats its start keeps it and says so in its last lines and ``summary.json``. With
+``pairs.source: qqp`` / ``mrpc`` every evaluated model also gets the ROC AUC of its pair scores against the gold
+labels (``extra.pair_auc``, ``pairs.py``), read in the driver only; the AUC never chooses a model.
 """
 
 from __future__ import annotations
@@ -74,23 +67,14 @@ from __future__ import annotations
 from typing import Any
 
 from raydistill.evaluation.results import git_sha
-from raydistill.runtime.tenc.config import (
-    TencConfig,
-    stage_key,
-)
+from raydistill.runtime.tenc.config import TencConfig, stage_key
 from raydistill.runtime.tenc.evaluation import scores_from_predictions
 from raydistill.runtime.tenc.job import TransEncoderJob
 from raydistill.runtime.tenc.labels import read_label_set
 from raydistill.runtime.tenc.report import TencReport
 
-__all__ = [
-    "TencConfig",
-    "TransEncoderJob",
-    "read_label_set",
-    "run_trans_encoder",
-    "scores_from_predictions",
-    "stage_key",
-]
+__all__ = ["TencConfig", "TransEncoderJob", "read_label_set", "run_trans_encoder", "scores_from_predictions",
+           "stage_key"]
 
 
 def run_trans_encoder(cfg: TencConfig) -> dict[str, Any]:

@@ -1,10 +1,8 @@
 """The Trans-Encoder job's family actors (``FamilyActors``) and its progress line (``say``).
 
-``FamilyActors`` makes one bi- and one cross-encoder learner actor per family (``learners``, resources from the
-config; a ``control`` concurrency group so ``request_stop`` runs beside a ``fit``) and remembers which model each
-actor holds, so a labeller or an evaluated model is loaded only when the actor holds another. ``say`` prints one
-``[tenc]`` progress line; every part of the job (``job``, ``evaluation``, ``report``) prints with it.
-``frozen_labels`` runs the config's ``teacher`` as a bi-encoder learner that never trains, once, in a Ray task.
+``FamilyActors`` makes one bi- and one cross-encoder learner actor per family and remembers which model each actor
+holds, so a labeller or an evaluated model is loaded only when the actor holds another. Every part of the job prints
+with ``say``. ``frozen_labels`` runs the config's ``teacher`` as a bi-encoder learner that never trains, once.
 """
 
 from __future__ import annotations
@@ -30,10 +28,7 @@ class FamilyActors:
         import ray
 
         # Imported here, with torch, when actors are made: a config check or --help does not load torch.
-        from raydistill.runtime.tenc.learners import (
-            BiEncoderLearner,
-            CrossEncoderLearner,
-        )
+        from raydistill.runtime.tenc.learners import BiEncoderLearner, CrossEncoderLearner
 
         self.actors: dict[tuple[str, str], Any] = {}
         self.holding: dict[tuple[str, str], str | None] = {}

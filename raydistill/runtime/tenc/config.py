@@ -22,69 +22,24 @@ from pydantic import AfterValidator, Field, ValidationError
 
 from raydistill.nested import flatten
 from raydistill.config.sections import Reservation
-from raydistill.config.job import (
-    ConfigError,
-    TrackingConfig,
-    _build,
-    _drop_paths,
-    _suggest,
-    _to_plain,
-    _where,
-    apply_overrides,
-    load_yaml_with_overrides,
-    paths_at_default,
-)
+from raydistill.config.job import (ConfigError, TrackingConfig, _build, _drop_paths, _suggest, _to_plain, _where,
+                                  apply_overrides, load_yaml_with_overrides, paths_at_default)
 from raydistill.config.schema import Float, Int, error_text, section, states
 from raydistill.objectives.trans_encoder import LABEL_SCALINGS, LABEL_WEIGHTINGS
 from raydistill.runtime.tenc.pairs import PAIR_CLASSIFICATION_SOURCES, PAIR_SOURCES
-from raydistill.runtime.tenc.sections import (
-    _DEFAULTS_IF_NULL,
-    STAGE_LABELS,
-    STAGE_TRAINED_IN,
-    STAGE_TRAINS,
-    STAGES,
-    STS7,
-    TEACHER_LABELLER,
-    FamilyConfig,
-    PairsConfig,
-    StageConfig,
-    TencEvalConfig,
-    TencResources,
-    stage_key,
-)
+from raydistill.runtime.tenc.sections import (_DEFAULTS_IF_NULL, STAGE_LABELS, STAGE_TRAINED_IN, STAGE_TRAINS, STAGES,
+                                            STS7, TEACHER_LABELLER, FamilyConfig, PairsConfig, StageConfig,
+                                            TencEvalConfig, TencResources, stage_key)
 
-__all__ = [
-    "STAGES",
-    "STAGE_LABELS",
-    "STAGE_TRAINED_IN",
-    "STAGE_TRAINS",
-    "STS7",
-    "TEACHER_LABELLER",
-    "TENC_HASH_EXCLUDE",
-    "FamilyConfig",
-    "PairsConfig",
-    "StageConfig",
-    "TencConfig",
-    "TencEvalConfig",
-    "TencResources",
-    "stage_key",
-]
+__all__ = ["STAGES", "STAGE_LABELS", "STAGE_TRAINED_IN", "STAGE_TRAINS", "STS7", "TEACHER_LABELLER",
+           "TENC_HASH_EXCLUDE", "FamilyConfig", "PairsConfig", "StageConfig", "TencConfig", "TencEvalConfig",
+           "TencResources", "stage_key"]
 
 _STAGE_KEY = re.compile(r"cycle=(\d+)/stage=(" + "|".join(STAGES) + ")")
 # What a family may set for itself (families[i].bi_stage / cross_stage): how long and how fast it trains. Lengths,
 # precision and the head stay shared, so every family labels and is evaluated the same way.
 FAMILY_STAGE_KEYS = ("lr", "epochs", "batch_size", "max_steps", "warmup_ratio", "weight_decay", "grad_clip",
                      "eval_every")
-
-
-def _paper_bi_stage() -> StageConfig:
-    # docs/methods.md, Trans-Encoder: batch 128, 10 epochs, lr 5e-5, no warm-up, max_seq_length 32.
-    return StageConfig(batch_size=128, lr=5e-5, epochs=10, max_length=32, warmup_ratio=0.0)
-
-
-def _paper_cross_stage() -> StageConfig:
-    # docs/methods.md, Trans-Encoder: batch 32, 1 epoch, lr 2e-5, warm-up 10 %, max_length 64.
-    return StageConfig(batch_size=32, lr=2e-5, epochs=1, max_length=64, warmup_ratio=0.1)
 
 
 @states("cycle=<k>/stage=<bi2cross|cross2bi>")
@@ -94,17 +49,14 @@ def _stage_key(key: str | None) -> str | None:
     return key
 
 
-def _default_families() -> list[FamilyConfig]:
-    return [FamilyConfig(name="minilm-l3", bi="minilm-l3"), FamilyConfig(name="bert-small", bi="bert-small")]
-
-
 @section
 class TencConfig:
     """A Trans-Encoder job. Defaults are the paper's training settings; configs/*.yaml scale them to a machine."""
 
     mode: Literal["mutual", "self"] = Field("mutual", description="mutual (average the families' labels) or self (each family its own "
                                             "labels)")
-    families: list[FamilyConfig] = Field(default_factory=_default_families,
+    families: list[FamilyConfig] = Field(default_factory=lambda: [FamilyConfig(name="minilm-l3", bi="minilm-l3"),
+                                                                  FamilyConfig(name="bert-small", bi="bert-small")],
                                          description="model families, one bi- and one cross-encoder each "
                                                      "(shorthand: a list of presets)")
     cycles: Int = Field(3, gt=0, description="bi -> cross -> bi cycles")
@@ -125,10 +77,14 @@ class TencConfig:
     seed: Int = Field(1000, description="seed of sampling, shuffling and initialisation")
     pairs: Annotated[PairsConfig, _DEFAULTS_IF_NULL] = Field(default_factory=PairsConfig,
                                                              description="the unlabeled pairs")
-    bi: Annotated[StageConfig, _DEFAULTS_IF_NULL] = Field(default_factory=_paper_bi_stage,
-                                                          description="the bi-encoder stage of every cycle")
-    cross: Annotated[StageConfig, _DEFAULTS_IF_NULL] = Field(default_factory=_paper_cross_stage,
-                                                             description="the cross-encoder stage of every cycle")
+    # docs/methods.md, Trans-Encoder: bi batch 128, 10 epochs, lr 5e-5, no warm-up, max_seq_length 32; cross batch 32,
+    # 1 epoch, lr 2e-5, warm-up 10 %, max_length 64.
+    bi: Annotated[StageConfig, _DEFAULTS_IF_NULL] = Field(
+        default_factory=lambda: StageConfig(batch_size=128, lr=5e-5, epochs=10, max_length=32, warmup_ratio=0.0),
+        description="the bi-encoder stage of every cycle")
+    cross: Annotated[StageConfig, _DEFAULTS_IF_NULL] = Field(
+        default_factory=lambda: StageConfig(batch_size=32, lr=2e-5, epochs=1, max_length=64, warmup_ratio=0.1),
+        description="the cross-encoder stage of every cycle")
     eval: Annotated[TencEvalConfig, _DEFAULTS_IF_NULL] = Field(default_factory=TencEvalConfig,
                                                                description="model selection and final evaluation")
     run_dir: str | None = Field(None, description="labels, models and state (null: runs/<run_name>)")

@@ -1,11 +1,9 @@
 """The Trans-Encoder job's evaluation and model selection (``JobEvaluation``), recorded in the run state.
 
-``JobEvaluation`` is the mix-in of ``TransEncoderJob`` that measures the models the stages trained: each family's
-test predictions on the STS sets (``evaluate``; the ensemble of the families is the mean of their predictions), the
-ROC AUC of the pair scores for qqp / mrpc (``evaluate_pair_auc``), the dev score of each starting bi-encoder (the
-cycle-0 candidate), and ``select_best``, which copies each family's best bi- and cross-encoder by the dev set to
-``best/<family>/<kind>``. Every result goes into the run state as it is made, so a resumed job skips what is
-recorded; ``report`` turns each record into a result file. It uses the job's ``cfg``, ``state``, ``actors``,
+``JobEvaluation``, the mix-in of ``TransEncoderJob``, measures the trained models: test predictions on the STS sets
+(``evaluate``; an ensemble is the mean of its members' predictions), the pair AUC for qqp / mrpc
+(``evaluate_pair_auc``), each start bi-encoder's dev score, and ``select_best``. Every result goes into the run
+state as it is made, so a resumed job skips what is recorded. It uses the job's ``cfg``, ``state``, ``actors``,
 ``layout``, ``families``, ``pair_set``, ``auc_pairs``, ``gold_labels``, ``tracker``, ``activity`` and ``trained_model``.
 """
 
@@ -41,6 +39,13 @@ def scores_from_predictions(predictions: dict[str, np.ndarray]) -> dict[str, flo
 class JobEvaluation:
     """Evaluation and model selection of a ``TransEncoderJob`` (its mix-in; see the module docstring)."""
 
+    def _hold(self, kind: str, cycles: dict[str, int]) -> None:
+        """Load each family's ``kind`` model of ``cycles[family]`` into its actor, unless the actor holds it."""
+        import ray
+
+        refs = [self.actors.ensure_loaded(f, kind, self.trained_model(c, kind, f), c) for f, c in cycles.items()]
+        ray.get([r for r in refs if r is not None])
+
     def _measure_start_dev(self) -> None:
         """The dev score of each starting bi-encoder: the cycle-0 candidate of model selection, measured by its
         actor as every stage measures its models (the stage's length and precision), so that selection compares
@@ -51,8 +56,7 @@ class JobEvaluation:
         dev_set = self.cfg.eval.dev_set
         todo = [f for f in self.families if f not in start_dev]
         if todo:
-            refs = [self.actors.ensure_loaded(f, "bi", self.trained_model(0, "bi", f), 0) for f in todo]
-            ray.get([r for r in refs if r is not None])
+            self._hold("bi", dict.fromkeys(todo, 0))
             for f, score in zip(todo, ray.get([self.actors.actor(f, "bi").dev_score.remote() for f in todo])):
                 start_dev[f] = float(score)
         self.state.save()
@@ -69,9 +73,7 @@ class JobEvaluation:
         sets = list(dict.fromkeys(list(self.cfg.eval.test_sets) + [self.cfg.eval.dev_set]))
         todo = [f for f, c in cycles.items() if f"cycle={c}/{kind}/{f}" not in self.state.evaluations]
         if todo:
-            refs = [self.actors.ensure_loaded(f, kind, self.trained_model(cycles[f], kind, f), cycles[f])
-                    for f in todo]
-            ray.get([r for r in refs if r is not None])
+            self._hold(kind, {f: cycles[f] for f in todo})
             say(f"evaluating the {kind}-encoders " + ", ".join(f"{f} (cycle {cycles[f]})" for f in todo)
                 + f" on {', '.join(sets)}")
             started = time.perf_counter()
@@ -129,9 +131,7 @@ class JobEvaluation:
         scores = {f: None if held_out else self._handed_on_scores(kind, cycles[f], f) for f in todo}
         ask = [f for f in todo if scores[f] is None]
         if ask:
-            refs = [self.actors.ensure_loaded(f, kind, self.trained_model(cycles[f], kind, f), cycles[f])
-                    for f in ask]
-            ray.get([r for r in refs if r is not None])
+            self._hold(kind, {f: cycles[f] for f in ask})
             pairs_ref = ray.put(self.auc_pairs) if held_out else None
             scores.update(zip(ask, ray.get([self.actors.actor(f, kind).predict_pairs.remote(pairs_ref)
                                             for f in ask])))
@@ -174,12 +174,10 @@ class JobEvaluation:
     def select_best(self) -> dict[str, dict[str, Any]]:
         """Best bi- and cross-encoder of each family by the dev set, copied to ``best/<family>/<kind>`` and evaluated.
 
-        Candidates of the bi-encoder: cycles 0..N, cycle 0 being the starting checkpoint (its dev score measured at
-        cycle 0), so a run whose training never beats its start keeps the start: ``best/<family>/bi`` is then the
-        start checkpoint, saved as the job used it (max length, pooling). Candidates of the cross-encoder: cycles
-        1..N. Before cycle 1 there is no cross-encoder, only the checkpoint with a new, untrained head, whose score
-        would mean nothing; the report compares the best cross-encoder with the starting bi-encoder instead. Ties go
-        to the earlier cycle. Returns {family: {kind: {"cycle", "best_dev", "model_dir"[, "scores"]}}}.
+        Bi-encoder candidates: cycles 0..N, 0 being the start checkpoint (a run that never beats it keeps it, saved as
+        the job used it: max length, pooling). Cross-encoder: cycles 1..N (before cycle 1 there is only an untrained
+        head; the report compares the best cross-encoder with the start bi-encoder instead). Ties go to the earlier
+        cycle. Returns {family: {kind: {"cycle", "best_dev", "model_dir"[, "scores"]}}}.
         """
         import ray
 
@@ -194,8 +192,7 @@ class JobEvaluation:
                     candidates.insert(0, (self.state.data["start_dev"][f], 0))
                 dev, cycle = max(candidates, key=lambda item: (item[0], -item[1]))  # ties: the earlier cycle
                 if cycle == 0 and not self.layout.model_dir(0, kind, f).is_dir():
-                    ref = self.actors.ensure_loaded(f, kind, self.trained_model(0, kind, f), 0)
-                    ray.get([r for r in [ref] if r is not None])
+                    self._hold(kind, {f: 0})
                     ray.get(self.actors.actor(f, kind).save.remote(str(self.layout.model_dir(0, kind, f))))
                 target = copy_directory(self.layout.model_dir(cycle, kind, f), self.layout.best_dir(f, kind))
                 best[f][kind] = {"cycle": cycle, "best_dev": dev, "model_dir": str(target)}

@@ -10,9 +10,6 @@ The label exchange: each family's labelling model scores every pair in its actor
 and writes the stage's label set once (``labels``), and hands a learner only where its labels are and which column
 to learn. A stage is recorded as finished in state.json the moment its learners return, before the next labels.
 
-Training: each stage is a method of the engine that each family's long-lived actor runs in Train's local mode
-(``learners`` says why); the stage's engine run dir is ``RunLayout.training_dir``.
-
 Stopping (``stopping``): SIGTERM or SIGINT while the learners train asks each learner to stop at the next step
 boundary (``request_stop``), which the next run continues from; anywhere else (labelling, evaluation) the job stops
 at once. Either way the MLflow runs end KILLED and ``JobStopped`` says what was kept and how to resume.
@@ -31,28 +28,11 @@ import numpy as np
 
 from raydistill.runtime.engine import cluster
 from raydistill.config.job import ConfigError
-from raydistill.runtime.tenc.pairs import (
-    PAIR_CLASSIFICATION_SOURCES,
-    PairSet,
-    build_pair_set,
-    gold_pair_labels,
-    split_held_out,
-)
-from raydistill.runtime.tenc.config import (
-    STAGE_LABELS,
-    STAGE_TRAINED_IN,
-    STAGE_TRAINS,
-    STAGES,
-    TEACHER_LABELLER,
-    TencConfig,
-    stage_key,
-)
-from raydistill.runtime.tenc.labels import (
-    combine_labels,
-    dev_label_weights,
-    label_stats,
-    write_label_set,
-)
+from raydistill.runtime.tenc.pairs import (PAIR_CLASSIFICATION_SOURCES, PairSet, build_pair_set, gold_pair_labels,
+                                         split_held_out)
+from raydistill.runtime.tenc.config import (STAGE_LABELS, STAGE_TRAINED_IN, STAGE_TRAINS, STAGES, TEACHER_LABELLER,
+                                          TencConfig, stage_key)
+from raydistill.runtime.tenc.labels import combine_labels, dev_label_weights, label_stats, write_label_set
 from raydistill.runtime.engine.stopping import raise_if_stop_requested
 from raydistill.runtime.tenc.actors import FamilyActors, frozen_labels, say
 from raydistill.runtime.tenc.evaluation import JobEvaluation
@@ -123,10 +103,8 @@ class TransEncoderJob(JobEvaluation):
     def running(self) -> Iterator[TransEncoderJob]:
         """The job's resources while it runs: the run dir's lock, the run state, Ray, the MLflow run, the actors.
 
-        The pair set is built (and a one-class qqp / mrpc sample refused) before anything is written, and the lock
-        is taken before the run state is read or Ray started: two jobs on one run dir would interleave stages and
-        overwrite each other's labels and models. On the way out the actors stop, the MLflow runs end (FAILED when
-        the body raised), Ray Data's settings are put back and the lock released.
+        The pair set is built (a one-class qqp / mrpc sample refused) before anything is written, and the lock taken
+        before the run state is read or Ray started: two jobs on one run dir would overwrite each other's stages.
         """
         import ray
 
@@ -136,12 +114,10 @@ class TransEncoderJob(JobEvaluation):
 
         cfg = self.cfg
         stop = StopOnSignals("tenc")
-        self.pair_set = self._build_pair_set()
+        pair_set = self.pair_set = self._build_pair_set()
         lock = RunDirLock(self.run_dir).acquire(report=say)
-        restore_data_context = None
-        status = "FAILED"
+        restore_data_context, status = None, "FAILED"
         try:
-            pair_set = self.pair_set
             self.state = RunState.open(self.run_dir, cfg, pair_set.fingerprint, len(pair_set),
                                        started=self.started)
             say(f"Trans-Encoder {cfg.mode} distillation: families {', '.join(self.families)}; {len(pair_set):,} "
@@ -221,11 +197,8 @@ class TransEncoderJob(JobEvaluation):
 
         poolings = {}
         for f in self.cfg.families:
-            if f.pooling:
-                poolings[f.name] = f.pooling
-                continue
-            layout = read_sentence_transformers_layout(Path(self.start_checkpoint("bi", f.name)))
-            poolings[f.name] = layout.pooling if layout is not None else "mean"
+            layout = None if f.pooling else read_sentence_transformers_layout(Path(self.start_checkpoint("bi", f.name)))
+            poolings[f.name] = f.pooling or (layout.pooling if layout is not None else "mean")
         return poolings
 
     # ------------------------------------------------------------------------------------------------------------
@@ -291,9 +264,11 @@ class TransEncoderJob(JobEvaluation):
             # Each learner reads its rows from the label set itself; it is told only where and which column.
             target_column = "score" if self.cfg.mode == "mutual" else f"score_{f}"
             out_dir = self.layout.model_dir(cycle, kind, f)
+            # record: which run the model belongs to (a damaged state.json is rebuilt from these, ``state``).
             fit_refs.append(actors.actor(f, kind).fit.remote(
                 labels_dir, target_column, cycle=cycle, stage=stage, out_dir=str(out_dir),
-                train_dir=str(self.layout.training_dir(cycle, kind, f)), record=self._stage_record()))
+                train_dir=str(self.layout.training_dir(cycle, kind, f)),
+                record={"config_hash": self.cfg.config_hash(), "pairs_fingerprint": self.pair_set.fingerprint}))
             actors.holding[(f, kind)] = str(out_dir)  # fit leaves the best model in memory
         # The next stage's labels come from the models just trained: queue them on the same actors, so each family
         # labels as soon as its own training ends; the exchange (average, Parquet) waits for all of them.
@@ -323,11 +298,6 @@ class TransEncoderJob(JobEvaluation):
             self._record_labels(next_cycle, next_stage, dict(zip(self.families, ray.get(label_refs))),
                                 labellers=dict(zip(self.families, ray.get(labeller_refs))),
                                 dev={f: float(summaries[f]["best_dev"]) for f in self.families})
-
-    def _stage_record(self) -> dict[str, Any]:
-        """What each stage's model directory records besides its summary: which run it belongs to (a damaged
-        state.json is rebuilt from these, ``state``)."""
-        return {"config_hash": self.cfg.config_hash(), "pairs_fingerprint": self.pair_set.fingerprint}
 
     def _wait_for_fits(self, cycle: int, stage: str, fit_refs: list) -> dict[str, dict[str, Any]]:
         """Every family's fit summary. A SIGTERM / SIGINT meanwhile asks the learners to stop at their next step
@@ -363,9 +333,7 @@ class TransEncoderJob(JobEvaluation):
 
         kind = STAGE_LABELS[stage]
         labeller_cycle = cycle - 1 if stage == "bi2cross" else cycle
-        refs = [self.actors.ensure_loaded(f, kind, self.trained_model(labeller_cycle, kind, f), labeller_cycle)
-                for f in self.families]
-        ray.get([r for r in refs if r is not None])
+        self._hold(kind, dict.fromkeys(self.families, labeller_cycle))
         say(f"[{stage_key(cycle, stage)}] labelling the pairs with the {kind}-encoders of cycle {labeller_cycle}")
         labels = ray.get([self.actors.actor(f, kind).predict_pairs.remote() for f in self.families])
         labellers = ray.get([self.actors.actor(f, kind).fingerprint.remote() for f in self.families])
@@ -375,13 +343,6 @@ class TransEncoderJob(JobEvaluation):
 
     def _weights_by_dev(self) -> bool:
         return self.cfg.mode == "mutual" and self.cfg.label_weighting == "dev"
-
-    def _label_weights(self, cycle: int, stage: str, dev: dict[str, float]) -> dict[str, float]:
-        """Each labeller's weight in the stage's mean label, from its labelling model's dev score."""
-        weights = dev_label_weights(dev, self.cfg.label_weight_temperature)
-        say(f"[{stage_key(cycle, stage)}] label weights from {self.cfg.eval.dev_set}: " + ", ".join(
-            f"{name} {weights[name]:.3f} (dev {dev[name]:.2f})" for name in dev))
-        return weights
 
     def _teacher_labels(self) -> dict[str, Any] | None:
         """``teacher``'s labels of the pairs, its dev score and weight fingerprint (None without a teacher):
@@ -419,10 +380,9 @@ class TransEncoderJob(JobEvaluation):
 
     def _record_labels(self, cycle: int, stage: str, per_family: dict[str, np.ndarray], *,
                        labellers: dict[str, str], dev: dict[str, float] | None) -> None:
-        """Write a stage's label set: each family's labels, the teacher's when the config has one, and their mean,
-        which mutual mode trains every family on: weighted by the labellers' ``dev`` scores with label_weighting
-        dev, else plain. The state records the weight fingerprint of each labelling model (``labellers``), so a
-        run shows which models taught each stage."""
+        """Write a stage's label set: each family's labels, the teacher's with a ``teacher``, and their mean (weighted
+        by the labellers' ``dev`` with label_weighting dev), which mutual mode trains on. The state records each
+        labelling model's weight fingerprint (``labellers``): which models taught each stage."""
         per_family = {f: per_family[f] for f in self.families}
         labellers = {f: labellers[f] for f in self.families}
         teacher = self._teacher_labels()
@@ -430,16 +390,19 @@ class TransEncoderJob(JobEvaluation):
             per_family[TEACHER_LABELLER] = teacher["scores"]
             labellers[TEACHER_LABELLER] = teacher["fingerprint"]
             dev = None if dev is None else {**dev, TEACHER_LABELLER: teacher["dev"]}
-        weights = self._label_weights(cycle, stage, dev) if self._weights_by_dev() else None
+        key = stage_key(cycle, stage)
+        weights = None
+        if self._weights_by_dev():  # each labeller's weight in the mean label, from its labelling model's dev score
+            weights = dev_label_weights(dev, self.cfg.label_weight_temperature)
+            say(f"[{key}] label weights from {self.cfg.eval.dev_set}: " + ", ".join(
+                f"{name} {weights[name]:.3f} (dev {dev[name]:.2f})" for name in dev))
         averaged = combine_labels(per_family, weights)
         directory = self.layout.labels_dir(cycle, stage)
         started = time.perf_counter()
         rows = write_label_set(directory, self.pair_set, per_family, averaged)
-        key = stage_key(cycle, stage)
         stats = label_stats(per_family, averaged)
         self.state.labels[key] = {"path": str(directory), "rows": rows, "written": now(), **stats,
-                                  "labellers": labellers,
-                                  **({"weights": weights} if weights is not None else {})}
+                                  "labellers": labellers, **({"weights": weights} if weights is not None else {})}
         self.state.save()
         say(f"[{key}] wrote {rows:,} labels to {directory} in {time.perf_counter() - started:.1f} s "
             f"(mean {stats['mean']:.3f}, std {stats['std']:.3f}"
@@ -510,6 +473,4 @@ class TransEncoderJob(JobEvaluation):
         params["pairs"] = dict(params["pairs"], count=len(pair_set), pool_size=pair_set.pool_size,
                                fingerprint=pair_set.fingerprint)
         params["transductive"] = pair_set.transductive
-        params["label_scaling"] = self.cfg.label_scaling
-        params["label_weighting"] = self.cfg.label_weighting
         return params

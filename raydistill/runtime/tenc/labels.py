@@ -18,26 +18,16 @@ import numpy as np
 from raydistill.fileio import staged_directory
 from raydistill.runtime.tenc.pairs import PairSet
 
-__all__ = [
-    "IDENTITY_COLUMNS",
-    "combine_labels",
-    "dev_label_weights",
-    "label_stats",
-    "read_label_set",
-    "read_training_rows",
-    "write_label_set",
-]
+__all__ = ["IDENTITY_COLUMNS", "combine_labels", "dev_label_weights", "label_stats", "read_label_set",
+           "read_training_rows", "write_label_set"]
 
 IDENTITY_COLUMNS = ("pair_id", "sentence1", "sentence2")
 
 
 def write_label_set(directory: Path, pair_set: PairSet, scores: dict[str, np.ndarray], averaged: np.ndarray) -> int:
-    """Write one stage's label set as one Parquet file, atomically (a temporary directory, then a rename).
-
-    ``scores``: each family's labels in pair-set order (columns ``score_<family>``); ``averaged``: the ``score``
-    column. Returns the number of rows. The driver already holds the table (a few thousand pairs), so pyarrow writes
-    it directly: a Ray Data write task would fill the CPUs the actors leave to Data (Ray then warns of a hang).
-    """
+    """Write one stage's label set (``score_<family>`` from ``scores``, ``score`` from ``averaged``) as one Parquet
+    file, atomically; returns the number of rows. Written with pyarrow from the driver, which holds the table: a Ray
+    Data write task would fill the CPUs the actors leave to Data (Ray then warns of a hang)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -56,31 +46,22 @@ def write_label_set(directory: Path, pair_set: PairSet, scores: dict[str, np.nda
 
 
 def read_training_rows(directory: str | os.PathLike, target_column: str, *, task_cpus: float = 1.0) -> Any:
-    """The rows a learner trains on (a pandas DataFrame): ``pair_id``, ``sentence1``, ``sentence2`` and
-    ``target_column`` of the label set in ``directory``, read through Ray Data in the calling process (a learner
-    actor), sorted by ``pair_id``.
-
-    Sorted because Ray Data does not promise an order across blocks; the learner shuffles these rows with its stage
-    seed, so the batches of a stage are the same in every run of it.
-    """
+    """The identity columns and ``target_column`` of the label set in ``directory`` (a pandas DataFrame), read through
+    Ray Data in the calling learner actor, sorted by ``pair_id``: Ray Data promises no order across blocks, and the
+    learner shuffles these rows with its stage seed, so a stage's batches are the same in every run of it."""
     import ray
 
-    columns = [*IDENTITY_COLUMNS, target_column]
     # partitioning=None: the cycle=<k>/stage=<s> directory names are the label set's address, not its columns.
-    dataset = ray.data.read_parquet(str(directory), columns=columns, partitioning=None, num_cpus=task_cpus)
+    dataset = ray.data.read_parquet(str(directory), columns=[*IDENTITY_COLUMNS, target_column], partitioning=None,
+                                    num_cpus=task_cpus)
     dataset.context.enable_progress_bars = False
-    rows = dataset.to_pandas()
-    return rows.sort_values("pair_id", kind="stable").reset_index(drop=True)
+    return dataset.to_pandas().sort_values("pair_id", kind="stable").reset_index(drop=True)
 
 
 def read_label_set(directory: str | os.PathLike, columns: list[str] | None = None) -> Any:
-    """A label set (or some of its ``columns``, with ``pair_id``) as a pandas DataFrame sorted by ``pair_id``.
-
-    For the driver's evaluation only: a model that labelled a stage has its pair scores there, which the pair AUC
-    of qqp / mrpc runs needs. Read with pyarrow, not Ray Data: one small table wanted at once in this process,
-    where a Ray Data read would only add task scheduling (about 10 s measured). Learners read theirs with
-    `read_training_rows`.
-    """
+    """A label set (or some of its ``columns``, with ``pair_id``) as a pandas DataFrame sorted by ``pair_id``, for the
+    driver's pair AUC. Read with pyarrow: a Ray Data read of one small table would only add task scheduling (about
+    10 s measured). Learners read theirs with `read_training_rows`."""
     import pyarrow.parquet as pq
 
     wanted = None if columns is None else list(dict.fromkeys(["pair_id", *columns]))

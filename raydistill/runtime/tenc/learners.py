@@ -11,21 +11,13 @@ mean of both pair orders: the authors score one order only, but a cross-encoder 
 bi-encoder's cosine is not, so one order would hand the bi-encoder a label that depends on which sentence happened to
 come first (docs/methods.md, Trans-Encoder).
 
-A stage is a method of the engine (``methods.tenc_bi`` / ``methods.tenc_cross``: rows, student, loss, dev score),
-trained by ``LearnerGroup.fit`` like every distillation stage (dev evaluation every ``eval_every`` steps and at each
-epoch end, the best model kept in ``best/``, checkpoints, stop/resume). ``fit`` reads the rows itself from the label
-set's Parquet directory through Ray Data (``labels.read_training_rows``), checked against the job's pair set, and
-runs the stage in Train's local mode (``resources.learner.num_learners: 0``) inside this actor's process: a Ray Train
-run with one worker costs 19.4 s to start here, local mode 0.10 s (results/bench-train_start.json,
-results/bench-train_local_start.json). Model, data and process stay in the actor, so the families still train at
-the same time, and the model is at hand for labelling afterwards. With ``resources.learners.num_learners: N`` (a
-GPU cluster, where a stage is minutes) the same stage is a Train run of N data-parallel workers that the actor
-starts and waits for, the rows riding in the loop's config; the actor then loads the best model from the stage's
-``best/`` (on a multi-node cluster the run dir must be on storage every node sees, as for any distillation job).
-
-The stage's engine run dir (``train_dir``: ``checkpoints/``, ``best/``) lives until the stage's model directory
-is saved; a stop leaves the checkpoint of its step boundary there, which the same stage continues from (a
-checkpoint of other stage settings, e.g. other labels, is set aside and the stage trains from its start).
+A stage is a method of the engine (``methods.tenc_bi`` / ``methods.tenc_cross``) trained by ``LearnerGroup.fit`` like
+every distillation stage. ``fit`` reads the rows itself from the label set through Ray Data
+(``labels.read_training_rows``), checked against the job's pair set, and runs the stage in Train's local mode inside
+this actor's process: a one-worker Train run costs 19.4 s to start here, local mode 0.10 s, and the model stays at
+hand for labelling (docs/trans-encoder.md, How a stage trains). With ``resources.learners.num_learners: N`` the stage
+is a Train run of N data-parallel workers that the actor starts and waits for, then loads the best model from the
+stage's ``best/``.
 """
 
 from __future__ import annotations
@@ -34,7 +26,6 @@ import contextlib
 import datetime as dt
 import json
 import shutil
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -49,15 +40,8 @@ from raydistill.runtime.tenc.sections import StageConfig
 from raydistill.runtime.tenc.labels import read_training_rows
 from raydistill.runtime.tenc.stage_io import encoder_fingerprint, labels_digest, save_model_atomically, stage_seed
 
-__all__ = [
-    "BiEncoderLearner",
-    "CrossEncoderLearner",
-    "StageLearner",
-    "SymmetricCrossScorer",
-    "encoder_fingerprint",
-    "labels_digest",
-    "stage_seed",
-]
+__all__ = ["BiEncoderLearner", "CrossEncoderLearner", "StageLearner", "SymmetricCrossScorer", "encoder_fingerprint",
+           "labels_digest", "stage_seed"]
 
 # A stage writes a checkpoint only where it stops and where it ends (as the stopped-stage file did before the engine
 # trained the stages): a periodic one would cost a model + AdamW write per period for a crash mid-stage only.
@@ -73,20 +57,14 @@ def _ray_node_id() -> str | None:
 class StageLearner:
     """One encoder of one family across the cycles: ``load`` -> ``fit`` -> ``predict_pairs`` / ``test_predictions``.
 
-    Args:
+    Args (the rest are the config's, ``actors._learner_settings``):
         family: the family's name (columns ``score_<family>``, paths, progress lines).
         pair_set: the job's unlabeled pairs: what the learner labels, and what a label set must hold row by row.
         train: the stage's settings (a ``config.StageConfig``, or its fields as a dict).
         pooling: bi-encoder pooling (None = the start checkpoint's).
-        label_scaling: the ``cosine_to_target`` mode that maps bi-encoder cosines to cross-encoder targets.
         seed: job seed; each stage derives its own (`stage_seed`).
         threads: torch intra-op threads in this process (Ray gives fractional-CPU actors 1 thread otherwise).
-        device: "cpu", "cuda" or None (cuda when available).
-        inference_batch_size: batch size of labelling and evaluation passes.
-        dev_set: the model-selection set (STS-B dev).
-        log_every: steps between progress lines (the engine's, ``runtime.log_every``); a line also comes at every
-            dev evaluation and at the first step that ends 30 s or more after the last line.
-        data_task_cpus: CPUs of the Ray Data task that reads a label set (within what the actors leave to Ray Data).
+        log_every: steps between progress lines (the engine's, ``runtime.log_every``).
         learners: the stage's Ray Train learners (``resources.learners`` as a dict; None or ``num_learners: 0``:
             Train's local mode in this process, with its threads and device).
     """
@@ -144,11 +122,8 @@ class StageLearner:
     # Model
 
     def load(self, checkpoint: str, *, cycle: int) -> dict[str, Any]:
-        """Build this stage's starting model from ``checkpoint`` (seeded: a cross-encoder's new head is drawn here,
-        as the engine draws it again from the same seed when the stage trains).
-
-        Returns where it came from and the fingerprint of its shared encoder weights.
-        """
+        """Build this stage's starting model from ``checkpoint``, seeded (the engine draws a cross-encoder's new head
+        again from the same seed); returns where it came from and the fingerprint of its shared encoder weights."""
         torch.manual_seed(stage_seed(self.seed, cycle, self.kind, self.family))
         self.model = self._new_model(str(checkpoint)).to(self.device)
         self.loaded_from, self.cycle = str(checkpoint), int(cycle)
@@ -229,10 +204,9 @@ class StageLearner:
         return rows["sentence1"].tolist(), rows["sentence2"].tolist(), labels
 
     def request_stop(self) -> None:
-        """Stop ``fit`` at its next step boundary, with a checkpoint of that boundary in the stage's run dir. The
-        job's actors run this method on their ``control`` concurrency group, so it is served while ``fit`` runs;
-        the flag is this actor process's stop request, which the engine's loop polls at every step boundary (it
-        is not cleared: a stopped stage ends the job, and its actors with it)."""
+        """Stop ``fit`` at its next step boundary, with a checkpoint of that boundary in the stage's run dir. Served
+        beside a running ``fit`` (the actors' ``control`` concurrency group); the flag, which the engine's loop polls,
+        is never cleared: a stopped stage ends the job, and its actors with it."""
         from raydistill.runtime.engine.stopping import request_stop
 
         request_stop()
@@ -259,33 +233,32 @@ class StageLearner:
 
     def fit(self, labels_dir: str, target_column: str, *, cycle: int, stage: str, out_dir: str,
             train_dir: str | None = None, record: dict[str, Any] | None = None) -> dict[str, Any]:
-        """Train on column ``target_column`` of the label set in ``labels_dir``, keep the best dev model, save it to
-        ``out_dir`` with ``stage.json`` (this summary without the history, plus ``record``) inside.
+        """Train on column ``target_column`` of the label set in ``labels_dir``, keep the best dev model (in memory
+        afterwards), save it to ``out_dir`` with ``stage.json`` (this summary without the history, plus ``record``).
 
         Returns a summary: best dev score and step, steps, wall time, the learning history (rows with ``step`` and
-        ``loss`` or ``stsb_dev``), where the labels came from and where the model went. The model in memory
-        afterwards is the best one.
+        ``loss`` or ``stsb_dev``), where the labels came from and where the model went.
 
-        ``train_dir``: the stage's engine run dir (default ``<out_dir>.training``). Stopped (``request_stop``), the
-        summary is ``{"stopped": True, "steps", "total_steps", "checkpoint"}`` and the next ``fit`` of the same stage
-        continues from that checkpoint (module docstring).
+        ``train_dir``: the stage's engine run dir (``checkpoints/``, ``best/``; default ``<out_dir>.training``),
+        removed once the model is saved. Stopped (``request_stop``), the summary is ``{"stopped": True, "steps",
+        "total_steps", "checkpoint"}`` and the next ``fit`` of the same stage continues from that checkpoint (one of
+        other stage settings, e.g. other labels, is set aside and the stage trains from its start).
         """
         from raydistill.data.arrays import ArrayData
         from raydistill.runtime.engine.learner_group import LearnerGroup, PreemptedError
         from raydistill.runtime.jobs.stage_data import keep_stage_checkpoints
 
         self._require_model()
-        spec = self.spec
         train_dir = str(train_dir or Path(out_dir).with_name(f"{Path(out_dir).name}.training"))
         sentence1, sentence2, labels = self.training_rows(labels_dir, target_column)
-        columns = spec.training_columns(sentence1, sentence2, labels, self.label_scaling)
+        columns = self.spec.training_columns(sentence1, sentence2, labels, self.label_scaling)
         identity = {"cycle": cycle, "stage": stage, "family": self.family, "labels_sha": labels_digest(labels),
                     "target_column": target_column, "init_from": self.loaded_from, "job_seed": self.seed,
                     "label_scaling": self.label_scaling}
         cfg = self.stage_config(cycle, stage, identity, train_dir)
         data = ArrayData(columns, seed=cfg.seed, shuffle=True)
         tag = f"cycle {cycle} {stage} {self.family}/{self.kind}"
-        group = LearnerGroup(cfg, spec, run_dir=train_dir, init_model=self.loaded_from, name=tag,
+        group = LearnerGroup(cfg, self.spec, run_dir=train_dir, init_model=self.loaded_from, name=tag,
                              resume_hint="the job's command, run again, resumes the stage")
         total_steps = group.total_steps(data)
         if not keep_stage_checkpoints(cfg, Path(train_dir), tag, max(1, cfg.resources.learner.num_learners)):
@@ -304,8 +277,7 @@ class StageLearner:
         if fitted["best_step"] < 0:
             raise RuntimeError(f"[{tag}] no dev evaluation was run ({data.num_rows} examples, {total_steps} steps)")
         # The engine keeps the best dev model in best/; it is the model this actor labels and is evaluated with.
-        model = self._new_model(fitted["best_dir"]).to(self.device).eval()
-        self.model = model
+        self.model = model = self._new_model(fitted["best_dir"]).to(self.device).eval()
         summary = {
             "family": self.family, "kind": self.kind, "cycle": cycle, "stage": stage,
             "best_dev": fitted["best_stsb_dev"], "best_step": fitted["best_step"], "steps": fitted["steps"],
@@ -327,7 +299,7 @@ class StageLearner:
         return summary
 
     def _say(self, message: str) -> None:
-        print(message, file=sys.stdout, flush=True)
+        print(message, flush=True)
 
 
 # The wall seconds of a stage's attempts before a stop, beside its checkpoints: a resumed stage reports them all.
@@ -350,13 +322,8 @@ def _record_wall_s(train_dir: Path, wall_s: float) -> None:
 def _stage_history(history: list[dict[str, Any]]) -> list[dict[str, float]]:
     """The engine's history as the job records a stage's: ``{step, loss}`` per step and ``{step, stsb_dev}`` per
     dev evaluation (the MLflow curves and learning-curve plots read these two)."""
-    rows = []
-    for row in history:
-        if "loss" in row:
-            rows.append({"step": int(row["step"]), "loss": float(row["loss"])})
-        elif "stsb_dev" in row:
-            rows.append({"step": int(row["step"]), "stsb_dev": float(row["stsb_dev"])})
-    return rows
+    keyed = [(row, "loss" if "loss" in row else "stsb_dev") for row in history]
+    return [{"step": int(row["step"]), key: float(row[key])} for row, key in keyed if key in row]
 
 
 class BiEncoderLearner(StageLearner):

@@ -9,9 +9,7 @@ unlabeled *pairs* with a bi-encoder and a cross-encoder. Which pairs is a choice
 * ``inductive``: pairs of sets nothing is scored on (STS-B train, SICK train, MRPC train, and the premise /
   hypothesis pairs of SNLI and MultiNLI dev, their labels dropped), less every pair either of whose sentences is an
   evaluation sentence (``raydistill.data.evaluation_text``): neither test and dev pairs nor their sentences are seen.
-  STS-B train and SICK train alone would leave 734 pairs (STS-B was drawn from STS12-16 and SICK reuses sentences
-  across its splits); with MRPC train and the NLI pairs the pool holds 32,779 distinct pairs, NLI pairs for the most part, so an
-  inductive run also learns from another kind of pair than the STS test sets hold.
+  32,779 distinct pairs, NLI pairs for the most part (STS-B and SICK train alone leave 734: docs/data.md).
 * ``file:<path>``: a JSON Lines file of ``sentence1``/``sentence2`` rows (scores, if present, are ignored).
 * ``qqp`` / ``mrpc`` (the paper's pair-classification tasks): the pairs of QQP dev, or of MRPC train + validation,
   without their 0/1 paraphrase labels. Transductive by design: the models learn on exactly the pairs they are then
@@ -34,15 +32,8 @@ from pathlib import Path
 
 import numpy as np
 
-__all__ = [
-    "PAIR_CLASSIFICATION_SOURCES",
-    "PAIR_SOURCES",
-    "PairSet",
-    "build_pair_set",
-    "gold_pair_labels",
-    "pair_sets_of",
-    "split_held_out",
-]
+__all__ = ["PAIR_CLASSIFICATION_SOURCES", "PAIR_SOURCES", "PairSet", "build_pair_set", "gold_pair_labels",
+           "pair_sets_of", "split_held_out"]
 
 # source name -> data sets of raydistill.data's registry whose pairs (never scores) form the pool.
 PAIR_SOURCES: dict[str, tuple[str, ...]] = {
@@ -111,11 +102,8 @@ def pair_sets_of(source: str) -> tuple[str, ...]:
 
 
 def build_pair_set(source: str = "transductive", max_pairs: int | None = None, seed: int = 1000) -> PairSet:
-    """The deduplicated pool of ``source``, subsampled to ``max_pairs`` (seeded, without replacement).
-
-    Gold scores and labels are dropped here, at the only place pairs enter the job, so no later stage can train on
-    them.
-    """
+    """The deduplicated pool of ``source``, subsampled to ``max_pairs`` (seeded, without replacement). Gold scores
+    and labels are dropped here, at the only place pairs enter the job, so no later stage can train on them."""
     from raydistill.data.arrays import seeded_subset
 
     first, second = _pool(source)
@@ -160,8 +148,7 @@ def _pool(source: str) -> tuple[list[str], list[str]]:
     from raydistill.data import load_dataset, read_pairs
 
     if source.startswith("file:"):
-        path = Path(source[len("file:"):]).expanduser()
-        records = [read_pairs(path)]
+        records = [read_pairs(Path(source[len("file:"):]).expanduser())]
     elif source == "inductive":
         from raydistill.data.corpus import training_pairs
 
@@ -175,23 +162,19 @@ def _pool(source: str) -> tuple[list[str], list[str]]:
     for pairs in records:
         for pair in pairs:
             key = _unordered(pair.sentence1, pair.sentence2)
-            if key in seen:
-                continue
-            seen.add(key)
-            first.append(pair.sentence1)
-            second.append(pair.sentence2)
+            if key not in seen:
+                seen.add(key)
+                first.append(pair.sentence1)
+                second.append(pair.sentence2)
     if not first:
         raise ValueError(f"pair source {source!r} holds no pairs")
     return first, second
 
 
 def gold_pair_labels(pair_set: PairSet) -> np.ndarray:
-    """The gold 0/1 paraphrase label of every pair of a ``qqp`` / ``mrpc`` pair set, [N] int64 in pair-set order.
-
-    For evaluation only: the job calls it in the driver to score pair predictions, and nothing it returns reaches a
-    learner. A pair listed twice (in either order) keeps the label of its first listing, the listing whose sentence
-    order `build_pair_set` kept.
-    """
+    """The gold 0/1 paraphrase label of every pair of a ``qqp`` / ``mrpc`` pair set, [N] int64 in pair-set order, for
+    the driver's evaluation only. A pair listed twice (in either order) keeps its first listing's label, the listing
+    whose sentence order `build_pair_set` kept."""
     from raydistill.data import load_dataset
 
     if pair_set.source not in PAIR_CLASSIFICATION_SOURCES:

@@ -1,9 +1,6 @@
-"""What a Trans-Encoder job reports: a result file per evaluation (``kind: mutual_tenc``), the summary and the
-verdict lines.
-
-The orchestration (``job``) records every evaluation in the run state; `TencReport.publish_results` turns each
-record into its result file, and `TencReport.finish` writes ``summary.json``, logs each family's best bi-encoder as
-an MLflow model and prints the verdict lines.
+"""What a Trans-Encoder job reports: `TencReport.publish_results` turns each evaluation the run state records into a
+result file (``kind: mutual_tenc``); `TencReport.finish` writes ``summary.json``, logs each family's best bi-encoder
+as an MLflow model and prints the verdict lines.
 """
 
 from __future__ import annotations
@@ -65,19 +62,11 @@ class TencReport:
         job, cfg = self.job, self.cfg
         scores, params_m = record["scores"], record["params_m"]
         training = {
-            "transductive": job.pair_set.transductive,
-            "pairs_source": cfg.pairs.source,
-            "pairs": len(job.pair_set),
-            "mode": cfg.mode,
-            "init": cfg.init,
-            "label_scaling": cfg.label_scaling,
-            "label_weighting": cfg.label_weighting,
-            "teacher": cfg.teacher,
-            "cycles": cfg.cycles,
+            "transductive": job.pair_set.transductive, "pairs_source": cfg.pairs.source, "pairs": len(job.pair_set),
+            "mode": cfg.mode, "init": cfg.init, "label_scaling": cfg.label_scaling,
+            "label_weighting": cfg.label_weighting, "teacher": cfg.teacher, "cycles": cfg.cycles,
             "families": {f.name: f.recorded() for f in cfg.families},
-            "bi": dataclasses.asdict(cfg.bi),
-            "cross": dataclasses.asdict(cfg.cross),
-            "run_dir": str(job.run_dir),
+            "bi": dataclasses.asdict(cfg.bi), "cross": dataclasses.asdict(cfg.cross), "run_dir": str(job.run_dir),
         }
         extra: dict[str, Any] = {"run_name": job.run_name}
         if family == "ensemble":
@@ -186,8 +175,7 @@ class TencReport:
             "pairs_source": cfg.pairs.source,
             "transductive": job.pair_set.transductive, "cycles": cfg.cycles, "init": cfg.init,
             "teacher": job.state.data.get(TEACHER_LABELLER),  # model, dev, fingerprint (null: no teacher)
-            "best": best,
-            "by_family": by_family,
+            "best": best, "by_family": by_family,
             "score_unit": "7-STS average: Spearman x 100 of the model's similarity against gold on STS12-16, STS-B "
                           f"test and SICK-R test, averaged; *_{dev_set}: Spearman x 100 on {dev_set}",
             "selection": {"dev_set": dev_set,
@@ -207,9 +195,7 @@ class TencReport:
             "mlflow_run_id": job.tracker.run_id if job.tracker else None,
             # What reproduces it: the command, the code and the whole config (a screen with no result files, as
             # eval.test_cycles none makes, is known by this file alone).
-            "command": default_command(), **code_provenance(),
-            "date": now(),
-            "config": cfg.to_dict(),
+            "command": default_command(), **code_provenance(), "date": now(), "config": cfg.to_dict(),
         }
         summary_path = job.layout.summary_file
         from raydistill.fileio import atomic_write_bytes, atomic_write_json

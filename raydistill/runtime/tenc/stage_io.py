@@ -6,8 +6,7 @@
     save_model_atomically                 a stage's model directory (with its ``stage.json``): complete or absent
 
 The orchestration (``job.py``), the learners (``learners.py``) and the tests read these; ``learners`` re-exports
-them. Where a stage stopped mid-way keeps its position is the engine's business: the checkpoints in the stage's run
-dir (``state.RunLayout.training_dir``).
+them. A stage stopped mid-way keeps its position in the engine's checkpoints (``state.RunLayout.training_dir``).
 """
 
 from __future__ import annotations
@@ -28,12 +27,9 @@ __all__ = ["encoder_fingerprint", "encoder_state", "labels_digest", "save_model_
 
 
 def encoder_state(model: nn.Module) -> dict[str, Tensor]:
-    """The weights a bi- and a cross-encoder of one family have in common: embeddings and transformer layers.
-
-    Heads differ by design (pooling vs. a classification head; BERT's pooler belongs to the cross-encoder's head),
-    so only ``embeddings.*`` and ``encoder.*`` of the base model count. Used to check which weights a stage
-    started from.
-    """
+    """The weights a bi- and a cross-encoder of one family have in common, to check which weights a stage started
+    from: ``embeddings.*`` and ``encoder.*`` of the base model. Heads differ by design (pooling vs. a classification
+    head; BERT's pooler belongs to the cross-encoder's head)."""
     from raydistill.models import BiEncoder, CrossEncoder
 
     if isinstance(model, BiEncoder):

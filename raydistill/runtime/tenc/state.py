@@ -4,10 +4,8 @@ Stages are the unit of resume: a stage is recorded the moment its models are sav
 config skips every completed stage and reuses its files (a label set missing for the next stage is made again). A
 stage stopped mid-way (SIGTERM, SIGINT) continues from the engine's checkpoint in its ``training_dir`` (``learners``).
 
-A damaged state.json (not JSON, or not a run state) is moved aside to ``state.json.damaged-<time>`` and rebuilt from
-the finished stages on disk: each stage's model directory holds ``stage.json``, its summary with the config hash and
-the pair set's fingerprint, so every stage finished by this config is kept; label sets and evaluations that the
-rebuilt state lacks are made again when needed. The log says what was rebuilt.
+A damaged state.json (not JSON, or not a run state) is moved aside and rebuilt from the ``stage.json`` (summary,
+config hash, pair fingerprint) in each finished stage's model directory; what it lacks is made again when needed.
 """
 
 from __future__ import annotations
@@ -191,16 +189,9 @@ class RunState:
 
 
 def _new_state(cfg: TencConfig, pair_fingerprint: str, pair_count: int) -> dict[str, Any]:
-    return {
-        "version": 1,
-        "config_hash": cfg.config_hash(),
-        "config": cfg.to_dict(),
-        "pairs": {"fingerprint": pair_fingerprint, "count": pair_count},
-        "labels": {},
-        "stages": {},
-        "evaluations": {},
-        "created": now(),
-    }
+    return {"version": 1, "config_hash": cfg.config_hash(), "config": cfg.to_dict(),
+            "pairs": {"fingerprint": pair_fingerprint, "count": pair_count},
+            "labels": {}, "stages": {}, "evaluations": {}, "created": now()}
 
 
 def _read_state(path: Path) -> tuple[dict[str, Any] | None, str | None]:
@@ -245,10 +236,8 @@ def _finished_stages_on_disk(layout: RunLayout, cfg: TencConfig, pair_fingerprin
 
 def _earlier_invocations(layout: RunLayout) -> list[dict[str, Any]]:
     """A state written before invocations were recorded: its finished job's wall time is in its summary.json."""
-    if not layout.summary_file.is_file():
-        return []
     try:
-        summary = json.loads(layout.summary_file.read_text(encoding="utf-8"))
+        summary = json.loads(layout.summary_file.read_text(encoding="utf-8")) if layout.summary_file.is_file() else {}
     except json.JSONDecodeError:
         return []
     if "wall_s" not in summary:

@@ -27,11 +27,7 @@ from __future__ import annotations
 from raydistill.runtime.tune.plan import default_sweep_dir, plan_sweep, uses_teacher
 from raydistill.runtime.tune.report import format_trials_table
 from raydistill.config.sweep import SweepSettings, parse_duration
-from raydistill.runtime.tune.space import (
-    SpaceError,
-    list_spaces,
-    spaces_dir,
-)
+from raydistill.runtime.tune.space import SpaceError, list_spaces, spaces_dir
 from raydistill.runtime.tune.sweep import resume_sweep, run_sweep, trial_concurrency, trial_data_cpus
 
 # A sweep directory written when all of this lived in one module names the Tuner's trial_dirname_creator

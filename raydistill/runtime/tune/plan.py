@@ -102,6 +102,14 @@ class SweepPlan:
         """PBT's ``hyperparam_mutations``: the searched keys it may change in a running trial (``pbt_mutable``)."""
         return {key: param.to_pbt() for key, param in self.param_objects().items() if pbt_mutable(key)}
 
+    def scheduler_settings(self) -> dict[str, Any]:
+        """The scheduler's own settings (PBT's mutable keys sorted), as the summary and the parent run record them."""
+        s = self.sweep_settings
+        if s.scheduler == "pbt":
+            return {"perturbation_evals": s.perturbation_evals, "quantile_fraction": s.quantile_fraction,
+                    "synchronous": s.synchronous, "mutations": sorted(self.pbt_mutations())}
+        return {"grace_evals": s.grace_evals, "reduction_factor": s.reduction_factor}
+
     def expected_trials(self) -> int:
         grid = math.prod(len(spec["grid"]) for spec in self.params.values() if "grid" in spec)
         return int(self.sweep_settings.num_samples) * grid
@@ -181,13 +189,10 @@ def plan_sweep(student: str, method: str = "congen", teacher: str | None = None,
                command: str | None = None) -> SweepPlan:
     """Resolve and check a sweep without starting Ray; raises SpaceError / ConfigError naming file, line and field.
 
-    ``teacher``: default ``mpnet-base`` for methods that distil a teacher, none otherwise.
-    ``config_path``: the base job config; default the shipped ``configs/<method>.yaml`` when it exists.
-    ``overrides``: ``key.path=value`` on the base config (``--set``). ``settings``: SweepSettings fields
-    (command-line values; None = keep the file's). ``param_values``: searched key -> list of values, replacing the
-    file's entry by a ``choice`` (``--lr``, ``--queue-size``, ...). ``evaluate_sets``: evaluate the best and the
-    ``start_from`` trial on these sets after the sweep (the seven STS sets write result files).
-    """
+    ``teacher``: default ``mpnet-base`` where the method distils one. ``config_path``: the base job config (default
+    the shipped ``configs/<method>.yaml``); ``overrides``: ``--set key.path=value``. ``settings``: SweepSettings
+    fields (None keeps the file's). ``param_values``: searched key -> values, as a ``choice`` (``--lr``, ...).
+    ``evaluate_sets``: sets for the best and ``start_from`` trials after the sweep (STS7 writes result files)."""
     from raydistill.methods import with_method_defaults
 
     space = load_space(space_file) if space_file else load_space(space_for(student))
@@ -275,12 +280,9 @@ def _check_values(base: JobConfig, values: dict[str, Any], space: SearchSpace, w
 
 
 def _resolve_algorithm(requested: str, params: dict[str, Param], space: SearchSpace, scheduler: str = "asha") -> str:
-    """``auto``: Optuna's TPE when optuna is installed and no entry is a ``grid``, else seeded random search.
-
-    With the papers' small categorical grids and 10-30 trials, TPE's random start is most of the search, so random
-    search (no extra package, reproducible) loses little. PBT changes the values itself, which a model of finished
-    trials' values cannot describe: random search.
-    """
+    """``auto``: Optuna's TPE when optuna is installed and no entry is a ``grid``, else seeded random search (with
+    10-30 trials TPE's random start is most of the search anyway). PBT changes the values itself, which a model of
+    finished trials' values cannot describe: random search."""
     has_grid = any(p.kind == "grid" for p in params.values())
     optuna_available = importlib.util.find_spec("optuna") is not None
     if scheduler == "pbt":

@@ -65,24 +65,19 @@ def summarize(plan: SweepPlan, teacher_pass: dict[str, Any], started: float) -> 
               for status in ("finished", "stopped_early", "failed", "interrupted")}
     settings = plan.sweep_settings
     elapsed = time.time() - started
-    if counts["interrupted"] or (len(rows) < plan.expected_trials() and not (
-            settings.time_budget_s and elapsed >= settings.time_budget_s)):
+    out_of_time = bool(settings.time_budget_s and elapsed >= settings.time_budget_s)
+    if counts["interrupted"] or (len(rows) < plan.expected_trials() and not out_of_time):
         ended_by = "interrupted"
-    elif settings.time_budget_s and elapsed >= settings.time_budget_s:
-        ended_by = "time_budget"
     else:
-        ended_by = "completed"
+        ended_by = "time_budget" if out_of_time else "completed"
     passes = teacher_pass["passes"]
     driver_forward = sum(p["teacher_forward_sentences"] for p in passes)
     trial_forward = sum(r["teacher_forward_sentences"] for r in rows)
-    summary = {
+    return {
         "sweep": plan.name, "sweep_dir": plan.sweep_dir, "student": plan.student, "method": plan.method,
         "teacher": plan.teacher, "space_file": plan.space_file, "search_algorithm": plan.algorithm,
         "scheduler": {"name": settings.scheduler.upper(), "metric": METRIC, "time_attr": "step"}
-        | ({"perturbation_evals": settings.perturbation_evals, "quantile_fraction": settings.quantile_fraction,
-            "synchronous": settings.synchronous, "mutations": sorted(plan.pbt_mutations())}
-           if settings.scheduler == "pbt" else
-           {"grace_evals": settings.grace_evals, "reduction_factor": settings.reduction_factor}),
+        | plan.scheduler_settings(),
         "settings": plan.settings, "space": plan.params, "start_from": plan.start_from,
         "ended_by": ended_by, "trials_expected": plan.expected_trials(), "trials_total": len(rows),
         "trials": rows, "counts": counts,
@@ -94,7 +89,6 @@ def summarize(plan: SweepPlan, teacher_pass: dict[str, Any], started: float) -> 
         "best": None, "default": None,
         "resume_command": f"raydistill tune --resume --sweep-dir {plan.sweep_dir}",
     }
-    return summary
 
 
 def _canonical(params: dict[str, Any]) -> str:

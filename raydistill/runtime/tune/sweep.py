@@ -42,11 +42,9 @@ class SweepLockedError(SpaceError):
 
 class SweepLock:
     """One driver per sweep directory: an exclusive ``flock`` on ``<sweep_dir>/.sweep.lock``, which names its holder.
-
-    The kernel drops a flock when its process dies (SIGKILL included), so a killed driver's lock is free for
-    ``--resume`` at once. The file is opened without following a symlink, written in place and never removed:
-    removing it would let a third driver lock a new file while a second holds the old one.
-    """
+    The kernel drops it when its process dies (a killed driver's lock is free for ``--resume``). Opened without
+    following a symlink, never removed: removing it would let a third driver lock a new file while a second holds
+    the old one."""
 
     def __init__(self, sweep_dir: str | os.PathLike):
         self.path = Path(sweep_dir) / SWEEP_LOCK
@@ -88,9 +86,7 @@ class SweepLock:
 def run_sweep(plan: SweepPlan, *, resume: bool = False, callbacks: list | None = None,
               verbose: int = 1) -> dict[str, Any]:
     """Run (or, with ``resume``, continue) ``plan``'s sweep; return the summary (also ``<sweep_dir>/summary.json``).
-
-    ``callbacks``: extra ``ray.tune.Callback`` objects for the Tuner (they are saved with it and come back on resume).
-    """
+    ``callbacks``: extra ``ray.tune.Callback`` objects for the Tuner (saved with it, back on resume)."""
     started = time.time()
     sweep_dir = Path(plan.sweep_dir)
     sweep_dir.mkdir(parents=True, exist_ok=True)
@@ -143,12 +139,9 @@ def _run_locked(plan: SweepPlan, *, resume: bool, callbacks: list | None, verbos
     plan.save()
     if not resume:
         settings = plan.sweep_settings
-        scheduler = ({"scheduler.perturbation_evals": settings.perturbation_evals,
-                      "scheduler.quantile_fraction": settings.quantile_fraction,
-                      "scheduler.synchronous": settings.synchronous,
-                      "scheduler.mutations": ",".join(plan.pbt_mutations())} if settings.scheduler == "pbt" else
-                     {"scheduler.grace_evals": settings.grace_evals,
-                      "scheduler.reduction_factor": settings.reduction_factor})
+        # the parent run lists PBT's mutable keys in the space's order
+        scheduler = {f"scheduler.{key}": ",".join(plan.pbt_mutations()) if key == "mutations" else value
+                     for key, value in plan.scheduler_settings().items()}
         parent.log_params({"student": plan.student, "method": plan.method, "teacher": plan.teacher or "none",
                            "search.algorithm": plan.algorithm, "search.num_samples": settings.num_samples,
                            "search.seed": settings.seed, "search.time_budget_s": settings.time_budget_s,
@@ -197,10 +190,9 @@ _TEACHER_TEXT_KEYS = ("data.", "teacher", "seed", "cache_dir")
 
 
 def trial_data_cpus(plan: SweepPlan) -> float:
-    """CPUs to leave free for Ray Data tasks that trials start outside their placement group: 0 when no sampled
-    parameter changes the teacher's sentences (trials train in-process from the shared teacher pass's cache and
-    start no Ray Data task), 1 otherwise (a trial's own teacher pass: with every CPU held by trials its tasks would
-    wait forever; docs/runtime.md)."""
+    """CPUs left free for Ray Data tasks trials start outside their placement group: 0 when no sampled parameter
+    changes the teacher's sentences (trials read the shared pass's cache), else 1 for a trial's own teacher pass,
+    whose tasks would wait forever with every CPU held by trials (docs/runtime.md)."""
     return 1.0 if any(key.startswith(_TEACHER_TEXT_KEYS) for key in plan.params) else 0.0
 
 
@@ -314,7 +306,6 @@ def _tuner(plan: SweepPlan, max_t: int, *, resume: bool, callbacks: list | None,
 
 
 def trial_dirname(trial) -> str:
-    """Each trial's directory under ``<sweep>/tune`` is named by its id, like its run dir under ``<sweep>/trials``.
-
-    Tune saves this function in the experiment state by module and name, and a resume loads it from there."""
+    """Each trial's directory under ``<sweep>/tune`` is named by its id, like its run dir under ``<sweep>/trials``
+    (Tune saves this function in the experiment state by module and name; a resume loads it from there)."""
     return trial.trial_id
