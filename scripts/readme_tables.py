@@ -341,7 +341,8 @@ def tenc_table(records: list[dict]) -> str:
 
 def tenc_pair_auc_table(records: list[dict]) -> str:
     """Trans-Encoder runs on pair-classification sets (QQP, MRPC): each model's ROC AUC x 100 on the run's own pairs
-    (transductive), beside its 7-STS average and STS-B dev, which picks the best models."""
+    (transductive) or on held-out pairs of the other half of a split (inductive), beside its 7-STS average and STS-B
+    dev, which picks the best models."""
     rows = [r for r in records if r["kind"] == "mutual_tenc" and "pair_auc" in r.get("extra", {})]
     rows.sort(key=lambda r: (r["extra"].get("run_name", ""), r["extra"].get("family") == "ensemble",
                              r["extra"].get("family", ""), r.get("encoder", "bi"),
@@ -352,7 +353,8 @@ def tenc_pair_auc_table(records: list[dict]) -> str:
         extra, training, scores = r["extra"], r.get("training", {}), r["scores"]
         cycle = training.get("cycle")
         lines.append("| " + " | ".join([
-            extra.get("run_name", "–"), extra["pair_auc"].get("source", "–"), str(extra["pair_auc"].get("pairs", "–")),
+            extra.get("run_name", "–"), extra["pair_auc"].get("source", "–"),
+            f"{extra['pair_auc'].get('pairs', '–')} {'held-out' if extra['pair_auc'].get('held_out') else 'transd.'}",
             extra.get("family", "–"), r.get("encoder", "bi"), "best" if not isinstance(cycle, int) else str(cycle),
             f"**{extra['pair_auc']['auc']:.2f}**", f"{scores['avg']:.2f}",
             f"{scores['stsb_dev']:.2f}" if scores.get("stsb_dev") is not None else "–",

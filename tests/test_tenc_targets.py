@@ -61,7 +61,7 @@ def targets_of(results: Path, *, command_line: bool = False) -> dict:
 def test_targets_from_synthetic_result_files(tmp_path):
     names = run_names()
     results = tmp_path / "results"
-    mutual, twin, qqp, mrpc = (names[key] for key in ("mutual", "self", "qqp", "mrpc"))
+    mutual, twin, qqp, mrpc, held_out = (names[key] for key in ("mutual", "self", "qqp", "mrpc", "qqp_held_out"))
     # the shipped default's two families: the first plays the one that gains, the second the one that does not
     gains, stays = default_families()
     # the first family, mutual: cycle 1 has the best dev (85.0), so it is the best bi-encoder although cycle 2 has the
@@ -87,6 +87,13 @@ def test_targets_from_synthetic_result_files(tmp_path):
     assert mrpc != qqp
     write_record(results, mrpc, gains, "bi", 0, avg=74.0, dev=83.0, auc=70.0)
     write_record(results, mrpc, gains, "cross", 1, avg=72.0, dev=71.0, auc=72.5)
+    # held-out QQP: its own run (another hash); the best-dev bi-encoder (cycle 1) gains 1.6 AUC over the start
+    assert len({qqp, held_out, mrpc}) == 3
+    write_record(results, held_out, gains, "bi", 0, avg=74.0, dev=83.0, auc=80.0)
+    write_record(results, held_out, gains, "bi", 1, avg=74.5, dev=84.0, auc=81.6)
+    write_record(results, held_out, gains, "bi", 2, avg=74.0, dev=83.5, auc=90.0)
+    write_record(results, held_out, stays, "bi", 0, avg=68.0, dev=78.0, auc=70.0)
+    write_record(results, held_out, stays, "bi", 1, avg=68.5, dev=79.0, auc=71.0)
     # a run of another config and a stale targets file are not read as any of the runs
     write_record(results, f"tenc-mutual-{gains}+{stays}-p500-00000000", gains, "bi", 1, avg=99.0, dev=99.0)
     (results / "targets.json").write_text(json.dumps({"families": {gains: {"start_bi": 1.0}}}))
@@ -97,7 +104,10 @@ def test_targets_from_synthetic_result_files(tmp_path):
     assert (minilm["self_best_bi"], minilm["mutual_best_cross"], minilm["mutual_best_cross_cycle"]) == (76.0, 76.0, 2)
     assert (minilm["qqp_start_auc"], minilm["qqp_best_cross_auc"], minilm["qqp_best_cross_cycle"]) == (80.0, 83.0, 1)
     assert {name: t["status"] for name, t in minilm["targets"].items()} == {
-        "mutual_gain": "met", "mutual_vs_self": "met", "cross_vs_start": "met", "qqp_cross_auc_gain": "met"}
+        "mutual_gain": "met", "mutual_vs_self": "met", "cross_vs_start": "met", "qqp_cross_auc_gain": "met",
+        "held_out_bi_auc_gain": "met"}
+    assert (minilm["held_out_start_auc"], minilm["held_out_best_bi_auc"], minilm["held_out_best_bi_cycle"]) == \
+        (80.0, 81.6, 1)
     assert minilm["missing"] == [] and minilm["reported_missing"] == []
     assert (minilm["mrpc_start_auc"], minilm["mrpc_best_cross_auc"], minilm["mrpc_best_cross_cycle"]) == (70.0, 72.5, 1)
     assert not any(name.startswith("mrpc") for name in minilm["targets"])
@@ -107,11 +117,13 @@ def test_targets_from_synthetic_result_files(tmp_path):
     assert bert["qqp_start_auc"] is None and bert["qqp_best_cross_auc"] is None  # never invented
     assert bert["mrpc_start_auc"] is None and any("mrpc" in note for note in bert["reported_missing"])
     assert {name: t["status"] for name, t in bert["targets"].items()} == {
-        "mutual_gain": "missed", "mutual_vs_self": "met", "cross_vs_start": "met", "qqp_cross_auc_gain": "missing"}
+        "mutual_gain": "missed", "mutual_vs_self": "met", "cross_vs_start": "met", "qqp_cross_auc_gain": "missing",
+        "held_out_bi_auc_gain": "missed"}
+    assert bert["targets"]["held_out_bi_auc_gain"]["needed"] == 71.5
     assert "neither training improved" in bert["targets"]["mutual_vs_self"]["note"]
     assert bert["targets"]["mutual_gain"]["needed"] == 69.0
     assert any(qqp in note and f"{stays}-bi-cycle0" in note for note in bert["missing"])
-    assert all(run in (mutual, twin, qqp, mrpc) for run in (d["run_name"] for d in targets["runs"].values()))
+    assert all(run in (mutual, twin, qqp, mrpc, held_out) for run in (d["run_name"] for d in targets["runs"].values()))
 
     # wall time: no summary.json, so the last result file's (3400 s); with one, the whole job's
     assert targets["default_wall_s"] == 3400.0 and targets["default_wall"]["status"] == "met"
