@@ -114,7 +114,7 @@ def train(args) -> int:
             train_student(made)
         except (PreemptedError, JobStopped) as stop:  # SIGTERM / Ctrl-C: the checkpoint is written
             print(f"[curves] {args.size}: {stop}; the same command resumes", flush=True)
-            return 0
+            return 3  # not 0: a script that trains the sizes in turn stops here instead of starting the next
     return 0
 
 
